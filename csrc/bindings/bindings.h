@@ -1,0 +1,26 @@
+// One registration function per area; module.cpp calls them in order.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace statecache::bindings {
+
+void bind_common(pybind11::module_& m);   // errors, StateTransfer, Sequence
+void bind_pools(pybind11::module_& m);    // StateSlotPool, StateGroupPool
+void bind_paged(pybind11::module_& m);    // BlockPool, PAGE store + coordinator, offload index
+void bind_copy(pybind11::module_& m);     // span planner, CPU executor, GPU launch
+void bind_hashing(pybind11::module_& m);  // chained token-block hashes
+
+}  // namespace statecache::bindings
+
+#include <memory>
+
+#include "core/sequence.h"
+
+namespace statecache::bindings {
+
+// A statecache.Sequence (or subclass) as the core's shared handle; TypeError
+// naming `name` for anything else.
+std::shared_ptr<Sequence> as_sequence(pybind11::handle obj, const char* name);
+
+}  // namespace statecache::bindings

@@ -1,0 +1,290 @@
+// Errors, StateTransfer and Sequence: the types every other area uses.
+#include <pybind11/stl.h>
+
+#include <cmath>
+
+#include "bindings/bindings.h"
+#include "bindings/convert.h"
+#include "core/errors.h"
+#include "core/sequence.h"
+#include "core/state_transfer.h"
+
+namespace statecache::bindings {
+
+namespace {
+
+// A live list view over one of a Sequence's int vectors, so that engine code
+// may `seq.block_hashes.append(h)` as it would on a plain attribute.
+struct IntListView {
+  std::shared_ptr<Sequence> owner;
+  std::vector<int64_t> Sequence::*field;
+  std::vector<int64_t>& v() const { return (*owner).*field; }
+  size_t norm(int64_t i) const {
+    const int64_t n = static_cast<int64_t>(v().size());
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) throw py::index_error("list index out of range");
+    return static_cast<size_t>(i);
+  }
+};
+
+std::optional<std::string> as_layout_id(py::handle obj) {
+  if (obj.is_none()) return std::nullopt;
+  if (!PyUnicode_Check(obj.ptr())) raise_type("paged_layout_id", "a str or None", obj);
+  return obj.cast<std::string>();
+}
+
+StateTransfer make_transfer(py::handle kind, py::handle fork_tokens, py::handle layout,
+                            py::handle readable) {
+  if (!PyUnicode_Check(kind.ptr())) raise_type("kind", "a str", kind);
+  return StateTransfer(parse_transfer_kind(kind.cast<std::string>()),
+                       as_int(fork_tokens, "fork_tokens"), as_layout_id(layout),
+                       as_bool(readable, "readable_midstep"));
+}
+
+py::object layout_or_none(const StateTransfer& t) {
+  if (!t.paged_layout_id) return py::none();
+  return py::str(*t.paged_layout_id);
+}
+
+void bind_state_transfer(py::module_& m) {
+  m.attr("NONE") = "none";
+  m.attr("FORK") = "fork";
+  m.attr("COPY") = "copy";
+  m.attr("REPLAY") = "replay";
+
+  py::class_<StateTransfer> cls(m, "StateTransfer", R"doc(
+How a backend hands one request's state to a checkpoint.
+
+``none``: nothing can be handed over, hits shrink to 0. ``fork``: the owner
+gives its slot to the index and the next forward must commit ``fork_tokens``.
+``copy``: a duplicate is made (PAGE images carry ``paged_layout_id``).
+``replay``: the resuming forward rebuilds the state; nothing is kept.
+Frozen; equality and hash by value.)doc");
+  cls.attr("NONE") = "none";
+  cls.attr("FORK") = "fork";
+  cls.attr("COPY") = "copy";
+  cls.attr("REPLAY") = "replay";
+  cls.def(py::init(&make_transfer), py::arg("kind"), py::arg("fork_tokens") = 0,
+          py::arg("paged_layout_id") = py::none(), py::arg("readable_midstep") = false)
+      .def_property_readonly("kind", [](const StateTransfer& t) { return transfer_kind_name(t.kind); })
+      .def_property_readonly("fork_tokens", [](const StateTransfer& t) { return t.fork_tokens; })
+      .def_property_readonly("paged_layout_id", &layout_or_none)
+      .def_property_readonly("readable_midstep", [](const StateTransfer& t) { return t.readable_midstep; })
+      .def_property_readonly("copies", &StateTransfer::copies)
+      .def_property_readonly("forks", &StateTransfer::forks)
+      .def_property_readonly("replays", &StateTransfer::replays)
+      .def_property_readonly("successor_room", &StateTransfer::successor_room)
+      .def_static("none", [] { return StateTransfer(TransferKind::kNone); })
+      .def_static("replay", [] { return StateTransfer(TransferKind::kReplay); })
+      .def_static(
+          "fork",
+          [](py::handle tokens, py::handle readable) {
+            return StateTransfer(TransferKind::kFork, as_int(tokens, "tokens"), std::nullopt,
+                                 as_bool(readable, "readable_midstep"));
+          },
+          py::arg("tokens"), py::arg("readable_midstep") = false)
+      .def_static(
+          "copy",
+          [](py::handle layout, py::handle readable) {
+            return StateTransfer(TransferKind::kCopy, 0, as_layout_id(layout),
+                                 as_bool(readable, "readable_midstep"));
+          },
+          py::arg("layout_id") = py::none(), py::arg("readable_midstep") = false)
+      .def_static(
+          "from_config",
+          [](py::handle kind, py::handle fork_tokens, py::handle layout, py::handle readable) {
+            if (!PyUnicode_Check(kind.ptr())) raise_type("kind", "a str", kind);
+            TransferKind k = parse_transfer_kind(kind.cast<std::string>());
+            // Only a fork carries its token count across the process boundary.
+            int64_t tokens = k == TransferKind::kFork ? as_int(fork_tokens, "fork_tokens") : 0;
+            return StateTransfer(k, tokens, as_layout_id(layout), as_bool(readable, "readable_midstep"));
+          },
+          py::arg("kind"), py::arg("fork_tokens") = 0, py::arg("paged_layout_id") = py::none(),
+          py::arg("readable_midstep") = false)
+      .def("to_wire",
+           [](const StateTransfer& t) {
+             py::dict d;
+             d["kind"] = transfer_kind_name(t.kind);
+             d["fork_tokens"] = t.fork_tokens;
+             d["paged_layout_id"] = layout_or_none(t);
+             d["readable_midstep"] = py::bool_(t.readable_midstep);
+             return d;
+           })
+      .def_static(
+          "from_wire",
+          [](py::handle wire) {
+            if (!PyMapping_Check(wire.ptr()) || PyUnicode_Check(wire.ptr()) ||
+                PySequence_Check(wire.ptr()))
+              raise_type("wire", "a mapping", wire);
+            py::object keys = py::module_::import("builtins").attr("set")(wire);
+            py::object want = py::module_::import("builtins").attr("set")(
+                py::make_tuple("kind", "fork_tokens", "paged_layout_id", "readable_midstep"));
+            if (!keys.equal(want))
+              throw py::value_error("StateTransfer wire fields: expected " +
+                                    py_repr(py::module_::import("builtins").attr("sorted")(want)) +
+                                    ", got " +
+                                    py_repr(py::module_::import("builtins").attr("sorted")(keys)));
+            py::object get = wire.attr("__getitem__");
+            return make_transfer(get("kind"), get("fork_tokens"), get("paged_layout_id"),
+                                 get("readable_midstep"));
+          },
+          py::arg("wire"))
+      .def("__eq__",
+           [](const StateTransfer& a, py::handle b) -> py::object {
+             if (!py::isinstance<StateTransfer>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+             return py::bool_(a == b.cast<const StateTransfer&>());
+           })
+      .def("__hash__",
+           [](const StateTransfer& t) {
+             return py::hash(py::make_tuple(transfer_kind_name(t.kind), t.fork_tokens,
+                                            layout_or_none(t), t.readable_midstep));
+           })
+      .def("__repr__", [](const StateTransfer& t) {
+        return std::string("StateTransfer(kind='") + transfer_kind_name(t.kind) +
+               "', fork_tokens=" + std::to_string(t.fork_tokens) + ", paged_layout_id=" +
+               py_repr(layout_or_none(t)) + ", readable_midstep=" +
+               (t.readable_midstep ? "True" : "False") + ")";
+      })
+      .def(py::pickle(
+          [](const StateTransfer& t) {
+            return py::make_tuple(transfer_kind_name(t.kind), t.fork_tokens, layout_or_none(t),
+                                  t.readable_midstep);
+          },
+          [](py::tuple s) { return make_transfer(s[0], s[1], s[2], s[3]); }));
+}
+
+void bind_int_list(py::module_& m) {
+  py::class_<IntListView>(m, "IntListView", "A live list view over a Sequence's int field.")
+      .def("__len__", [](const IntListView& s) { return s.v().size(); })
+      .def("__getitem__", [](const IntListView& s, int64_t i) { return s.v()[s.norm(i)]; })
+      .def("__getitem__",
+           [](const IntListView& s, py::slice sl) { return to_list(s.v())[sl]; })
+      .def("__setitem__",
+           [](IntListView& s, int64_t i, py::handle x) { s.v()[s.norm(i)] = as_int(x, "value"); })
+      .def("__iter__", [](const IntListView& s) { return py::iter(to_list(s.v())); })
+      .def("__contains__",
+           [](const IntListView& s, py::handle x) {
+             if (!PyLong_Check(x.ptr())) return false;
+             int64_t v = as_int(x, "value");
+             for (int64_t e : s.v())
+               if (e == v) return true;
+             return false;
+           })
+      .def("append", [](IntListView& s, py::handle x) { s.v().push_back(as_int(x, "value")); })
+      .def("extend", [](IntListView& s, py::handle xs) { append_ints(xs, "values", s.v()); })
+      .def("clear", [](IntListView& s) { s.v().clear(); })
+      .def(
+          "pop",
+          [](IntListView& s, int64_t i) {
+            size_t k = s.norm(i);
+            int64_t x = s.v()[k];
+            s.v().erase(s.v().begin() + static_cast<ptrdiff_t>(k));
+            return x;
+          },
+          py::arg("index") = -1)
+      .def("copy", [](const IntListView& s) { return to_list(s.v()); })
+      .def("__eq__",
+           [](const IntListView& s, py::handle other) {
+             if (py::isinstance<IntListView>(other)) return s.v() == other.cast<const IntListView&>().v();
+             if (!PyList_Check(other.ptr()) && !PyTuple_Check(other.ptr())) return false;
+             return to_list(s.v()).equal(py::list(py::reinterpret_borrow<py::object>(other)));
+           })
+      .def("__repr__", [](const IntListView& s) { return py_repr(to_list(s.v())); });
+}
+
+template <std::vector<int64_t> Sequence::*Field>
+void def_int_list(py::classh<Sequence>& cls, const char* name) {
+  cls.def_property(
+      name,
+      [](const std::shared_ptr<Sequence>& s) { return IntListView{s, Field}; },
+      [name](Sequence& s, py::handle xs) {
+        std::vector<int64_t> v = as_int_list(xs, name);
+        (s.*Field).swap(v);
+      });
+}
+
+template <int64_t Sequence::*Field>
+void def_int(py::classh<Sequence>& cls, const char* name) {
+  cls.def_property(
+      name, [](const Sequence& s) { return s.*Field; },
+      [name](Sequence& s, py::handle x) { s.*Field = as_int(x, name); });
+}
+
+void bind_sequence(py::module_& m) {
+  py::classh<Sequence> cls(m, "Sequence", py::dynamic_attr(), R"doc(
+The per-request fields the state caches read and write.
+
+Subclass it in the engine (call ``super().__init__``); extra attributes are
+allowed. ``state_slots[0]`` is the committed state, the rest are speculative
+rollback slots; ``state_slot`` reads element 0 (or -1) and assigning it
+replaces element 0 only. ``state_slots`` and ``block_hashes`` are live list
+views: in-place edits reach the pools, and plain assignment replaces them.)doc");
+  cls.def(py::init([](py::handle seq_id, py::handle num_tokens, py::handle num_prompt_tokens,
+                      py::handle has_cache) {
+            auto s = std::make_shared<Sequence>();
+            if (!seq_id.is_none()) s->seq_id = as_int(seq_id, "seq_id");
+            s->num_tokens = as_int(num_tokens, "num_tokens");
+            s->num_prompt_tokens = as_int(num_prompt_tokens, "num_prompt_tokens");
+            s->has_per_req_cache = as_bool(has_cache, "has_per_req_cache");
+            return s;
+          }),
+          py::arg("seq_id") = py::none(), py::arg("num_tokens") = 0, py::arg("num_prompt_tokens") = 0,
+          py::arg("has_per_req_cache") = true);
+  cls.def_property(
+      "seq_id",
+      [](const Sequence& s) -> py::object {
+        if (!s.seq_id) return py::none();
+        return py::int_(*s.seq_id);
+      },
+      [](Sequence& s, py::handle x) {
+        if (x.is_none())
+          s.seq_id.reset();
+        else
+          s.seq_id = as_int(x, "seq_id");
+      });
+  def_int<&Sequence::num_tokens>(cls, "num_tokens");
+  def_int<&Sequence::num_prompt_tokens>(cls, "num_prompt_tokens");
+  cls.def_property(
+      "has_per_req_cache", [](const Sequence& s) { return s.has_per_req_cache; },
+      [](Sequence& s, py::handle x) { s.has_per_req_cache = as_bool(x, "has_per_req_cache"); });
+  def_int_list<&Sequence::state_slots>(cls, "state_slots");
+  def_int_list<&Sequence::block_hashes>(cls, "block_hashes");
+  cls.def_property(
+      "state_slot", [](const Sequence& s) { return s.state_slot(); },
+      [](Sequence& s, py::handle x) { s.set_state_slot(as_int(x, "state_slot")); });
+  def_int<&Sequence::state_fork_src>(cls, "state_fork_src");
+  def_int<&Sequence::per_req_cache_group>(cls, "per_req_cache_group");
+  def_int<&Sequence::pending_checkpoint>(cls, "pending_checkpoint");
+  def_int<&Sequence::checkpoint_end_pos>(cls, "checkpoint_end_pos");
+  def_int<&Sequence::midstep_anchor_pos>(cls, "midstep_anchor_pos");
+  cls.def("__repr__", [](py::handle self) {
+    const Sequence& s = self.cast<const Sequence&>();
+    std::string name = py::type::of(self).attr("__name__").cast<std::string>();
+    return name + "(seq_id=" + (s.seq_id ? std::to_string(*s.seq_id) : "None") +
+           ", num_tokens=" + std::to_string(s.num_tokens) +
+           ", num_prompt_tokens=" + std::to_string(s.num_prompt_tokens) +
+           ", state_slots=" + py_repr(to_list(s.state_slots)) + ")";
+  });
+}
+
+}  // namespace
+
+std::shared_ptr<Sequence> as_sequence(py::handle obj, const char* name) {
+  if (!py::isinstance<Sequence>(obj)) raise_type(name, "a statecache.Sequence", obj);
+  return obj.cast<std::shared_ptr<Sequence>>();
+}
+
+void bind_common(py::module_& m) {
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvariantError& e) {
+      PyErr_SetString(PyExc_AssertionError, e.what());
+    }
+  });
+  bind_state_transfer(m);
+  bind_int_list(m);
+  bind_sequence(m);
+}
+
+}  // namespace statecache::bindings

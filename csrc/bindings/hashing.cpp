@@ -1,0 +1,7 @@
+#include "bindings/bindings.h"
+
+namespace statecache::bindings {
+
+void bind_hashing(pybind11::module_& m) { (void)m; }
+
+}  // namespace statecache::bindings

@@ -1,0 +1,10 @@
+"""statecache: prefix-cache checkpoints for the recurrent state of hybrid LLMs.
+
+The scheduler-side classes are C++ (``statecache._C``) with the Python API of
+the behaviour reference; see SPEC.md for the contract.
+"""
+
+from statecache._C import *  # noqa: F401,F403  (the public C++ API)
+from statecache._C import COPY, FORK, NONE, REPLAY, Sequence, StateTransfer  # noqa: F401
+
+__version__ = "0.1.0"
