@@ -133,6 +133,11 @@ py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units) {
   return py::make_tuple(to_py(op), to_tuple(units));
 }
 
+PagedStateCheckpointSpec as_spec(py::handle obj, const char* name) {
+  if (!py::isinstance<PagedStateCheckpointSpec>(obj)) raise_type(name, "a PagedStateCheckpointSpec", obj);
+  return obj.cast<PagedStateCheckpointSpec>();
+}
+
 void bind_paged_types(py::module_& m) {
   m.attr("COPYING") = "COPYING";
   m.attr("READY") = "READY";
