@@ -7,6 +7,10 @@ statecache.BlockPool, so the baseline's pool calls are not the slow part) and
 reports microseconds of CPU time per scheduler pass, median over repeats
 (the two sides alternate, so both see the same machine).
 
+  pass        one scheduler pass on the store: can_append (has_available_units
+              of 1) for 256 running sequences, 32 admissions (check with a
+              protected hash, restore a READY hit), 32 new boundaries stored
+              (each evicts); complete the previous batch, take the restores.
   churn       per pass, 64 sequences: admission check with a protected hash,
               a restore of a READY hit, a store of a new boundary (which
               evicts); then take the restores and complete the batch.
@@ -53,13 +57,18 @@ def filled_store(mod, rng_seed: int):
     return pool, store, hashes
 
 
+def draw_plans(seed: int, n: int, per_pass: int) -> list:
+    """(hit index, new hash, index to replace) per sequence, for 64 passes.
+
+    Drawn up front, so the timed loop is the library's calls."""
+    rng = random.Random(seed)
+    return [[(rng.randrange(n), rng.getrandbits(62), rng.randrange(n)) for _ in range(per_pass)] for _ in range(64)]
+
+
 def churn(mod):
     pool, store, hashes = filled_store(mod, 1)
-    rng = random.Random(2)
     live = list(hashes)
-    n = len(live)
-    # Random draws made up front, so the timed loop is the library's calls.
-    draws = [[(rng.randrange(n), rng.getrandbits(62), rng.randrange(n)) for _ in range(64)] for _ in range(64)]
+    draws = draw_plans(2, len(live), 64)
     turn = [0]
 
     def one_pass():
@@ -75,6 +84,31 @@ def churn(mod):
                 live[replace_at] = h ^ turn[0]
         store.take_restore_ops()
         store.complete_inflight()
+
+    return one_pass
+
+
+def scheduler_pass(mod):
+    pool, store, hashes = filled_store(mod, 6)
+    live = list(hashes)
+    draws = draw_plans(7, len(live), 32)
+    turn = [0]
+
+    def one_pass():
+        plan = draws[turn[0] % len(draws)]
+        turn[0] += 1
+        store.complete_inflight()
+        has_available_units, begin_restore, begin_store = (
+            store.has_available_units, store.begin_restore, store.begin_store)
+        for _ in range(256):  # can_append for every running sequence
+            has_available_units(1)
+        for i, (hit_at, h, replace_at) in enumerate(plan):  # admissions, then new boundaries
+            hit = live[hit_at]
+            if has_available_units(UNITS_PER_CHECKPOINT, protected_hash=hit):
+                begin_restore(hit, i)
+            if begin_store(h ^ turn[0], 100 + i) is not None:
+                live[replace_at] = h ^ turn[0]
+        store.take_restore_ops()
 
     return one_pass
 
@@ -158,7 +192,8 @@ def main() -> None:
     if ref is None:
         sys.exit("reference modules not found; set STATECACHE_REFERENCE_DIR")
     rows = []
-    for name, build in (("churn", churn), ("admission", admission), ("coordinator", coordinator)):
+    workloads = (("pass", scheduler_pass), ("churn", churn), ("admission", admission), ("coordinator", coordinator))
+    for name, build in workloads:
         ours, theirs = time_side_by_side(build(sc), build(ref), args.passes, args.repeats)
         rows.append((name, ours, theirs, theirs / ours))
     print(f"pool {UNITS} units, {UNITS_PER_CHECKPOINT} units per checkpoint, "
