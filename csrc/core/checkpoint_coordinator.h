@@ -52,6 +52,7 @@ class PagedStateCheckpointCoordinator {
                         bool assume_checkpointed) const {
     if (!applies(seq)) return hit;
     if (hit < 0) bad_argument("hit", hit, "must be >= 0");
+    if (assume_checkpointed) return hit;  // reads no hash
     if (hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
     for (int64_t i = hit - 1; i >= 0; --i)
       if (assume_checkpointed || reachable(hash_at(i))) return i + 1;

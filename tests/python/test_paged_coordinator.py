@@ -118,6 +118,7 @@ def test_resumable_hit_forms_and_bad_input():
         c.resumable_hit(s, -1, [1])
     with pytest.raises(IndexError):
         c.resumable_hit(s, 3, [1, 2])
+    assert c.resumable_hit(s, 3, [1, 2], True) == 3  # as the reference: no hash is read
     with pytest.raises(TypeError):
         c.resumable_hit("seq", 1, [1])
 
