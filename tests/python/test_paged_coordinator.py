@@ -285,7 +285,7 @@ def test_store_side_protocol_with_a_tier():
 @pytest.mark.skipif(not hasattr(sc, "StateSlotPool"), reason="StateSlotPool lands with the pools branch")
 def test_midstep_with_a_state_slot_pool():
     pool, c = make(readable=True)
-    slots = sc.StateSlotPool(4, sc.StateTransfer.copy("L", readable_midstep=True), hash_block_size=16, enabled=True)
+    slots = sc.StateSlotPool(4, sc.StateTransfer.fork(4), hash_block_size=16, enabled=True)
     c.attach_midstep_scratch(slots, 8)
     s = seq_in(0)
     before = slots.num_free()
