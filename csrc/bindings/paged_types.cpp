@@ -134,8 +134,12 @@ py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units) {
 }
 
 PagedStateCheckpointSpec as_spec(py::handle obj, const char* name) {
-  if (!py::isinstance<PagedStateCheckpointSpec>(obj)) raise_type(name, "a PagedStateCheckpointSpec", obj);
-  return obj.cast<PagedStateCheckpointSpec>();
+  if (py::isinstance<PagedStateCheckpointSpec>(obj)) return obj.cast<PagedStateCheckpointSpec>();
+  // Any object with the four fields (the reference's dataclass, say), validated the same way.
+  for (const char* field : {"page_unit_bytes", "slot_bytes", "layout_id", "image_bytes"})
+    if (!py::hasattr(obj, field)) raise_type(name, "a PagedStateCheckpointSpec", obj);
+  return make_spec(obj.attr("page_unit_bytes"), obj.attr("slot_bytes"), obj.attr("layout_id"),
+                   obj.attr("image_bytes"));
 }
 
 void bind_paged_types(py::module_& m) {

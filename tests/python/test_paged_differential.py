@@ -164,13 +164,19 @@ class StoreRun:
         self.check()
 
 
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", range(32))
 def test_store_matches_reference(seed, clock):
     rng = random.Random(seed)
     spec = SPECS[seed % len(SPECS)]
     run = StoreRun(rng, clock, num_blocks=rng.choice([12, 24, 40, 64]), spec=spec, sink=seed % 4 != 3)
-    for _ in range(350):
+    for _ in range(400):
         run.step()
+
+
+def test_a_reference_spec_is_accepted_and_validated():
+    spec = ref.PagedStateCheckpointSpec(**SPECS[0])
+    store = sc.PageUnitCheckpointStore(sc.BlockPool(8), spec)
+    assert store.spec == sc.PagedStateCheckpointSpec(**SPECS[0]) and store.units_per_checkpoint == 4
 
 
 class CoordinatorRun(StoreRun):
@@ -344,7 +350,7 @@ class CoordinatorRun(StoreRun):
             self.ref_c.attach_offload(tiers[1], sink=sink)
 
 
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", range(32))
 def test_coordinator_matches_reference(seed, clock):
     rng = random.Random(1000 + seed)
     run = CoordinatorRun(
