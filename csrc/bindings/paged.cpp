@@ -2,6 +2,6 @@
 
 namespace statecache::bindings {
 
-void bind_paged(pybind11::module_& m) { (void)m; }
+void bind_paged(pybind11::module_& m) { bind_paged_types(m); }
 
 }  // namespace statecache::bindings
