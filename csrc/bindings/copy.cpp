@@ -152,14 +152,26 @@ Pinned descriptor staging plus the one-launch copy kernel for one device.
 read its previous contents); ``launch(stream)`` enqueues the descriptor copy
 and the kernel on a raw stream handle; both may be captured in a graph, whose
 replays read the staging again: stage, replay, then ``record_consumed``.)doc")
-      .def(py::init([](py::handle device, py::handle capacity, py::handle buffers) {
+      .def(py::init([](py::handle device, py::handle capacity, py::handle buffers, py::handle variant) {
              int64_t cap = as_int(capacity, "capacity_spans");
              if (cap < 1) throw py::value_error("capacity_spans=" + std::to_string(cap) + " must be >= 1");
              return std::make_unique<GpuCopyEngine>(static_cast<int>(as_nonneg_int(device, "device")),
                                                     static_cast<size_t>(cap),
-                                                    static_cast<int>(as_int(buffers, "buffers")));
+                                                    static_cast<int>(as_int(buffers, "buffers")),
+                                                    static_cast<int>(as_int(variant, "variant")));
            }),
-           py::arg("device"), py::arg("capacity_spans"), py::arg("buffers") = 2)
+           py::arg("device"), py::arg("capacity_spans"), py::arg("buffers") = 2, py::arg("variant") = 0)
+      .def(
+          "submit",
+          [](GpuCopyEngine& e, const CopyPlan& plan, py::handle stream) {
+            uintptr_t s = static_cast<uintptr_t>(as_nonneg_int(stream, "stream"));
+            {
+              py::gil_scoped_release release;
+              e.stage(plan);
+            }
+            e.launch(s);
+          },
+          py::arg("plan"), py::arg("stream"))
       .def(
           "stage",
           [](GpuCopyEngine& e, const CopyPlan& plan) {
@@ -169,11 +181,12 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
           py::arg("plan"))
       .def(
           "launch",
-          [](GpuCopyEngine& e, py::handle stream, py::handle min_transfer) {
+          [](GpuCopyEngine& e, py::handle stream, py::handle min_transfer, py::handle copy_descriptors) {
             e.launch(static_cast<uintptr_t>(as_nonneg_int(stream, "stream")),
-                     static_cast<size_t>(as_nonneg_int(min_transfer, "min_transfer")));
+                     static_cast<size_t>(as_nonneg_int(min_transfer, "min_transfer")),
+                     as_bool(copy_descriptors, "copy_descriptors"));
           },
-          py::arg("stream"), py::arg("min_transfer") = 0)
+          py::arg("stream"), py::arg("min_transfer") = 0, py::arg("copy_descriptors") = true)
       .def(
           "record_consumed",
           [](GpuCopyEngine& e, py::handle stream) {

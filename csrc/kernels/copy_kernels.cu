@@ -2,7 +2,7 @@
 // contract). A persistent grid splits the batch's chunks (kChunkBytes of one
 // span each) into one contiguous range per block; a block finds its first
 // span with a block-wide search over the descriptors, then walks forward,
-// moving each span piece with 16-byte vectors, kUnroll loads in flight per
+// moving each span piece with 16-byte vectors, 8 (or 4) loads in flight per
 // thread before the first store.
 #include <algorithm>
 #include <stdexcept>
@@ -18,8 +18,10 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr uint32_t kChunkBytes = 16384;
-constexpr int kUnroll = 4;
 constexpr int kMaxBlocksPerSm = 8;
+// Kernel variants (GpuCopyEngine's `variant`): bit 0 drops the streaming
+// cache hints, bit 1 keeps 4 instead of 8 vectors in flight per thread.
+constexpr int kVariants = 4;
 
 // Descriptor of one span. Entry 0 of a table is the header instead: `src`
 // holds the span count and `dst` the chunk count, so a captured graph reads
@@ -50,22 +52,35 @@ class DeviceGuard {
   int saved_ = 0;
 };
 
-template <typename Word>
+template <bool Stream, typename Word>
+__device__ __forceinline__ Word load(const Word* p) {
+  if constexpr (Stream) return gpu_load_stream(p);
+  else return gpu_load_global(p);
+}
+
+template <bool Stream, typename Word>
+__device__ __forceinline__ void store(Word* p, Word v) {
+  if constexpr (Stream) gpu_store_stream(p, v);
+  else gpu_store_global(p, v);
+}
+
+template <bool Stream, int Unroll, typename Word>
 __device__ __forceinline__ void copy_words(Word* __restrict__ dst, const Word* __restrict__ src,
                                            uint64_t n) {
   uint64_t i = threadIdx.x;
-  for (; i + (kUnroll - 1) * kThreads < n; i += kUnroll * kThreads) {
-    Word v[kUnroll];
+  for (; i + (Unroll - 1) * kThreads < n; i += Unroll * kThreads) {
+    Word v[Unroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = src[i + u * kThreads];
+    for (int u = 0; u < Unroll; ++u) v[u] = load<Stream>(src + i + u * kThreads);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) dst[i + u * kThreads] = v[u];
+    for (int u = 0; u < Unroll; ++u) store<Stream>(dst + i + u * kThreads, v[u]);
   }
-  for (; i < n; i += kThreads) dst[i] = src[i];
+  for (; i < n; i += kThreads) store<Stream>(dst + i, load<Stream>(src + i));
 }
 
 // Block-wide copy of n bytes: a byte head up to the widest word both sides
 // can share, words, then a byte tail.
+template <bool Stream, int Unroll>
 __device__ void copy_range(unsigned char* dst, const unsigned char* src, uint64_t n) {
   const uintptr_t s = reinterpret_cast<uintptr_t>(src);
   const uintptr_t x = s ^ reinterpret_cast<uintptr_t>(dst);
@@ -74,28 +89,29 @@ __device__ void copy_range(unsigned char* dst, const unsigned char* src, uint64_
   if (head > n) head = n;
   const uint64_t words = (n - head) / w;
   const uint64_t tail = head + words * w;
-  for (uint64_t i = threadIdx.x; i < head; i += kThreads) dst[i] = src[i];
-  for (uint64_t i = tail + threadIdx.x; i < n; i += kThreads) dst[i] = src[i];
+  for (uint64_t i = threadIdx.x; i < head; i += kThreads) store<Stream>(dst + i, load<Stream>(src + i));
+  for (uint64_t i = tail + threadIdx.x; i < n; i += kThreads) store<Stream>(dst + i, load<Stream>(src + i));
   unsigned char* d = dst + head;
   const unsigned char* sv = src + head;
   switch (w) {
     case 16:
-      copy_words(reinterpret_cast<uint4*>(d), reinterpret_cast<const uint4*>(sv), words);
+      copy_words<Stream, Unroll>(reinterpret_cast<uint4*>(d), reinterpret_cast<const uint4*>(sv), words);
       break;
     case 8:
-      copy_words(reinterpret_cast<uint2*>(d), reinterpret_cast<const uint2*>(sv), words);
+      copy_words<Stream, Unroll>(reinterpret_cast<uint2*>(d), reinterpret_cast<const uint2*>(sv), words);
       break;
     case 4:
-      copy_words(reinterpret_cast<uint32_t*>(d), reinterpret_cast<const uint32_t*>(sv), words);
+      copy_words<Stream, Unroll>(reinterpret_cast<uint32_t*>(d), reinterpret_cast<const uint32_t*>(sv), words);
       break;
     case 2:
-      copy_words(reinterpret_cast<uint16_t*>(d), reinterpret_cast<const uint16_t*>(sv), words);
+      copy_words<Stream, Unroll>(reinterpret_cast<uint16_t*>(d), reinterpret_cast<const uint16_t*>(sv), words);
       break;
     default:
-      copy_words(d, sv, words);
+      copy_words<Stream, Unroll>(d, sv, words);
   }
 }
 
+template <bool Stream, int Unroll>
 __global__ void __launch_bounds__(kThreads, 4) copy_spans_kernel(const SpanDesc* __restrict__ table) {
   const uint32_t num_spans = static_cast<uint32_t>(table[0].src);
   const uint32_t num_chunks = static_cast<uint32_t>(table[0].dst);
@@ -123,11 +139,15 @@ __global__ void __launch_bounds__(kThreads, 4) copy_spans_kernel(const SpanDesc*
     const uint32_t end = min(span_end, c1);
     const uint64_t off = uint64_t{c - span.first_chunk} * kChunkBytes;
     const uint64_t stop = min(uint64_t{end - span.first_chunk} * kChunkBytes, uint64_t{span.bytes});
-    copy_range(reinterpret_cast<unsigned char*>(span.dst) + off,
+    copy_range<Stream, Unroll>(reinterpret_cast<unsigned char*>(span.dst) + off,
                reinterpret_cast<const unsigned char*>(span.src) + off, stop - off);
     c = end;
   }
 }
+
+using KernelFn = void (*)(const SpanDesc*);
+constexpr KernelFn kKernels[kVariants] = {copy_spans_kernel<true, 8>, copy_spans_kernel<false, 8>,
+                                          copy_spans_kernel<true, 4>, copy_spans_kernel<false, 4>};
 
 bool capturing(gpuStream_t stream) {
   gpuStreamCaptureStatus status;
@@ -148,30 +168,38 @@ struct GpuCopyEngine::Impl {
   std::vector<bool> pending;
   int current = -1;
   size_t staged = 0;
+  KernelFn kernel = nullptr;
 
-  ~Impl() {
-    DeviceGuard guard(device);
+  ~Impl() {  // never throws: it also runs when the constructor failed
+    int saved = -1;
+    if (gpuGetDevice(&saved) != gpuSuccess) return;
+    if (saved != device) (void)gpuSetDevice(device);
     for (size_t b = 0; b < host.size(); ++b) {
       if (pending[b]) (void)gpuEventSynchronize(consumed[b]);
       if (consumed[b]) (void)gpuEventDestroy(consumed[b]);
       if (dev[b]) (void)gpuFree(dev[b]);
       if (host[b]) (void)gpuFreeHost(host[b]);
     }
+    if (saved != device) (void)gpuSetDevice(saved);
   }
 };
 
-GpuCopyEngine::GpuCopyEngine(int device, size_t capacity_spans, int buffers)
+GpuCopyEngine::GpuCopyEngine(int device, size_t capacity_spans, int buffers, int variant)
     : impl_(std::make_unique<Impl>()) {
+  if (variant < 0 || variant >= kVariants)
+    throw std::invalid_argument("variant=" + std::to_string(variant) + ": must be in [0, " +
+                                std::to_string(kVariants) + ")");
   if (buffers < 1) throw std::invalid_argument("buffers=" + std::to_string(buffers) + ": must be >= 1");
   if (capacity_spans < 1)
     throw std::invalid_argument("capacity_spans=" + std::to_string(capacity_spans) + ": must be >= 1");
   Impl& m = *impl_;
   m.device = device;
   m.capacity = capacity_spans;
+  m.kernel = kKernels[variant];
   DeviceGuard guard(device);
   check(gpuDeviceGetAttribute(&m.sms, gpuDevAttrMultiProcessorCount, device), "read SM count");
   int per_sm = 0;
-  check(gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, copy_spans_kernel, kThreads, 0),
+  check(gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m.kernel, kThreads, 0),
         "read occupancy");
   m.grid = m.sms * std::max(1, std::min(per_sm, kMaxBlocksPerSm));
   const size_t bytes = (capacity_spans + 1) * sizeof(SpanDesc);
@@ -212,7 +240,7 @@ void GpuCopyEngine::stage(const CopyPlan& plan) {
   m.staged = plan.spans.size();
 }
 
-void GpuCopyEngine::launch(uintptr_t stream_handle, size_t min_transfer) {
+void GpuCopyEngine::launch(uintptr_t stream_handle, size_t min_transfer, bool copy_descriptors) {
   Impl& m = *impl_;
   if (m.current < 0) throw std::logic_error("launch before stage");
   if (min_transfer > m.capacity)
@@ -221,10 +249,11 @@ void GpuCopyEngine::launch(uintptr_t stream_handle, size_t min_transfer) {
   auto stream = reinterpret_cast<gpuStream_t>(stream_handle);
   DeviceGuard guard(m.device);
   const size_t n = std::max(m.staged, min_transfer);
-  check(gpuMemcpyAsync(m.dev[m.current], m.host[m.current], (n + 1) * sizeof(SpanDesc),
-                       gpuMemcpyHostToDevice, stream),
-        "copy descriptors");
-  copy_spans_kernel<<<m.grid, kThreads, 0, stream>>>(m.dev[m.current]);
+  if (copy_descriptors)
+    check(gpuMemcpyAsync(m.dev[m.current], m.host[m.current], (n + 1) * sizeof(SpanDesc),
+                         gpuMemcpyHostToDevice, stream),
+          "copy descriptors");
+  m.kernel<<<m.grid, kThreads, 0, stream>>>(m.dev[m.current]);
   check(gpuGetLastError(), "launch copy kernel");
   if (!capturing(stream)) {
     check(gpuEventRecord(m.consumed[m.current], stream), "record event");

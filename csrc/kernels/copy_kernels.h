@@ -30,7 +30,9 @@ class GpuCopyEngine {
   // `capacity_spans`: the most spans one batch may hold; `buffers`: staging
   // buffers used round robin, so the host can fill one while the device
   // still reads the other.
-  GpuCopyEngine(int device, size_t capacity_spans, int buffers = 2);
+  // `variant` picks a kernel build (0: streaming cache hints, 8 vectors in
+  // flight per thread; 1: default cache policy; +2: 4 vectors in flight).
+  GpuCopyEngine(int device, size_t capacity_spans, int buffers = 2, int variant = 0);
   ~GpuCopyEngine();
   GpuCopyEngine(const GpuCopyEngine&) = delete;
   GpuCopyEngine& operator=(const GpuCopyEngine&) = delete;
@@ -40,8 +42,9 @@ class GpuCopyEngine {
   void stage(const CopyPlan& plan);
   // Enqueues the H2D copy of the staged descriptors (at least `min_transfer`
   // of them, so a graph captured with room for more serves later, larger
-  // plans) and the kernel on `stream`.
-  void launch(uintptr_t stream, size_t min_transfer = 0);
+  // plans) and the kernel on `stream`. Without `copy_descriptors` the kernel
+  // re-reads the device copy of an earlier launch (for timing the kernel).
+  void launch(uintptr_t stream, size_t min_transfer = 0, bool copy_descriptors = true);
   // Marks the current staging buffer as read by work enqueued on `stream`
   // up to now (after a graph replay).
   void record_consumed(uintptr_t stream);

@@ -30,6 +30,11 @@ using gpuStreamCaptureStatus = hipStreamCaptureStatus;
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuStreamIsCapturing hipStreamIsCapturing
 #define gpuStreamCaptureStatusNone hipStreamCaptureStatusNone
+// Plain accesses: hipcc picks global loads for these pointers itself.
+template <typename T> __device__ __forceinline__ T gpu_load_stream(const T* p) { return *p; }
+template <typename T> __device__ __forceinline__ void gpu_store_stream(T* p, T v) { *p = v; }
+template <typename T> __device__ __forceinline__ T gpu_load_global(const T* p) { return *p; }
+template <typename T> __device__ __forceinline__ void gpu_store_global(T* p, T v) { *p = v; }
 #else
 #include <cuda_runtime.h>
 using gpuError_t = cudaError_t;
@@ -58,4 +63,10 @@ using gpuStreamCaptureStatus = cudaStreamCaptureStatus;
 #define gpuEventSynchronize cudaEventSynchronize
 #define gpuStreamIsCapturing cudaStreamIsCapturing
 #define gpuStreamCaptureStatusNone cudaStreamCaptureStatusNone
+// Pointers read from descriptors are generic to the compiler; these force
+// global accesses (evict-first streaming, or the default cache policy).
+template <typename T> __device__ __forceinline__ T gpu_load_stream(const T* p) { return __ldcs(p); }
+template <typename T> __device__ __forceinline__ void gpu_store_stream(T* p, T v) { __stcs(p, v); }
+template <typename T> __device__ __forceinline__ T gpu_load_global(const T* p) { return __ldcg(p); }
+template <typename T> __device__ __forceinline__ void gpu_store_global(T* p, T v) { __stwb(p, v); }
 #endif

@@ -19,12 +19,6 @@ from statecache import _C
 from statecache.layout import PageLayout, StateLayout, layout_id, paged_checkpoint_spec
 
 
-def _ops_per_batch(max_num_seqs: int) -> int:
-    # The PAGE module's sizing rule, when it is built in.
-    fn = getattr(_C, "checkpoint_copy_ops_per_batch", None)
-    return fn(max_num_seqs) if fn is not None else 2 * max_num_seqs
-
-
 @functools.lru_cache(maxsize=32)
 def _planner(image: tuple, slots: tuple, units: tuple, num_slots: int, num_units: int, lid: str):
     # One plan template per layout: batches only change bases.
@@ -36,7 +30,7 @@ class StateCopyExecutor:
 
     ``device``: ``"cpu"`` (memcpy on CPU tensors) or a CUDA/HIP device; by
     default the layouts' device. ``max_num_seqs`` sizes the descriptor staging:
-    ``checkpoint_copy_ops_per_batch(max_num_seqs)`` PAGE ops plus
+    ``checkpoint_copy_C.checkpoint_copy_ops_per_batch(max_num_seqs)`` PAGE ops plus
     ``max_slot_copies`` (default ``max_num_seqs``) relocations and copies.
     """
 
@@ -64,9 +58,10 @@ class StateCopyExecutor:
                                 tuple(state_layout.segment_table()),
                                 tuple(page_layout.segment_table()), state_layout.num_slots,
                                 page_layout.num_units, self.layout_id)
-        slot_copies = max_slot_copies if max_slot_copies is not None else max_num_seqs
-        self.capacity_spans = (_ops_per_batch(max_num_seqs) * self.planner.spans_per_paged_op
-                               + slot_copies * self.planner.spans_per_slot_copy)
+        self.max_paged_ops = _C.checkpoint_copy_ops_per_batch(max_num_seqs)
+        self.max_slot_copies = max_slot_copies if max_slot_copies is not None else max_num_seqs
+        self.capacity_spans = (self.max_paged_ops * self.planner.spans_per_paged_op
+                               + self.max_slot_copies * self.planner.spans_per_slot_copy)
         self._engine = None
         if self.device.type != "cpu":
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -80,11 +75,15 @@ class StateCopyExecutor:
 
     def plan(self, relocations=(), copies=(), stores=(), restores=()):
         """Validate the batch and flatten it into spans (nothing moves)."""
+        relocations, copies, stores, restores = (
+            () if ops is None else tuple(ops) for ops in (relocations, copies, stores, restores))
         plan = self.planner.plan(relocations, copies, stores, restores)
-        if plan.num_spans > self.capacity_spans:
-            raise ValueError(f"the batch needs {plan.num_spans} copy spans, more than the "
-                             f"{self.capacity_spans} the staging for max_num_seqs="
-                             f"{self.max_num_seqs} holds")
+        paged, pairs = len(stores) + len(restores), len(relocations) + len(copies)
+        if paged > self.max_paged_ops or pairs > self.max_slot_copies:
+            raise ValueError(
+                f"the batch has {paged} stores + restores and {pairs} relocations + copies; the "
+                f"staging holds {self.max_paged_ops} (checkpoint_copy_ops_per_batch(max_num_seqs="
+                f"{self.max_num_seqs})) and {self.max_slot_copies} (max_slot_copies)")
         return plan
 
     def __call__(self, relocations=(), copies=(), stores=(), restores=()):
@@ -106,11 +105,15 @@ class StateCopyExecutor:
     def _stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream
 
-    def capture(self, max_spans: int | None = None) -> "CapturedStateCopy":
-        """A CUDA/HIP graph of one batch launch, to replay with new ops."""
+    def capture(self, max_spans: int | None = None, *, variant: int = 0) -> "CapturedStateCopy":
+        """A CUDA/HIP graph of one batch launch, to replay with new ops.
+
+        ``variant`` picks a kernel build (see ``GpuCopyEngine``; benchmarks
+        compare them)."""
         if self._engine is None:
             raise ValueError("graph capture needs a GPU executor, this one runs on the CPU")
-        return CapturedStateCopy(self, max_spans if max_spans is not None else self.capacity_spans)
+        return CapturedStateCopy(self, max_spans if max_spans is not None else self.capacity_spans,
+                                 variant)
 
 
 class CapturedStateCopy:
@@ -124,12 +127,12 @@ class CapturedStateCopy:
     around each replay of it.
     """
 
-    def __init__(self, executor: StateCopyExecutor, max_spans: int):
+    def __init__(self, executor: StateCopyExecutor, max_spans: int, variant: int = 0):
         if not isinstance(max_spans, int) or max_spans <= 0 or max_spans > executor.capacity_spans:
             raise ValueError(f"max_spans={max_spans!r} must be in [1, {executor.capacity_spans}]")
         self.executor = executor
         self.max_spans = max_spans
-        self._engine = _C.GpuCopyEngine(executor.device.index, max_spans, 1)
+        self._engine = _C.GpuCopyEngine(executor.device.index, max_spans, 1, variant)
         self._engine.stage(executor.planner.plan())  # empty: replays before staging move nothing
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(executor.device), torch.cuda.graph(self.graph):

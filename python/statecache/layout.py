@@ -53,6 +53,7 @@ class _RowTable:
     def __init__(self, tensors, index_dim, name: str, index_name: str):
         self.tensors = _as_tensor_list(tensors, name)
         dims = _per_tensor(index_dim, len(self.tensors), f"{index_name}_dim")
+        self.dims = list(dims)
         self.rows: list[Segment] = []
         self.row_tensor: list[int] = []  # which tensor each row comes from
         self.geometry: list[tuple] = []
@@ -144,6 +145,7 @@ class StateLayout:
         ]
 
     tensors = property(lambda self: self._table.tensors)
+    slot_dims = property(lambda self: self._table.dims)
     device = property(lambda self: self._table.device)
     num_slots = property(lambda self: self._table.count)
     segments = property(lambda self: list(self._table.rows), doc="whole-slot rows")
@@ -173,6 +175,7 @@ class PageLayout:
         self._table = _RowTable(tensors, unit_dim, "page tensors", "unit")
 
     tensors = property(lambda self: self._table.tensors)
+    unit_dims = property(lambda self: self._table.dims)
     device = property(lambda self: self._table.device)
     num_units = property(lambda self: self._table.count)
     segments = property(lambda self: list(self._table.rows))
