@@ -38,4 +38,4 @@ log "tests (GPU + CPU copy engine)"
 (cd tests/python && $PY -m pytest -q -p no:cacheprovider -rs test_copy_gpu.py test_copy.py 2>&1 | tee "$OUT/pytest.txt" | tail -15)
 
 log "benchmark"
-$PY benchmarks/bench_copy.py --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+$PY benchmarks/bench_copy.py ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"

@@ -152,15 +152,14 @@ Pinned descriptor staging plus the one-launch copy kernel for one device.
 read its previous contents); ``launch(stream)`` enqueues the descriptor copy
 and the kernel on a raw stream handle; both may be captured in a graph, whose
 replays read the staging again: stage, replay, then ``record_consumed``.)doc")
-      .def(py::init([](py::handle device, py::handle capacity, py::handle buffers, py::handle variant) {
+      .def(py::init([](py::handle device, py::handle capacity, py::handle buffers) {
              int64_t cap = as_int(capacity, "capacity_spans");
              if (cap < 1) throw py::value_error("capacity_spans=" + std::to_string(cap) + " must be >= 1");
              return std::make_unique<GpuCopyEngine>(static_cast<int>(as_nonneg_int(device, "device")),
                                                     static_cast<size_t>(cap),
-                                                    static_cast<int>(as_int(buffers, "buffers")),
-                                                    static_cast<int>(as_int(variant, "variant")));
+                                                    static_cast<int>(as_int(buffers, "buffers")));
            }),
-           py::arg("device"), py::arg("capacity_spans"), py::arg("buffers") = 2, py::arg("variant") = 0)
+           py::arg("device"), py::arg("capacity_spans"), py::arg("buffers") = 2)
       .def(
           "submit",
           [](GpuCopyEngine& e, const CopyPlan& plan, py::handle stream) {

@@ -30,11 +30,8 @@ using gpuStreamCaptureStatus = hipStreamCaptureStatus;
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuStreamIsCapturing hipStreamIsCapturing
 #define gpuStreamCaptureStatusNone hipStreamCaptureStatusNone
-// Plain accesses: hipcc picks global loads for these pointers itself.
-template <typename T> __device__ __forceinline__ T gpu_load_stream(const T* p) { return *p; }
-template <typename T> __device__ __forceinline__ void gpu_store_stream(T* p, T v) { *p = v; }
-template <typename T> __device__ __forceinline__ T gpu_load_global(const T* p) { return *p; }
-template <typename T> __device__ __forceinline__ void gpu_store_global(T* p, T v) { *p = v; }
+template <typename T> __device__ __forceinline__ T gpu_load(const T* p) { return *p; }
+template <typename T> __device__ __forceinline__ void gpu_store(T* p, T v) { *p = v; }
 #else
 #include <cuda_runtime.h>
 using gpuError_t = cudaError_t;
@@ -63,10 +60,19 @@ using gpuStreamCaptureStatus = cudaStreamCaptureStatus;
 #define gpuEventSynchronize cudaEventSynchronize
 #define gpuStreamIsCapturing cudaStreamIsCapturing
 #define gpuStreamCaptureStatusNone cudaStreamCaptureStatusNone
-// Pointers read from descriptors are generic to the compiler; these force
-// global accesses (evict-first streaming, or the default cache policy).
-template <typename T> __device__ __forceinline__ T gpu_load_stream(const T* p) { return __ldcs(p); }
-template <typename T> __device__ __forceinline__ void gpu_store_stream(T* p, T v) { __stcs(p, v); }
-template <typename T> __device__ __forceinline__ T gpu_load_global(const T* p) { return __ldcg(p); }
-template <typename T> __device__ __forceinline__ void gpu_store_global(T* p, T v) { __stwb(p, v); }
+// Pointers read from descriptors are generic to the compiler, which would
+// emit generic LD/ST; the 16-byte path states the global space (LDG/STG.128).
+template <typename T> __device__ __forceinline__ T gpu_load(const T* p) { return *p; }
+template <typename T> __device__ __forceinline__ void gpu_store(T* p, T v) { *p = v; }
+template <> __device__ __forceinline__ uint4 gpu_load(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+template <> __device__ __forceinline__ void gpu_store(uint4* p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
 #endif
