@@ -8,6 +8,8 @@ import statecache as sc
 from reference import load
 
 ref = load("paged_checkpoint")
+if ref is None:  # the reference lives beside the checkout (../shared/reference or STATECACHE_REFERENCE_DIR)
+    pytest.skip("reference modules not found", allow_module_level=True)
 
 GOOD = dict(page_unit_bytes=4096, slot_bytes=10_000, layout_id="gdn-L", image_bytes=9_000)
 
