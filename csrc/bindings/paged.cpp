@@ -229,17 +229,16 @@ struct BacklogView {
   std::shared_ptr<Store> store;
 };
 
-py::object record_or_none(const Store& s, py::handle key) {
+py::object record_or_none(const std::shared_ptr<Store>& s, py::handle key) {
   if (!PyLong_Check(key.ptr())) return py::none();
   int overflow = 0;
   const long long id = PyLong_AsLongLongAndOverflow(key.ptr(), &overflow);
-  if (overflow != 0) return py::none();
-  const CheckpointRecord* r = s.record(id);
-  if (r == nullptr) return py::none();
-  return py::cast(*r);
+  if (overflow != 0 || s->record(id) == nullptr) return py::none();
+  return py::cast(RecordHandle(s, id));
 }
 
-py::object index_or_none(const Store& s, py::handle key) {
+py::object index_or_none(const std::shared_ptr<Store>& sp, py::handle key) {
+  const Store& s = *sp;
   if (!PyLong_Check(key.ptr())) return py::none();
   int overflow = 0;
   const long long h = PyLong_AsLongLongAndOverflow(key.ptr(), &overflow);
@@ -249,50 +248,51 @@ py::object index_or_none(const Store& s, py::handle key) {
   return py::int_(id);
 }
 
-py::list record_keys(const Store& s) { return to_list(s.record_ids()); }
-py::list index_keys(const Store& s) {
+py::list record_keys(const std::shared_ptr<Store>& s) { return to_list(s->record_ids()); }
+py::list index_keys(const std::shared_ptr<Store>& s) {
   py::list out;
-  for (const auto& [h, id] : s.hash_index()) out.append(h);
+  for (const auto& [h, id] : s->hash_index()) out.append(h);
   return out;
 }
 
-py::dict records_dict(const Store& s) {
+py::dict records_dict(const std::shared_ptr<Store>& s) {
   py::dict d;
-  for (int64_t id : s.record_ids()) d[py::int_(id)] = py::cast(*s.record(id));
+  for (int64_t id : s->record_ids()) d[py::int_(id)] = py::cast(RecordHandle(s, id));
   return d;
 }
-py::dict index_dict(const Store& s) {
+py::dict index_dict(const std::shared_ptr<Store>& s) {
   py::dict d;
-  for (const auto& [h, id] : s.hash_index()) d[py::int_(h)] = id;
+  for (const auto& [h, id] : s->hash_index()) d[py::int_(h)] = id;
   return d;
 }
 
 // Read-only mapping protocol over one of the store's tables.
 template <class View>
-void def_mapping(py::class_<View>& cls, py::object (*get)(const Store&, py::handle), py::list (*keys)(const Store&),
-                 py::dict (*as_dict)(const Store&), int64_t (*size)(const Store&)) {
+void def_mapping(py::class_<View>& cls, py::object (*get)(const std::shared_ptr<Store>&, py::handle),
+                 py::list (*keys)(const std::shared_ptr<Store>&), py::dict (*as_dict)(const std::shared_ptr<Store>&),
+                 int64_t (*size)(const Store&)) {
   cls.def("__len__", [size](const View& v) { return size(*v.store); })
       .def("__getitem__",
            [get](const View& v, py::handle k) {
-             py::object r = get(*v.store, k);
+             py::object r = get(v.store, k);
              if (r.is_none()) throw py::key_error(py_repr(k));
              return r;
            })
-      .def("__contains__", [get](const View& v, py::handle k) { return !get(*v.store, k).is_none(); })
-      .def("__iter__", [keys](const View& v) { return py::iter(keys(*v.store)); })
-      .def("keys", [keys](const View& v) { return keys(*v.store); })
-      .def("values", [as_dict](const View& v) { return py::list(as_dict(*v.store).attr("values")()); })
-      .def("items", [as_dict](const View& v) { return py::list(as_dict(*v.store).attr("items")()); })
+      .def("__contains__", [get](const View& v, py::handle k) { return !get(v.store, k).is_none(); })
+      .def("__iter__", [keys](const View& v) { return py::iter(keys(v.store)); })
+      .def("keys", [keys](const View& v) { return keys(v.store); })
+      .def("values", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("values")()); })
+      .def("items", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("items")()); })
       .def(
           "get",
           [get](const View& v, py::handle k, py::object dflt) {
-            py::object r = get(*v.store, k);
+            py::object r = get(v.store, k);
             return r.is_none() ? dflt : r;
           },
           py::arg("key"), py::arg("default") = py::none())
-      .def("copy", [as_dict](const View& v) { return as_dict(*v.store); })
-      .def("__eq__", [as_dict](const View& v, py::handle other) { return as_dict(*v.store).equal(other); })
-      .def("__repr__", [as_dict](const View& v) { return py_repr(as_dict(*v.store)); });
+      .def("copy", [as_dict](const View& v) { return as_dict(v.store); })
+      .def("__eq__", [as_dict](const View& v, py::handle other) { return as_dict(v.store).equal(other); })
+      .def("__repr__", [as_dict](const View& v) { return py_repr(as_dict(v.store)); });
   py::module_::import("collections.abc").attr("Mapping").attr("register")(cls);
 }
 
@@ -301,7 +301,7 @@ int64_t num_indexed(const Store& s) { return s.hash_index_size(); }
 
 void bind_store_views(py::module_& m) {
   py::class_<RecordsView> records(m, "CheckpointRecordsView",
-                                  "Live read-only mapping checkpoint id -> CheckpointRecord (copies), oldest first.");
+                                  "Live read-only mapping checkpoint id -> CheckpointRecord (live, read-only), oldest first.");
   def_mapping(records, &record_or_none, &record_keys, &records_dict, &num_records);
   py::class_<HashIndexView> index(m, "CheckpointHashIndexView",
                                   "Live read-only mapping hash -> READY checkpoint id, in the order they became READY.");

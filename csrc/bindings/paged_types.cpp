@@ -93,7 +93,8 @@ py::tuple store_fields(const CheckpointStoreOp& o) {
 py::tuple restore_fields(const CheckpointRestoreOp& o) {
   return py::make_tuple(o.dst_slot, to_tuple(o.unit_ids), o.total_bytes, o.layout_id);
 }
-py::tuple record_fields(const CheckpointRecord& r) {
+py::tuple record_fields(const RecordHandle& h) {
+  const CheckpointRecord& r = h.get();
   return py::make_tuple(r.prefix_hash, to_tuple(r.unit_ids), checkpoint_state_name(r.state), r.pin_count);
 }
 py::tuple suspended_fields(const SuspendedCheckpointRestore& s) {
@@ -131,6 +132,11 @@ std::optional<StateStoreOperationId> as_operation_id(py::handle obj) {
 
 py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units) {
   return py::make_tuple(to_py(op), to_tuple(units));
+}
+
+CheckpointRecord& RecordHandle::mutable_value() {
+  if (store_) throw py::attribute_error("a store's CheckpointRecord is read-only");
+  return value_;
 }
 
 PagedStateCheckpointSpec as_spec(py::handle obj, const char* name) {
@@ -208,29 +214,31 @@ the state layout ``layout_id``. Frozen; equality and hash by value.)doc");
       .def_property_readonly("layout_id", [](const CheckpointRestoreOp& o) { return o.layout_id; });
   def_value(restore, &restore_fields, {"dst_slot", "unit_ids", "total_bytes", "layout_id"}, true);
 
-  py::class_<CheckpointRecord> record(m, "CheckpointRecord", R"doc(
+  py::class_<RecordHandle> record(m, "CheckpointRecord", R"doc(
 One checkpoint of the store: its hash, its page units in image order, its
 state (``"COPYING"``, ``"READY"`` or ``"EVICTING"``) and its pin count. The
-store's ``records`` mapping hands out copies.)doc");
+store's ``records`` hands out live, read-only records: they follow the store,
+and keep the fields a record was released with. Constructed from Python it is
+a plain mutable value.)doc");
   record
       .def(py::init([](py::handle h, py::handle units, py::handle state, py::handle pins) {
-             return CheckpointRecord{as_int(h, "prefix_hash"), as_int_list(units, "unit_ids"),
-                                     as_state(state), as_int(pins, "pin_count")};
+             return RecordHandle(CheckpointRecord{as_int(h, "prefix_hash"), as_int_list(units, "unit_ids"),
+                                                  as_state(state), as_int(pins, "pin_count")});
            }),
            py::arg("prefix_hash"), py::arg("unit_ids"), py::arg("state") = "COPYING",
            py::arg("pin_count") = 0)
       .def_property(
-          "prefix_hash", [](const CheckpointRecord& r) { return r.prefix_hash; },
-          [](CheckpointRecord& r, py::handle v) { r.prefix_hash = as_int(v, "prefix_hash"); })
+          "prefix_hash", [](const RecordHandle& r) { return r.get().prefix_hash; },
+          [](RecordHandle& r, py::handle v) { r.mutable_value().prefix_hash = as_int(v, "prefix_hash"); })
       .def_property(
-          "unit_ids", [](const CheckpointRecord& r) { return to_tuple(r.unit_ids); },
-          [](CheckpointRecord& r, py::handle v) { r.unit_ids = as_int_list(v, "unit_ids"); })
+          "unit_ids", [](const RecordHandle& r) { return to_tuple(r.get().unit_ids); },
+          [](RecordHandle& r, py::handle v) { r.mutable_value().unit_ids = as_int_list(v, "unit_ids"); })
       .def_property(
-          "state", [](const CheckpointRecord& r) { return checkpoint_state_name(r.state); },
-          [](CheckpointRecord& r, py::handle v) { r.state = as_state(v); })
+          "state", [](const RecordHandle& r) { return checkpoint_state_name(r.get().state); },
+          [](RecordHandle& r, py::handle v) { r.mutable_value().state = as_state(v); })
       .def_property(
-          "pin_count", [](const CheckpointRecord& r) { return r.pin_count; },
-          [](CheckpointRecord& r, py::handle v) { r.pin_count = as_int(v, "pin_count"); });
+          "pin_count", [](const RecordHandle& r) { return r.get().pin_count; },
+          [](RecordHandle& r, py::handle v) { r.mutable_value().pin_count = as_int(v, "pin_count"); });
   def_value(record, &record_fields, {"prefix_hash", "unit_ids", "state", "pin_count"}, false);
 
   py::class_<SuspendedCheckpointRestore> suspended(

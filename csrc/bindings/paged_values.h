@@ -8,6 +8,7 @@
 
 #include "bindings/convert.h"
 #include "core/block_pool.h"
+#include "core/checkpoint_store.h"
 #include "core/paged_types.h"
 
 namespace statecache::bindings {
@@ -50,6 +51,41 @@ class PyBlockPool : public BlockPool {
 };
 
 std::shared_ptr<PyBlockPool> as_block_pool(py::handle obj, const char* name);
+
+// What Python's CheckpointRecord holds: a value of its own (constructed from
+// Python), or a live handle on one of a store's records, which reads the
+// record's current fields, and after its release the fields it was released
+// with (as the reference's record objects do).
+class RecordHandle {
+ public:
+  explicit RecordHandle(CheckpointRecord value) : value_(std::move(value)) {}
+  RecordHandle(std::shared_ptr<PageUnitCheckpointStore> store, int64_t checkpoint_id)
+      : store_(std::move(store)), checkpoint_id_(checkpoint_id) {
+    store_->watch(checkpoint_id_);
+  }
+  RecordHandle(const RecordHandle& o) : value_(o.get()), store_(o.store_), checkpoint_id_(o.checkpoint_id_) {
+    if (store_) store_->watch(checkpoint_id_);
+  }
+  RecordHandle& operator=(const RecordHandle&) = delete;
+  ~RecordHandle() {
+    if (store_) store_->unwatch(checkpoint_id_);
+  }
+
+  const CheckpointRecord& get() const {
+    if (store_) {
+      if (const CheckpointRecord* r = store_->watched_record(checkpoint_id_)) return *r;
+    }
+    return value_;
+  }
+  // The value for a write; a store's record is read-only.
+  CheckpointRecord& mutable_value();
+  bool operator==(const RecordHandle& o) const { return get() == o.get(); }
+
+ private:
+  CheckpointRecord value_;
+  std::shared_ptr<PageUnitCheckpointStore> store_;
+  int64_t checkpoint_id_ = -1;
+};
 
 // statecache.StateStoreOperationId(h, gen), a tuple subclass.
 py::object to_py(const StateStoreOperationId& op);

@@ -395,6 +395,10 @@ void PageUnitCheckpointStore::evict(int64_t checkpoint_id) {
 void PageUnitCheckpointStore::release_record(int64_t checkpoint_id) {
   const int32_t idx = slot_index(checkpoint_id);
   Slot& s = slab_[idx];
+  if (!watched_.empty()) {
+    auto w = watched_.find(checkpoint_id);
+    if (w != watched_.end()) w->second.released = s.rec;
+  }
   const int64_t h = s.rec.prefix_hash;
   note_change(h);
   lru_unlink(idx);
@@ -514,6 +518,18 @@ int64_t PageUnitCheckpointStore::reclaim_stale_offload_pins(double timeout_s) {
 }
 
 // ------------------------------------------------------------------ views --
+
+void PageUnitCheckpointStore::unwatch(int64_t checkpoint_id) {
+  auto it = watched_.find(checkpoint_id);
+  if (it != watched_.end() && --it->second.handles <= 0) watched_.erase(it);
+}
+
+const CheckpointRecord* PageUnitCheckpointStore::watched_record(int64_t checkpoint_id) const {
+  if (const Slot* s = find(checkpoint_id)) return &s->rec;
+  auto it = watched_.find(checkpoint_id);
+  if (it == watched_.end() || !it->second.released) return nullptr;
+  return &*it->second.released;
+}
 
 std::vector<int64_t> PageUnitCheckpointStore::record_ids() const {
   std::vector<int64_t> ids;

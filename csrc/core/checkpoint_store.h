@@ -104,6 +104,14 @@ class PageUnitCheckpointStore {
   int64_t hash_index_get(int64_t prefix_hash) const;  // -1 when absent
   // Units held by records (any state).
   int64_t units_held() const;
+
+  // Live record handles (Python's CheckpointRecord from `records`): while a
+  // record is watched, the state it was released in stays readable, as a
+  // reference record object outlives its removal from the table.
+  void watch(int64_t checkpoint_id) { ++watched_[checkpoint_id].handles; }
+  void unwatch(int64_t checkpoint_id);
+  // The live record, else the state a watched record was released in, else null.
+  const CheckpointRecord* watched_record(int64_t checkpoint_id) const;
   void check_consistency() const;
 
   static constexpr size_t kChangeLogLimit = 4096;
@@ -183,6 +191,12 @@ class PageUnitCheckpointStore {
   int64_t generation_ = 0;
   int64_t evictions_ = 0;
   std::deque<Change> changes_;
+
+  struct Watch {
+    int64_t handles = 0;
+    std::optional<CheckpointRecord> released;
+  };
+  std::unordered_map<int64_t, Watch> watched_;
 
   std::deque<int64_t> offload_ready_;
   int64_t offload_nominations_dropped_ = 0;

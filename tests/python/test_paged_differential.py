@@ -54,6 +54,7 @@ class StoreRun:
         self.kv: list = []  # KV block lists, same ids on both pools
         self.owner_seq = 0
         self.steps = 0
+        self.held = []  # (ours, reference) record objects kept across steps
 
     def both(self, method, *args, target="store", **kw):
         a = self.ours if target == "store" else self.ours_pool
@@ -68,6 +69,13 @@ class StoreRun:
     def check(self):
         sa, sb = store_state(self.ours), store_state(self.theirs)
         assert sa == sb, f"step {self.steps}: state differs:\n ours={sa}\n  ref={sb}"
+        # Records held across steps follow the store, and keep their last state once released.
+        if self.ours.records and self.rng.random() < 0.2:
+            cid = self.rng.choice(list(self.ours.records))
+            self.held.append((self.ours.records[cid], self.theirs.records[cid]))
+        self.held = self.held[-12:]
+        for a, b in self.held:
+            assert norm(a) == norm(b), f"step {self.steps}: held record ours={norm(a)} reference={norm(b)}"
         self.ours.check_consistency()
         check_conservation(self.ours_pool)
         check_conservation(self.ref_pool)
@@ -208,6 +216,7 @@ class CoordinatorRun(StoreRun):
         for s in self.seqs:
             s.state_slots = [rng.choice(self.slots)]
         self.ops, self.suspended, self.kv, self.reservations = [], [], [], []
+        self.held = []
         self.owners = []
         self.owner_seq = 0
         self.steps = 0

@@ -317,3 +317,29 @@ def test_bad_input_raises_before_anything_changes(call, exc):
     with pytest.raises(exc):
         call(store)
     assert (store.generation, dict(store.records), pool.num_free) == before
+
+
+def test_records_are_live_and_keep_their_release_state():
+    """As the reference's record objects: a held record follows the store."""
+    pool, store = make()
+    ready(store, 3)
+    rec = store.records[0]
+    store.begin_restore(3, 1)
+    assert rec.pin_count == 1 and rec.state == sc.READY
+    store.unindex(3)
+    assert rec.state == sc.EVICTING and rec.pin_count == 1
+    store.take_restore_ops()
+    store.complete_inflight()  # the reader is done: released
+    assert 0 not in store.records
+    assert (rec.state, rec.pin_count, rec.unit_ids) == (sc.EVICTING, 0, (0, 1, 2, 3))
+    with pytest.raises(AttributeError):
+        rec.pin_count = 5  # a store's record is read-only
+    twin = store.begin_store(4, 0)
+    dup = store.records[1]
+    store.unindex(4)
+    store.complete_inflight()
+    assert twin is not None and dup.state == sc.EVICTING
+    copy = sc.CheckpointRecord(dup.prefix_hash, dup.unit_ids, dup.state, dup.pin_count)
+    assert copy == dup
+    copy.pin_count = 2  # a constructed record is a plain value
+    assert copy != dup
