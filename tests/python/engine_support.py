@@ -12,6 +12,19 @@ import reference
 from engine_doubles import DoubleBlockPool
 
 
+def install_stand_ins():
+    """Fill in library classes that have not landed on this branch yet with
+    the reference's (and a stand-in BlockPool), so the engine code can name
+    ``statecache.X`` throughout. No-op once they exist."""
+    for name, module in (("StateSlotPool", "slot_pool"),
+                         ("PagedStateCheckpointSpec", "paged_checkpoint"),
+                         ("PagedStateCheckpointCoordinator", "paged_checkpoint")):
+        if not hasattr(statecache, name):
+            setattr(statecache, name, getattr(reference.load(module), name))
+    if not hasattr(statecache, "BlockPool"):
+        statecache.BlockPool = DoubleBlockPool
+
+
 def _cls(name, module):
     if hasattr(statecache, name):
         return getattr(statecache, name)
