@@ -25,7 +25,7 @@ def transfer_for(mechanism: str, geom, layout_id: str):
 
 def build_engine(model="qwen3next", mechanism="page", *, seed=0, device="cpu",
                  enable_prefix_caching=True, block_size=16, num_blocks=256, num_slots=32,
-                 max_num_seqs=4, max_num_batched_tokens=128, checkpoint_interval_tokens=-1,
+                 max_num_seqs=4, max_num_batched_tokens=256, checkpoint_interval_tokens=-1,
                  model_and_geom=None, placement=None, eviction=None):
     """An Engine serving a tiny random ``model`` with ``mechanism`` checkpoints.
 
