@@ -187,10 +187,10 @@ class Engine:
                     victim = self._pick_victim(exclude=seq, scheduled=scheduled)
                     if victim is None:
                         break
-                    self._preempt(victim)
+                    self.preempt(victim)
                 if seq.status != RUNNING or not bm.can_append(seq):
                     if seq.status == RUNNING:
-                        self._preempt(seq)
+                        self.preempt(seq)
                     continue
                 bm.append_slot(seq)
             item, n = self._make_item(seq, budget, reservations)
@@ -290,9 +290,13 @@ class Engine:
                 return seq
         return None
 
-    def _preempt(self, seq: Request) -> None:
+    def preempt(self, seq: Request) -> None:
         """Recompute-style preemption: everything goes back, the request waits
         at the front of the queue with its tokens so far."""
+        if seq.state_fork_src >= 0 or any(
+                b.position == seq.num_computed_tokens for b in seq.planned):
+            # its last forward ended on a boundary whose checkpoint is in flight
+            self.block_manager._count("preempted_with_pending_checkpoint")
         self.block_manager.free(seq)
         seq.status = WAITING
         seq.num_preemptions += 1
