@@ -130,3 +130,23 @@ def test_preemption_during_pending_checkpoint(model, mechanism):
     eng.step(), eng.step()
     assert sp.num_free() == sp.num_slots  # no slot leaked, no pin left behind
     assert [r.output_token_ids for r in on] == [r.output_token_ids for r in off]
+
+
+@pytest.mark.parametrize("mechanism", ["page", "fork"])
+def test_readable_midstep_keeps_rungs_without_cutting_chunks(model, mechanism):
+    """A backend that reads interior states is not cut onto rungs: the rung
+    inside a forward is reserved before it and published after it."""
+    kw = dict(model_and_geom=model, checkpoint_interval_tokens=32, block_size=HBS)
+    eng = build_engine(mechanism=mechanism, readable_midstep=True, **kw)
+    on = run_script(eng, script())
+    off = run_script(build_engine(mechanism=mechanism, enable_prefix_caching=False, **kw),
+                     script())
+    src = "PAGE" if mechanism == "page" else "fork"
+    assert [(r.num_cached_tokens, r.state_source) for r in on][:3] == [
+        (0, "none"), (64, src), (32, src)]
+    # A's whole prompt went in one forward (75 tokens < the budget) ...
+    assert on[0].prefill_chunks == 1 and on[0].prefill_computed == 75
+    # ... where a backend that cannot read midstep is cut at 32 and 64
+    cut = run_script(build_engine(mechanism=mechanism, **kw), script()[:1])
+    assert cut[0].prefill_chunks == 3
+    assert_same(on, off)

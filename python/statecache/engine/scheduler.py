@@ -70,6 +70,7 @@ class Request(statecache.Sequence):
         self.placement_ctx = None
         self.num_preemptions = 0
         self.prefill_computed = 0
+        self.prefill_chunks = 0
         self.logits = []  # per output token, when the runner returns them
 
     @property
@@ -251,6 +252,7 @@ class Engine:
             seq.num_computed_tokens = item.start + n
             if was_prefill:
                 seq.prefill_computed += n
+                seq.prefill_chunks += 1
             seq.state_fork_src = -1  # the forward read it
             res = reservations.pop(seq.seq_id, None)
             if res:
