@@ -7,9 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import engine_support  # noqa: E402
 
-engine_support.install_stand_ins()
 
 from statecache.engine import Request  # noqa: E402
 from statecache.models import build_engine, build_model  # noqa: E402
