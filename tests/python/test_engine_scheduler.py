@@ -123,3 +123,40 @@ def test_eviction_under_tiny_pool_keeps_index_consistent(mech):
                 assert pool.lookup(h) >= 0
     f = eng.checkpoint_funnel()
     assert f["kv_blocks_evicted"] > 0 and f["resumed_tokens"] > 0
+
+
+def test_custom_policies_plug_in():
+    """A peer placement (every block) and a recording eviction policy go
+    through the same interface the default uses; the engine calls both."""
+    from statecache.engine import Boundary, EvictionPolicy, PlacementPolicy
+
+    class EveryBlock(PlacementPolicy):
+        name = "every-block"
+
+        def prompt_boundaries(self, ctx):
+            hbs = ctx.hash_block_size
+            return [Boundary(p, "all", True) for p in range(hbs, ctx.num_prompt_tokens, hbs)]
+
+    class Recording(EvictionPolicy):
+        def __init__(self):
+            self.kept, self.resumed = [], []
+
+        def on_checkpoint(self, caches, seq, boundary):
+            self.kept.append(boundary.position)
+
+        def on_resume(self, caches, seq, prefix_hash):
+            self.resumed.append(seq.num_cached_tokens)
+
+    eng = engine("page", budget=64)
+    rec = Recording()
+    eng.block_manager.placement = EveryBlock()
+    eng.block_manager.eviction = rec
+    a = req(SYS + [50, 51, 52], 3)
+    eng.add_request(a)
+    eng.run_until_done()
+    assert rec.kept == [4, 8, 12, 16, 20, 24]
+    assert a.prefill_chunks == 7  # cut at every block
+    b = req(SYS[:13] + [7, 7, 7])
+    eng.add_request(b)
+    eng.run_until_done()
+    assert rec.resumed == [12] and b.state_source == "PAGE"
