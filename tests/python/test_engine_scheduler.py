@@ -160,3 +160,48 @@ def test_custom_policies_plug_in():
     eng.add_request(b)
     eng.run_until_done()
     assert rec.resumed == [12] and b.state_source == "PAGE"
+
+
+def test_state_capacity_gates_admission():
+    """With one state slot, the second request waits for the first to finish
+    (has_free is the gate), then runs."""
+    eng = engine("page", num_slots=1, budget=64)
+    a, b = req(SYS + [1]), req(SYS + [2])
+    eng.add_request(a)
+    eng.add_request(b)
+    eng.step()
+    assert a.status == "running" and b.status == "waiting"
+    eng.run_until_done()
+    assert a.status == b.status == "finished"
+    assert b.num_cached_tokens > 0  # and it resumed from a's checkpoint
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(hash_block_size=0), "hash_block_size"),
+    (dict(max_num_batched_tokens=-1), "max_num_batched_tokens"),
+    (dict(checkpoint_interval_tokens=-2), "checkpoint_interval_tokens"),
+    (dict(max_num_seqs=True), "max_num_seqs"),
+])
+def test_bad_config(kw, name):
+    from statecache.engine import EngineConfig
+
+    with pytest.raises(ValueError, match=name):
+        EngineConfig(**kw)
+
+
+def test_bad_requests():
+    eng = engine("fork")
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request(req([]))
+    r = req(SYS)
+    eng.add_request(r)
+    with pytest.raises(ValueError, match="already added"):
+        eng.add_request(r)
+    assert len(eng.waiting) == 1
+
+
+def test_pool_too_small_for_a_request_raises():
+    eng = engine("fork", num_blocks=2)
+    eng.add_request(req(SYS))
+    with pytest.raises(RuntimeError, match="too small"):
+        eng.step()

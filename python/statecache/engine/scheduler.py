@@ -42,6 +42,17 @@ class EngineConfig:
     checkpoint_interval_tokens: int = -1
     num_spec: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("hash_block_size", "max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        n = self.checkpoint_interval_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n < -1:
+            raise ValueError(f"checkpoint_interval_tokens={n!r} must be -1, 0 or a positive int")
+        if not isinstance(self.num_spec, int) or self.num_spec < 0:
+            raise ValueError(f"num_spec={self.num_spec!r} must be an int >= 0")
+
 
 class Request(statecache.Sequence):
     """One generation request: prompt, output so far, and its KV/state holdings."""
@@ -135,6 +146,8 @@ class Engine:
     # ------------------------------- intake -------------------------------- #
 
     def add_request(self, req: Request) -> None:
+        if req.status != WAITING or any(r is req for r in self.waiting):
+            raise ValueError(f"request {req.request_id} was already added (status {req.status})")
         if req.num_prompt_tokens < 1:
             raise ValueError(f"prompt_token_ids must not be empty (request {req.request_id})")
         self.waiting.append(req)
@@ -298,7 +311,7 @@ class Engine:
         if seq.state_fork_src >= 0 or any(
                 b.position == seq.num_computed_tokens for b in seq.planned):
             # its last forward ended on a boundary whose checkpoint is in flight
-            self.block_manager._count("preempted_with_pending_checkpoint")
+            self.block_manager.count("preempted_with_pending_checkpoint")
         self.block_manager.free(seq)
         seq.status = WAITING
         seq.num_preemptions += 1
