@@ -205,3 +205,25 @@ def test_pool_too_small_for_a_request_raises():
     eng.add_request(req(SYS))
     with pytest.raises(RuntimeError, match="too small"):
         eng.step()
+
+
+@pytest.mark.parametrize("mech,resumed", [("page", 28), ("fork", 20)])
+def test_decode_boundaries_through_the_placement(mech, resumed):
+    """A placement that keeps block ends reached while decoding: a copy
+    backend keeps them (the next turn resumes inside the last output); a
+    fork cannot (one decode token does not cover its room)."""
+    from statecache.engine import AnchorLadderDemand, Boundary
+
+    class AlsoDecode(AnchorLadderDemand):
+        def decode_boundary(self, ctx, position):
+            return Boundary(position, "decode", True)
+
+    eng = engine(mech, budget=64)
+    eng.block_manager.placement = AlsoDecode()
+    a = req(SYS + [50, 51, 52], 7)  # 25 prompt tokens, decodes through 28 and 31
+    eng.add_request(a)
+    eng.run_until_done()
+    b = req(a.token_ids + [60, 61])
+    eng.add_request(b)
+    eng.run_until_done()
+    assert b.num_cached_tokens == resumed

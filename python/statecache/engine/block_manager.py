@@ -240,6 +240,18 @@ class BlockManager:
             self.count(f"checkpoints_requested_{boundary.kind}")
             self.eviction.on_checkpoint(self.caches, seq, boundary)
 
+    def decode_boundary(self, seq) -> None:
+        """After a decode step that completed a hash block, ask the placement
+        whether to keep it (a copy backend can; a fork's room is not covered
+        by one decode token, so ``checkpoint`` skips it there)."""
+        pos = seq.num_computed_tokens
+        if pos % self.hbs or seq.placement_ctx is None or not self.enable_prefix_caching:
+            return
+        b = self.placement.decode_boundary(seq.placement_ctx, pos)
+        if b is not None and b.position == pos:
+            self.count("boundaries_planned")
+            self.checkpoint(seq, b)
+
     def reserve_midstep(self, seq, bounds: list[Boundary]) -> list[tuple]:
         """Reserve destinations for positions strictly inside this forward."""
         positions = [(b.position, seq.hashes[b.position // self.hbs - 1]) for b in bounds]

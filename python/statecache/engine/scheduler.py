@@ -274,6 +274,8 @@ class Engine:
             for b in seq.planned:
                 if b.position == seq.num_computed_tokens:
                     bm.checkpoint(seq, b)
+            if not was_prefill:
+                bm.decode_boundary(seq)
             if item.sample:
                 out = results.get(seq.seq_id)
                 token, logits = (out if isinstance(out, tuple) else (out, None))
