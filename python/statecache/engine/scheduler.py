@@ -5,8 +5,10 @@ One ``Engine.step()`` is one pass:
 1. top of pass: ``release_pins`` and ``complete_previous_batch``;
 2. admission and scheduling under a token budget (running sequences first,
    then waiting ones in arrival order);
-3. build the batch: ``take_relocations``, ``take_copies``,
-   ``take_checkpoint_ops`` become the batch's ``StateOps``;
+3. build the batch: ``take_relocations`` and ``take_checkpoint_ops`` (and a
+   group pool's ``take_copies``, where a backend has one; none here) become
+   the batch's ``StateOps``; a pass with no sequences still drains them and
+   hands the runner the ops alone, so no image is READY without its bytes;
 4. forward: ``runner.execute(batch)`` runs the ops, then the model;
 5. postprocess: publish full KV blocks, then checkpoint the boundaries the
    placement chose that this forward ended on.
