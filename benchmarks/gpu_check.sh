@@ -30,7 +30,7 @@ nvcc -std=c++17 -O3 -Icsrc -gencode arch=compute_90,code=sm_90 -gencode arch=com
   -Xptxas -v -c csrc/kernels/copy_kernels.cu -o "$OUT/copy_kernels.o" > "$OUT/ptxas.txt" 2>&1
 grep -E "registers|spill|Compiling entry" "$OUT/ptxas.txt" | sed 's/_ZN.*copy_spans_kernel[^ ]*/copy_spans_kernel/'
 cuobjdump -sass -arch sm_90 "$OUT/copy_kernels.o" > "$OUT/sass_sm90.txt" 2>&1
-echo "sm_90 SASS memory instructions (count, all kernel builds):"
+echo "sm_90 SASS memory instructions (count):"
 grep -oE '\b(LDG|STG|LD|ST|LDL|STL)\.[A-Z0-9.]*' "$OUT/sass_sm90.txt" | sort | uniq -c | tr '\n' ';'; echo
 rm -f "$OUT/copy_kernels.o"
 
@@ -38,4 +38,4 @@ log "tests (GPU + CPU copy engine)"
 (cd tests/python && $PY -m pytest -q -p no:cacheprovider -rs test_copy_gpu.py test_copy.py 2>&1 | tee "$OUT/pytest.txt" | tail -15)
 
 log "benchmark"
-$PY benchmarks/bench_copy.py --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+$PY benchmarks/bench_copy.py ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"

@@ -2,9 +2,11 @@
 #include <pybind11/stl.h>
 
 #include <string>
+#include <type_traits>
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "core/paged_types.h"
 #include "core/span_planner.h"
 #ifdef STATECACHE_WITH_GPU
 #include "kernels/copy_kernels.h"
@@ -47,6 +49,23 @@ std::vector<SlotCopyOp> as_pairs(py::handle obj, const char* kind) {
   return out;
 }
 
+// statecache's own op types are read in C++; anything else with the same
+// attributes (a reference dataclass, a test stand-in) through Python.
+template <typename Op>
+bool read_bound(py::handle op, PagedCopyOp& p) {
+  if (!py::isinstance<Op>(op)) return false;
+  const Op& o = op.cast<const Op&>();
+  if constexpr (std::is_same_v<Op, CheckpointStoreOp>)
+    p.slot = o.src_slot;
+  else
+    p.slot = o.dst_slot;
+  p.unit_ids.assign(o.unit_ids.begin(), o.unit_ids.end());
+  p.total_bytes = o.total_bytes;
+  p.layout_id = o.layout_id;
+  return true;
+}
+
+template <typename Op>
 std::vector<PagedCopyOp> as_paged(py::handle obj, const char* kind, const char* slot_attr) {
   std::vector<PagedCopyOp> out;
   if (obj.is_none()) return out;
@@ -54,6 +73,10 @@ std::vector<PagedCopyOp> as_paged(py::handle obj, const char* kind, const char* 
   for (py::handle op : py::iter(obj)) {
     std::string name = item_name(kind, i++);
     PagedCopyOp p;
+    if (read_bound<Op>(op, p)) {
+      out.push_back(std::move(p));
+      continue;
+    }
     std::string field = name + "." + slot_attr;
     p.slot = as_int(op.attr(slot_attr), field.c_str());
     field = name + ".unit_ids";
@@ -74,8 +97,8 @@ MaintenanceBatch as_batch(py::handle relocations, py::handle copies, py::handle 
   MaintenanceBatch b;
   b.relocations = as_pairs(relocations, "relocations");
   b.copies = as_pairs(copies, "copies");
-  b.stores = as_paged(stores, "stores", "src_slot");
-  b.restores = as_paged(restores, "restores", "dst_slot");
+  b.stores = as_paged<CheckpointStoreOp>(stores, "stores", "src_slot");
+  b.restores = as_paged<CheckpointRestoreOp>(restores, "restores", "dst_slot");
   return b;
 }
 
@@ -152,15 +175,14 @@ Pinned descriptor staging plus the one-launch copy kernel for one device.
 read its previous contents); ``launch(stream)`` enqueues the descriptor copy
 and the kernel on a raw stream handle; both may be captured in a graph, whose
 replays read the staging again: stage, replay, then ``record_consumed``.)doc")
-      .def(py::init([](py::handle device, py::handle capacity, py::handle buffers, py::handle variant) {
+      .def(py::init([](py::handle device, py::handle capacity, py::handle buffers) {
              int64_t cap = as_int(capacity, "capacity_spans");
              if (cap < 1) throw py::value_error("capacity_spans=" + std::to_string(cap) + " must be >= 1");
              return std::make_unique<GpuCopyEngine>(static_cast<int>(as_nonneg_int(device, "device")),
                                                     static_cast<size_t>(cap),
-                                                    static_cast<int>(as_int(buffers, "buffers")),
-                                                    static_cast<int>(as_int(variant, "variant")));
+                                                    static_cast<int>(as_int(buffers, "buffers")));
            }),
-           py::arg("device"), py::arg("capacity_spans"), py::arg("buffers") = 2, py::arg("variant") = 0)
+           py::arg("device"), py::arg("capacity_spans"), py::arg("buffers") = 2)
       .def(
           "submit",
           [](GpuCopyEngine& e, const CopyPlan& plan, py::handle stream) {

@@ -63,32 +63,46 @@ void push_span(CopyPlan& plan, uint64_t src, uint64_t dst, uint64_t bytes) {
   plan.spans.push_back({src, dst, bytes});
 }
 
-// An id and the op that touches it, for the conflict checks.
+// An id (slot or unit) and the op that touches it, for the conflict checks;
+// the op is named only when a check fails.
+enum class OpKind : uint8_t { kRelocation, kCopy, kStore, kRestore };
+
 struct Touch {
   int64_t id;
-  std::string op;
+  OpKind kind;
+  uint32_t index;
 };
 
-void sort_touches(std::vector<Touch>& v) {
-  std::stable_sort(v.begin(), v.end(), [](const Touch& a, const Touch& b) { return a.id < b.id; });
+std::string op_name(const MaintenanceBatch& b, const Touch& t) {
+  switch (t.kind) {
+    case OpKind::kRelocation:
+      return pair_name("relocations", t.index, b.relocations[t.index]);
+    case OpKind::kCopy:
+      return pair_name("copies", t.index, b.copies[t.index]);
+    case OpKind::kStore:
+      return paged_name("stores", t.index, b.stores[t.index]);
+    default:
+      return paged_name("restores", t.index, b.restores[t.index]);
+  }
 }
 
-void check_single_writer(std::vector<Touch>& writes, const char* what) {
-  sort_touches(writes);
-  for (size_t i = 1; i < writes.size(); ++i)
-    if (writes[i].id == writes[i - 1].id)
-      bad_op(writes[i].op, std::string("writes ") + what + " " + std::to_string(writes[i].id) +
-                               ", which " + writes[i - 1].op + " also writes");
-}
-
-void check_no_read_of_written(const std::vector<Touch>& reads, const std::vector<Touch>& writes,
-                              const char* what) {
+// One writer per id, and no id both read and written: a table indexed by id
+// holding the writing touch (linear in the batch, no sorting).
+void check_conflicts(const std::vector<Touch>& reads, const std::vector<Touch>& writes, int64_t count,
+                     const char* what, const MaintenanceBatch& b) {
+  std::vector<int32_t> writer(static_cast<size_t>(count), -1);
+  for (size_t i = 0; i < writes.size(); ++i) {
+    int32_t& w = writer[static_cast<size_t>(writes[i].id)];
+    if (w >= 0)
+      bad_op(op_name(b, writes[i]), std::string("writes ") + what + " " + std::to_string(writes[i].id) +
+                                        ", which " + op_name(b, writes[w]) + " also writes");
+    w = static_cast<int32_t>(i);
+  }
   for (const Touch& r : reads) {
-    auto it = std::lower_bound(writes.begin(), writes.end(), r.id,
-                               [](const Touch& t, int64_t id) { return t.id < id; });
-    if (it != writes.end() && it->id == r.id)
-      bad_op(r.op, std::string("reads ") + what + " " + std::to_string(r.id) + ", which " + it->op +
-                       " writes in the same batch (its ops run concurrently)");
+    const int32_t w = writer[static_cast<size_t>(r.id)];
+    if (w >= 0)
+      bad_op(op_name(b, r), std::string("reads ") + what + " " + std::to_string(r.id) + ", which " +
+                                op_name(b, writes[w]) + " writes in the same batch (its ops run concurrently)");
   }
 }
 
@@ -139,59 +153,56 @@ SpanPlanner::SpanPlanner(std::vector<Segment> image_segments, std::vector<Segmen
 }
 
 void SpanPlanner::check_paged(const PagedCopyOp& op, const char* kind, size_t index) const {
-  const std::string name = paged_name(kind, index, op);
+  auto name = [&] { return paged_name(kind, index, op); };
   if (op.layout_id != layout_id_)
-    bad_op(name, "layout_id '" + op.layout_id + "' is not this executor's layout '" + layout_id_ + "'");
+    bad_op(name(), "layout_id '" + op.layout_id + "' is not this executor's layout '" + layout_id_ + "'");
   if (op.total_bytes != image_bytes_)
-    bad_op(name, "total_bytes=" + std::to_string(op.total_bytes) + " but the image holds " +
+    bad_op(name(), "total_bytes=" + std::to_string(op.total_bytes) + " but the image holds " +
                      std::to_string(image_bytes_) + " bytes");
   if (op.slot < 0 || op.slot >= num_slots_)
-    bad_op(name, "slot " + std::to_string(op.slot) + " is out of range [0, " +
+    bad_op(name(), "slot " + std::to_string(op.slot) + " is out of range [0, " +
                      std::to_string(num_slots_) + ")");
   if (static_cast<int64_t>(op.unit_ids.size()) != units_per_image_)
-    bad_op(name, "has " + std::to_string(op.unit_ids.size()) + " unit_ids, the image needs " +
+    bad_op(name(), "has " + std::to_string(op.unit_ids.size()) + " unit_ids, the image needs " +
                      std::to_string(units_per_image_));
   for (size_t i = 0; i < op.unit_ids.size(); ++i)
     if (op.unit_ids[i] < 0 || op.unit_ids[i] >= num_units_)
-      bad_op(name, "unit_ids[" + std::to_string(i) + "]=" + std::to_string(op.unit_ids[i]) +
+      bad_op(name(), "unit_ids[" + std::to_string(i) + "]=" + std::to_string(op.unit_ids[i]) +
                        " is out of range [0, " + std::to_string(num_units_) + ")");
 }
 
 void SpanPlanner::validate(const MaintenanceBatch& batch) const {
   std::vector<Touch> slot_reads, slot_writes, unit_reads, unit_writes;
-  auto pairs = [&](const std::vector<SlotCopyOp>& ops, const char* kind) {
+  auto pairs = [&](const std::vector<SlotCopyOp>& ops, const char* kind, OpKind k) {
     for (size_t i = 0; i < ops.size(); ++i) {
       const SlotCopyOp& op = ops[i];
-      std::string name = pair_name(kind, i, op);
       for (int64_t s : {op.src, op.dst})
         if (s < 0 || s >= num_slots_)
-          bad_op(name, "slot " + std::to_string(s) + " is out of range [0, " +
-                           std::to_string(num_slots_) + ")");
-      if (op.src == op.dst) bad_op(name, "copies a slot onto itself");
-      slot_reads.push_back({op.src, name});
-      slot_writes.push_back({op.dst, name});
+          bad_op(pair_name(kind, i, op), "slot " + std::to_string(s) + " is out of range [0, " +
+                                             std::to_string(num_slots_) + ")");
+      if (op.src == op.dst) bad_op(pair_name(kind, i, op), "copies a slot onto itself");
+      slot_reads.push_back({op.src, k, static_cast<uint32_t>(i)});
+      slot_writes.push_back({op.dst, k, static_cast<uint32_t>(i)});
     }
   };
-  pairs(batch.relocations, "relocations");
-  pairs(batch.copies, "copies");
+  pairs(batch.relocations, "relocations", OpKind::kRelocation);
+  pairs(batch.copies, "copies", OpKind::kCopy);
+  unit_writes.reserve(batch.stores.size() * static_cast<size_t>(units_per_image_));
+  unit_reads.reserve(batch.restores.size() * static_cast<size_t>(units_per_image_));
   for (size_t i = 0; i < batch.stores.size(); ++i) {
     const PagedCopyOp& op = batch.stores[i];
     check_paged(op, "stores", i);
-    std::string name = paged_name("stores", i, op);
-    slot_reads.push_back({op.slot, name});
-    for (int64_t u : op.unit_ids) unit_writes.push_back({u, name});
+    slot_reads.push_back({op.slot, OpKind::kStore, static_cast<uint32_t>(i)});
+    for (int64_t u : op.unit_ids) unit_writes.push_back({u, OpKind::kStore, static_cast<uint32_t>(i)});
   }
   for (size_t i = 0; i < batch.restores.size(); ++i) {
     const PagedCopyOp& op = batch.restores[i];
     check_paged(op, "restores", i);
-    std::string name = paged_name("restores", i, op);
-    slot_writes.push_back({op.slot, name});
-    for (int64_t u : op.unit_ids) unit_reads.push_back({u, name});
+    slot_writes.push_back({op.slot, OpKind::kRestore, static_cast<uint32_t>(i)});
+    for (int64_t u : op.unit_ids) unit_reads.push_back({u, OpKind::kRestore, static_cast<uint32_t>(i)});
   }
-  check_single_writer(slot_writes, "slot");
-  check_single_writer(unit_writes, "unit");
-  check_no_read_of_written(slot_reads, slot_writes, "slot");
-  check_no_read_of_written(unit_reads, unit_writes, "unit");
+  check_conflicts(slot_reads, slot_writes, num_slots_, "slot", batch);
+  check_conflicts(unit_reads, unit_writes, num_units_, "unit", batch);
 }
 
 void SpanPlanner::add_paged(const PagedCopyOp& op, bool store, CopyPlan& plan) const {

@@ -30,9 +30,7 @@ class GpuCopyEngine {
   // `capacity_spans`: the most spans one batch may hold; `buffers`: staging
   // buffers used round robin, so the host can fill one while the device
   // still reads the other.
-  // `variant` picks a kernel build (0: streaming cache hints, 8 vectors in
-  // flight per thread; 1: default cache policy; +2: 4 vectors in flight).
-  GpuCopyEngine(int device, size_t capacity_spans, int buffers = 2, int variant = 0);
+  GpuCopyEngine(int device, size_t capacity_spans, int buffers = 2);
   ~GpuCopyEngine();
   GpuCopyEngine(const GpuCopyEngine&) = delete;
   GpuCopyEngine& operator=(const GpuCopyEngine&) = delete;

@@ -105,15 +105,11 @@ class StateCopyExecutor:
     def _stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream
 
-    def capture(self, max_spans: int | None = None, *, variant: int = 0) -> "CapturedStateCopy":
-        """A CUDA/HIP graph of one batch launch, to replay with new ops.
-
-        ``variant`` picks a kernel build (see ``GpuCopyEngine``; benchmarks
-        compare them)."""
+    def capture(self, max_spans: int | None = None) -> "CapturedStateCopy":
+        """A CUDA/HIP graph of one batch launch, to replay with new ops."""
         if self._engine is None:
             raise ValueError("graph capture needs a GPU executor, this one runs on the CPU")
-        return CapturedStateCopy(self, max_spans if max_spans is not None else self.capacity_spans,
-                                 variant)
+        return CapturedStateCopy(self, max_spans if max_spans is not None else self.capacity_spans)
 
 
 class CapturedStateCopy:
@@ -127,12 +123,12 @@ class CapturedStateCopy:
     around each replay of it.
     """
 
-    def __init__(self, executor: StateCopyExecutor, max_spans: int, variant: int = 0):
+    def __init__(self, executor: StateCopyExecutor, max_spans: int):
         if not isinstance(max_spans, int) or max_spans <= 0 or max_spans > executor.capacity_spans:
             raise ValueError(f"max_spans={max_spans!r} must be in [1, {executor.capacity_spans}]")
         self.executor = executor
         self.max_spans = max_spans
-        self._engine = _C.GpuCopyEngine(executor.device.index, max_spans, 1, variant)
+        self._engine = _C.GpuCopyEngine(executor.device.index, max_spans, 1)
         self._engine.stage(executor.planner.plan())  # empty: replays before staging move nothing
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(executor.device), torch.cuda.graph(self.graph):
