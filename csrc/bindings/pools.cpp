@@ -123,7 +123,6 @@ template <size_t Arity>
 std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* name,
                                                  const char* shape) {
   std::vector<std::array<int64_t, Arity>> rows;
-  if (obj.is_none()) return rows;
   if (PyUnicode_Check(obj.ptr()) || !PyObject_HasAttrString(obj.ptr(), "__iter__"))
     raise_type(name, shape, obj);
   for (py::handle item : py::reinterpret_borrow<py::iterable>(obj)) {
@@ -135,6 +134,25 @@ std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* nam
     rows.push_back(row);
   }
   return rows;
+}
+
+// release_many's argument: like the reference's `slots or ()`, anything
+// falsy (None, an empty list) is nothing to release; other iterables of ints
+// are read whole before anything is released.
+std::vector<int64_t> slots_arg(PyObject* obj) {
+  std::vector<int64_t> v;
+  py::handle h(obj);
+  if (PyList_Check(obj) || PyTuple_Check(obj) || PyObject_CheckBuffer(obj)) {
+    append_ints(h, "slots", v);
+    return v;
+  }
+  const int truth = PyObject_IsTrue(obj);
+  if (truth < 0) throw py::error_already_set();
+  if (truth == 0) return v;
+  if (PyUnicode_Check(obj) || !PyObject_HasAttrString(obj, "__iter__"))
+    raise_type("slots", "an iterable of ints", h);
+  append_ints(py::list(py::reinterpret_borrow<py::object>(h)), "slots", v);  // sets, generators
+  return v;
 }
 
 std::vector<MidstepReservation> reservations_arg(py::handle obj) {
@@ -521,11 +539,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
   fast::def<P>(
       cls, "release_many",
       [](P& p, PyObject** a) {
-        if (a[0] != Py_None) {
-          std::vector<int64_t> v;
-          append_ints(py::handle(a[0]), "slots", v);
-          p.release_many(v);
-        }
+        p.release_many(slots_arg(a[0]));
         return fast::none();
       },
       {"slots"}, 1, "release_many($self, slots)\n--\n\nHand back a request's set; -1 entries, None and an empty list are fine.");

@@ -131,6 +131,12 @@ def test_pop_many_release_many_forms(impl):
     p.release_many([])
     p.release_many((got[0], -1))
     assert p.num_free() == 4
+    p.release_many(None)
+    p.release_many(0)
+    two = p.pop_many(2)
+    p.release_many({two[0]})
+    p.release_many(x for x in [two[1], -1])
+    assert p.num_free() == 4
     p.extend(0)
     assert p.num_slots == 5
 
