@@ -429,7 +429,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         return fast::none();
       },
       {U, "reader_is_next_batch"}, 1,
-      "Hold an owned index off the free list until the forward that reads it ran; "
+      "Keep an owned index out of circulation until its reading forward was issued; "
       "reader_is_next_batch (keyword-only) keeps it one pass longer.",
       /*positional=*/1);
   fast::def<Pool>(
@@ -508,7 +508,7 @@ void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* ha
 
 void bind_slot_pool(py::module_& m) {
   py::classh<StateSlotPool> cls(m, "StateSlotPool", R"doc(
-Active Slot allocation and the fork-checkpoint index.
+Hands out per-need state slots and keeps fork checkpoints.
 
 A slot is one complete recurrent state. A live request holds 1 + num_spec
 slots (element 0 committed, the rest speculative rollback); a checkpoint holds
@@ -636,7 +636,7 @@ void bind_group_pool(py::module_& m) {
   py::classh<StateGroupPool> cls(m, "StateGroupPool", R"doc(
 Per-request state groups plus the checkpoint index over the free ones.
 
-``fork``: the owner gives its group to the index and takes a fresh one.
+``fork``: the owner's group becomes the checkpoint and the owner moves on.
 ``copy``: ``checkpoint`` records the intent; ``take_copies`` (called as the next
 batch is built) picks the destination, files it, and returns the (src, dst)
 pairs the batch must copy before its forward. Under ``none()`` and ``replay()``

@@ -6,8 +6,8 @@
 // first). Which half a free unit is in follows from its hash alone, so every
 // hash change of a free unit goes through `set_hash`.
 //
-// The LRU is an intrusive doubly linked list over unit indices, so claim,
-// promote, re-homing and eviction are O(1). The vacant half is a min-heap whose
+// Checkpointed units are chained through prev/next fields of their own
+// records, so unlinking one anywhere, moving it or swapping its index is O(1). The vacant half is a min-heap whose
 // stale entries (claimed, or hashed since) are dropped when they surface.
 //
 // Public methods validate their arguments and throw before changing anything:

@@ -370,7 +370,8 @@ class SlotDriver(_Driver):
         self.seqs.remove(s)
 
     def op_resume(self):
-        """lookup -> promote -> claim (or share if pinned) -> fresh slot, pin."""
+        """Resume from a checkpoint: find it, promote and claim it (or read a
+        pinned one alongside), take a new slot, pin the source."""
         if not self.ref_index():
             return
         h = self.rng.choice(list(self.ref_index()))
