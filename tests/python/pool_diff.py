@@ -289,7 +289,10 @@ class SlotDriver(_Driver):
     def op_release(self):
         x = self.pick(self.loose())
         if x is not None:
-            call(self.ref, self.ours, "release", x)
+            if self.rng.random() < 0.3:
+                call(self.ref, self.ours, "release", **{self.unit: x})
+            else:
+                call(self.ref, self.ours, "release", x)
 
     def op_release_many(self):
         xs = self.loose()
@@ -401,7 +404,10 @@ class SlotDriver(_Driver):
         bb = self.rng.randint(0, 12)
         if self.rng.random() < 0.3:
             s.set("checkpoint_end_pos", bb * self.hbs)
-        call(self.ref, self.ours, "checkpoint", s.both, bb, self.some_hash())
+        if self.rng.random() < 0.3:
+            call(self.ref, self.ours, "checkpoint", seq=s.both, boundary_blocks=bb, h=self.some_hash())
+        else:
+            call(self.ref, self.ours, "checkpoint", s.both, bb, self.some_hash())
 
     def op_resumable_hit(self):
         s = self.pick(self.seqs) or SeqPair(self.rng.randint(0, 40))
@@ -618,7 +624,10 @@ class GroupDriver(_Driver):
             self.ours.checkpoint(s.ours, bb, h)
             assert self.snapshot_ours(s) == before, "checkpoint under none()/replay() changed something"
             return
-        call(self.ref, self.ours, "checkpoint", s.both, bb, h)
+        if self.rng.random() < 0.3:
+            call(self.ref, self.ours, "checkpoint", seq=s.both, boundary_blocks=bb, h=h)
+        else:
+            call(self.ref, self.ours, "checkpoint", s.both, bb, h)
 
     def snapshot_ours(self, s):
         o = self.ours
