@@ -122,9 +122,13 @@ class _Driver:
         "shrink": {"retire_top": 3, "extend": 3, "checkpoint": 2, "release_pins": 2, "admit": 1.5, "finish": 1.5},
     }
 
-    def __init__(self, seed, transfer_name, enabled, size, hbs, profile="mixed"):
+    def __init__(self, seed, transfer_name, enabled=True, size=8, hbs=2, profile="mixed"):
         self.rng = random.Random(seed)
         self.profile = self.PROFILES[profile]
+        t = self.transfers[transfer_name]()
+        ref_cls = getattr(load(self.ref_module), self.class_name)
+        self.ref = ref_cls(size, t, hash_block_size=hbs, enabled=enabled)
+        self.ours = getattr(sc, self.class_name)(size, t, hash_block_size=hbs, enabled=enabled)
         self.transfer_name = transfer_name
         self.hbs = hbs
         self.seqs: list[SeqPair] = []
@@ -248,13 +252,10 @@ class _Driver:
 
 class SlotDriver(_Driver):
     unit = "slot"
+    ref_module, class_name, transfers = "slot_pool", "StateSlotPool", SLOT_TRANSFERS
 
-    def __init__(self, seed, transfer_name, enabled=True, size=8, hbs=2, profile="mixed"):
-        super().__init__(seed, transfer_name, enabled, size, hbs, profile)
-        ref_cls = load("slot_pool").StateSlotPool
-        t = SLOT_TRANSFERS[transfer_name]()
-        self.ref = ref_cls(size, t, hash_block_size=hbs, enabled=enabled)
-        self.ours = sc.StateSlotPool(size, t, hash_block_size=hbs, enabled=enabled)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.reservations = []  # (ref_list, our_list, SeqPair)
 
     def held_by_seqs(self):
@@ -531,17 +532,14 @@ class SlotDriver(_Driver):
 
 class GroupDriver(_Driver):
     unit = "group"
+    ref_module, class_name, transfers = "group_pool", "StateGroupPool", GROUP_TRANSFERS
 
-    def __init__(self, seed, transfer_name, enabled=True, size=8, hbs=2, profile="mixed"):
-        super().__init__(seed, transfer_name, enabled, size, hbs, profile)
-        ref_cls = load("group_pool").StateGroupPool
-        t = GROUP_TRANSFERS[transfer_name]()
-        self.ref = ref_cls(size, t, hash_block_size=hbs, enabled=enabled)
-        self.ours = sc.StateGroupPool(size, t, hash_block_size=hbs, enabled=enabled)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         # SPEC §4: under none() / replay() checkpoint keeps nothing; the
         # reference's group pool still forks there, so those calls are checked
         # against SPEC rather than against the reference.
-        self.keeps_nothing = transfer_name in ("none", "replay")
+        self.keeps_nothing = self.transfer_name in ("none", "replay")
 
     def held_by_seqs(self):
         return {s.ref.per_req_cache_group for s in self.seqs if s.ref.per_req_cache_group >= 0}
