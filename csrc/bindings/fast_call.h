@@ -159,13 +159,25 @@ void def(py::handle cls, const char* name, F, std::initializer_list<const char*>
          const char* doc, int positional = -1) {
   Params& p = params_of<F>;
   p.func = name;
-  p.names.assign(names.begin(), names.end());
   p.required = required;
-  p.positional = positional < 0 ? static_cast<int>(p.names.size()) : positional;
-  if (p.names.size() > kMaxParams) throw std::logic_error("too many parameters for a fast method");
-  // Lives as long as the type: method definitions are never freed.
+  p.positional = positional < 0 ? static_cast<int>(names.size()) : positional;
+  if (names.size() > kMaxParams) throw std::logic_error("too many parameters for a fast method");
+  // A name may carry its default ("flag=False") for the text signature.
+  std::string sig = std::string(name) + "($self";
+  int i = 0;
+  for (const char* raw : names) {
+    std::string n(raw);
+    if (i == p.positional) sig += ", *";
+    sig += ", " + n;
+    p.names.push_back(n.substr(0, n.find('=')));
+    ++i;
+  }
+  sig += ")\n--\n\n";
+  // Method definitions and their docs live as long as the type: never freed.
+  const std::string d(doc ? doc : "");
+  auto* text = new std::string(d.find("\n--\n\n") == std::string::npos ? sig + d : d);
   auto* md = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&trampoline<T, F>)),
-                             METH_FASTCALL | METH_KEYWORDS, doc};
+                             METH_FASTCALL | METH_KEYWORDS, text->c_str()};
   py::object descr =
       py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), md));
   if (!descr) throw py::error_already_set();

@@ -123,7 +123,6 @@ template <size_t Arity>
 std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* name,
                                                  const char* shape) {
   std::vector<std::array<int64_t, Arity>> rows;
-  if (obj.is_none()) return rows;
   if (PyUnicode_Check(obj.ptr()) || !PyObject_HasAttrString(obj.ptr(), "__iter__"))
     raise_type(name, shape, obj);
   for (py::handle item : py::reinterpret_borrow<py::iterable>(obj)) {
@@ -135,6 +134,25 @@ std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* nam
     rows.push_back(row);
   }
   return rows;
+}
+
+// release_many's argument: like the reference's `slots or ()`, anything
+// falsy (None, an empty list) is nothing to release; other iterables of ints
+// are read whole before anything is released.
+std::vector<int64_t> slots_arg(PyObject* obj) {
+  std::vector<int64_t> v;
+  py::handle h(obj);
+  if (PyList_Check(obj) || PyTuple_Check(obj) || PyObject_CheckBuffer(obj)) {
+    append_ints(h, "slots", v);
+    return v;
+  }
+  const int truth = PyObject_IsTrue(obj);
+  if (truth < 0) throw py::error_already_set();
+  if (truth == 0) return v;
+  if (PyUnicode_Check(obj) || !PyObject_HasAttrString(obj, "__iter__"))
+    raise_type("slots", "an iterable of ints", h);
+  append_ints(py::list(py::reinterpret_borrow<py::object>(h)), "slots", v);  // sets, generators
+  return v;
 }
 
 std::vector<MidstepReservation> reservations_arg(py::handle obj) {
@@ -349,7 +367,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   constexpr const char* U = kUnit<Pool>;
   using fast::to_py;
   fast::def<Pool>(cls, "num_free", [](Pool& p, PyObject**) { return to_py(p.num_free()); }, {}, 0,
-                  "num_free($self)\n--\n\nHow many indices are free (vacant or checkpointed).");
+                  "How many indices are free (vacant or checkpointed).");
   fast::def<Pool>(cls, "is_free", [](Pool& p, PyObject** a) { return to_py(p.is_free(int_arg(a[0], U))); },
                   {U}, 1, "Whether the index is on the free list.");
   fast::def<Pool>(
@@ -357,7 +375,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       [](Pool& p, PyObject** a) { return to_py(p.holds_checkpoint(int_arg(a[0], U))); }, {U}, 1,
       "Whether the index is on the free list and still carries a checkpoint.");
   fast::def<Pool>(cls, "pop", [](Pool& p, PyObject**) { return to_py(p.pop()); }, {}, 0,
-                  "pop($self)\n--\n\nHand out an index: vacant lowest first, else the LRU checkpoint "
+                  "Hand out an index: vacant lowest first, else the LRU checkpoint "
                   "(counted evicted). IndexError when nothing is free.");
   fast::def<Pool>(
       cls, "claim",
@@ -381,22 +399,22 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         p.extend(int_arg(a[0], "count"));
         return fast::none();
       },
-      {"count"}, 1, "extend($self, count)\n--\n\nAdd `count` indices at the top; the caller freed their bytes.");
+      {"count"}, 1, "Add `count` indices at the top; the caller freed their bytes.");
   fast::def<Pool>(
       cls, "applies", [](Pool& p, PyObject** a) { return to_py(p.applies(fast::sequence_arg(a[0], "seq"))); },
-      {"seq"}, 1, "applies($self, seq)\n--\n\nWhether this pool gates or checkpoints anything for seq.");
+      {"seq"}, 1, "Whether this pool gates or checkpoints anything for seq.");
   fast::def<Pool>(
       cls, "resumable_hit",
       [](Pool& p, PyObject** a) {
         return to_py(resumable_hit_arg(p, a[0], a[1], a[2], a[3] ? py::handle(a[3]) : py::handle(Py_False)));
       },
-      {"seq", "hit", "block_hashes", "assume_checkpointed"}, 3,
-      "resumable_hit($self, seq, hit, block_hashes, assume_checkpointed=False)\n--\n\n"
+      {"seq", "hit", "block_hashes", "assume_checkpointed=False"}, 3,
+      ""
       "The largest L <= hit whose boundary is checkpointed and leaves the resuming forward "
       "min_fork_tokens; 0 is always valid. block_hashes: list, tuple or NumPy int64 array.");
   fast::def<Pool>(
       cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(int_arg(a[0], "h"))); }, {"h"}, 1,
-      "lookup($self, h)\n--\n\nIndex holding the checkpoint for hash h, or -1.");
+      "Index holding the checkpoint for hash h, or -1.");
   fast::def<Pool>(
       cls, "invalidate",
       [](Pool& p, PyObject** a) {
@@ -410,8 +428,8 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         p.pin(int_arg(a[0], U), bool_arg(a[1], "reader_is_next_batch", false));
         return fast::none();
       },
-      {U, "reader_is_next_batch"}, 1,
-      "Hold an owned index off the free list until the forward that reads it ran; "
+      {U, "reader_is_next_batch=False"}, 1,
+      "Keep an owned index out of circulation until its reading forward was issued; "
       "reader_is_next_batch (keyword-only) keeps it one pass longer.",
       /*positional=*/1);
   fast::def<Pool>(
@@ -440,7 +458,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         p.release_pins();
         return fast::none();
       },
-      {}, 0, "release_pins($self)\n--\n\nTop of pass: return every pinned index whose reading forward was issued.");
+      {}, 0, "Top of pass: return every pinned index whose reading forward was issued.");
 
   fast::def_readonly<Pool>(cls, "enabled", [](const Pool& p) { return to_py(p.enabled()); });
   fast::def_readonly<Pool>(cls, "min_fork_tokens", [](const Pool& p) { return to_py(p.min_fork_tokens()); });
@@ -490,7 +508,7 @@ void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* ha
 
 void bind_slot_pool(py::module_& m) {
   py::classh<StateSlotPool> cls(m, "StateSlotPool", R"doc(
-Active Slot allocation and the fork-checkpoint index.
+Hands out per-need state slots and keeps fork checkpoints.
 
 A slot is one complete recurrent state. A live request holds 1 + num_spec
 slots (element 0 committed, the rest speculative rollback); a checkpoint holds
@@ -511,38 +529,34 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
   fast::def_readonly<P>(cls, "num_slots", [](const P& p) { return to_py(p.size()); });
   fast::def<P>(
       cls, "has_free", [](P& p, PyObject** a) { return to_py(p.has_free(a[0] ? int_arg(a[0], "count") : 1)); },
-      {"count"}, 0,
-      "has_free($self, count=1)\n--\n\nWhether `count` slots can be handed out (checkpoints count: pop "
+      {"count=1"}, 0,
+      "Whether `count` slots can be handed out (checkpoints count: pop "
       "spends them rather than refusing).");
   fast::def<P>(
       cls, "pop_many",
       [](P& p, PyObject** a) { return to_list(p.pop_many(int_arg(a[0], "count"))).release().ptr(); },
-      {"count"}, 1, "pop_many($self, count)\n--\n\nHand out one request's set, element 0 first.");
+      {"count"}, 1, "Hand out one request's set, element 0 first.");
   fast::def<P>(
       cls, "release_many",
       [](P& p, PyObject** a) {
-        if (a[0] != Py_None) {
-          std::vector<int64_t> v;
-          append_ints(py::handle(a[0]), "slots", v);
-          p.release_many(v);
-        }
+        p.release_many(slots_arg(a[0]));
         return fast::none();
       },
-      {"slots"}, 1, "release_many($self, slots)\n--\n\nHand back a request's set; -1 entries, None and an empty list are fine.");
+      {"slots"}, 1, "Hand back a request's set; -1 entries, None and an empty list are fine.");
   fast::def<P>(
       cls, "mark_speculative",
       [](P& p, PyObject** a) {
         p.mark_speculative(int_arg(a[0], "slot"));
         return fast::none();
       },
-      {"slot"}, 1, "mark_speculative($self, slot)\n--\n\nFile this slot's checkpoint at the LRU head when it is released.");
+      {"slot"}, 1, "File this slot's checkpoint at the LRU head when it is released.");
   fast::def<P>(
       cls, "promote",
       [](P& p, PyObject** a) {
         p.promote(int_arg(a[0], "slot"));
         return fast::none();
       },
-      {"slot"}, 1, "promote($self, slot)\n--\n\nA guess paid off: stop spending it first (to the LRU tail if free).");
+      {"slot"}, 1, "A guess paid off: stop spending it first (to the LRU tail if free).");
   fast::def<P>(
       cls, "checkpoint",
       [](P& p, PyObject** a) {
@@ -551,7 +565,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
-      "checkpoint($self, seq, boundary_blocks, h)\n--\n\nFork checkpoint: seq moves to a fresh slot; the "
+      "Fork checkpoint: seq moves to a fresh slot; the "
       "old one is filed under h and pinned through the next pass.");
   fast::def<P>(
       cls, "unindex",
@@ -559,7 +573,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
         p.unindex(int_arg(a[0], "h"));
         return fast::none();
       },
-      {"h"}, 1, "unindex($self, h)\n--\n\nDrop the checkpoint filed under h (its KV block left the index); counts orphaned.");
+      {"h"}, 1, "Drop the checkpoint filed under h (its KV block left the index); counts orphaned.");
   cls      .def(
           "reserve_midstep",
           [](StateSlotPool& p, py::handle seq, py::handle positions) {
@@ -622,7 +636,7 @@ void bind_group_pool(py::module_& m) {
   py::classh<StateGroupPool> cls(m, "StateGroupPool", R"doc(
 Per-request state groups plus the checkpoint index over the free ones.
 
-``fork``: the owner gives its group to the index and takes a fresh one.
+``fork``: the owner's group becomes the checkpoint and the owner moves on.
 ``copy``: ``checkpoint`` records the intent; ``take_copies`` (called as the next
 batch is built) picks the destination, files it, and returns the (src, dst)
 pairs the batch must copy before its forward. Under ``none()`` and ``replay()``
@@ -640,7 +654,7 @@ pairs the batch must copy before its forward. Under ``none()`` and ``replay()``
   using G = StateGroupPool;
   fast::def_readonly<G>(cls, "num_groups", [](const G& p) { return to_py(p.size()); });
   fast::def<G>(cls, "has_free", [](G& p, PyObject**) { return to_py(p.num_free() > 0); }, {}, 0,
-               "has_free($self)\n--\n\nWhether a group can be handed out.");
+               "Whether a group can be handed out.");
   fast::def<G>(
       cls, "checkpoint",
       [](G& p, PyObject** a) {
@@ -649,7 +663,7 @@ pairs the batch must copy before its forward. Under ``none()`` and ``replay()``
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
-      "checkpoint($self, seq, boundary_blocks, h)\n--\n\nfork: seq moves to a fresh group, the old one is "
+      "fork: seq moves to a fresh group, the old one is "
       "filed and pinned. copy: the intent is recorded and take_copies files it. none/replay: nothing.");
   fast::def<G>(
       cls, "forget_pending",
@@ -657,17 +671,17 @@ pairs the batch must copy before its forward. Under ``none()`` and ``replay()``
         p.forget_pending(fast::sequence_arg(a[0], "seq"));
         return fast::none();
       },
-      {"seq"}, 1, "forget_pending($self, seq)\n--\n\nDrop seq's uncommitted copy checkpoint (its group is being released).");
+      {"seq"}, 1, "Drop seq's uncommitted copy checkpoint (its group is being released).");
   fast::def<G>(
       cls, "record_copy",
       [](G& p, PyObject** a) {
         p.record_copy(int_arg(a[0], "src"), int_arg(a[1], "dst"));
         return fast::none();
       },
-      {"src", "dst"}, 2, "record_copy($self, src, dst)\n--\n\nSchedule a group copy for the next batch.");
+      {"src", "dst"}, 2, "Schedule a group copy for the next batch.");
   fast::def<G>(
       cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(int_arg(a[0], "h"))); }, {"h"}, 1,
-      "unindex($self, h)\n--\n\nDrop the checkpoint filed under h; returns the group freed, or -1.");
+      "Drop the checkpoint filed under h; returns the group freed, or -1.");
   cls.def("take_copies",
            [](StateGroupPool& p) {
              const auto pairs = p.take_copies();

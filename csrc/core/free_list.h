@@ -6,8 +6,8 @@
 // first). Which half a free unit is in follows from its hash alone, so every
 // hash change of a free unit goes through `set_hash`.
 //
-// The LRU is an intrusive doubly linked list over unit indices, so claim,
-// promote, re-homing and eviction are O(1). The vacant half is a min-heap whose
+// Checkpointed units are chained through prev/next fields of their own
+// records, so unlinking one anywhere, moving it or swapping its index is O(1). The vacant half is a min-heap whose
 // stale entries (claimed, or hashed since) are dropped when they surface.
 //
 // Public methods validate their arguments and throw before changing anything:
@@ -112,30 +112,26 @@ class StateFreeList {
   int64_t scan_resumable(int64_t num_tokens, int64_t hit, int64_t min_fork_tokens,
                          int64_t hash_block_size, bool assume_checkpointed,
                          HashAt&& hash_at) const {
-    if (assume_checkpointed) {
-      for (int64_t i = hit - 1; i >= 0; --i)
-        if (num_tokens - (i + 1) * hash_block_size >= min_fork_tokens) return i + 1;
-      return 0;
-    }
+    // The fork test (num_tokens - L * hbs >= min_fork_tokens) is monotone in
+    // L: boundaries above `top` can never be the answer, those at or below
+    // all pass it.
+    int64_t room = 0;
+    if (__builtin_sub_overflow(num_tokens, min_fork_tokens, &room) || room < 0) return 0;
+    const int64_t top = std::min(hit, room / hash_block_size);
+    if (assume_checkpointed) return top;
     if (index_.empty()) return 0;
-    // Boundaries above the fork bound can never be the answer; start below it.
-    int64_t top = hit - 1;
-    if (num_tokens - min_fork_tokens < hit * hash_block_size) {
-      const int64_t room = num_tokens - min_fork_tokens;
-      top = room < 0 ? -1 : std::min(top, room / hash_block_size - 1);
-    }
-    // Probe in chunks: read a chunk's hashes and start fetching their table
-    // cells first, so the cache misses overlap instead of queueing.
+    // Probe in chunks: read a chunk's hashes and start fetching their filter
+    // bytes first, so the cache misses overlap instead of queueing.
     constexpr int64_t kChunk = 8;
     int64_t keys[kChunk];
-    for (int64_t hi = top; hi >= 0; hi -= kChunk) {
-      const int64_t n = std::min(kChunk, hi + 1);
+    for (int64_t hi = top; hi >= 1; hi -= kChunk) {
+      const int64_t n = std::min(kChunk, hi);
       for (int64_t k = 0; k < n; ++k) {
-        keys[k] = hash_at(hi - k);
+        keys[k] = hash_at(hi - 1 - k);
         index_.prefetch(keys[k]);
       }
       for (int64_t k = 0; k < n; ++k)
-        if (index_.contains(keys[k])) return hi - k + 1;
+        if (index_.contains(keys[k])) return hi - k;
     }
     return 0;
   }

@@ -1,7 +1,8 @@
 // StateGroupPool: per-request state groups plus the checkpoint index over the
 // free ones, for both handover mechanisms:
-//   fork  the owner gives its group to the index and takes a fresh one; the
-//         old group stays pinned until the next pass's batch has read it.
+//   fork  the owner's group becomes the checkpoint and the owner moves to a
+//         new group; the old one stays pinned until the next pass's batch
+//         has read it.
 //   copy  the owner keeps its group; `checkpoint` only records the intent and
 //         `take_copies` (called as the next batch is built) turns it into a
 //         (src, dst) pair, filing dst at that moment.

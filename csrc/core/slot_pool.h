@@ -1,4 +1,4 @@
-// StateSlotPool: Active Slot allocation plus the fork-checkpoint index.
+// StateSlotPool: hands out per-need state slots and files fork checkpoints.
 //
 // A slot is one complete recurrent state. A live request holds 1 + num_spec
 // of them (committed state plus speculative rollback); a checkpoint holds one.

@@ -122,9 +122,13 @@ class _Driver:
         "shrink": {"retire_top": 3, "extend": 3, "checkpoint": 2, "release_pins": 2, "admit": 1.5, "finish": 1.5},
     }
 
-    def __init__(self, seed, transfer_name, enabled, size, hbs, profile="mixed"):
+    def __init__(self, seed, transfer_name, enabled=True, size=8, hbs=2, profile="mixed"):
         self.rng = random.Random(seed)
         self.profile = self.PROFILES[profile]
+        t = self.transfers[transfer_name]()
+        ref_cls = getattr(load(self.ref_module), self.class_name)
+        self.ref = ref_cls(size, t, hash_block_size=hbs, enabled=enabled)
+        self.ours = getattr(sc, self.class_name)(size, t, hash_block_size=hbs, enabled=enabled)
         self.transfer_name = transfer_name
         self.hbs = hbs
         self.seqs: list[SeqPair] = []
@@ -248,13 +252,10 @@ class _Driver:
 
 class SlotDriver(_Driver):
     unit = "slot"
+    ref_module, class_name, transfers = "slot_pool", "StateSlotPool", SLOT_TRANSFERS
 
-    def __init__(self, seed, transfer_name, enabled=True, size=8, hbs=2, profile="mixed"):
-        super().__init__(seed, transfer_name, enabled, size, hbs, profile)
-        ref_cls = load("slot_pool").StateSlotPool
-        t = SLOT_TRANSFERS[transfer_name]()
-        self.ref = ref_cls(size, t, hash_block_size=hbs, enabled=enabled)
-        self.ours = sc.StateSlotPool(size, t, hash_block_size=hbs, enabled=enabled)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.reservations = []  # (ref_list, our_list, SeqPair)
 
     def held_by_seqs(self):
@@ -289,7 +290,10 @@ class SlotDriver(_Driver):
     def op_release(self):
         x = self.pick(self.loose())
         if x is not None:
-            call(self.ref, self.ours, "release", x)
+            if self.rng.random() < 0.3:
+                call(self.ref, self.ours, "release", **{self.unit: x})
+            else:
+                call(self.ref, self.ours, "release", x)
 
     def op_release_many(self):
         xs = self.loose()
@@ -370,7 +374,8 @@ class SlotDriver(_Driver):
         self.seqs.remove(s)
 
     def op_resume(self):
-        """lookup -> promote -> claim (or share if pinned) -> fresh slot, pin."""
+        """Resume from a checkpoint: find it, promote and claim it (or read a
+        pinned one alongside), take a new slot, pin the source."""
         if not self.ref_index():
             return
         h = self.rng.choice(list(self.ref_index()))
@@ -400,7 +405,10 @@ class SlotDriver(_Driver):
         bb = self.rng.randint(0, 12)
         if self.rng.random() < 0.3:
             s.set("checkpoint_end_pos", bb * self.hbs)
-        call(self.ref, self.ours, "checkpoint", s.both, bb, self.some_hash())
+        if self.rng.random() < 0.3:
+            call(self.ref, self.ours, "checkpoint", seq=s.both, boundary_blocks=bb, h=self.some_hash())
+        else:
+            call(self.ref, self.ours, "checkpoint", s.both, bb, self.some_hash())
 
     def op_resumable_hit(self):
         s = self.pick(self.seqs) or SeqPair(self.rng.randint(0, 40))
@@ -524,17 +532,14 @@ class SlotDriver(_Driver):
 
 class GroupDriver(_Driver):
     unit = "group"
+    ref_module, class_name, transfers = "group_pool", "StateGroupPool", GROUP_TRANSFERS
 
-    def __init__(self, seed, transfer_name, enabled=True, size=8, hbs=2, profile="mixed"):
-        super().__init__(seed, transfer_name, enabled, size, hbs, profile)
-        ref_cls = load("group_pool").StateGroupPool
-        t = GROUP_TRANSFERS[transfer_name]()
-        self.ref = ref_cls(size, t, hash_block_size=hbs, enabled=enabled)
-        self.ours = sc.StateGroupPool(size, t, hash_block_size=hbs, enabled=enabled)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         # SPEC §4: under none() / replay() checkpoint keeps nothing; the
         # reference's group pool still forks there, so those calls are checked
         # against SPEC rather than against the reference.
-        self.keeps_nothing = transfer_name in ("none", "replay")
+        self.keeps_nothing = self.transfer_name in ("none", "replay")
 
     def held_by_seqs(self):
         return {s.ref.per_req_cache_group for s in self.seqs if s.ref.per_req_cache_group >= 0}
@@ -617,7 +622,10 @@ class GroupDriver(_Driver):
             self.ours.checkpoint(s.ours, bb, h)
             assert self.snapshot_ours(s) == before, "checkpoint under none()/replay() changed something"
             return
-        call(self.ref, self.ours, "checkpoint", s.both, bb, h)
+        if self.rng.random() < 0.3:
+            call(self.ref, self.ours, "checkpoint", seq=s.both, boundary_blocks=bb, h=h)
+        else:
+            call(self.ref, self.ours, "checkpoint", s.both, bb, h)
 
     def snapshot_ours(self, s):
         o = self.ours

@@ -263,3 +263,13 @@ def test_differential_random_sequences(seed, transfer, profile):
 def test_differential_disabled(seed, transfer):
     GroupDriver(1000 + seed, transfer, enabled=False, size=5).run(300)
     GroupDriver(2000 + seed, transfer, enabled=True, size=0).run(100)
+
+
+def test_assumed_hit_is_constant_time_and_overflow_safe():
+    p = sc.StateGroupPool(2, sc.StateTransfer.fork(4), hash_block_size=4)
+    s = owner(0, num_tokens=4 * 10 + 4)
+    assert p.resumable_hit(s, 2**62, [], assume_checkpointed=True) == 10
+    s.num_tokens = -(2**63)
+    assert p.resumable_hit(s, 2**62, [], assume_checkpointed=True) == 0
+    s.num_tokens = 2**63 - 1
+    assert p.resumable_hit(s, 3, [1, 2, 3], True) == 3

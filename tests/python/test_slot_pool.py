@@ -131,6 +131,12 @@ def test_pop_many_release_many_forms(impl):
     p.release_many([])
     p.release_many((got[0], -1))
     assert p.num_free() == 4
+    p.release_many(None)
+    p.release_many(0)
+    two = p.pop_many(2)
+    p.release_many({two[0]})
+    p.release_many(x for x in [two[1], -1])
+    assert p.num_free() == 4
     p.extend(0)
     assert p.num_slots == 5
 
@@ -531,3 +537,30 @@ def test_differential_random_sequences(seed, transfer, profile):
 def test_differential_disabled(seed, transfer):
     SlotDriver(1000 + seed, transfer, enabled=False, size=5).run(300)
     SlotDriver(2000 + seed, transfer, enabled=True, size=0).run(100)
+
+
+@needs_ref
+@pytest.mark.parametrize("module, cls_name", [("slot_pool", "StateSlotPool"), ("group_pool", "StateGroupPool")])
+def test_public_api_matches_reference(module, cls_name):
+    import inspect
+
+    ref_cls = getattr(load(module), cls_name)
+    ours_cls = getattr(sc, cls_name)
+    ref_obj = ref_cls(2, sc.StateTransfer.fork(1))
+    ours_obj = ours_cls(2, sc.StateTransfer.fork(1))
+    public = {n for n in dir(ref_cls) if not n.startswith("_")} | {n for n in vars(ref_obj) if not n.startswith("_")}
+    compared = 0
+    for name in sorted(public):
+        assert hasattr(ours_obj, name), f"{cls_name}.{name} is missing"
+        ref_attr = getattr(ref_obj, name)
+        if not callable(ref_attr):
+            continue
+        try:
+            ours_sig = inspect.signature(getattr(ours_obj, name))
+        except (TypeError, ValueError):
+            continue  # bound through pybind11 without a text signature
+        ref_params = [(p.name, p.kind, p.default) for p in inspect.signature(ref_attr).parameters.values()]
+        ours_params = [(p.name, p.kind, p.default) for p in ours_sig.parameters.values()]
+        assert ours_params == ref_params, f"{cls_name}.{name}: {ours_params} != {ref_params}"
+        compared += 1
+    assert compared >= 15
