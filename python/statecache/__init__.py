@@ -9,6 +9,7 @@ from statecache._C import COPY, FORK, NONE, REPLAY, Sequence, StateTransfer  # n
 from statecache._operation_id import StateStoreOperationId  # noqa: F401
 
 __version__ = "0.1.0"
+from statecache import engine  # noqa: E402,F401  (reference engine, torch-free)
 
 
 def __getattr__(name):  # the torch-based layers load on first use only
