@@ -13,8 +13,9 @@ namespace {
 
 using Coordinator = PagedStateCheckpointCoordinator;
 
-// A scratch slot pool given from Python: anything with has_free(), pop() and
-// release(slot) (statecache.StateSlotPool, or a reference pool in tests).
+// A scratch slot pool given from Python that is not a statecache.StateSlotPool:
+// anything with has_free(), pop() and release(slot) (a reference pool, a test
+// stand-in), called through Python.
 class PyScratchSource : public ScratchSlotSource {
  public:
   explicit PyScratchSource(py::object pool) : pool_(std::move(pool)) {}
@@ -63,7 +64,13 @@ class PyCoordinator : public Coordinator {
 
   void set_scratch(py::object pool, int64_t max_ops) {
     std::shared_ptr<ScratchSlotSource> source;
-    if (!pool.is_none()) source = std::make_shared<PyScratchSource>(pool);
+    if (!pool.is_none()) {
+      try {
+        source = as_scratch_source(pool, "slot_pool");  // a statecache.StateSlotPool, in C++
+      } catch (const py::type_error&) {
+        source = std::make_shared<PyScratchSource>(pool);  // any pool with has_free / pop / release
+      }
+    }
     scratch_obj_ = std::move(pool);
     attach_midstep_scratch(std::move(source), max_ops);
   }
