@@ -8,3 +8,4 @@ from statecache._C import *  # noqa: F401,F403  (the public C++ API)
 from statecache._C import COPY, FORK, NONE, REPLAY, Sequence, StateTransfer  # noqa: F401
 
 __version__ = "0.1.0"
+from statecache import engine  # noqa: E402,F401  (reference engine, torch-free)

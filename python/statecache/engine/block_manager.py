@@ -1,0 +1,283 @@
+"""KV prefix cache plus state attachment for one engine (SPEC.md §7 step 2, §9).
+
+A prefix hit is a joint claim on two caches: the KV blocks of the attention
+layers (content-addressed in ``BlockPool``) and the recurrent state as of the
+same position (a checkpoint in a state cache). ``BlockManager`` finds the KV
+hit, caps it to what the state caches can resume, and attaches both.
+
+Caller's obligations: ``allocate`` only after ``can_allocate`` said yes in the
+same pass; ``free`` a sequence once, when it finishes or is preempted.
+"""
+
+from __future__ import annotations
+
+from statecache import chain_block_hashes
+
+from .placement import Boundary, PlacementContext, feasible_positions
+from .state_caches import StateCaches
+
+SOURCE_NONE = "none"
+SOURCE_FORK = "fork"
+SOURCE_PAGE = "PAGE"
+
+
+class Admission:
+    """What ``can_allocate`` found for one waiting sequence."""
+
+    __slots__ = ("kv_hit", "hit", "new_blocks", "claim_src")
+
+    def __init__(self, kv_hit: int, hit: int, new_blocks: int, claim_src: int):
+        self.kv_hit = kv_hit          # blocks the KV index matched
+        self.hit = hit                # blocks resumable after the state cap
+        self.new_blocks = new_blocks  # blocks to allocate beyond the hit
+        self.claim_src = claim_src    # fork source slot, -1 if none
+
+
+class BlockManager:
+    def __init__(self, block_pool, caches: StateCaches, hash_block_size: int,
+                 enable_prefix_caching: bool = True, num_spec: int = 0,
+                 placement=None, eviction=None, interval_tokens: int = -1):
+        from .placement import AnchorLadderDemand, GuessFirstLRU
+
+        self.pool = block_pool
+        self.caches = caches
+        self.hbs = hash_block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.num_spec = num_spec
+        self.placement = placement or AnchorLadderDemand()
+        self.eviction = eviction or GuessFirstLRU()
+        self.interval_tokens = interval_tokens
+        self.funnel: dict[str, int] = {}
+        # The KV index and the state caches are addressed by the same hash: a
+        # checkpoint whose KV block left the index can never be reached again.
+        self.pool.on_evict = self._on_kv_evict
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.funnel[key] = self.funnel.get(key, 0) + n
+
+    def _on_kv_evict(self, h: int) -> None:
+        self._count("kv_blocks_evicted")
+        self.caches.unindex(h)
+
+    def drop_checkpoint(self, h: int) -> None:
+        """Forget the state checkpoint filed under ``h`` (for eviction policies)."""
+        self.caches.unindex(h)
+
+    # ------------------------------- hashes -------------------------------- #
+
+    def update_hashes(self, seq) -> list[int]:
+        """Extend ``seq.block_hashes`` to every full block of its tokens (one
+        C++ call for all new blocks)."""
+        hashes = seq.hashes  # a Python list; seq.block_hashes mirrors it
+        full = seq.num_tokens // self.hbs
+        if len(hashes) < full:
+            start = len(hashes) * self.hbs
+            parent = hashes[-1] if hashes else -1
+            hashes += chain_block_hashes(seq.token_ids[start:full * self.hbs], self.hbs, parent)
+            seq.block_hashes = hashes
+        return hashes
+
+    # ------------------------------ admission ------------------------------ #
+
+    def kv_hit(self, seq) -> int:
+        """Leading blocks held by the KV index, never the last block of the
+        sequence (the forward needs at least one token)."""
+        if not self.enable_prefix_caching:
+            return 0
+        hashes = self.update_hashes(seq)
+        limit = min(len(hashes), (seq.num_tokens - 1) // self.hbs)
+        n = 0
+        while n < limit and self.pool.lookup(hashes[n]) >= 0:
+            n += 1
+        return n
+
+    def can_allocate(self, seq) -> Admission | None:
+        """Whether ``seq`` can be admitted now, and with which hit."""
+        kv_hit = self.kv_hit(seq)
+        hit = self.caches.resumable_hit(seq, kv_hit, seq.hashes) if kv_hit else 0
+        need_slots = 1 + self.num_spec
+        claim_src = -1
+        if hit and self.caches.forks:
+            src = self.caches.slot_pool.lookup(seq.hashes[hit - 1])
+            if src < 0:
+                hit = 0
+            elif not self.caches.slot_pool.is_pinned(src):
+                claim_src = src  # comes off the free list before the pops
+                need_slots += 1
+        if not self.caches.slot_pool.has_free(need_slots):
+            return None
+        total_blocks = -(-seq.num_tokens // self.hbs)
+        new_blocks = total_blocks - hit
+        # Hit blocks nobody references sit on the free list: taking them
+        # costs free capacity too.
+        hit_ids = [self.pool.lookup(h) for h in seq.hashes[:hit]]
+        cached_free = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
+        if not self._blocks_available(new_blocks + cached_free,
+                                      seq.hashes[hit - 1] if hit else None):
+            return None
+        return Admission(kv_hit, hit, new_blocks, claim_src)
+
+    def _blocks_available(self, count: int, protected_hash=None) -> bool:
+        coord = self.caches.coordinator
+        if coord is not None:
+            # KV blocks and PAGE images share the pool: READY images count.
+            return coord.has_available_units(count, protected_hash)
+        return count <= self.pool.num_free
+
+    def _ensure_blocks(self, count: int) -> bool:
+        coord = self.caches.coordinator
+        if coord is not None:
+            return coord.ensure_free_units(count)
+        return count <= self.pool.num_free
+
+    def allocate(self, seq, adm: Admission) -> None:
+        """Attach the KV blocks and the state for an admission ``can_allocate``
+        granted. Sets ``seq.num_computed_tokens`` to the resumed position."""
+        caches, hbs = self.caches, self.hbs
+        hit = adm.hit
+        h = seq.hashes[hit - 1] if hit else -1
+        seq.state_source = SOURCE_NONE
+        # State first: a PAGE restore pins its image before KV allocation may
+        # evict images for room.
+        slot_pool = caches.slot_pool
+        if hit and caches.forks:
+            src = slot_pool.lookup(h)
+            slot_pool.promote(src)
+            if adm.claim_src >= 0:
+                slot_pool.claim(src)
+            seq.state_slots = slot_pool.pop_many(1 + self.num_spec)
+            seq.state_fork_src = src
+            slot_pool.pin(src)
+            seq.state_source = SOURCE_FORK
+        else:
+            seq.state_slots = slot_pool.pop_many(1 + self.num_spec)
+            if hit and caches.pages:
+                if caches.coordinator.begin_restore(h, seq.state_slot):
+                    seq.state_source = SOURCE_PAGE
+                else:
+                    hit = 0
+        if hit and not caches.voters:
+            seq.state_source = "replay"
+        hit_ids = [self.pool.lookup(x) for x in seq.hashes[:hit]]
+        self.pool.touch(hit_ids)
+        new = adm.new_blocks + (adm.hit - hit)
+        if not self._ensure_blocks(new):
+            raise AssertionError("can_allocate granted blocks that are not there")
+        seq.block_table = list(hit_ids) + list(self.pool.allocate(new))
+        seq.num_published_blocks = hit
+        seq.num_computed_tokens = hit * hbs
+        seq.num_cached_tokens = hit * hbs
+        if hit:
+            self.eviction.on_resume(caches, seq, h)
+        self._count("admitted")
+        self._count("kv_hit_tokens", adm.kv_hit * hbs)
+        self._count("resumed_tokens", hit * hbs)
+        if hit < adm.kv_hit:
+            self._count("hits_cut_short")
+        self._plan(seq, adm.kv_hit * hbs)
+
+    def _plan(self, seq, kv_hit_pos: int) -> None:
+        ctx = PlacementContext(
+            hash_block_size=self.hbs, successor_room=self.caches.successor_room,
+            num_prompt_tokens=seq.num_prompt_tokens, num_tokens=seq.num_tokens,
+            resume_position=seq.num_computed_tokens, kv_hit_position=kv_hit_pos,
+            interval_tokens=self.interval_tokens if self.enable_prefix_caching else 0)
+        asked = self.placement.prompt_boundaries(ctx)
+        plan = feasible_positions(asked, ctx)
+        self._count("boundaries_planned", len(asked))
+        self._count("boundaries_infeasible", len(asked) - len(plan))
+        seq.placement_ctx = ctx
+        seq.planned = plan
+        known = [b.position for b in plan if not b.guess]
+        # The pools file every position but this one as a guess.
+        seq.checkpoint_end_pos = known[-1] if known else 0
+
+    def next_cut(self, seq) -> int:
+        """The first planned position past what ``seq`` has computed, or its
+        token count. Chunks end there unless the backend reads midstep."""
+        for b in seq.planned:
+            if b.position > seq.num_computed_tokens:
+                return b.position
+        return seq.num_tokens
+
+    # ------------------------------- running ------------------------------- #
+
+    def can_append(self, seq) -> bool:
+        """Whether the KV slot for the next decode token exists or can be had."""
+        if seq.num_tokens <= len(seq.block_table) * self.hbs:
+            return True
+        return self._blocks_available(1)
+
+    def append_slot(self, seq) -> None:
+        while seq.num_tokens > len(seq.block_table) * self.hbs:
+            if not self._ensure_blocks(1):
+                raise AssertionError("can_append granted a block that is not there")
+            seq.block_table.extend(self.pool.allocate(1))
+
+    def publish(self, seq) -> None:
+        """Index every full block whose KV is now computed."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self.update_hashes(seq)
+        done = min(seq.num_computed_tokens // self.hbs, len(hashes))
+        for i in range(seq.num_published_blocks, done):
+            self.pool.publish(seq.block_table[i], hashes[i])
+        seq.num_published_blocks = max(seq.num_published_blocks, done)
+
+    def checkpoint(self, seq, boundary: Boundary) -> None:
+        """Hand the boundary ``seq``'s forward just ended on to every cache
+        whose successor room the rest of the prompt covers."""
+        blocks = boundary.position // self.hbs
+        h = seq.hashes[blocks - 1]
+        rest = seq.num_tokens - boundary.position
+        asked = False
+        for cache in self.caches.voters:
+            if rest >= cache.successor_room:
+                cache.checkpoint(seq, blocks, h)
+                asked = True
+        if asked:
+            self._count("checkpoints_requested")
+            self._count(f"checkpoints_requested_{boundary.kind}")
+            self.eviction.on_checkpoint(self.caches, seq, boundary)
+
+    def reserve_midstep(self, seq, bounds: list[Boundary]) -> list[tuple]:
+        """Reserve destinations for positions strictly inside this forward."""
+        positions = [(b.position, seq.hashes[b.position // self.hbs - 1]) for b in bounds]
+        out = []
+        for cache in self.caches.voters:
+            res = cache.reserve_midstep(seq, positions)
+            if res:
+                out.append((cache, list(res)))
+        self._count("checkpoints_requested", len(positions))
+        return out
+
+    def publish_midstep(self, seq, reservations) -> None:
+        for cache, res in reservations:
+            cache.publish_midstep(res, seq)
+
+    # ------------------------------ releasing ------------------------------ #
+
+    def free(self, seq, reservations=()) -> None:
+        """Return everything ``seq`` holds and drop its pending work (finish
+        or preemption)."""
+        for cache in self.caches.voters:
+            forget = getattr(cache, "forget_pending", None)
+            if forget is not None:
+                forget(seq)
+        for cache, res in reservations:
+            cache.cancel_midstep(res)
+        if seq.state_fork_src >= 0:
+            self.caches.slot_pool.drop_reader(seq.state_fork_src)
+            seq.state_fork_src = -1
+        self.caches.slot_pool.release_many(list(seq.state_slots))
+        seq.state_slots = []
+        if seq.block_table:
+            self.pool.free(list(reversed(seq.block_table)))
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        seq.num_published_blocks = 0
+
+    def checkpoint_funnel(self) -> dict[str, int]:
+        out = dict(self.funnel)
+        out.update(self.caches.checkpoint_fates())
+        return out
