@@ -16,11 +16,16 @@ void bind_hashing(pybind11::module_& m);  // chained token-block hashes
 #include <memory>
 
 #include "core/sequence.h"
+#include "core/slot_source.h"
 
 namespace statecache::bindings {
 
 // A statecache.Sequence (or subclass) as the core's shared handle; TypeError
 // naming `name` for anything else.
 std::shared_ptr<Sequence> as_sequence(pybind11::handle obj, const char* name);
+
+// A statecache.StateSlotPool as the scratch-slot source the PAGE coordinator
+// borrows midstep slots from (shares ownership); TypeError naming `name`.
+std::shared_ptr<ScratchSlotSource> as_scratch_source(pybind11::handle obj, const char* name);
 
 }  // namespace statecache::bindings

@@ -1,7 +1,593 @@
+// StateSlotPool, StateGroupPool and their retirement records. Argument
+// conversion only; the behaviour lives in csrc/core.
+#include <pybind11/stl.h>
+
+#include <array>
+#include <cmath>
+#include <memory>
+#include <span>
+#include <string>
+
 #include "bindings/bindings.h"
+#include "bindings/convert.h"
+#include "core/group_pool.h"
+#include "core/slot_pool.h"
 
 namespace statecache::bindings {
 
-void bind_pools(pybind11::module_& m) { (void)m; }
+namespace {
+
+// ---- argument conversion ----------------------------------------------------
+
+const Sequence& seq_arg(py::handle obj, const char* name) {
+  if (!py::isinstance<Sequence>(obj)) raise_type(name, "a statecache.Sequence", obj);
+  return obj.cast<const Sequence&>();
+}
+
+Sequence& seq_arg_mut(py::handle obj, const char* name) {
+  if (!py::isinstance<Sequence>(obj)) raise_type(name, "a statecache.Sequence", obj);
+  return obj.cast<Sequence&>();
+}
+
+StateTransfer transfer_arg(py::handle obj) {
+  if (obj.is_none()) return StateTransfer();
+  if (!py::isinstance<StateTransfer>(obj)) raise_type("transfer", "a StateTransfer or None", obj);
+  return obj.cast<StateTransfer>();
+}
+
+[[noreturn]] void bad_hash(const char* name, int64_t i, py::handle item) {
+  throw py::type_error(std::string(name) + "[" + std::to_string(i) + "] must be an int, got " +
+                       Py_TYPE(item.ptr())->tp_name + " " + py_repr(item));
+}
+
+inline int64_t hash_item(PyObject* item, const char* name, int64_t i) {
+  if (PyLong_CheckExact(item)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (overflow == 0) return v;
+  }
+  if (PyLong_Check(item) && !PyBool_Check(item)) return as_int(item, name);
+  if (!PyBool_Check(item) && !PyFloat_Check(item) && PyIndex_Check(item)) return as_int(item, name);
+  bad_hash(name, i, item);
+}
+
+// A 1-D C-contiguous int64 buffer (NumPy int64 array, array('q')), or none.
+struct Int64Buffer {
+  Py_buffer view{};
+  bool ok = false;
+  explicit Int64Buffer(PyObject* obj) {
+    if (!PyObject_CheckBuffer(obj)) return;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_ND | PyBUF_FORMAT) != 0) {
+      PyErr_Clear();
+      return;
+    }
+    const char* f = view.format ? view.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') ++f;
+    ok = view.ndim == 1 && view.itemsize == 8 && (f[0] == 'q' || f[0] == 'l') && f[1] == '\0';
+    if (!ok) PyBuffer_Release(&view);
+  }
+  ~Int64Buffer() {
+    if (ok) PyBuffer_Release(&view);
+  }
+  Int64Buffer(const Int64Buffer&) = delete;
+  Int64Buffer& operator=(const Int64Buffer&) = delete;
+  int64_t size() const { return static_cast<int64_t>(view.shape[0]); }
+  const int64_t* data() const { return static_cast<const int64_t*>(view.buf); }
+};
+
+// Runs the pool's resumable_hit over `block_hashes` without converting the
+// list up front: the scan reads right to left and usually stops early.
+template <class Pool>
+int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, py::handle hashes,
+                          py::handle assume_obj) {
+  const Sequence& s = seq_arg(seq, "seq");
+  const int64_t hit = as_int(hit_obj, "hit");
+  const bool assume = as_bool(assume_obj, "assume_checkpointed");
+  PyObject* p = hashes.ptr();
+  if (PyList_CheckExact(p)) {
+    return pool.resumable_hit(
+        s, hit, PyList_GET_SIZE(p),
+        [p](int64_t i) { return hash_item(PyList_GET_ITEM(p, i), "block_hashes", i); }, assume);
+  }
+  if (PyTuple_CheckExact(p)) {
+    return pool.resumable_hit(
+        s, hit, PyTuple_GET_SIZE(p),
+        [p](int64_t i) { return hash_item(PyTuple_GET_ITEM(p, i), "block_hashes", i); }, assume);
+  }
+  {
+    Int64Buffer buf(p);
+    if (buf.ok) {
+      const int64_t* d = buf.data();
+      return pool.resumable_hit(s, hit, buf.size(), [d](int64_t i) { return d[i]; }, assume);
+    }
+  }
+  const std::vector<int64_t> v = as_int_list(hashes, "block_hashes");
+  return pool.resumable_hit(s, hit, std::span<const int64_t>(v), assume);
+}
+
+// Items of a list / tuple / other iterable, each an int sequence of `arity`.
+template <size_t Arity>
+std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* name,
+                                                 const char* shape) {
+  std::vector<std::array<int64_t, Arity>> rows;
+  if (obj.is_none()) return rows;
+  if (PyUnicode_Check(obj.ptr()) || !PyObject_HasAttrString(obj.ptr(), "__iter__"))
+    raise_type(name, shape, obj);
+  for (py::handle item : py::reinterpret_borrow<py::iterable>(obj)) {
+    PyObject* it = item.ptr();
+    if (!(PyTuple_Check(it) || PyList_Check(it)) || PySequence_Fast_GET_SIZE(it) != Arity)
+      raise_type(name, shape, obj);
+    std::array<int64_t, Arity> row{};
+    for (size_t k = 0; k < Arity; ++k) row[k] = as_int(PySequence_Fast_GET_ITEM(it, k), name);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<MidstepReservation> reservations_arg(py::handle obj) {
+  std::vector<MidstepReservation> out;
+  for (const auto& r : int_rows<3>(obj, "reservations", "a list of (slot, position, hash) tuples"))
+    out.push_back({r[0], r[1], r[2]});
+  return out;
+}
+
+py::tuple pair_tuple(const std::pair<int64_t, int64_t>& p) { return py::make_tuple(p.first, p.second); }
+
+py::dict fates_dict(const CheckpointFates& f) {
+  py::dict d;
+  d["checkpoints_kept"] = f.kept;
+  d["checkpoints_dropped"] = f.dropped;
+  d["checkpoints_evicted"] = f.evicted;
+  d["checkpoints_orphaned"] = f.orphaned;
+  return d;
+}
+
+// ---- read-only live views -------------------------------------------------
+
+// `hash_to_slot` / `hash_to_group`: a live Mapping over the checkpoint index,
+// iterated in insertion order like the reference's dict.
+struct CheckpointIndexView {
+  std::shared_ptr<const StateFreeList> pool;
+
+  py::dict snapshot() const {
+    py::dict d;
+    pool->index().for_each([&](int64_t h, int64_t u) {
+      py::int_ k(h), v(u);
+      PyDict_SetItem(d.ptr(), k.ptr(), v.ptr());
+    });
+    return d;
+  }
+  // The key as an int64, or false for anything no int64 key can equal.
+  static bool key_of(py::handle k, int64_t& out) {
+    PyObject* p = k.ptr();
+    if (PyLong_Check(p)) {
+      int overflow = 0;
+      out = PyLong_AsLongLongAndOverflow(p, &overflow);
+      return overflow == 0;
+    }
+    if (PyFloat_Check(p)) {
+      const double x = PyFloat_AS_DOUBLE(p);
+      if (std::floor(x) != x || std::fabs(x) > 9.2e18) return false;
+      out = static_cast<int64_t>(x);
+      return true;
+    }
+    return false;
+  }
+  const int64_t* find(py::handle k) const {
+    int64_t key = 0;
+    return key_of(k, key) ? pool->index().find(key) : nullptr;
+  }
+};
+
+// `slot_hash` / `group_hash`: a live sequence of ints, one per index ever
+// allocated (it grows with extend and never shrinks, as the reference's list).
+struct UnitHashView {
+  std::shared_ptr<const StateFreeList> pool;
+  const std::vector<int64_t>& v() const { return pool->unit_hashes(); }
+  py::list list() const { return to_list(v()); }
+};
+
+void bind_views(py::module_& m) {
+  py::class_<CheckpointIndexView>(m, "CheckpointIndexView",
+                                  "Read-only live mapping: prefix hash -> index holding its checkpoint.")
+      .def("__len__", [](const CheckpointIndexView& s) { return s.pool->index().size(); })
+      .def("__contains__", [](const CheckpointIndexView& s, py::handle k) { return s.find(k) != nullptr; })
+      .def("__getitem__",
+           [](const CheckpointIndexView& s, py::handle k) {
+             const int64_t* v = s.find(k);
+             if (!v) throw py::key_error(py_repr(k));
+             return *v;
+           })
+      .def(
+          "get",
+          [](const CheckpointIndexView& s, py::handle k, py::object fallback) -> py::object {
+            const int64_t* v = s.find(k);
+            if (!v) return fallback;
+            return py::int_(*v);
+          },
+          py::arg("key"), py::arg("default") = py::none())
+      .def("__iter__", [](const CheckpointIndexView& s) { return py::iter(s.snapshot()); })
+      .def("keys", [](const CheckpointIndexView& s) { return s.snapshot().attr("keys")(); })
+      .def("values", [](const CheckpointIndexView& s) { return s.snapshot().attr("values")(); })
+      .def("items", [](const CheckpointIndexView& s) { return s.snapshot().attr("items")(); })
+      .def("copy", &CheckpointIndexView::snapshot)
+      .def("__eq__",
+           [](const CheckpointIndexView& s, py::handle other) -> py::object {
+             if (py::isinstance<CheckpointIndexView>(other))
+               return py::bool_(s.snapshot().equal(other.cast<const CheckpointIndexView&>().snapshot()));
+             if (!PyDict_Check(other.ptr()) && !PyMapping_Check(other.ptr()))
+               return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+             return py::bool_(s.snapshot().equal(py::dict(py::reinterpret_borrow<py::object>(other))));
+           })
+      .def("__ne__",
+           [](py::handle self, py::handle other) -> py::object {
+             py::object eq = self.attr("__eq__")(other);
+             if (eq.is(py::reinterpret_borrow<py::object>(Py_NotImplemented))) return eq;
+             return py::bool_(!eq.cast<bool>());
+           })
+      .def("__repr__", [](const CheckpointIndexView& s) { return py_repr(s.snapshot()); });
+  m.attr("CheckpointIndexView").attr("__hash__") = py::none();
+
+  py::class_<UnitHashView>(m, "UnitHashView",
+                           "Read-only live sequence: the prefix hash each index carries, -1 for none.")
+      .def("__len__", [](const UnitHashView& s) { return s.v().size(); })
+      .def("__getitem__",
+           [](const UnitHashView& s, py::handle i) -> py::object {
+             if (PySlice_Check(i.ptr())) return s.list()[py::reinterpret_borrow<py::slice>(i)];
+             int64_t k = as_int(i, "index");
+             const int64_t n = static_cast<int64_t>(s.v().size());
+             if (k < 0) k += n;
+             if (k < 0 || k >= n) throw py::index_error("list index out of range");
+             return py::int_(s.v()[static_cast<size_t>(k)]);
+           })
+      .def("__iter__", [](const UnitHashView& s) { return py::iter(s.list()); })
+      .def("__contains__", [](const UnitHashView& s, py::handle x) { return s.list().contains(x); })
+      .def("count", [](const UnitHashView& s, py::handle x) { return s.list().attr("count")(x); })
+      .def("index", [](const UnitHashView& s, py::handle x) { return s.list().attr("index")(x); })
+      .def("tolist", &UnitHashView::list)
+      .def("copy", &UnitHashView::list)
+      .def("__eq__",
+           [](const UnitHashView& s, py::handle other) -> py::object {
+             if (py::isinstance<UnitHashView>(other))
+               return py::bool_(s.v() == other.cast<const UnitHashView&>().v());
+             if (!PyList_Check(other.ptr())) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+             return py::bool_(s.list().equal(other));
+           })
+      .def("__ne__",
+           [](py::handle self, py::handle other) -> py::object {
+             py::object eq = self.attr("__eq__")(other);
+             if (eq.is(py::reinterpret_borrow<py::object>(Py_NotImplemented))) return eq;
+             return py::bool_(!eq.cast<bool>());
+           })
+      .def("__repr__", [](const UnitHashView& s) { return py_repr(s.list()); });
+  m.attr("UnitHashView").attr("__hash__") = py::none();
+
+  py::module_ abc = py::module_::import("collections.abc");
+  abc.attr("Mapping").attr("register")(m.attr("CheckpointIndexView"));
+  abc.attr("Sequence").attr("register")(m.attr("UnitHashView"));
+}
+
+// ---- retirement records -----------------------------------------------------
+
+template <class R>
+void bind_retirement(py::module_& m, const char* name, const char* doc) {
+  py::class_<R> cls(m, name, doc);
+  cls.def(py::init([](py::handle retired, py::handle relocated_to, py::handle held) {
+            R r;
+            r.retired = as_int(retired, "retired");
+            r.relocated_to = as_int(relocated_to, "relocated_to");
+            r.held_checkpoint = as_bool(held, "held_checkpoint");
+            return r;
+          }),
+          py::arg("retired"), py::arg("relocated_to"), py::arg("held_checkpoint"))
+      .def_property_readonly("retired", [](const R& r) { return r.retired; })
+      .def_property_readonly("relocated_to", [](const R& r) { return r.relocated_to; })
+      .def_property_readonly("held_checkpoint", [](const R& r) { return r.held_checkpoint; })
+      .def("__eq__",
+           [](const R& a, py::handle b) -> py::object {
+             if (!py::isinstance<R>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+             return py::bool_(a == b.cast<const R&>());
+           })
+      .def("__ne__",
+           [](const R& a, py::handle b) -> py::object {
+             if (!py::isinstance<R>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+             return py::bool_(!(a == b.cast<const R&>()));
+           })
+      .def("__hash__",
+           [](const R& r) { return py::hash(py::make_tuple(r.retired, r.relocated_to, r.held_checkpoint)); })
+      .def("__repr__",
+           [name](const R& r) {
+             return std::string(name) + "(retired=" + std::to_string(r.retired) +
+                    ", relocated_to=" + std::to_string(r.relocated_to) +
+                    ", held_checkpoint=" + (r.held_checkpoint ? "True" : "False") + ")";
+           })
+      .def(py::pickle(
+          [](const R& r) { return py::make_tuple(r.retired, r.relocated_to, r.held_checkpoint); },
+          [](py::tuple t) {
+            R r;
+            r.retired = t[0].cast<int64_t>();
+            r.relocated_to = t[1].cast<int64_t>();
+            r.held_checkpoint = t[2].cast<bool>();
+            return r;
+          }));
+  cls.attr("__match_args__") = py::make_tuple("retired", "relocated_to", "held_checkpoint");
+}
+
+// ---- what both pools share --------------------------------------------------
+
+// Binds the methods and attributes the two pools have in common. `unit` is
+// the reference's parameter name for an index ("slot" / "group").
+template <class Pool, class Retire>
+void bind_free_list_api(py::classh<Pool>& cls, const char* unit) {
+  const py::arg u(unit);
+  cls.def("num_free", [](const Pool& p) { return p.num_free(); })
+      .def("is_free", [](const Pool& p, py::handle x) { return p.is_free(as_int(x, "index")); }, u)
+      .def("holds_checkpoint",
+           [](const Pool& p, py::handle x) { return p.holds_checkpoint(as_int(x, "index")); }, u,
+           "Whether the index is on the free list and still carries a checkpoint.")
+      .def("pop", [](Pool& p) { return p.pop(); },
+           "Hand out an index: vacant lowest first, else the LRU checkpoint (evicted). "
+           "IndexError when nothing is free.")
+      .def("claim", [unit](Pool& p, py::handle x) { p.claim(as_int(x, unit)); }, u,
+           "Take one specific free index off the free list, checkpoint and all.")
+      .def("release", [unit](Pool& p, py::handle x) { p.release(as_int(x, unit)); }, u,
+           "Hand an owned index back: to the LRU tail (head if speculative) when it "
+           "carries a checkpoint, else to the vacant half.")
+      .def("extend", [](Pool& p, py::handle n) { p.extend(as_int(n, "count")); }, py::arg("count"),
+           "Add `count` indices at the top; the caller freed their bytes.")
+      .def(
+          "retire_top",
+          [](Pool& p) -> py::object {
+            std::optional<Retire> r = p.retire_top();
+            if (!r) return py::none();
+            return py::cast(*r);
+          },
+          "Give up the top index, relocating what sits on it; None when it cannot go this pass.")
+      .def("applies", [](const Pool& p, py::handle s) { return p.applies(seq_arg(s, "seq")); },
+           py::arg("seq"))
+      .def(
+          "resumable_hit",
+          [](const Pool& p, py::handle seq, py::handle hit, py::handle hashes, py::handle assume) {
+            return resumable_hit_arg(p, seq, hit, hashes, assume);
+          },
+          py::arg("seq"), py::arg("hit"), py::arg("block_hashes"),
+          py::arg("assume_checkpointed") = false,
+          "The largest L <= hit whose boundary is checkpointed and leaves the resuming "
+          "forward min_fork_tokens; 0 is always valid. block_hashes: list, tuple or "
+          "NumPy int64 array.")
+      .def("lookup", [](const Pool& p, py::handle h) { return p.lookup(as_int(h, "h")); }, py::arg("h"),
+           "Index holding the checkpoint for hash h, or -1.")
+      .def("invalidate", [unit](Pool& p, py::handle x) { p.invalidate(as_int(x, unit)); }, u)
+      .def("checkpoint_fates", [](const Pool& p) { return fates_dict(p.fates()); })
+      .def(
+          "pin",
+          [unit](Pool& p, py::handle x, py::handle next) {
+            p.pin(as_int(x, unit), as_bool(next, "reader_is_next_batch"));
+          },
+          u, py::kw_only(), py::arg("reader_is_next_batch") = false,
+          "Hold an owned index off the free list until the forward that reads it ran.")
+      .def("is_pinned", [](const Pool& p, py::handle x) { return p.is_pinned(as_int(x, "index")); }, u)
+      .def("pin_count", [](const Pool& p, py::handle x) { return p.pin_count(as_int(x, "index")); }, u)
+      .def("unpin", [unit](Pool& p, py::handle x) { p.unpin(as_int(x, unit)); }, u,
+           "Drop one pin without freeing (the caller took the index over).")
+      .def("drop_reader", [unit](Pool& p, py::handle x) { p.drop_reader(as_int(x, unit)); }, u,
+           "A reader left before it read: unpin, and free the index if that was the last pin.")
+      .def("release_pins", [](Pool& p) { p.release_pins(); },
+           "Top of pass: return every pinned index whose reading forward was issued.")
+      .def_property_readonly("enabled", [](const Pool& p) { return p.enabled(); })
+      .def_property_readonly("transfer", [](const Pool& p) { return p.transfer(); })
+      .def_property_readonly("min_fork_tokens", [](const Pool& p) { return p.min_fork_tokens(); })
+      .def_property_readonly("successor_room", [](const Pool& p) { return p.successor_room(); })
+      .def_property_readonly("readable_midstep", [](const Pool& p) { return p.readable_midstep(); })
+      .def_property_readonly("hash_block_size", [](const Pool& p) { return p.hash_block_size(); })
+      .def_property_readonly("checkpoints_kept", [](const Pool& p) { return p.fates().kept; })
+      .def_property_readonly("checkpoints_dropped", [](const Pool& p) { return p.fates().dropped; })
+      .def_property_readonly("checkpoints_evicted", [](const Pool& p) { return p.fates().evicted; })
+      .def_property_readonly("checkpoints_orphaned", [](const Pool& p) { return p.fates().orphaned; })
+      // Introspection for tests: the private containers of the reference.
+      .def("_check_invariants", [](const Pool& p) { p.check_invariants(); })
+      .def("_index_is_exact", [](const Pool& p) { return p.index_is_exact(); })
+      .def("_debug_state", [](const Pool& p) {
+        py::dict d;
+        d["checkpointed"] = to_list(p.lru_order());
+        d["speculative"] = to_list(p.speculative_units());
+        py::dict pins;
+        for (int64_t x : p.pinned_units()) pins[py::int_(x)] = p.pin_count(x);
+        d["pinned"] = pins;
+        d["deferred"] = to_list(p.deferred_units());
+        return d;
+      });
+}
+
+template <class Pool>
+void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* hash_name) {
+  cls.def_property_readonly(index_name, [](const std::shared_ptr<Pool>& p) {
+    return CheckpointIndexView{std::shared_ptr<const StateFreeList>(p)};
+  });
+  cls.def_property_readonly(hash_name, [](const std::shared_ptr<Pool>& p) {
+    return UnitHashView{std::shared_ptr<const StateFreeList>(p)};
+  });
+}
+
+void bind_slot_pool(py::module_& m) {
+  py::classh<StateSlotPool> cls(m, "StateSlotPool", R"doc(
+Active Slot allocation and the fork-checkpoint index.
+
+A slot is one complete recurrent state. A live request holds 1 + num_spec
+slots (element 0 committed, the rest speculative rollback); a checkpoint holds
+one. Free slots are vacant (drawn first, lowest index first) or checkpointed
+(LRU; guesses marked speculative sit at the head and are spent first).
+``pop`` never refuses while ``has_free()``: it spends a checkpoint instead.)doc");
+  cls.def(py::init([](py::handle n, py::handle transfer, py::handle hbs, py::handle enabled) {
+            return std::make_shared<StateSlotPool>(as_int(n, "num_slots"), transfer_arg(transfer),
+                                                   as_int(hbs, "hash_block_size"),
+                                                   as_bool(enabled, "enabled"));
+          }),
+          py::arg("num_slots"), py::arg("transfer") = py::none(), py::arg("hash_block_size") = 1,
+          py::arg("enabled") = true);
+  bind_free_list_api<StateSlotPool, SlotRetirement>(cls, "slot");
+  bind_views_of(cls, "hash_to_slot", "slot_hash");
+  cls.def_property_readonly("num_slots", [](const StateSlotPool& p) { return p.size(); })
+      .def("has_free", [](const StateSlotPool& p, py::handle n) { return p.has_free(as_int(n, "count")); },
+           py::arg("count") = 1, "Whether `count` slots can be handed out (checkpoints count).")
+      .def("pop_many", [](StateSlotPool& p, py::handle n) { return to_list(p.pop_many(as_int(n, "count"))); },
+           py::arg("count"), "Hand out one request's set, element 0 first.")
+      .def(
+          "release_many",
+          [](StateSlotPool& p, py::handle slots) {
+            if (slots.is_none()) return;
+            const std::vector<int64_t> v = as_int_list(slots, "slots");
+            p.release_many(v);
+          },
+          py::arg("slots"), "Hand back a request's set; -1 entries and an empty list are fine.")
+      .def("mark_speculative", [](StateSlotPool& p, py::handle x) { p.mark_speculative(as_int(x, "slot")); },
+           py::arg("slot"), "File this slot's checkpoint at the LRU head when it is released.")
+      .def("promote", [](StateSlotPool& p, py::handle x) { p.promote(as_int(x, "slot")); }, py::arg("slot"),
+           "A guess paid off: stop spending it first (moves it to the LRU tail if free).")
+      .def(
+          "checkpoint",
+          [](StateSlotPool& p, py::handle seq, py::handle blocks, py::handle h) {
+            Sequence& s = seq_arg_mut(seq, "seq");
+            p.checkpoint(s, as_int(blocks, "boundary_blocks"), as_int(h, "h"));
+          },
+          py::arg("seq"), py::arg("boundary_blocks"), py::arg("h"),
+          "Fork checkpoint: seq moves to a fresh slot; the old one is filed under h and "
+          "pinned through the next pass.")
+      .def(
+          "reserve_midstep",
+          [](StateSlotPool& p, py::handle seq, py::handle positions) {
+            const Sequence& s = seq_arg(seq, "seq");
+            std::vector<std::pair<int64_t, int64_t>> pos;
+            for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs"))
+              pos.emplace_back(r[0], r[1]);
+            py::list out;
+            for (const auto& r : p.reserve_midstep(s, pos)) out.append(py::make_tuple(r.slot, r.position, r.hash));
+            return out;
+          },
+          py::arg("seq"), py::arg("positions"),
+          "Take a destination slot per (position, hash) before the forward; returns "
+          "(slot, position, hash) tuples, stopping at the first shortage.")
+      .def(
+          "publish_midstep",
+          [](StateSlotPool& p, py::handle reservations, py::handle seq) {
+            const std::vector<MidstepReservation> res = reservations_arg(reservations);
+            const Sequence* s = seq.is_none() ? nullptr : &seq_arg(seq, "seq");
+            p.publish_midstep(res, s);
+          },
+          py::arg("reservations"), py::arg("seq") = py::none(),
+          "File each reserved slot under its hash once the forward wrote it.")
+      .def(
+          "cancel_midstep",
+          [](StateSlotPool& p, py::handle reservations) { p.cancel_midstep(reservations_arg(reservations)); },
+          py::arg("reservations"), "Return reservations whose forward never ran.")
+      .def("occupancy",
+           [](const StateSlotPool& p) {
+             const Occupancy o = p.occupancy();
+             py::dict d;
+             d["slots_total"] = o.total;
+             d["slots_used"] = o.used;
+             d["slots_held"] = o.held;
+             d["slots_vacant"] = o.vacant;
+             return d;
+           })
+      .def(
+          "record_relocation",
+          [](StateSlotPool& p, py::handle src, py::handle dst) {
+            p.record_relocation(as_int(src, "src"), as_int(dst, "dst"));
+          },
+          py::arg("src"), py::arg("dst"), "Schedule a slot copy src -> dst for the next batch.")
+      .def("take_relocations",
+           [](StateSlotPool& p) {
+             const auto moves = p.take_relocations();
+             py::tuple out(moves.size());
+             for (size_t i = 0; i < moves.size(); ++i) out[i] = pair_tuple(moves[i]);
+             return out;
+           })
+      .def("unindex", [](StateSlotPool& p, py::handle h) { p.unindex(as_int(h, "h")); }, py::arg("h"),
+           "Drop the checkpoint filed under h (its KV block left the index); counts orphaned.")
+      .def("clear_index", [](StateSlotPool& p) { p.clear_index(); });
+  cls.def("_debug_relocations", [](const StateSlotPool& p) {
+    py::list out;
+    for (const auto& r : p.pending_relocations()) out.append(pair_tuple(r));
+    return out;
+  });
+}
+
+void bind_group_pool(py::module_& m) {
+  py::classh<StateGroupPool> cls(m, "StateGroupPool", R"doc(
+Per-request state groups plus the checkpoint index over the free ones.
+
+``fork``: the owner gives its group to the index and takes a fresh one.
+``copy``: ``checkpoint`` records the intent; ``take_copies`` (called as the next
+batch is built) picks the destination, files it, and returns the (src, dst)
+pairs the batch must copy before its forward. Under ``none()`` and ``replay()``
+``checkpoint`` changes nothing.)doc");
+  cls.def(py::init([](py::handle n, py::handle transfer, py::handle hbs, py::handle enabled) {
+            return std::make_shared<StateGroupPool>(as_int(n, "num_groups"), transfer_arg(transfer),
+                                                    as_int(hbs, "hash_block_size"),
+                                                    as_bool(enabled, "enabled"));
+          }),
+          py::arg("num_groups"), py::arg("transfer") = py::none(), py::arg("hash_block_size") = 1,
+          py::arg("enabled") = true);
+  bind_free_list_api<StateGroupPool, GroupRetirement>(cls, "group");
+  bind_views_of(cls, "hash_to_group", "group_hash");
+  cls.def_property_readonly("num_groups", [](const StateGroupPool& p) { return p.size(); })
+      .def("has_free", [](const StateGroupPool& p) { return p.num_free() > 0; })
+      .def(
+          "checkpoint",
+          [](StateGroupPool& p, py::handle seq, py::handle blocks, py::handle h) {
+            std::shared_ptr<Sequence> s = as_sequence(seq, "seq");
+            p.checkpoint(s, as_int(blocks, "boundary_blocks"), as_int(h, "h"));
+          },
+          py::arg("seq"), py::arg("boundary_blocks"), py::arg("h"))
+      .def("forget_pending", [](StateGroupPool& p, py::handle seq) { p.forget_pending(seq_arg_mut(seq, "seq")); },
+           py::arg("seq"), "Drop seq's uncommitted copy checkpoint (its group is being released).")
+      .def(
+          "record_copy",
+          [](StateGroupPool& p, py::handle src, py::handle dst) {
+            p.record_copy(as_int(src, "src"), as_int(dst, "dst"));
+          },
+          py::arg("src"), py::arg("dst"), "Schedule a group copy for the next batch.")
+      .def("take_copies",
+           [](StateGroupPool& p) {
+             const auto pairs = p.take_copies();
+             py::list out(pairs.size());
+             for (size_t i = 0; i < pairs.size(); ++i) out[i] = pair_tuple(pairs[i]);
+             return out;
+           },
+           "Commit last pass's copy intents and return every (src, dst) pair the batch "
+           "being built must copy before its forward.")
+      .def("unindex", [](StateGroupPool& p, py::handle h) { return p.unindex(as_int(h, "h")); }, py::arg("h"),
+           "Drop the checkpoint filed under h; returns the group freed, or -1.");
+  cls.def("_debug_copies", [](const StateGroupPool& p) {
+    py::list out;
+    for (const auto& r : p.pending_copies()) out.append(pair_tuple(r));
+    return out;
+  });
+  cls.def("_debug_pending", [](const StateGroupPool& p) {
+    py::list out;
+    for (const auto& s : p.pending_sequences()) out.append(py::cast(s));
+    return out;
+  });
+}
+
+}  // namespace
+
+std::shared_ptr<ScratchSlotSource> as_scratch_source(py::handle obj, const char* name) {
+  if (!py::isinstance<StateSlotPool>(obj)) raise_type(name, "a statecache.StateSlotPool", obj);
+  return obj.cast<std::shared_ptr<StateSlotPool>>();
+}
+
+void bind_pools(py::module_& m) {
+  bind_views(m);
+  bind_retirement<SlotRetirement>(m, "SlotRetirement", R"doc(
+What StateSlotPool.retire_top did. relocated_to == -1: no bytes move. Otherwise
+copy retired -> relocated_to before the next forward, and re-point the owner
+unless held_checkpoint (the index was already re-filed). Frozen value.)doc");
+  bind_retirement<GroupRetirement>(m, "GroupRetirement", R"doc(
+What StateGroupPool.retire_top did; same contract as SlotRetirement.)doc");
+  bind_slot_pool(m);
+  bind_group_pool(m);
+}
 
 }  // namespace statecache::bindings

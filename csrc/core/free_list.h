@@ -1,0 +1,193 @@
+// The free-list core shared by StateSlotPool and StateGroupPool.
+//
+// Indices ("units": slots or groups) of a preallocated state tensor. A free
+// unit is either vacant (nothing to lose; drawn first, lowest index first) or
+// checkpointed (carries the state as of a hashed boundary; LRU, head spent
+// first). Which half a free unit is in follows from its hash alone, so every
+// hash change of a free unit goes through `set_hash`.
+//
+// The LRU is an intrusive doubly linked list over unit indices, so claim,
+// promote, re-homing and eviction are O(1). The vacant half is a min-heap whose
+// stale entries (claimed, or hashed since) are dropped when they surface.
+//
+// Public methods validate their arguments and throw before changing anything:
+// std::out_of_range for an index outside the pool, std::invalid_argument for a
+// value the protocol forbids (releasing a free unit, a negative count).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/hash_index.h"
+
+namespace statecache {
+
+// What retire_top did; `relocated_to` is -1 when no bytes move.
+struct Retirement {
+  int64_t retired = -1;
+  int64_t relocated_to = -1;
+  bool held_checkpoint = false;
+  bool operator==(const Retirement&) const = default;
+};
+
+// Cumulative fates of the checkpoints a pool was asked to keep.
+struct CheckpointFates {
+  int64_t kept = 0;      // filed
+  int64_t dropped = 0;   // no free unit to go to
+  int64_t evicted = 0;   // filed, later spent on an allocation
+  int64_t orphaned = 0;  // its KV prefix left the index first
+};
+
+struct Occupancy {
+  int64_t total = 0;
+  int64_t used = 0;
+  int64_t held = 0;    // free and carrying a checkpoint
+  int64_t vacant = 0;  // free and empty
+};
+
+class StateFreeList {
+ public:
+  // `unit` names the index in error messages ("slot", "group").
+  StateFreeList(int64_t count, bool enabled, const char* unit);
+  virtual ~StateFreeList() = default;
+
+  // ---- capacity ---------------------------------------------------------
+  int64_t size() const { return num_; }
+  // Length of the hash array: grown by extend, never shrunk by retire_top.
+  int64_t capacity() const { return static_cast<int64_t>(unit_hash_.size()); }
+  bool enabled() const { return enabled_; }
+  int64_t num_free() const { return free_count_; }
+  bool has_free(int64_t count = 1) const;
+  // Queries accept any index and answer false / 0 outside the pool.
+  bool is_free(int64_t u) const { return in_capacity(u) && free_[idx(u)]; }
+  bool holds_checkpoint(int64_t u) const { return is_free(u) && unit_hash_[idx(u)] != -1; }
+  const std::vector<int64_t>& unit_hashes() const { return unit_hash_; }
+  const HashIndex& index() const { return index_; }
+  int64_t lookup(int64_t h) const { return enabled_ ? index_.get(h, -1) : -1; }
+
+  // ---- free list --------------------------------------------------------
+  // Vacant lowest-index first, else the LRU checkpoint (counted as evicted).
+  // std::out_of_range when nothing is free.
+  int64_t pop();
+  // Takes one specific free unit off the list, hash and all.
+  void claim(int64_t u);
+  // Back to the half its hash puts it in; speculative checkpoints to the head.
+  void release(int64_t u);
+  void extend(int64_t count);
+  // Gives up the top index; std::nullopt when it cannot go this pass.
+  std::optional<Retirement> retire_top();
+
+  // ---- checkpoint index -------------------------------------------------
+  void invalidate(int64_t u);
+  // Returns the unit whose checkpoint was dropped, or -1.
+  int64_t unindex(int64_t h);
+  void clear_index();
+
+  // ---- speculative marks ------------------------------------------------
+  void mark_speculative(int64_t u);
+  void promote(int64_t u);
+  bool is_speculative(int64_t u) const { return in_capacity(u) && spec_[idx(u)]; }
+
+  // ---- pins -------------------------------------------------------------
+  void pin(int64_t u, bool reader_is_next_batch = false);
+  bool is_pinned(int64_t u) const { return pin_count(u) > 0; }
+  int64_t pin_count(int64_t u) const { return in_capacity(u) ? pins_[idx(u)] : 0; }
+  void unpin(int64_t u);
+  void drop_reader(int64_t u);
+  void release_pins();
+
+  // ---- readings ---------------------------------------------------------
+  const CheckpointFates& fates() const { return fates_; }
+  Occupancy occupancy() const;
+
+  // Resumable-hit scan shared by both pools: the largest L <= hit whose
+  // boundary is checkpointed (or assumed so) and leaves the resuming forward
+  // at least `min_fork_tokens`. `hash_at(i)` reads block i's hash lazily, so
+  // a scan that stops early converts only what it read.
+  template <class HashAt>
+  int64_t scan_resumable(int64_t num_tokens, int64_t hit, int64_t min_fork_tokens,
+                         int64_t hash_block_size, bool assume_checkpointed,
+                         HashAt&& hash_at) const {
+    for (int64_t i = hit - 1; i >= 0; --i) {
+      if (!assume_checkpointed && !index_.contains(hash_at(i))) continue;
+      if (num_tokens - (i + 1) * hash_block_size >= min_fork_tokens) return i + 1;
+    }
+    return 0;
+  }
+
+  // ---- introspection (tests, debugging) ---------------------------------
+  std::vector<int64_t> lru_order() const;
+  std::vector<int64_t> pinned_units() const;  // sorted
+  std::vector<int64_t> deferred_units() const;  // sorted
+  std::vector<int64_t> speculative_units() const;  // sorted
+  // Throws InvariantError when a structural invariant is broken.
+  void check_invariants() const;
+  // Whether hash_to_unit[h] == u implies unit_hash[u] == h for every entry.
+  // The reverse direction always holds; this one can break the way the
+  // reference breaks it (extend re-adding a retired index that was live
+  // with a hash), which the pools reproduce.
+  bool index_is_exact() const;
+
+ protected:
+  static size_t idx(int64_t u) { return static_cast<size_t>(u); }
+  bool in_capacity(int64_t u) const { return u >= 0 && u < capacity(); }
+  const std::string& unit() const { return unit_; }
+
+  // Argument checks (throw before anything changes).
+  void check_unit(int64_t u) const;        // 0 <= u < size()
+  void check_owned(int64_t u) const;       // in range, not free, not pinned
+  void check_count(const char* name, int64_t count) const;
+
+  // Unchecked primitives, each a step of the reference's algorithm.
+  int64_t take_vacant();
+  void take_free(int64_t u);   // claim of a unit known to be free
+  void put_back(int64_t u);    // release of a unit known to be owned
+  void set_hash(int64_t u, int64_t h);
+  void drop_hash(int64_t u);   // invalidate, unchecked
+  // Files `u` under `h` (the reference's `_index`); no-op when disabled.
+  void file_checkpoint(int64_t h, int64_t u);
+  int64_t take_relocation_target(int64_t exclude);
+  void rehome_checkpoint(int64_t src, int64_t dst);
+  void set_free(int64_t u, bool free);
+
+  CheckpointFates fates_;
+
+ private:
+  void grow_to(size_t n);
+  void lru_push_back(int64_t u);
+  void lru_push_front(int64_t u);
+  void lru_remove(int64_t u);
+  void lru_replace(int64_t old_u, int64_t new_u);
+  void heap_push(int64_t u);
+  void rebuild_vacant_heap();
+
+  std::string unit_;
+  bool enabled_;
+  int64_t num_;
+  int64_t free_count_ = 0;
+
+  std::vector<uint8_t> free_;
+  std::vector<int64_t> unit_hash_;
+  std::vector<uint8_t> spec_;
+  HashIndex index_;
+
+  std::vector<int64_t> vacant_heap_;  // min-heap, may hold stale entries
+
+  // Checkpointed LRU: head is spent first.
+  std::vector<int64_t> prev_, next_;
+  std::vector<uint8_t> in_lru_;
+  int64_t head_ = -1, tail_ = -1;
+  int64_t lru_size_ = 0;
+
+  // Pins: count per unit, the pinned units as an unordered list (with each
+  // unit's position for O(1) removal), and the deferred marks.
+  std::vector<int64_t> pins_;
+  std::vector<int64_t> pinned_;
+  std::vector<int64_t> pinned_pos_;
+  std::vector<uint8_t> deferred_;
+  std::vector<int64_t> scratch_;  // reused by release_pins / clear_index
+};
+
+}  // namespace statecache

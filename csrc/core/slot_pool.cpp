@@ -1,0 +1,131 @@
+#include "core/slot_pool.h"
+
+#include <algorithm>
+
+namespace statecache {
+
+namespace {
+
+// Rejects a slot listed twice in one batch: the second release would be a
+// release of a free slot.
+void check_distinct(std::vector<int64_t> slots, const char* name) {
+  std::sort(slots.begin(), slots.end());
+  auto dup = std::adjacent_find(slots.begin(), slots.end());
+  if (dup != slots.end()) bad_argument(name, *dup, "is listed twice");
+}
+
+}  // namespace
+
+StateSlotPool::StateSlotPool(int64_t num_slots, StateTransfer transfer, int64_t hash_block_size,
+                             bool enabled)
+    : StateFreeList(num_slots, enabled, "slot"),
+      transfer_(std::move(transfer)),
+      hash_block_size_(hash_block_size) {
+  if (transfer_.copies())
+    bad_argument("transfer", "StateTransfer.copy()", "PAGE-copy checkpoints do not belong to StateSlotPool");
+  if (hash_block_size < 1) bad_argument("hash_block_size", hash_block_size, "must be >= 1");
+}
+
+std::vector<int64_t> StateSlotPool::pop_many(int64_t count) {
+  check_count("count", count);
+  if (count > num_free())
+    throw std::out_of_range("count=" + std::to_string(count) + " exceeds the " +
+                            std::to_string(num_free()) + " free slots");
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) out.push_back(pop());
+  return out;
+}
+
+void StateSlotPool::release_many(std::span<const int64_t> slots) {
+  std::vector<int64_t> real;
+  real.reserve(slots.size());
+  for (int64_t s : slots) {
+    if (s < 0) continue;
+    check_owned(s);
+    real.push_back(s);
+  }
+  check_distinct(real, "slot");
+  for (int64_t s : real) put_back(s);
+}
+
+void StateSlotPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h) {
+  if (!applies(seq) || !transfer_.forks()) return;
+  const int64_t old = seq.state_slot();
+  if (old < 0) return;
+  check_index("seq.state_slot", old, size());
+  if (is_free(old)) bad_argument("seq.state_slot", old, "is free, so the sequence does not own it");
+  if (!has_free()) {
+    ++fates_.dropped;
+    return;
+  }
+  const int64_t known = anchor_of(seq);
+  const bool guess = known == 0 || boundary_blocks * hash_block_size_ != known;
+  seq.set_state_slot(pop());
+  seq.state_fork_src = old;
+  // `old` is not released: the forward that reads it is the one the next pass
+  // builds, so it stays pinned through that pass.
+  file_checkpoint(h, old);
+  if (guess) mark_speculative(old);
+  pin(old, /*reader_is_next_batch=*/true);
+  ++fates_.kept;
+}
+
+std::vector<MidstepReservation> StateSlotPool::reserve_midstep(
+    const Sequence& seq, std::span<const std::pair<int64_t, int64_t>> positions) {
+  std::vector<MidstepReservation> out;
+  if (!applies(seq) || !readable_midstep()) return out;
+  for (const auto& [pos, h] : positions) {
+    // Best effort, in order: the earliest position survives a shortage.
+    if (!has_free()) {
+      ++fates_.dropped;
+      break;
+    }
+    out.push_back({pop(), pos, h});
+  }
+  return out;
+}
+
+void StateSlotPool::check_returnable(std::span<const MidstepReservation> reservations) const {
+  std::vector<int64_t> slots;
+  slots.reserve(reservations.size());
+  for (const auto& r : reservations) {
+    check_owned(r.slot);
+    slots.push_back(r.slot);
+  }
+  check_distinct(std::move(slots), "slot");
+}
+
+void StateSlotPool::publish_midstep(std::span<const MidstepReservation> reservations,
+                                    const Sequence* seq) {
+  check_returnable(reservations);
+  // Without a sequence a guess cannot be told from knowledge: demote nothing.
+  // With one but no anchor, everything it files is a guess.
+  const int64_t known = seq ? anchor_of(*seq) : 0;
+  for (const auto& r : reservations) {
+    if (seq && (known == 0 || r.position != known)) mark_speculative(r.slot);
+    file_checkpoint(r.hash, r.slot);
+    put_back(r.slot);
+    ++fates_.kept;
+  }
+}
+
+void StateSlotPool::cancel_midstep(std::span<const MidstepReservation> reservations) {
+  check_returnable(reservations);
+  // Never written, so released vacant and never indexed.
+  for (const auto& r : reservations) put_back(r.slot);
+}
+
+void StateSlotPool::record_relocation(int64_t src, int64_t dst) {
+  check_index("src", src, capacity());
+  check_index("dst", dst, capacity());
+  relocations_.emplace_back(src, dst);
+}
+
+std::vector<std::pair<int64_t, int64_t>> StateSlotPool::take_relocations() {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.swap(relocations_);
+  return out;
+}
+
+}  // namespace statecache
