@@ -25,7 +25,6 @@ from typing import Callable
 
 from statecache.engine.placement import (
     ANCHOR,
-    DEMAND,
     AnchorLadderDemand,
     Boundary,
     EvictionPolicy,
@@ -283,4 +282,5 @@ def policy(name: str) -> PolicySpec:
 
 
 __all__ = ["POLICIES", "PolicyContext", "PolicySpec", "policy", "EveryBlock", "ChunkEnds",
-           "EveryNTokens", "BranchPointsAndEnd", "FlopAwareEviction", "DEMAND"]
+           "EveryNTokens", "BranchPointsAndEnd", "FlopAwareEviction", "AnchorLadderDemand",
+           "GuessFirstLRU", "PlainLRU"]

@@ -245,8 +245,7 @@ def _checkpoint_bytes(engine: Engine, sizes: _Sizes, g: ModelGeometry) -> int:
     return len(caches.slot_pool.hash_to_slot) * g.state_bytes
 
 
-def simulate(trace: Sequence[TraceRequest], cfg: SimConfig, progress=None,
-             sample_every: int = 8) -> SimResult:
+def simulate(trace: Sequence[TraceRequest], cfg: SimConfig, progress=None) -> SimResult:
     """Replay ``trace`` (sorted by arrival) under ``cfg``. ``progress`` is
     called with the number of requests finished since the last call."""
     g = preset(cfg.geometry)
@@ -289,8 +288,7 @@ def simulate(trace: Sequence[TraceRequest], cfg: SimConfig, progress=None,
             engine.finished.clear()  # the simulator keeps numbers, not requests
             if progress is not None:
                 progress(len(done))
-        if engine.num_passes % sample_every == 0:
-            res.checkpoint_bytes_samples.append(_checkpoint_bytes(engine, sizes, g))
+        res.checkpoint_bytes_samples.append(_checkpoint_bytes(engine, sizes, g))
     res.wall_s = time.perf_counter() - t_start
     res.passes = engine.num_passes
     res.simulated_s = runner.now_s
