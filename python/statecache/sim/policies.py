@@ -190,8 +190,10 @@ class FlopAwareEviction(PlainLRU):
         self.last_use: dict[int, int] = {}      # prefix hash -> clock of last write or read
         self.efficiency: dict[int, float] = {}  # prefix hash -> FLOPs saved per byte
         self.reorders = 0
+        self._filed = -1  # len(held) at the last reorder; -1: something changed since
 
     def _note(self, h: int, position: int | None) -> None:
+        self._filed = -1
         self.last_use[h] = self.clock
         if position is not None and h not in self.efficiency:
             saved = self.geometry.prefill_flops(0, position)
@@ -217,8 +219,10 @@ class FlopAwareEviction(PlainLRU):
             for h in [h for h in self.last_use if h not in held]:
                 del self.last_use[h]
                 self.efficiency.pop(h, None)
-        occ = pool.occupancy()
-        if occ["slots_vacant"] >= 2 * engine.config.max_num_seqs or not held:
+        # The order only changes when a checkpoint was written, read or lost.
+        if self._filed == len(held) or not held:
+            return
+        if pool.occupancy()["slots_vacant"] >= 2 * engine.config.max_num_seqs:
             return
         items = [(h, s) for h, s in held.items()]
         rec = [self.last_use.get(h, 0) for h, _ in items]
@@ -233,6 +237,7 @@ class FlopAwareEviction(PlainLRU):
             pool.mark_speculative(slot)
             pool.promote(slot)
         self.reorders += 1
+        self._filed = len(held)
 
 
 @dataclass(frozen=True)

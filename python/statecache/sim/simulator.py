@@ -64,6 +64,7 @@ class SimConfig:
     peer_interval_tokens: int = 4096
     fork_tokens: int = 1
     arrivals: str = "trace"
+    max_output_tokens: int | None = None
     device_flops: float = 4.0e14
     pass_floor_ms: float = 5.0
 
@@ -87,6 +88,11 @@ class SimConfig:
         if isinstance(self.interval_tokens, bool) or not isinstance(self.interval_tokens, int) \
                 or self.interval_tokens < -1:
             raise ValueError(f"interval_tokens must be an int >= -1, got {self.interval_tokens!r}")
+        if self.max_output_tokens is not None and (
+                isinstance(self.max_output_tokens, bool) or not isinstance(self.max_output_tokens, int)
+                or self.max_output_tokens <= 0):
+            raise ValueError(f"max_output_tokens must be a positive int or None, got "
+                             f"{self.max_output_tokens!r}")
         if self.arrivals not in ("trace", "asap"):
             raise ValueError(f"arrivals must be 'trace' or 'asap', got {self.arrivals!r}")
         if not self.device_flops > 0 or not self.pass_floor_ms >= 0:
@@ -268,7 +274,7 @@ def simulate(trace: Sequence[TraceRequest], cfg: SimConfig, progress=None) -> Si
         while pending and len(engine.waiting) < queue_cap and (
                 asap or pending[0].timestamp_ms / 1e3 <= runner.now_s):
             r = pending.popleft()
-            out = r.output_tokens().tolist() or [0]
+            out = r.output_tokens().tolist()[:cfg.max_output_tokens] or [0]
             engine.add_request(Request(r.prompt_tokens(hbs).tolist(), len(out), request_id=r.index,
                                        scripted_output=out, arrival=r.timestamp_ms))
         if not engine.has_unfinished():
