@@ -8,6 +8,8 @@ namespace statecache::bindings {
 void bind_common(pybind11::module_& m);   // errors, StateTransfer, Sequence
 void bind_pools(pybind11::module_& m);    // StateSlotPool, StateGroupPool
 void bind_paged(pybind11::module_& m);    // BlockPool, PAGE store + coordinator, offload index
+void bind_paged_types(pybind11::module_& m);        // PAGE value types (called by bind_paged)
+void bind_paged_coordinator(pybind11::module_& m);  // coordinator + offload index (called by bind_paged)
 void bind_copy(pybind11::module_& m);     // span planner, CPU executor, GPU launch
 void bind_hashing(pybind11::module_& m);  // chained token-block hashes
 

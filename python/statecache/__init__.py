@@ -6,6 +6,7 @@ the behaviour reference; see SPEC.md for the contract.
 
 from statecache._C import *  # noqa: F401,F403  (the public C++ API)
 from statecache._C import COPY, FORK, NONE, REPLAY, Sequence, StateTransfer  # noqa: F401
+from statecache._operation_id import StateStoreOperationId  # noqa: F401
 
 __version__ = "0.1.0"
 from statecache import engine  # noqa: E402,F401  (reference engine, torch-free)

@@ -19,7 +19,8 @@ import statecache
 _HERE = Path(__file__).resolve()
 _CANDIDATES = [
     os.environ.get("STATECACHE_REFERENCE_DIR", ""),
-    str(_HERE.parents[2].parent / "shared" / "reference"),
+    # beside the checkout, or beside any directory above it (worktrees)
+    *(str(p / "shared" / "reference") for p in _HERE.parents),
 ]
 
 

@@ -159,7 +159,7 @@ class BlockManager:
         if hit and not caches.voters:
             seq.state_source = "replay"
         hit_ids = [self.pool.lookup(x) for x in seq.hashes[:hit]]
-        self.pool.touch(hit_ids)
+        self.pool.incref(hit_ids)
         new = adm.new_blocks + (adm.hit - hit)
         if not self._ensure_blocks(new):
             raise AssertionError("can_allocate granted blocks that are not there")

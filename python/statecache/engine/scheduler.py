@@ -70,6 +70,7 @@ class Request(statecache.Sequence):
         self.placement_ctx = None
         self.num_preemptions = 0
         self.prefill_computed = 0
+        self.prefill_chunks = 0
         self.logits = []  # per output token, when the runner returns them
 
     @property
@@ -187,10 +188,10 @@ class Engine:
                     victim = self._pick_victim(exclude=seq, scheduled=scheduled)
                     if victim is None:
                         break
-                    self._preempt(victim)
+                    self.preempt(victim)
                 if seq.status != RUNNING or not bm.can_append(seq):
                     if seq.status == RUNNING:
-                        self._preempt(seq)
+                        self.preempt(seq)
                     continue
                 bm.append_slot(seq)
             item, n = self._make_item(seq, budget, reservations)
@@ -251,6 +252,7 @@ class Engine:
             seq.num_computed_tokens = item.start + n
             if was_prefill:
                 seq.prefill_computed += n
+                seq.prefill_chunks += 1
             seq.state_fork_src = -1  # the forward read it
             res = reservations.pop(seq.seq_id, None)
             if res:
@@ -290,9 +292,13 @@ class Engine:
                 return seq
         return None
 
-    def _preempt(self, seq: Request) -> None:
+    def preempt(self, seq: Request) -> None:
         """Recompute-style preemption: everything goes back, the request waits
         at the front of the queue with its tokens so far."""
+        if seq.state_fork_src >= 0 or any(
+                b.position == seq.num_computed_tokens for b in seq.planned):
+            # its last forward ended on a boundary whose checkpoint is in flight
+            self.block_manager._count("preempted_with_pending_checkpoint")
         self.block_manager.free(seq)
         seq.status = WAITING
         seq.num_preemptions += 1

@@ -123,12 +123,14 @@ class HybridModelRunner:
             self.device)
 
     def _stage_kv(self, cache, block_table, length: int) -> None:
-        rows = self._token_rows(block_table, 0, length)
-        g = self.geom
+        g, bs = self.geom, self.block_size
+        nb = -(-length // bs)
+        blocks = torch.tensor(block_table[:nb], dtype=torch.long, device=self.device)
         for j, li in enumerate(g.attention_layers):
-            flat = self.kv[j].transpose(0, 1).reshape(2, -1, g.kv_heads, g.head_dim)
-            k = flat[0, rows].transpose(0, 1).unsqueeze(0)  # [1, kvh, len, hd]
-            v = flat[1, rows].transpose(0, 1).unsqueeze(0)
+            kv = self.kv[j, blocks]  # [nb, 2, bs, kvh, hd], only this sequence's blocks
+            kv = kv.transpose(0, 1).reshape(2, nb * bs, g.kv_heads, g.head_dim)[:, :length]
+            k = kv[0].transpose(0, 1).unsqueeze(0)  # [1, kvh, length, hd]
+            v = kv[1].transpose(0, 1).unsqueeze(0)
             cache.layers[li].update(k, v)
 
     def _save_kv(self, cache, block_table, start: int, n: int) -> None:

@@ -9,7 +9,7 @@ from .hybrid import build_model
 from .runner import HybridModelRunner
 
 
-def transfer_for(mechanism: str, geom, layout_id: str):
+def transfer_for(mechanism: str, geom, layout_id: str, readable_midstep: bool = False):
     """The StateTransfer the backend declares for ``mechanism``.
 
     fork: the forward after a checkpoint must refill the conv window
@@ -17,25 +17,26 @@ def transfer_for(mechanism: str, geom, layout_id: str):
     """
     T = statecache.StateTransfer
     if mechanism == "fork":
-        return T.fork(max(1, geom.conv_kernel - 1))
+        return T.fork(max(1, geom.conv_kernel - 1), readable_midstep=readable_midstep)
     if mechanism == "page":
-        return T.copy(layout_id)
+        return T.copy(layout_id, readable_midstep=readable_midstep)
     raise ValueError(f"mechanism={mechanism!r}: choose 'fork' or 'page'")
 
 
 def build_engine(model="qwen3next", mechanism="page", *, seed=0, device="cpu",
                  enable_prefix_caching=True, block_size=16, num_blocks=256, num_slots=32,
-                 max_num_seqs=4, max_num_batched_tokens=128, checkpoint_interval_tokens=-1,
-                 model_and_geom=None, placement=None, eviction=None):
+                 max_num_seqs=4, max_num_batched_tokens=256, checkpoint_interval_tokens=-1,
+                 readable_midstep=False, model_and_geom=None, placement=None, eviction=None):
     """An Engine serving a tiny random ``model`` with ``mechanism`` checkpoints.
 
     ``model_and_geom`` reuses an already built model (two engines, one set of
-    weights).
+    weights). ``readable_midstep``: the runner can copy out interior states
+    (it splits its forward there), so prefill chunks are not cut onto rungs.
     """
     m, geom = model_and_geom or build_model(model, seed=seed, device=device)
     runner = HybridModelRunner(m, geom, num_slots=num_slots, num_blocks=num_blocks,
                                block_size=block_size, device=device, max_num_seqs=max_num_seqs)
-    transfer = transfer_for(mechanism, geom, runner.layout_id)
+    transfer = transfer_for(mechanism, geom, runner.layout_id, readable_midstep)
     pool = statecache.BlockPool(num_blocks)
     caches = StateCaches.build(transfer, num_slots, block_size, block_pool=pool,
                                spec=runner.checkpoint_spec() if transfer.copies else None,

@@ -1,0 +1,347 @@
+// PagedStateCheckpointCoordinator and StateOffloadIndex (SPEC.md §3, §8).
+#include <pybind11/stl.h>
+
+#include "bindings/bindings.h"
+#include "bindings/paged_store_methods.h"
+#include "bindings/paged_values.h"
+#include "core/checkpoint_coordinator.h"
+
+namespace statecache::bindings {
+
+namespace {
+
+using Coordinator = PagedStateCheckpointCoordinator;
+
+// A scratch slot pool given from Python: anything with has_free(), pop() and
+// release(slot) (statecache.StateSlotPool, or a reference pool in tests).
+class PyScratchSource : public ScratchSlotSource {
+ public:
+  explicit PyScratchSource(py::object pool) : pool_(std::move(pool)) {}
+  bool has_free(int64_t count) const override {
+    return count == 1 ? pool_.attr("has_free")().cast<bool>() : pool_.attr("has_free")(count).cast<bool>();
+  }
+  int64_t pop() override { return as_int(pool_.attr("pop")(), "slot"); }
+  void release(int64_t slot) override { pool_.attr("release")(slot); }
+
+ private:
+  py::object pool_;
+};
+
+// A tier given from Python that is not a StateOffloadIndex: asked through
+// its could_serve method.
+class PyOffloadVote : public OffloadVote {
+ public:
+  explicit PyOffloadVote(py::object tier) : tier_(std::move(tier)) {}
+  bool could_serve(int64_t h) const override { return py::bool_(tier_.attr("could_serve")(h)); }
+
+ private:
+  py::object tier_;
+};
+
+// The coordinator plus the Python objects it was handed, so `offload` reads
+// back the very object attached and transfer owners keep their identity.
+class PyCoordinator : public Coordinator {
+ public:
+  PyCoordinator(std::shared_ptr<PyBlockPool> pool, PagedStateCheckpointSpec spec, bool enabled, py::object offload,
+                bool readable_midstep)
+      : Coordinator(pool, std::move(spec), enabled, !offload.is_none(), readable_midstep), pool_(std::move(pool)) {
+    set_offload(std::move(offload), true);
+  }
+
+  void set_offload(py::object tier, bool sink) {
+    std::shared_ptr<const OffloadVote> vote;
+    if (py::isinstance<StateOffloadIndex>(tier))
+      vote = tier.cast<std::shared_ptr<StateOffloadIndex>>();
+    else if (!tier.is_none())
+      vote = std::make_shared<PyOffloadVote>(tier);
+    const bool attached = !tier.is_none();
+    offload_ = std::move(tier);
+    attach_offload(std::move(vote), attached, sink);
+  }
+  const py::object& offload() const { return offload_; }
+
+  void set_scratch(py::object pool, int64_t max_ops) {
+    std::shared_ptr<ScratchSlotSource> source;
+    if (!pool.is_none()) source = std::make_shared<PyScratchSource>(pool);
+    scratch_obj_ = std::move(pool);
+    attach_midstep_scratch(std::move(source), max_ops);
+  }
+
+  int64_t transfer_owner(py::handle owner) {
+    if (owner.is_none()) throw py::value_error("owner=None: a transfer reservation needs an owner");
+    return pool_->owners.transfer_token(owner, *pool_);
+  }
+  PyBlockPool& pool() { return *pool_; }
+
+ private:
+  std::shared_ptr<PyBlockPool> pool_;
+  py::object offload_ = py::none();
+  py::object scratch_obj_ = py::none();
+};
+
+std::vector<MidstepReservation> as_reservations(py::handle obj) {
+  std::vector<MidstepReservation> out;
+  for (py::handle r : py::iter(obj)) {
+    std::vector<int64_t> v = as_int_list(r, "reservations");
+    if (v.size() != 3) throw py::value_error("reservations: each must be (slot, position, hash), got " + py_repr(r));
+    out.emplace_back(v[0], v[1], v[2]);
+  }
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> as_positions(py::handle obj) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (py::handle r : py::iter(obj)) {
+    std::vector<int64_t> v = as_int_list(r, "positions");
+    if (v.size() != 2) throw py::value_error("positions: each must be (position, hash), got " + py_repr(r));
+    out.emplace_back(v[0], v[1]);
+  }
+  return out;
+}
+
+int64_t hit_for(const Coordinator& c, const Sequence& seq, int64_t hit, py::handle hashes, bool assume) {
+  PyObject* p = hashes.ptr();
+  if (PyList_Check(p) || PyTuple_Check(p)) {
+    PyObject** items = PySequence_Fast_ITEMS(p);
+    return c.resumable_hit(seq, hit, PySequence_Fast_GET_SIZE(p),
+                           [items](int64_t i) { return as_int(items[i], "block_hashes"); }, assume);
+  }
+  std::vector<int64_t> v = as_int_list(hashes, "block_hashes");
+  return c.resumable_hit(seq, hit, static_cast<int64_t>(v.size()), [&v](int64_t i) { return v[i]; }, assume);
+}
+
+py::dict fates(const PyCoordinator& c) {
+  const PageUnitCheckpointStore& s = c.store();
+  py::dict d;
+  d["checkpoints_kept"] = c.checkpoints_kept();
+  d["checkpoints_dropped"] = c.checkpoints_dropped();
+  d["checkpoints_evicted"] = s.evictions();
+  d["offload_pins_reclaimed"] = s.offload_pins_reclaimed();
+  d["checkpoints_orphaned"] = c.checkpoints_orphaned();
+  const py::object& tier = c.offload();
+  if (tier.is_none() || !PyObject_IsTrue(tier.ptr())) return d;
+  py::object stats = py::getattr(tier, "stats", py::none());
+  if (!PyCallable_Check(stats.ptr())) return d;
+  for (auto kv : py::dict(stats()))
+    d[py::str("state_offload_" + py::str(kv.first).cast<std::string>())] = kv.second;
+  d["state_offload_store_backlog"] = s.store_backlog().size();
+  d["state_offload_nominations_dropped"] = s.offload_nominations_dropped();
+  return d;
+}
+
+void bind_coordinator(py::module_& m) {
+  py::classh<PyCoordinator> cls(m, "PagedStateCheckpointCoordinator", R"doc(
+Schedules PAGE checkpoints for per-request state.
+
+``checkpoint(seq, blocks, h)`` files a boundary (a newer one from the same
+sequence supersedes it); ``take_checkpoint_ops()`` begins the stores and hands
+out this batch's ``(stores, restores)``; ``complete_previous_batch()`` at the
+top of the next pass makes them READY. Midstep positions borrow scratch slots
+from the pool given to ``attach_midstep_scratch``. ``resumable_hit`` also
+accepts boundaries the attached tier ``could_serve``.)doc");
+  cls.attr("successor_room") = 0.0;
+  cls.def(py::init([](py::handle pool, py::handle spec, py::handle enabled, py::object offload,
+                      py::handle readable_midstep) {
+            return std::make_shared<PyCoordinator>(as_block_pool(pool, "pool"), as_spec(spec, "spec"),
+                                                   as_bool(enabled, "enabled"), std::move(offload),
+                                                   as_bool(readable_midstep, "readable_midstep"));
+          }),
+          py::arg("pool"), py::arg("spec"), py::arg("enabled"), py::arg("offload") = py::none(),
+          py::arg("readable_midstep") = false)
+      .def_property_readonly("enabled", &Coordinator::enabled)
+      .def_property_readonly("readable_midstep", &Coordinator::readable_midstep)
+      .def_property_readonly("store", [](const PyCoordinator& c) { return c.store_ptr(); })
+      .def_property_readonly("offload", [](const PyCoordinator& c) { return c.offload(); })
+      .def_property_readonly("checkpoints_kept", &Coordinator::checkpoints_kept)
+      .def_property_readonly("checkpoints_dropped", &Coordinator::checkpoints_dropped)
+      .def_property_readonly("checkpoints_orphaned", &Coordinator::checkpoints_orphaned)
+      .def(
+          "applies", [](const PyCoordinator& c, py::handle seq) { return c.applies(*as_sequence(seq, "seq")); },
+          py::arg("seq"))
+      .def(
+          "attach_midstep_scratch",
+          [](PyCoordinator& c, py::object pool, py::handle max_ops) {
+            c.set_scratch(std::move(pool), as_nonneg_int(max_ops, "max_ops_per_batch"));
+          },
+          py::arg("slot_pool"), py::arg("max_ops_per_batch"),
+          "Where midstep scratch slots come from, and how many copies one batch's descriptor holds.")
+      .def(
+          "reserve_midstep",
+          [](PyCoordinator& c, py::handle seq, py::handle positions) {
+            auto res = c.reserve_midstep(*as_sequence(seq, "seq"), as_positions(positions));
+            py::list out;
+            for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, h));
+            return out;
+          },
+          py::arg("seq"), py::arg("positions"))
+      .def(
+          "publish_midstep",
+          [](PyCoordinator& c, py::handle reservations, py::handle) { c.publish_midstep(as_reservations(reservations)); },
+          py::arg("reservations"), py::arg("seq") = py::none())
+      .def(
+          "cancel_midstep",
+          [](PyCoordinator& c, py::handle reservations) { c.cancel_midstep(as_reservations(reservations)); },
+          py::arg("reservations"))
+      .def(
+          "resumable_hit",
+          [](const PyCoordinator& c, py::handle seq, py::handle hit, py::handle hashes, py::handle assume) {
+            return hit_for(c, *as_sequence(seq, "seq"), as_int(hit, "hit"), hashes,
+                           as_bool(assume, "assume_checkpointed"));
+          },
+          py::arg("seq"), py::arg("hit"), py::arg("block_hashes"), py::arg("assume_checkpointed") = false)
+      .def(
+          "checkpoint",
+          [](PyCoordinator& c, py::handle seq, py::handle blocks, py::handle h) {
+            c.checkpoint(as_sequence(seq, "seq"), as_int(blocks, "boundary_blocks"), as_int(h, "h"));
+          },
+          py::arg("seq"), py::arg("boundary_blocks"), py::arg("h"))
+      .def(
+          "forget_pending", [](PyCoordinator& c, py::handle seq) { c.forget_pending(*as_sequence(seq, "seq")); },
+          py::arg("seq"))
+      .def(
+          "begin_restore",
+          [](PyCoordinator& c, py::handle h, py::handle slot) {
+            return c.begin_restore(as_int(h, "h"), as_int(slot, "dst_slot"));
+          },
+          py::arg("h"), py::arg("dst_slot"))
+      .def("take_checkpoint_ops",
+           [](PyCoordinator& c) {
+             auto [stores, restores] = c.take_checkpoint_ops();
+             return py::make_tuple(py::tuple(py::cast(std::move(stores))), py::tuple(py::cast(std::move(restores))));
+           })
+      .def("complete_previous_batch", &Coordinator::complete_previous_batch)
+      .def(
+          "reserve_transfer_units",
+          [](PyCoordinator& c, py::handle owner) -> py::object {
+            const int64_t token = c.transfer_owner(owner);
+            auto units = c.reserve_transfer_units(token);
+            if (!units) return py::none();
+            c.pool().owners.retain(token);
+            return to_tuple(*units);
+          },
+          py::arg("owner"), "One image's worth of units for an external load, or None.")
+      .def(
+          "release_transfer_units",
+          [](PyCoordinator& c, py::handle owner) {
+            const int64_t token = c.transfer_owner(owner);
+            const bool had = c.has_transfer(token);
+            c.release_transfer_units(token);
+            if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
+          },
+          py::arg("owner"))
+      .def(
+          "adopt_transfer_units",
+          [](PyCoordinator& c, py::handle owner, py::handle h) {
+            const int64_t token = c.transfer_owner(owner);
+            const int64_t prefix_hash = as_int(h, "prefix_hash");
+            const bool had = c.has_transfer(token);
+            const bool adopted = c.adopt_transfer_units(token, prefix_hash);
+            if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
+            return adopted;
+          },
+          py::arg("owner"), py::arg("prefix_hash"))
+      .def(
+          "attach_offload",
+          [](PyCoordinator& c, py::object index, py::handle sink) {
+            c.set_offload(std::move(index), as_bool(sink, "sink"));
+          },
+          py::arg("index"), py::kw_only(), py::arg("sink") = true,
+          "Attaches a tier (its vote, and as a sink unless ``sink=False``), or detaches with None.")
+      .def("unindex", [](PyCoordinator& c, py::handle h) { c.unindex(as_int(h, "h")); }, py::arg("h"))
+      .def("clear_index", &Coordinator::clear_index)
+      .def("checkpoint_fates", &fates);
+  def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
+}
+
+// ----------------------------------------------------------- offload index --
+
+struct OffloadHashesView {
+  std::shared_ptr<StateOffloadIndex> index;
+};
+
+void bind_offload_index(py::module_& m) {
+  py::class_<OffloadHashesView>(m, "OffloadHashesView", "Hashes a tier holds, least recently used first.")
+      .def("__len__", [](const OffloadHashesView& v) { return v.index->size(); })
+      .def("__contains__",
+           [](const OffloadHashesView& v, py::handle h) {
+             return PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) && v.index->contains(as_int(h, "hash"));
+           })
+      .def("__iter__", [](const OffloadHashesView& v) { return py::iter(to_list(v.index->hashes())); })
+      .def("__repr__", [](const OffloadHashesView& v) { return py_repr(to_list(v.index->hashes())); });
+
+  py::classh<StateOffloadIndex>(m, "StateOffloadIndex", R"doc(
+Which hashes a tier below GPU memory holds (a capped LRU), and its load
+bookkeeping. Membership is optimistic: a hash once stored counts until it is
+forgotten, pushed out by ``capacity``, or a load finds it missing.)doc")
+      .def(py::init([](py::handle can_store, py::handle can_load, py::handle capacity) {
+             std::optional<int64_t> cap;
+             if (!capacity.is_none()) cap = as_nonneg_int(capacity, "capacity");
+             return std::make_shared<StateOffloadIndex>(as_bool(can_store, "can_store"),
+                                                        as_bool(can_load, "can_load"), cap);
+           }),
+           py::arg("can_store") = true, py::arg("can_load") = true, py::arg("capacity") = py::none())
+      .def_property_readonly("can_store", &StateOffloadIndex::can_store)
+      .def_property_readonly("can_load", &StateOffloadIndex::can_load)
+      .def_property_readonly("capacity", [](const StateOffloadIndex& i) -> py::object {
+        if (!i.capacity()) return py::none();
+        return py::int_(*i.capacity());
+      })
+      .def_property_readonly("hashes",
+                             [](const std::shared_ptr<StateOffloadIndex>& i) { return OffloadHashesView{i}; })
+      .def_property_readonly("loads_in_flight", &StateOffloadIndex::loads_in_flight)
+      .def(
+          "could_serve", [](const StateOffloadIndex& i, py::handle h) { return i.could_serve(as_int(h, "h")); },
+          py::arg("h"))
+      .def(
+          "note_store_started", [](StateOffloadIndex& i, py::handle h) { i.note_store_started(as_int(h, "h")); },
+          py::arg("h"))
+      .def(
+          "note_stored", [](StateOffloadIndex& i, py::handle h) { i.note_stored(as_int(h, "h")); }, py::arg("h"))
+      .def(
+          "note_store_failed",
+          [](StateOffloadIndex& i, py::handle h, py::handle untrusted) {
+            i.note_store_failed(as_int(h, "h"), as_bool(untrusted, "untrusted"));
+          },
+          py::arg("h"), py::arg("untrusted") = false)
+      .def(
+          "forget", [](StateOffloadIndex& i, py::handle h) { return i.forget(as_int(h, "h")); }, py::arg("h"))
+      .def(
+          "request_load", [](StateOffloadIndex& i, py::handle h) { return i.request_load(as_int(h, "h")); },
+          py::arg("h"))
+      .def(
+          "complete_load", [](StateOffloadIndex& i, py::handle h) { i.complete_load(as_int(h, "h")); },
+          py::arg("h"))
+      .def(
+          "fail_load",
+          [](StateOffloadIndex& i, py::handle h, py::handle missing) {
+            i.fail_load(as_int(h, "h"), as_bool(missing, "missing"));
+          },
+          py::arg("h"), py::kw_only(), py::arg("missing") = false)
+      .def(
+          "abandon_load", [](StateOffloadIndex& i, py::handle h) { i.abandon_load(as_int(h, "h")); }, py::arg("h"))
+      .def("stats", [](const StateOffloadIndex& i) {
+        const OffloadStats& s = i.stats();
+        py::dict d;
+        d["stores_attempted"] = s.stores_attempted;
+        d["stores_completed"] = s.stores_completed;
+        d["stores_failed"] = s.stores_failed;
+        d["stores_untrusted"] = s.stores_untrusted;
+        d["loads_attempted"] = s.loads_attempted;
+        d["loads_completed"] = s.loads_completed;
+        d["loads_failed"] = s.loads_failed;
+        d["loads_missing"] = s.loads_missing;
+        d["loads_abandoned"] = s.loads_abandoned;
+        d["hashes"] = i.size();
+        d["evicted"] = s.evicted;
+        return d;
+      });
+}
+
+}  // namespace
+
+void bind_paged_coordinator(py::module_& m) {
+  bind_offload_index(m);
+  bind_coordinator(m);
+}
+
+}  // namespace statecache::bindings

@@ -1,0 +1,114 @@
+// Methods the store and the coordinator expose alike (the coordinator only
+// forwards them to its store): defined once, for any class with a store.
+#pragma once
+
+#include <pybind11/stl.h>
+
+#include "bindings/paged_values.h"
+#include "core/checkpoint_store.h"
+
+namespace statecache::bindings {
+
+inline std::optional<int64_t> optional_int(py::handle obj, const char* name) {
+  if (obj.is_none()) return std::nullopt;
+  return as_int(obj, name);
+}
+
+inline py::object source_or_none(const std::optional<PageUnitCheckpointStore::Source>& src) {
+  if (!src) return py::none();
+  return to_py_source(src->first, src->second);
+}
+
+inline py::list sources(const std::vector<PageUnitCheckpointStore::Source>& srcs) {
+  py::list out(srcs.size());
+  for (size_t i = 0; i < srcs.size(); ++i)
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i),
+                    to_py_source(srcs[i].first, srcs[i].second).release().ptr());
+  return out;
+}
+
+// `store_of(self)` gives the PageUnitCheckpointStore& behind `self`.
+template <class T, class StoreOf>
+void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
+  using Store = PageUnitCheckpointStore;
+  cls.def(
+         "contains", [store_of](T& self, py::handle h) { return store_of(self).contains(as_int(h, "prefix_hash")); },
+         py::arg("prefix_hash"))
+      .def(
+          "has_available_units",
+          [store_of](T& self, py::handle count, py::handle protected_hash) {
+            return store_of(self).has_available_units(as_int(count, "count"),
+                                                      optional_int(protected_hash, "protected_hash"));
+          },
+          py::arg("count"), py::arg("protected_hash") = py::none(),
+          "Whether ``count`` units could be had, evicting unpinned READY checkpoints (never the one "
+          "filed under ``protected_hash``) if it came to that.")
+      .def(
+          "ensure_free_units",
+          [store_of](T& self, py::handle count) { return store_of(self).ensure_free_units(as_int(count, "count")); },
+          py::arg("count"), "Evicts until ``count`` units are free; refuses an unreachable count before evicting.")
+      .def(
+          "restore_queued_for",
+          [store_of](T& self, py::handle slot) { return store_of(self).restore_queued_for(as_int(slot, "dst_slot")); },
+          py::arg("dst_slot"))
+      .def(
+          "suspend_queued_restore",
+          [store_of](T& self, py::handle slot) -> py::object {
+            auto r = store_of(self).suspend_queued_restore(as_int(slot, "dst_slot"));
+            return r ? py::cast(std::move(*r)) : py::none();
+          },
+          py::arg("dst_slot"))
+      .def(
+          "resume_suspended_restore",
+          [store_of](T& self, const SuspendedCheckpointRestore& r) { store_of(self).resume_suspended_restore(r); },
+          py::arg("restore"))
+      .def(
+          "release_suspended_restore",
+          [store_of](T& self, const SuspendedCheckpointRestore& r) { store_of(self).release_suspended_restore(r); },
+          py::arg("restore"))
+      .def(
+          "take_offload_stores",
+          [store_of](T& self, py::handle max_inflight) {
+            return sources(store_of(self).take_offload_stores(as_int(max_inflight, "max_inflight")));
+          },
+          py::arg("max_inflight"), "``(operation, unit_ids)`` to hand the tier now, each pinned.")
+      .def(
+          "acquire_checkpoint_source",
+          [store_of](T& self, py::handle h, py::handle max_inflight) {
+            return source_or_none(store_of(self).acquire_checkpoint_source(
+                as_int(h, "prefix_hash"), optional_int(max_inflight, "max_inflight")));
+          },
+          py::arg("prefix_hash"), py::kw_only(), py::arg("max_inflight") = py::none(),
+          "Leases a READY image's units to an external transfer (never reclaimed by time).")
+      .def(
+          "release_offload_store_source",
+          [store_of](T& self, py::handle op) {
+            if (auto id = as_operation_id(op)) store_of(self).release_offload_store_source(*id);
+          },
+          py::arg("op"), "Phase one: the units were read; they go back, the operation stays dispatched.")
+      .def(
+          "settle_offload_store",
+          [store_of](T& self, py::handle op) {
+            if (auto id = as_operation_id(op)) store_of(self).settle_offload_store(*id);
+          },
+          py::arg("op"), "Phase two: the store reported; the operation is retired.")
+      .def("has_offload_pins", [store_of](T& self) { return store_of(self).has_offload_pins(); })
+      .def(
+          "reclaim_stale_offload_pins",
+          [store_of](T& self, py::handle timeout) {
+            if (PyBool_Check(timeout.ptr()) || (!PyFloat_Check(timeout.ptr()) && !PyLong_Check(timeout.ptr())))
+              raise_type("timeout_s", "a number of seconds", timeout);
+            return store_of(self).reclaim_stale_offload_pins(timeout.cast<double>());
+          },
+          py::arg("timeout_s"), "Takes back pins older than ``timeout_s`` seconds; ``<= 0`` reclaims nothing.")
+      .def(
+          "was_reclaimed",
+          [store_of](T& self, py::handle op) {
+            auto id = as_operation_id(op);
+            return id.has_value() && store_of(self).was_reclaimed(*id);
+          },
+          py::arg("op"));
+  (void)sizeof(Store);
+}
+
+}  // namespace statecache::bindings

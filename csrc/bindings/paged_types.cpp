@@ -1,0 +1,245 @@
+// PAGE value types: PagedStateCheckpointSpec, the store / restore ops,
+// CheckpointRecord, SuspendedCheckpointRestore, the state constants.
+#include <pybind11/stl.h>
+
+#include "bindings/bindings.h"
+#include "bindings/paged_values.h"
+
+namespace statecache::bindings {
+
+namespace {
+
+// A spec size: a Python int (not bool) and positive, checked in field order.
+int64_t spec_size(py::handle obj, const char* name) {
+  const bool is_int = PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr());
+  int overflow = 0;
+  const long long v = is_int ? PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow) : 0;
+  if (!is_int || overflow != 0 || v <= 0)
+    throw py::value_error(std::string(name) + " must be a positive integer, got " + py_repr(obj));
+  return v;
+}
+
+PagedStateCheckpointSpec make_spec(py::handle page_unit_bytes, py::handle slot_bytes,
+                                   py::handle layout_id, py::handle image_bytes) {
+  const int64_t unit = spec_size(page_unit_bytes, "page_unit_bytes");
+  const int64_t slot = spec_size(slot_bytes, "slot_bytes");
+  const int64_t image = spec_size(image_bytes, "image_bytes");
+  const bool named = PyUnicode_Check(layout_id.ptr()) && PyUnicode_GET_LENGTH(layout_id.ptr()) > 0;
+  if (!named && image <= slot)
+    throw py::value_error("layout_id must be a non-empty str, got " + py_repr(layout_id));
+  return PagedStateCheckpointSpec(unit, slot, named ? layout_id.cast<std::string>() : "-", image);
+}
+
+std::string as_layout(py::handle obj) {
+  if (!PyUnicode_Check(obj.ptr())) raise_type("layout_id", "a str", obj);
+  return obj.cast<std::string>();
+}
+
+py::object spec_from_wire(py::handle wire) {
+  static py::handle mapping =
+      py::object(py::module_::import("collections.abc").attr("Mapping")).release();  // lives as long as the module
+  if (!py::isinstance(wire, mapping))
+    throw py::type_error("a PagedStateCheckpointSpec wire form must be a mapping, got " +
+                         std::string(Py_TYPE(wire.ptr())->tp_name));
+  static const char* const kFields[] = {"image_bytes", "layout_id", "page_unit_bytes", "slot_bytes"};
+  py::set expected;
+  for (const char* f : kFields) expected.add(py::str(f));
+  py::set got(py::iter(wire));
+  if (!got.equal(expected)) {
+    py::object sorted = py::module_::import("builtins").attr("sorted");
+    throw py::value_error("PagedStateCheckpointSpec wire fields: expected " +
+                          py_repr(sorted(expected)) + ", got " + py_repr(sorted(wire)));
+  }
+  return py::cast(make_spec(wire[py::str("page_unit_bytes")], wire[py::str("slot_bytes")],
+                            wire[py::str("layout_id")], wire[py::str("image_bytes")]));
+}
+
+// Dataclass-style value semantics from a type's field tuple: equality only
+// with the same type, hash of the fields for frozen types, keyword repr,
+// pickling through the constructor.
+template <class T, class Fields>
+void def_value(py::class_<T>& cls, Fields fields, std::initializer_list<const char*> names,
+               bool frozen) {
+  std::vector<std::string> keys(names.begin(), names.end());
+  cls.def("__eq__", [](const T& a, py::handle b) -> py::object {
+    if (!py::isinstance<T>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+    return py::bool_(a == b.cast<const T&>());
+  });
+  cls.def("__ne__", [](const T& a, py::handle b) -> py::object {
+    if (!py::isinstance<T>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+    return py::bool_(!(a == b.cast<const T&>()));
+  });
+  if (frozen)
+    cls.def("__hash__", [fields](const T& v) { return py::hash(fields(v)); });
+  else
+    cls.attr("__hash__") = py::none();
+  cls.def("__repr__", [fields, keys](py::handle self) {
+    py::tuple vals = fields(self.cast<const T&>());
+    std::string out = py::type::of(self).attr("__name__").cast<std::string>() + "(";
+    for (size_t i = 0; i < keys.size(); ++i)
+      out += (i ? ", " : "") + keys[i] + "=" + py_repr(vals[i]);
+    return out + ")";
+  });
+  cls.def("__reduce__",
+          [fields](py::handle self) { return py::make_tuple(py::type::of(self), fields(self.cast<const T&>())); });
+}
+
+py::tuple spec_fields(const PagedStateCheckpointSpec& s) {
+  return py::make_tuple(s.page_unit_bytes, s.slot_bytes, s.layout_id, s.image_bytes);
+}
+py::tuple store_fields(const CheckpointStoreOp& o) {
+  return py::make_tuple(o.src_slot, to_tuple(o.unit_ids), o.total_bytes, o.layout_id);
+}
+py::tuple restore_fields(const CheckpointRestoreOp& o) {
+  return py::make_tuple(o.dst_slot, to_tuple(o.unit_ids), o.total_bytes, o.layout_id);
+}
+py::tuple record_fields(const CheckpointRecord& r) {
+  return py::make_tuple(r.prefix_hash, to_tuple(r.unit_ids), checkpoint_state_name(r.state), r.pin_count);
+}
+py::tuple suspended_fields(const SuspendedCheckpointRestore& s) {
+  return py::make_tuple(s.checkpoint_id, py::cast(s.operation));
+}
+
+CheckpointState as_state(py::handle obj) {
+  if (!PyUnicode_Check(obj.ptr())) raise_type("state", "a str", obj);
+  return parse_checkpoint_state(obj.cast<std::string>());
+}
+
+}  // namespace
+
+py::object to_py(const StateStoreOperationId& op) {
+  static py::handle type =
+      py::object(py::module_::import("statecache._operation_id").attr("StateStoreOperationId")).release();
+  return type(op.prefix_hash, op.generation);
+}
+
+std::optional<StateStoreOperationId> as_operation_id(py::handle obj) {
+  PyObject* p = obj.ptr();
+  if (PyTuple_Check(p) && PyTuple_GET_SIZE(p) == 2) {
+    PyObject* h = PyTuple_GET_ITEM(p, 0);
+    PyObject* g = PyTuple_GET_ITEM(p, 1);
+    if (PyLong_Check(h) && PyLong_Check(g)) {
+      int o1 = 0, o2 = 0;
+      const long long hv = PyLong_AsLongLongAndOverflow(h, &o1);
+      const long long gv = PyLong_AsLongLongAndOverflow(g, &o2);
+      if (o1 == 0 && o2 == 0) return StateStoreOperationId{hv, gv};
+    }
+  }
+  (void)py::hash(obj);  // an unhashable key is a TypeError, as in a dict
+  return std::nullopt;
+}
+
+py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units) {
+  return py::make_tuple(to_py(op), to_tuple(units));
+}
+
+PagedStateCheckpointSpec as_spec(py::handle obj, const char* name) {
+  if (!py::isinstance<PagedStateCheckpointSpec>(obj)) raise_type(name, "a PagedStateCheckpointSpec", obj);
+  return obj.cast<PagedStateCheckpointSpec>();
+}
+
+void bind_paged_types(py::module_& m) {
+  m.attr("COPYING") = "COPYING";
+  m.attr("READY") = "READY";
+  m.attr("EVICTING") = "EVICTING";
+
+  m.def(
+      "checkpoint_copy_ops_per_batch",
+      [](py::handle max_num_seqs) -> int64_t {
+        if (max_num_seqs.is_none() || !PyObject_IsTrue(max_num_seqs.ptr())) return 0;
+        return checkpoint_copy_ops_per_batch(as_int(py::int_(py::reinterpret_borrow<py::object>(max_num_seqs)), "max_num_seqs"));
+      },
+      py::arg("max_num_seqs"),
+      "Copy descriptors one batch holds for PAGE checkpoints: a store and a restore per sequence.");
+
+  py::class_<PagedStateCheckpointSpec> spec(m, "PagedStateCheckpointSpec", R"doc(
+Geometry of a PAGE checkpoint image: ``image_bytes`` of a ``slot_bytes`` slot,
+scattered over ``units_per_checkpoint`` page units of ``page_unit_bytes``, for
+the state layout ``layout_id``. Frozen; equality and hash by value.)doc");
+  spec.def(py::init(&make_spec), py::arg("page_unit_bytes"), py::arg("slot_bytes"),
+           py::arg("layout_id"), py::arg("image_bytes"))
+      .def_property_readonly("page_unit_bytes", [](const PagedStateCheckpointSpec& s) { return s.page_unit_bytes; })
+      .def_property_readonly("slot_bytes", [](const PagedStateCheckpointSpec& s) { return s.slot_bytes; })
+      .def_property_readonly("layout_id", [](const PagedStateCheckpointSpec& s) { return s.layout_id; })
+      .def_property_readonly("image_bytes", [](const PagedStateCheckpointSpec& s) { return s.image_bytes; })
+      .def_property_readonly("units_per_checkpoint", &PagedStateCheckpointSpec::units_per_checkpoint)
+      .def("to_wire",
+           [](const PagedStateCheckpointSpec& s) {
+             py::dict d;
+             d["page_unit_bytes"] = s.page_unit_bytes;
+             d["slot_bytes"] = s.slot_bytes;
+             d["image_bytes"] = s.image_bytes;
+             d["layout_id"] = s.layout_id;
+             return d;
+           })
+      .def_static("from_wire", &spec_from_wire, py::arg("wire"),
+                  "The spec from its wire mapping: TypeError for a non-mapping, ValueError for another key set.");
+  def_value(spec, &spec_fields, {"page_unit_bytes", "slot_bytes", "layout_id", "image_bytes"}, true);
+
+  py::class_<CheckpointStoreOp> store(m, "CheckpointStoreOp",
+                                      "Scatter the image part of ``src_slot`` into ``unit_ids``, in order. Frozen.");
+  store
+      .def(py::init([](py::handle slot, py::handle units, py::handle total, py::handle layout) {
+             return CheckpointStoreOp{as_int(slot, "src_slot"), as_int_list(units, "unit_ids"),
+                                      as_int(total, "total_bytes"), as_layout(layout)};
+           }),
+           py::arg("src_slot"), py::arg("unit_ids"), py::arg("total_bytes"), py::arg("layout_id"))
+      .def_property_readonly("src_slot", [](const CheckpointStoreOp& o) { return o.src_slot; })
+      .def_property_readonly("unit_ids", [](const CheckpointStoreOp& o) { return to_tuple(o.unit_ids); })
+      .def_property_readonly("total_bytes", [](const CheckpointStoreOp& o) { return o.total_bytes; })
+      .def_property_readonly("layout_id", [](const CheckpointStoreOp& o) { return o.layout_id; });
+  def_value(store, &store_fields, {"src_slot", "unit_ids", "total_bytes", "layout_id"}, true);
+
+  py::class_<CheckpointRestoreOp> restore(m, "CheckpointRestoreOp",
+                                          "Gather ``unit_ids``, in order, back into ``dst_slot``. Frozen.");
+  restore
+      .def(py::init([](py::handle slot, py::handle units, py::handle total, py::handle layout) {
+             return CheckpointRestoreOp{as_int(slot, "dst_slot"), as_int_list(units, "unit_ids"),
+                                        as_int(total, "total_bytes"), as_layout(layout)};
+           }),
+           py::arg("dst_slot"), py::arg("unit_ids"), py::arg("total_bytes"), py::arg("layout_id"))
+      .def_property_readonly("dst_slot", [](const CheckpointRestoreOp& o) { return o.dst_slot; })
+      .def_property_readonly("unit_ids", [](const CheckpointRestoreOp& o) { return to_tuple(o.unit_ids); })
+      .def_property_readonly("total_bytes", [](const CheckpointRestoreOp& o) { return o.total_bytes; })
+      .def_property_readonly("layout_id", [](const CheckpointRestoreOp& o) { return o.layout_id; });
+  def_value(restore, &restore_fields, {"dst_slot", "unit_ids", "total_bytes", "layout_id"}, true);
+
+  py::class_<CheckpointRecord> record(m, "CheckpointRecord", R"doc(
+One checkpoint of the store: its hash, its page units in image order, its
+state (``"COPYING"``, ``"READY"`` or ``"EVICTING"``) and its pin count. The
+store's ``records`` mapping hands out copies.)doc");
+  record
+      .def(py::init([](py::handle h, py::handle units, py::handle state, py::handle pins) {
+             return CheckpointRecord{as_int(h, "prefix_hash"), as_int_list(units, "unit_ids"),
+                                     as_state(state), as_int(pins, "pin_count")};
+           }),
+           py::arg("prefix_hash"), py::arg("unit_ids"), py::arg("state") = "COPYING",
+           py::arg("pin_count") = 0)
+      .def_property(
+          "prefix_hash", [](const CheckpointRecord& r) { return r.prefix_hash; },
+          [](CheckpointRecord& r, py::handle v) { r.prefix_hash = as_int(v, "prefix_hash"); })
+      .def_property(
+          "unit_ids", [](const CheckpointRecord& r) { return to_tuple(r.unit_ids); },
+          [](CheckpointRecord& r, py::handle v) { r.unit_ids = as_int_list(v, "unit_ids"); })
+      .def_property(
+          "state", [](const CheckpointRecord& r) { return checkpoint_state_name(r.state); },
+          [](CheckpointRecord& r, py::handle v) { r.state = as_state(v); })
+      .def_property(
+          "pin_count", [](const CheckpointRecord& r) { return r.pin_count; },
+          [](CheckpointRecord& r, py::handle v) { r.pin_count = as_int(v, "pin_count"); });
+  def_value(record, &record_fields, {"prefix_hash", "unit_ids", "state", "pin_count"}, false);
+
+  py::class_<SuspendedCheckpointRestore> suspended(
+      m, "SuspendedCheckpointRestore",
+      "A queued restore taken off the next batch; it still pins its checkpoint. Frozen.");
+  suspended
+      .def(py::init([](py::handle cid, const CheckpointRestoreOp& op) {
+             return SuspendedCheckpointRestore{as_int(cid, "checkpoint_id"), op};
+           }),
+           py::arg("checkpoint_id"), py::arg("operation"))
+      .def_property_readonly("checkpoint_id", [](const SuspendedCheckpointRestore& s) { return s.checkpoint_id; })
+      .def_property_readonly("operation", [](const SuspendedCheckpointRestore& s) { return s.operation; });
+  def_value(suspended, &suspended_fields, {"checkpoint_id", "operation"}, true);
+}
+
+}  // namespace statecache::bindings

@@ -1,0 +1,65 @@
+// Conversions shared by the paged binding files: owners, operation ids, the
+// Python-facing BlockPool.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <unordered_map>
+
+#include "bindings/convert.h"
+#include "core/block_pool.h"
+#include "core/paged_types.h"
+
+namespace statecache::bindings {
+
+// Maps Python owners to the core's owner tokens and back. Owners the store
+// and coordinator build, ("state-checkpoint", id) and ("state-transfer", x),
+// map to their own token kinds; anything else hashable is interned. Interned
+// owners that hold no units and are not retained are swept lazily.
+class OwnerTable {
+ public:
+  int64_t token(py::handle owner, const BlockPool& pool);
+  int64_t transfer_token(py::handle inner, const BlockPool& pool);
+  // The Python owner for a token; None for a free or KV-held block.
+  py::object owner(int64_t token) const;
+  // Keeps an interned owner alive while something outside the pool names it.
+  void retain(int64_t token);
+  void unretain(int64_t token);
+
+ private:
+  struct Entry {
+    py::object key;
+    int64_t retained = 0;
+  };
+  int64_t intern(py::dict& ids, int kind, py::handle key, const BlockPool& pool);
+  void sweep(const BlockPool& pool);
+
+  py::dict transfer_ids_, other_ids_;
+  std::unordered_map<int64_t, Entry> entries_;
+  int64_t next_id_ = 0;
+  size_t sweep_at_ = 256;
+};
+
+// The BlockPool Python sees: the core pool plus its owner table and the
+// Python on_evict handler.
+class PyBlockPool : public BlockPool {
+ public:
+  using BlockPool::BlockPool;
+  OwnerTable owners;
+  py::object on_evict = py::none();
+};
+
+std::shared_ptr<PyBlockPool> as_block_pool(py::handle obj, const char* name);
+
+// statecache.StateStoreOperationId(h, gen), a tuple subclass.
+py::object to_py(const StateStoreOperationId& op);
+// A 2-tuple of ints (StateStoreOperationId or a plain tuple); nullopt for any
+// other hashable value, which can never name an operation. TypeError when
+// unhashable, as a dict lookup would raise.
+std::optional<StateStoreOperationId> as_operation_id(py::handle obj);
+// (operation, unit_ids) as the store hands a source to a tier.
+py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units);
+
+PagedStateCheckpointSpec as_spec(py::handle obj, const char* name);
+
+}  // namespace statecache::bindings

@@ -1,0 +1,209 @@
+#include "core/checkpoint_coordinator.h"
+
+#include <unordered_set>
+
+namespace statecache {
+
+PagedStateCheckpointCoordinator::PagedStateCheckpointCoordinator(std::shared_ptr<BlockPool> pool,
+                                                                 PagedStateCheckpointSpec spec, bool enabled,
+                                                                 bool offload_sink, bool readable_midstep)
+    : enabled_(enabled),
+      readable_midstep_(readable_midstep),
+      store_(std::make_shared<PageUnitCheckpointStore>(std::move(pool), std::move(spec), offload_sink)) {}
+
+// ---------------------------------------------------------------- midstep --
+
+void PagedStateCheckpointCoordinator::attach_midstep_scratch(std::shared_ptr<ScratchSlotSource> scratch,
+                                                             int64_t max_ops_per_batch) {
+  scratch_ = std::move(scratch);
+  max_ops_per_batch_ = max_ops_per_batch;
+}
+
+std::vector<MidstepReservation> PagedStateCheckpointCoordinator::reserve_midstep(
+    const Sequence& seq, const std::vector<std::pair<int64_t, int64_t>>& positions) {
+  std::vector<MidstepReservation> out;
+  if (!(readable_midstep_ && applies(seq)) || !scratch_) return out;
+  std::unordered_set<int64_t> queued;
+  for (const auto& q : scratch_queued_) queued.insert(q.first);
+  for (const auto& [pos, h] : positions) {
+    // Already stored or on its way: a second image would be refused anyway.
+    if (queued.count(h) != 0 || store_->contains_or_pending(h)) continue;
+    if (!scratch_->has_free(1)) {
+      ++dropped_;
+      break;
+    }
+    out.emplace_back(scratch_->pop(), pos, h);
+  }
+  return out;
+}
+
+void PagedStateCheckpointCoordinator::publish_midstep(const std::vector<MidstepReservation>& reservations) {
+  for (const auto& [slot, pos, h] : reservations) scratch_queued_.emplace_back(h, slot);
+}
+
+void PagedStateCheckpointCoordinator::cancel_midstep(const std::vector<MidstepReservation>& reservations) {
+  for (const auto& r : reservations) release_scratch(std::get<0>(r));
+}
+
+void PagedStateCheckpointCoordinator::take_scratch_stores(int64_t budget, std::vector<CheckpointStoreOp>& stores) {
+  std::vector<std::pair<int64_t, int64_t>> queued;
+  queued.swap(scratch_queued_);
+  for (size_t i = 0; i < queued.size(); ++i) {
+    if (budget <= 0) {
+      // Over this batch's descriptor budget: the rest waits, still holding
+      // its scratch slots.
+      scratch_queued_.assign(queued.begin() + static_cast<ptrdiff_t>(i), queued.end());
+      return;
+    }
+    const auto [h, slot] = queued[i];
+    std::optional<CheckpointStoreOp> op;
+    if (!store_->contains_or_pending(h)) op = store_->begin_store(h, slot);
+    if (!op) {
+      // Nothing will read this scratch, and its forward has completed.
+      release_scratch(slot);
+      ++dropped_;
+      continue;
+    }
+    stores.push_back(std::move(*op));
+    scratch_issued_.push_back(slot);
+    ++kept_;
+    --budget;
+  }
+}
+
+// -------------------------------------------------------------- admission --
+
+bool PagedStateCheckpointCoordinator::reachable(int64_t prefix_hash) const {
+  if (store_->contains(prefix_hash)) return true;
+  return vote_ && vote_->could_serve(prefix_hash);
+}
+
+// ------------------------------------------------------------- boundaries --
+
+void PagedStateCheckpointCoordinator::drop_pending_of(const Sequence* seq) {
+  auto it = pending_index_.find(seq);
+  if (it == pending_index_.end()) return;
+  Pending& p = pending_[it->second];
+  if (--pending_hashes_[p.prefix_hash] == 0) pending_hashes_.erase(p.prefix_hash);
+  p.live = false;
+  p.seq.reset();
+  pending_index_.erase(it);
+}
+
+void PagedStateCheckpointCoordinator::supersede(const Sequence* seq) {
+  // The slot has moved past the earlier boundary: storing it now would file
+  // the newer state under the older hash.
+  if (pending_index_.count(seq) == 0) return;
+  drop_pending_of(seq);
+  ++dropped_;
+}
+
+void PagedStateCheckpointCoordinator::checkpoint(const std::shared_ptr<Sequence>& seq, int64_t,
+                                                 int64_t prefix_hash) {
+  if (!applies(*seq) || seq->state_slot() < 0) return;
+  supersede(seq.get());
+  pending_index_[seq.get()] = pending_.size();
+  pending_.push_back(Pending{seq, prefix_hash, true});
+  ++pending_hashes_[prefix_hash];
+}
+
+void PagedStateCheckpointCoordinator::forget_pending(const Sequence& seq) {
+  drop_pending_of(&seq);
+  store_->cancel_queued_restore(seq.state_slot());
+}
+
+std::pair<std::vector<CheckpointStoreOp>, std::vector<CheckpointRestoreOp>>
+PagedStateCheckpointCoordinator::take_checkpoint_ops() {
+  std::vector<Pending> pending;
+  pending.swap(pending_);
+  pending_index_.clear();
+  pending_hashes_.clear();
+  std::vector<CheckpointStoreOp> stores;
+  for (Pending& p : pending) {
+    if (!p.live) continue;
+    // The slot holds the state as of this boundary and no other (supersede).
+    const int64_t src_slot = p.seq->state_slot();
+    if (src_slot < 0 || store_->contains_or_pending(p.prefix_hash)) continue;
+    auto op = store_->begin_store(p.prefix_hash, src_slot);
+    if (!op) {
+      ++dropped_;
+      continue;
+    }
+    stores.push_back(std::move(*op));
+    ++kept_;
+  }
+  std::vector<CheckpointRestoreOp> restores = store_->take_restore_ops();
+  if (!scratch_queued_.empty())
+    take_scratch_stores(max_ops_per_batch_ - static_cast<int64_t>(stores.size()) -
+                            static_cast<int64_t>(restores.size()),
+                        stores);
+  return {std::move(stores), std::move(restores)};
+}
+
+void PagedStateCheckpointCoordinator::complete_previous_batch() {
+  store_->complete_inflight();
+  // The batch carrying these scratch stores has been issued; a later writer
+  // of the slot runs after it on the same stream.
+  std::vector<int64_t> issued;
+  issued.swap(scratch_issued_);
+  for (int64_t slot : issued) release_scratch(slot);
+}
+
+// ------------------------------------------------------ external transfers --
+
+std::optional<UnitIds> PagedStateCheckpointCoordinator::reserve_transfer_units(int64_t owner) {
+  if (transfer_units_.count(owner) != 0) return std::nullopt;
+  const int64_t n = store_->units_per_checkpoint();
+  if (!store_->ensure_free_units(n)) return std::nullopt;
+  UnitIds units;
+  if (!store_->pool().reserve_units(n, owner, units)) return std::nullopt;
+  return transfer_units_.emplace(owner, std::move(units)).first->second;
+}
+
+void PagedStateCheckpointCoordinator::release_transfer_units(int64_t owner) {
+  auto it = transfer_units_.find(owner);
+  if (it == transfer_units_.end()) return;
+  UnitIds units = std::move(it->second);
+  transfer_units_.erase(it);
+  store_->pool().release_units(units, owner);
+}
+
+bool PagedStateCheckpointCoordinator::adopt_transfer_units(int64_t owner, int64_t prefix_hash) {
+  auto it = transfer_units_.find(owner);
+  if (it == transfer_units_.end()) return false;
+  const bool adopted = store_->adopt_units(it->second, owner, prefix_hash);
+  // Only now: had adoption thrown, the units would stay reachable for release.
+  transfer_units_.erase(owner);
+  return adopted;
+}
+
+// ------------------------------------------------------------------- tier --
+
+void PagedStateCheckpointCoordinator::attach_offload(std::shared_ptr<const OffloadVote> vote, bool attached,
+                                                     bool sink) {
+  vote_ = std::move(vote);
+  store_->set_offload_sink(attached && sink);
+}
+
+void PagedStateCheckpointCoordinator::unindex(int64_t prefix_hash) {
+  // One hash may be pending for several sequences; all of them lose it.
+  bool stale = false;
+  if (pending_hashes_.count(prefix_hash) != 0) {
+    for (Pending& p : pending_) {
+      if (!p.live || p.prefix_hash != prefix_hash) continue;
+      drop_pending_of(p.seq.get());
+      stale = true;
+    }
+  }
+  const bool removed = store_->unindex(prefix_hash);
+  if (stale || removed) ++orphaned_;
+}
+
+void PagedStateCheckpointCoordinator::clear_index() {
+  pending_.clear();
+  pending_index_.clear();
+  pending_hashes_.clear();
+  store_->clear();
+}
+
+}  // namespace statecache

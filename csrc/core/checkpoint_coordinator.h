@@ -1,0 +1,117 @@
+// Schedules PAGE checkpoints for per-request state (SPEC.md §3, §7): which
+// boundaries to store at the next drain, midstep scratch stores, external
+// transfer images and the vote of a tier below GPU memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/checkpoint_store.h"
+#include "core/errors.h"
+#include "core/offload_index.h"
+#include "core/sequence.h"
+#include "core/slot_source.h"
+
+namespace statecache {
+
+// (scratch slot, position, hash) borrowed for one midstep position.
+using MidstepReservation = std::tuple<int64_t, int64_t, int64_t>;
+
+class PagedStateCheckpointCoordinator {
+ public:
+  PagedStateCheckpointCoordinator(std::shared_ptr<BlockPool> pool, PagedStateCheckpointSpec spec,
+                                  bool enabled, bool offload_sink = false, bool readable_midstep = false);
+
+  PageUnitCheckpointStore& store() const { return *store_; }
+  const std::shared_ptr<PageUnitCheckpointStore>& store_ptr() const { return store_; }
+  bool enabled() const { return enabled_; }
+  bool readable_midstep() const { return readable_midstep_; }
+  int64_t checkpoints_kept() const { return kept_; }
+  int64_t checkpoints_dropped() const { return dropped_; }
+  int64_t checkpoints_orphaned() const { return orphaned_; }
+
+  bool applies(const Sequence& seq) const { return enabled_ && seq.has_per_req_cache; }
+
+  // ---- midstep ----
+  void attach_midstep_scratch(std::shared_ptr<ScratchSlotSource> scratch, int64_t max_ops_per_batch);
+  std::vector<MidstepReservation> reserve_midstep(const Sequence& seq,
+                                                  const std::vector<std::pair<int64_t, int64_t>>& positions);
+  void publish_midstep(const std::vector<MidstepReservation>& reservations);
+  void cancel_midstep(const std::vector<MidstepReservation>& reservations);
+
+  // ---- admission ----
+  // Longest prefix (<= hit) whose boundary is reachable in HBM or a tier.
+  // `hash_at(i)` reads block_hashes[i]; it is called right to left.
+  template <class HashAt>
+  int64_t resumable_hit(const Sequence& seq, int64_t hit, int64_t num_hashes, HashAt hash_at,
+                        bool assume_checkpointed) const {
+    if (!applies(seq)) return hit;
+    if (hit < 0) bad_argument("hit", hit, "must be >= 0");
+    if (hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
+    for (int64_t i = hit - 1; i >= 0; --i)
+      if (assume_checkpointed || reachable(hash_at(i))) return i + 1;
+    return 0;
+  }
+  bool reachable(int64_t prefix_hash) const;
+  bool contains(int64_t prefix_hash) const { return store_->contains(prefix_hash); }
+
+  // ---- boundaries ----
+  void checkpoint(const std::shared_ptr<Sequence>& seq, int64_t boundary_blocks, int64_t prefix_hash);
+  void forget_pending(const Sequence& seq);
+  int64_t num_pending() const { return static_cast<int64_t>(pending_index_.size()); }
+  bool restore_queued_for(int64_t dst_slot) const { return store_->restore_queued_for(dst_slot); }
+  bool begin_restore(int64_t prefix_hash, int64_t dst_slot) {
+    return store_->begin_restore(prefix_hash, dst_slot).has_value();
+  }
+  std::pair<std::vector<CheckpointStoreOp>, std::vector<CheckpointRestoreOp>> take_checkpoint_ops();
+  void complete_previous_batch();
+
+  // ---- external transfers ----
+  // `owner` is a transfer owner token (owner_token::kTransfer).
+  std::optional<UnitIds> reserve_transfer_units(int64_t owner);
+  void release_transfer_units(int64_t owner);
+  bool adopt_transfer_units(int64_t owner, int64_t prefix_hash);
+  bool has_transfer(int64_t owner) const { return transfer_units_.count(owner) != 0; }
+
+  // ---- tier ----
+  void attach_offload(std::shared_ptr<const OffloadVote> vote, bool attached, bool sink);
+
+  void unindex(int64_t prefix_hash);
+  void clear_index();
+
+ private:
+  struct Pending {
+    std::shared_ptr<Sequence> seq;  // kept alive until drained
+    int64_t prefix_hash;
+    bool live;
+  };
+  void supersede(const Sequence* seq);
+  void drop_pending_of(const Sequence* seq);
+  void take_scratch_stores(int64_t budget, std::vector<CheckpointStoreOp>& stores);
+  void release_scratch(int64_t slot) {
+    if (scratch_) scratch_->release(slot);
+  }
+
+  bool enabled_;
+  bool readable_midstep_;
+  std::shared_ptr<PageUnitCheckpointStore> store_;
+  std::shared_ptr<const OffloadVote> vote_;
+  std::shared_ptr<ScratchSlotSource> scratch_;
+  int64_t max_ops_per_batch_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> scratch_queued_;  // (hash, slot), oldest first
+  std::vector<int64_t> scratch_issued_;
+  // One live entry per sequence (a newer boundary supersedes), in the order
+  // the boundaries were filed.
+  std::vector<Pending> pending_;
+  std::unordered_map<const Sequence*, size_t> pending_index_;
+  std::unordered_map<int64_t, int64_t> pending_hashes_;  // hash -> live entries
+  std::unordered_map<int64_t, UnitIds> transfer_units_;
+  int64_t kept_ = 0, dropped_ = 0, orphaned_ = 0;
+};
+
+}  // namespace statecache

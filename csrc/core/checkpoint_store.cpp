@@ -1,0 +1,575 @@
+#include "core/checkpoint_store.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/errors.h"
+
+namespace statecache {
+
+namespace {
+double steady_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+int64_t checkpoint_owner(int64_t checkpoint_id) {
+  return owner_token::make(owner_token::kCheckpoint, checkpoint_id);
+}
+}  // namespace
+
+PageUnitCheckpointStore::PageUnitCheckpointStore(std::shared_ptr<BlockPool> pool,
+                                                 PagedStateCheckpointSpec spec, bool offload_sink)
+    : pool_(std::move(pool)), spec_(std::move(spec)), offload_sink_(offload_sink), clock_(steady_seconds) {
+  if (!pool_) throw std::invalid_argument("pool: a PageUnitCheckpointStore needs a BlockPool");
+}
+
+void PageUnitCheckpointStore::set_clock(Clock clock) { clock_ = clock ? std::move(clock) : Clock(steady_seconds); }
+
+// ---------------------------------------------------------------- records --
+
+PageUnitCheckpointStore::Slot* PageUnitCheckpointStore::find(int64_t checkpoint_id) {
+  auto it = slot_of_.find(checkpoint_id);
+  return it == slot_of_.end() ? nullptr : &slab_[it->second];
+}
+
+const PageUnitCheckpointStore::Slot* PageUnitCheckpointStore::find(int64_t checkpoint_id) const {
+  auto it = slot_of_.find(checkpoint_id);
+  return it == slot_of_.end() ? nullptr : &slab_[it->second];
+}
+
+int32_t PageUnitCheckpointStore::new_slot(int64_t checkpoint_id, int64_t prefix_hash, const UnitIds& units,
+                                          CheckpointState state) {
+  int32_t idx;
+  if (!free_slots_.empty()) {
+    idx = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    idx = static_cast<int32_t>(slab_.size());
+    slab_.emplace_back();
+  }
+  Slot& s = slab_[idx];
+  s.id = checkpoint_id;
+  s.rec.prefix_hash = prefix_hash;
+  s.rec.unit_ids.assign(units.begin(), units.end());  // reuses the slot's capacity
+  s.rec.state = CheckpointState::kCopying;
+  s.rec.pin_count = 0;
+  s.prev = s.next = -1;
+  s.on_lru = false;
+  s.store_inflight = false;
+  slot_of_.emplace(checkpoint_id, idx);
+  set_state(s, state);
+  return idx;
+}
+
+void PageUnitCheckpointStore::free_slot(int64_t checkpoint_id) {
+  auto it = slot_of_.find(checkpoint_id);
+  Slot& s = slab_[it->second];
+  set_state(s, CheckpointState::kEvicting);  // leaves the evictable total
+  s.id = -1;
+  free_slots_.push_back(it->second);
+  slot_of_.erase(it);
+}
+
+void PageUnitCheckpointStore::set_state(Slot& s, CheckpointState state) {
+  const bool before = is_evictable(s, -1);
+  s.rec.state = state;
+  const bool after = is_evictable(s, -1);
+  if (before != after) evictable_units_ += (after ? 1 : -1) * static_cast<int64_t>(s.rec.unit_ids.size());
+}
+
+void PageUnitCheckpointStore::add_pins(Slot& s, int64_t delta) {
+  const bool before = is_evictable(s, -1);
+  s.rec.pin_count += delta;
+  const bool after = is_evictable(s, -1);
+  if (before != after) evictable_units_ += (after ? 1 : -1) * static_cast<int64_t>(s.rec.unit_ids.size());
+}
+
+void PageUnitCheckpointStore::lru_push_back(int32_t idx) {
+  Slot& s = slab_[idx];
+  s.prev = lru_tail_;
+  s.next = -1;
+  if (lru_tail_ >= 0)
+    slab_[lru_tail_].next = idx;
+  else
+    lru_head_ = idx;
+  lru_tail_ = idx;
+  s.on_lru = true;
+}
+
+void PageUnitCheckpointStore::lru_unlink(int32_t idx) {
+  Slot& s = slab_[idx];
+  if (!s.on_lru) return;
+  if (s.prev >= 0)
+    slab_[s.prev].next = s.next;
+  else
+    lru_head_ = s.next;
+  if (s.next >= 0)
+    slab_[s.next].prev = s.prev;
+  else
+    lru_tail_ = s.prev;
+  s.prev = s.next = -1;
+  s.on_lru = false;
+}
+
+void PageUnitCheckpointStore::note_change(std::optional<int64_t> prefix_hash) {
+  ++generation_;
+  changes_.push_back(Change{generation_, prefix_hash.value_or(-1), !prefix_hash.has_value()});
+  if (changes_.size() > kChangeLogLimit) changes_.pop_front();
+}
+
+// ----------------------------------------------------------------- lookup --
+
+int64_t PageUnitCheckpointStore::lookup(int64_t prefix_hash) const {
+  auto it = hash_to_checkpoint_.find(prefix_hash);
+  if (it == hash_to_checkpoint_.end()) return -1;
+  const Slot* s = find(it->second);
+  if (s == nullptr || s->rec.state != CheckpointState::kReady) return -1;
+  return it->second;
+}
+
+bool PageUnitCheckpointStore::contains_or_pending(int64_t prefix_hash) const {
+  return contains(prefix_hash) || pending_by_hash_.count(prefix_hash) != 0;
+}
+
+// --------------------------------------------------------------- capacity --
+
+int64_t PageUnitCheckpointStore::next_victim(int64_t protected_id) const {
+  for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next)
+    if (is_evictable(slab_[idx], protected_id)) return slab_[idx].id;
+  return -1;
+}
+
+bool PageUnitCheckpointStore::has_available_units(int64_t count, std::optional<int64_t> protected_hash) const {
+  if (count < 0) bad_argument("count", count, "must be >= 0");
+  const int64_t free = pool_->num_free();
+  if (count <= free) return true;
+  // The eligible set either reaches the shortfall or it does not; which
+  // checkpoints make it up is the policy's business and cannot change that.
+  int64_t reachable = evictable_units_;
+  if (protected_hash) {
+    const Slot* p = find(lookup(*protected_hash));
+    if (p != nullptr && is_evictable(*p, -1)) reachable -= static_cast<int64_t>(p->rec.unit_ids.size());
+  }
+  return count - free <= reachable;
+}
+
+bool PageUnitCheckpointStore::ensure_free_units(int64_t count) {
+  if (count < 0) bad_argument("count", count, "must be >= 0");
+  if (!has_available_units(count)) return false;
+  while (pool_->num_free() < count) {
+    const int64_t victim = next_victim();
+    if (victim < 0) return false;
+    evict(victim);
+  }
+  return true;
+}
+
+// ---------------------------------------------------------- store/restore --
+
+std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t prefix_hash, int64_t src_slot) {
+  if (src_slot < 0) bad_argument("src_slot", src_slot, "must be >= 0");
+  if (contains_or_pending(prefix_hash)) return std::nullopt;
+  const int64_t needed = units_per_checkpoint();
+  if (!ensure_free_units(needed)) return std::nullopt;
+  const int64_t checkpoint_id = new_identity();
+  // The pool may run on_evict handlers (which may unindex here) before
+  // returning; the units are ours by then.
+  UnitIds units;
+  if (!pool_->reserve_units(needed, checkpoint_owner(checkpoint_id), units)) return std::nullopt;
+  Slot& s = slab_[new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying)];
+  s.store_inflight = true;
+  pending_by_hash_[prefix_hash] = checkpoint_id;
+  inflight_stores_.push_back(checkpoint_id);
+  return CheckpointStoreOp{src_slot, s.rec.unit_ids, spec_.image_bytes, spec_.layout_id};
+}
+
+bool PageUnitCheckpointStore::restore_queued_for(int64_t dst_slot) const {
+  for (const auto& q : queued_restores_)
+    if (q.second.dst_slot == dst_slot) return true;
+  return false;
+}
+
+std::optional<CheckpointRestoreOp> PageUnitCheckpointStore::begin_restore(int64_t prefix_hash, int64_t dst_slot) {
+  if (dst_slot < 0) bad_argument("dst_slot", dst_slot, "must be >= 0");
+  const int64_t checkpoint_id = lookup(prefix_hash);
+  if (checkpoint_id < 0) return std::nullopt;
+  const int32_t idx = slot_of_.at(checkpoint_id);
+  Slot& s = slab_[idx];
+  add_pins(s, 1);
+  lru_unlink(idx);
+  lru_push_back(idx);
+  CheckpointRestoreOp op{dst_slot, s.rec.unit_ids, spec_.image_bytes, spec_.layout_id};
+  queued_restores_.emplace_back(checkpoint_id, op);
+  return op;
+}
+
+std::vector<CheckpointRestoreOp> PageUnitCheckpointStore::take_restore_ops() {
+  std::vector<CheckpointRestoreOp> ops;
+  ops.reserve(queued_restores_.size());
+  for (auto& [checkpoint_id, op] : queued_restores_) {
+    inflight_restores_.push_back(checkpoint_id);
+    ops.push_back(std::move(op));
+  }
+  queued_restores_.clear();
+  return ops;
+}
+
+void PageUnitCheckpointStore::cancel_queued_restore(int64_t dst_slot) {
+  std::vector<std::pair<int64_t, CheckpointRestoreOp>> kept;
+  std::vector<std::pair<int64_t, CheckpointRestoreOp>> queued;
+  queued.swap(queued_restores_);
+  // Pins are released in queue order; a failure leaves the rest queued.
+  for (size_t i = 0; i < queued.size(); ++i) {
+    if (queued[i].second.dst_slot != dst_slot) {
+      kept.push_back(std::move(queued[i]));
+      continue;
+    }
+    try {
+      release_offload_pin(queued[i].first, "checkpoint restore pin underflow");
+    } catch (...) {
+      for (size_t j = i; j < queued.size(); ++j) kept.push_back(std::move(queued[j]));
+      queued_restores_.swap(kept);
+      throw;
+    }
+  }
+  queued_restores_.swap(kept);
+}
+
+std::optional<SuspendedCheckpointRestore> PageUnitCheckpointStore::suspend_queued_restore(int64_t dst_slot) {
+  size_t found = queued_restores_.size();
+  for (size_t i = 0; i < queued_restores_.size(); ++i) {
+    if (queued_restores_[i].second.dst_slot != dst_slot) continue;
+    if (found != queued_restores_.size())
+      throw InvariantError("multiple queued checkpoint restores target slot " + std::to_string(dst_slot));
+    found = i;
+  }
+  if (found == queued_restores_.size()) return std::nullopt;
+  SuspendedCheckpointRestore out{queued_restores_[found].first, std::move(queued_restores_[found].second)};
+  queued_restores_.erase(queued_restores_.begin() + static_cast<ptrdiff_t>(found));
+  return out;
+}
+
+void PageUnitCheckpointStore::resume_suspended_restore(const SuspendedCheckpointRestore& restore) {
+  const Slot* s = find(restore.checkpoint_id);
+  if (s == nullptr || s->rec.pin_count <= 0)
+    throw InvariantError("suspended checkpoint restore lost its source pin");
+  queued_restores_.emplace_back(restore.checkpoint_id, restore.operation);
+}
+
+void PageUnitCheckpointStore::release_suspended_restore(const SuspendedCheckpointRestore& restore) {
+  release_offload_pin(restore.checkpoint_id, "checkpoint restore pin underflow");
+}
+
+void PageUnitCheckpointStore::index_ready(Slot& s) {
+  set_state(s, CheckpointState::kReady);
+  s.ready_seq = ++ready_seq_;
+  hash_to_checkpoint_[s.rec.prefix_hash] = s.id;
+  lru_push_back(slot_of_.at(s.id));
+}
+
+void PageUnitCheckpointStore::complete_inflight() {
+  std::vector<int64_t> stores;
+  stores.swap(inflight_stores_);
+  for (int64_t checkpoint_id : stores)
+    if (Slot* s = find(checkpoint_id)) s->store_inflight = false;
+  for (int64_t checkpoint_id : stores) {
+    Slot* s = find(checkpoint_id);
+    if (s == nullptr) continue;
+    const int64_t h = s->rec.prefix_hash;
+    auto pending = pending_by_hash_.find(h);
+    if (pending != pending_by_hash_.end() && pending->second == checkpoint_id) pending_by_hash_.erase(pending);
+    if (s->rec.state == CheckpointState::kEvicting) {
+      release_record(checkpoint_id);
+      continue;
+    }
+    if (s->rec.state != CheckpointState::kCopying) continue;
+    // Published only once the scatter has ridden a batch; a twin that made
+    // it first wins.
+    if (lookup(h) >= 0) {
+      release_record(checkpoint_id);
+      continue;
+    }
+    index_ready(*s);
+    note_change(h);
+    queue_offload_store(checkpoint_id);
+  }
+  std::vector<int64_t> restores;
+  restores.swap(inflight_restores_);
+  for (int64_t checkpoint_id : restores) release_offload_pin(checkpoint_id, "checkpoint restore pin underflow");
+}
+
+bool PageUnitCheckpointStore::adopt_units(const UnitIds& unit_ids, int64_t owner, int64_t prefix_hash) {
+  if (contains_or_pending(prefix_hash)) {
+    pool_->release_units(unit_ids, owner);
+    return false;
+  }
+  const int64_t checkpoint_id = new_identity();
+  pool_->rekey_units(unit_ids, owner, checkpoint_owner(checkpoint_id));
+  Slot& s = slab_[new_slot(checkpoint_id, prefix_hash, unit_ids, CheckpointState::kCopying)];
+  index_ready(s);
+  note_change(prefix_hash);
+  return true;
+}
+
+// ------------------------------------------------------------- change log --
+
+std::optional<std::vector<int64_t>> PageUnitCheckpointStore::changed_since(int64_t generation) const {
+  std::vector<int64_t> changed;
+  if (generation >= generation_) return changed;
+  if (changes_.empty() || changes_.front().generation > generation + 1) return std::nullopt;
+  for (auto it = changes_.rbegin(); it != changes_.rend() && it->generation > generation; ++it) {
+    if (it->everything) return std::nullopt;
+    changed.push_back(it->prefix_hash);
+  }
+  std::sort(changed.begin(), changed.end());
+  changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+  return changed;
+}
+
+// ---------------------------------------------------------------- removal --
+
+bool PageUnitCheckpointStore::unindex(int64_t prefix_hash) {
+  note_change(prefix_hash);
+  int64_t checkpoint_id = -1;
+  if (auto it = hash_to_checkpoint_.find(prefix_hash); it != hash_to_checkpoint_.end()) {
+    checkpoint_id = it->second;
+    hash_to_checkpoint_.erase(it);
+  } else if (auto p = pending_by_hash_.find(prefix_hash); p != pending_by_hash_.end()) {
+    checkpoint_id = p->second;
+    pending_by_hash_.erase(p);
+  }
+  if (checkpoint_id < 0) return false;
+  Slot* s = find(checkpoint_id);
+  if (s == nullptr) return false;
+  set_state(*s, CheckpointState::kEvicting);
+  lru_unlink(slot_of_.at(checkpoint_id));
+  // A queued writer or a reader still needs the units; they go back later.
+  if (!s->store_inflight && s->rec.pin_count == 0) release_record(checkpoint_id);
+  return true;
+}
+
+void PageUnitCheckpointStore::clear() {
+  note_change(std::nullopt);
+  hash_to_checkpoint_.clear();
+  pending_by_hash_.clear();
+  for (int32_t idx = lru_head_; idx >= 0;) {
+    const int32_t next = slab_[idx].next;
+    slab_[idx].prev = slab_[idx].next = -1;
+    slab_[idx].on_lru = false;
+    idx = next;
+  }
+  lru_head_ = lru_tail_ = -1;
+  for (int64_t checkpoint_id : record_ids()) {
+    Slot& s = *find(checkpoint_id);
+    set_state(s, CheckpointState::kEvicting);
+    if (!s.store_inflight && s.rec.pin_count == 0) release_record(checkpoint_id);
+  }
+}
+
+void PageUnitCheckpointStore::evict(int64_t checkpoint_id) {
+  Slot& s = *find(checkpoint_id);
+  if (s.rec.state != CheckpointState::kReady || s.rec.pin_count != 0)
+    throw InvariantError("only an unpinned READY checkpoint is evictable");
+  note_change(s.rec.prefix_hash);
+  auto it = hash_to_checkpoint_.find(s.rec.prefix_hash);
+  if (it != hash_to_checkpoint_.end() && it->second == checkpoint_id) hash_to_checkpoint_.erase(it);
+  set_state(s, CheckpointState::kEvicting);
+  lru_unlink(slot_of_.at(checkpoint_id));
+  release_record(checkpoint_id);
+  ++evictions_;
+}
+
+void PageUnitCheckpointStore::release_record(int64_t checkpoint_id) {
+  const int32_t idx = slot_of_.at(checkpoint_id);
+  Slot& s = slab_[idx];
+  const int64_t h = s.rec.prefix_hash;
+  note_change(h);
+  lru_unlink(idx);
+  auto it = hash_to_checkpoint_.find(h);
+  if (it != hash_to_checkpoint_.end() && it->second == checkpoint_id) hash_to_checkpoint_.erase(it);
+  auto p = pending_by_hash_.find(h);
+  if (p != pending_by_hash_.end() && p->second == checkpoint_id) pending_by_hash_.erase(p);
+  // The record is gone before the units return, so nothing can find it while
+  // the pool hands them out again.
+  set_state(s, CheckpointState::kEvicting);
+  UnitIds units = std::move(s.rec.unit_ids);
+  free_slot(checkpoint_id);
+  pool_->release_units(units, checkpoint_owner(checkpoint_id));
+  units.clear();
+  slab_[idx].rec.unit_ids = std::move(units);  // keep the capacity for reuse
+}
+
+// ---------------------------------------------------------------- offload --
+
+void PageUnitCheckpointStore::queue_offload_store(int64_t checkpoint_id) {
+  if (!offload_sink_) return;
+  offload_ready_.push_back(checkpoint_id);
+  // Oldest nominations go first: a dropped one costs a missed offload, never
+  // an image, since nominations do not pin.
+  while (offload_ready_.size() > kOffloadBacklogCap) {
+    offload_ready_.pop_front();
+    ++offload_nominations_dropped_;
+  }
+}
+
+std::vector<PageUnitCheckpointStore::Source> PageUnitCheckpointStore::take_offload_stores(int64_t max_inflight) {
+  std::vector<Source> out;
+  std::vector<int64_t> deferred;
+  while (!offload_ready_.empty() && static_cast<int64_t>(offload_pins_.size()) < max_inflight) {
+    const int64_t checkpoint_id = offload_ready_.front();
+    offload_ready_.pop_front();
+    const Slot* s = find(checkpoint_id);
+    if (s == nullptr || s->rec.state != CheckpointState::kReady) continue;  // spent while waiting
+    if (pins_per_hash_.count(s->rec.prefix_hash) != 0) {
+      // An earlier attempt at this hash is still out; try again next time.
+      deferred.push_back(checkpoint_id);
+      continue;
+    }
+    out.push_back(pin_offload_source(checkpoint_id, true));
+  }
+  offload_ready_.insert(offload_ready_.begin(), deferred.begin(), deferred.end());
+  return out;
+}
+
+std::optional<PageUnitCheckpointStore::Source> PageUnitCheckpointStore::acquire_checkpoint_source(
+    int64_t prefix_hash, std::optional<int64_t> max_inflight) {
+  if (max_inflight && static_cast<int64_t>(offload_pins_.size()) >= *max_inflight) return std::nullopt;
+  const int64_t checkpoint_id = lookup(prefix_hash);
+  if (checkpoint_id < 0 || pins_per_hash_.count(prefix_hash) != 0) return std::nullopt;
+  return pin_offload_source(checkpoint_id, false);
+}
+
+PageUnitCheckpointStore::Source PageUnitCheckpointStore::pin_offload_source(int64_t checkpoint_id,
+                                                                            bool timeout_reclaimable) {
+  Slot& s = *find(checkpoint_id);
+  const StateStoreOperationId op{s.rec.prefix_hash, ++offload_generation_};
+  add_pins(s, 1);
+  offload_pins_.emplace(op, OffloadPin{checkpoint_id, clock_(), false, timeout_reclaimable, ++pin_seq_});
+  ++pins_per_hash_[op.prefix_hash];
+  return {op, s.rec.unit_ids};
+}
+
+void PageUnitCheckpointStore::release_offload_pin(int64_t checkpoint_id, const char* what) {
+  Slot* s = find(checkpoint_id);
+  if (s == nullptr) return;
+  if (s->rec.pin_count <= 0) throw InvariantError(what);
+  add_pins(*s, -1);
+  // Unindexed while read: the units go back once the last reader is done.
+  if (s->rec.state == CheckpointState::kEvicting && s->rec.pin_count == 0) release_record(checkpoint_id);
+}
+
+void PageUnitCheckpointStore::release_offload_store_source(const StateStoreOperationId& op) {
+  auto it = offload_pins_.find(op);
+  if (it == offload_pins_.end() || it->second.source_released) return;
+  it->second.source_released = true;
+  release_offload_pin(it->second.checkpoint_id, "checkpoint offload pin underflow");
+}
+
+void PageUnitCheckpointStore::settle_offload_store(const StateStoreOperationId& op) {
+  auto it = offload_pins_.find(op);
+  if (it == offload_pins_.end()) return;
+  const OffloadPin pin = it->second;
+  offload_pins_.erase(it);
+  if (--pins_per_hash_[op.prefix_hash] == 0) pins_per_hash_.erase(op.prefix_hash);
+  if (!pin.source_released) release_offload_pin(pin.checkpoint_id, "checkpoint offload pin underflow");
+}
+
+int64_t PageUnitCheckpointStore::reclaim_stale_offload_pins(double timeout_s) {
+  if (!(timeout_s > 0) || offload_pins_.empty()) return 0;
+  const double cutoff = clock_() - timeout_s;
+  std::vector<std::pair<uint64_t, StateStoreOperationId>> stale;
+  for (const auto& [op, pin] : offload_pins_)
+    if (pin.timeout_reclaimable && pin.pinned_at <= cutoff) stale.emplace_back(pin.seq, op);
+  std::sort(stale.begin(), stale.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& entry : stale) {
+    const StateStoreOperationId op = entry.second;
+    auto it = offload_pins_.find(op);
+    const OffloadPin pin = it->second;
+    offload_pins_.erase(it);
+    if (--pins_per_hash_[op.prefix_hash] == 0) pins_per_hash_.erase(op.prefix_hash);
+    ++offload_pins_reclaimed_;
+    // Source already back: only the report was lost, and the bytes are sound.
+    if (pin.source_released) continue;
+    // The reader may still be in the gather: take the units back, and never
+    // trust what that store writes.
+    release_offload_pin(pin.checkpoint_id, "checkpoint offload pin underflow");
+    if (reclaimed_set_.insert(op).second) reclaimed_order_.push_back(op);
+    while (reclaimed_order_.size() > kReclaimedMemory) {
+      reclaimed_set_.erase(reclaimed_order_.front());
+      reclaimed_order_.pop_front();
+    }
+  }
+  return static_cast<int64_t>(stale.size());
+}
+
+// ------------------------------------------------------------------ views --
+
+std::vector<int64_t> PageUnitCheckpointStore::record_ids() const {
+  std::vector<int64_t> ids;
+  ids.reserve(slot_of_.size());
+  for (const auto& kv : slot_of_) ids.push_back(kv.first);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+const CheckpointRecord* PageUnitCheckpointStore::record(int64_t checkpoint_id) const {
+  const Slot* s = find(checkpoint_id);
+  return s == nullptr ? nullptr : &s->rec;
+}
+
+std::vector<std::pair<int64_t, int64_t>> PageUnitCheckpointStore::hash_index() const {
+  std::vector<std::tuple<uint64_t, int64_t, int64_t>> order;
+  order.reserve(hash_to_checkpoint_.size());
+  for (const auto& [h, checkpoint_id] : hash_to_checkpoint_) {
+    const Slot* s = find(checkpoint_id);
+    order.emplace_back(s ? s->ready_seq : 0, h, checkpoint_id);
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.reserve(order.size());
+  for (const auto& [seq, h, checkpoint_id] : order) out.emplace_back(h, checkpoint_id);
+  return out;
+}
+
+int64_t PageUnitCheckpointStore::hash_index_get(int64_t prefix_hash) const {
+  auto it = hash_to_checkpoint_.find(prefix_hash);
+  return it == hash_to_checkpoint_.end() ? -1 : it->second;
+}
+
+int64_t PageUnitCheckpointStore::units_held() const {
+  int64_t n = 0;
+  for (const auto& kv : slot_of_) n += static_cast<int64_t>(slab_[kv.second].rec.unit_ids.size());
+  return n;
+}
+
+void PageUnitCheckpointStore::check_consistency() const {
+  int64_t evictable = 0, on_lru = 0;
+  for (const auto& [checkpoint_id, idx] : slot_of_) {
+    const Slot& s = slab_[idx];
+    check_invariant(s.id == checkpoint_id, "store: slab slot names another checkpoint");
+    check_invariant(s.rec.pin_count >= 0, "store: negative pin count");
+    const bool ready = s.rec.state == CheckpointState::kReady;
+    check_invariant(ready == s.on_lru, "store: READY and the LRU disagree");
+    on_lru += s.on_lru;
+    if (ready) {
+      check_invariant(hash_index_get(s.rec.prefix_hash) == checkpoint_id, "store: READY record not indexed");
+    }
+    if (is_evictable(s, -1)) evictable += static_cast<int64_t>(s.rec.unit_ids.size());
+    for (int64_t u : s.rec.unit_ids)
+      check_invariant(pool_->owner_of(u) == checkpoint_owner(checkpoint_id), "store: a record's unit is not its own");
+  }
+  for (const auto& [h, checkpoint_id] : hash_to_checkpoint_) {
+    const Slot* s = find(checkpoint_id);
+    check_invariant(s && s->rec.state == CheckpointState::kReady && s->rec.prefix_hash == h,
+                    "store: index names a record that is not READY under that hash");
+  }
+  int64_t walked = 0;
+  for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next) ++walked;
+  check_invariant(walked == on_lru, "store: LRU list length disagrees");
+  check_invariant(evictable == evictable_units_, "store: evictable total drifted");
+  int64_t pins = 0;
+  for (const auto& kv : pins_per_hash_) pins += kv.second;
+  check_invariant(pins == static_cast<int64_t>(offload_pins_.size()), "store: per-hash pin counts drifted");
+}
+
+}  // namespace statecache

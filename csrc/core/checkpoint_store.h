@@ -1,0 +1,195 @@
+// Content index and unit ownership for PAGE checkpoint images (SPEC.md §3).
+//
+// A checkpoint is COPYING from `begin_store` until the batch that scatters it
+// has been issued (`complete_inflight`), then READY (findable, on the LRU),
+// then EVICTING until whatever still reads or writes its units lets go. Only
+// READY images are ever found. Records live in a slab; the READY LRU is an
+// intrusive list over slab indices.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "core/block_pool.h"
+#include "core/paged_types.h"
+
+namespace statecache {
+
+class PageUnitCheckpointStore {
+ public:
+  using Clock = std::function<double()>;  // seconds, monotonic
+  using Source = std::pair<StateStoreOperationId, UnitIds>;
+
+  PageUnitCheckpointStore(std::shared_ptr<BlockPool> pool, PagedStateCheckpointSpec spec,
+                          bool offload_sink = false);
+
+  BlockPool& pool() const { return *pool_; }
+  const std::shared_ptr<BlockPool>& pool_ptr() const { return pool_; }
+  const PagedStateCheckpointSpec& spec() const { return spec_; }
+  int64_t units_per_checkpoint() const { return spec_.units_per_checkpoint(); }
+  int64_t generation() const { return generation_; }
+  int64_t evictions() const { return evictions_; }
+  int64_t offload_pins_reclaimed() const { return offload_pins_reclaimed_; }
+  int64_t offload_nominations_dropped() const { return offload_nominations_dropped_; }
+  bool offload_sink() const { return offload_sink_; }
+  void set_offload_sink(bool sink) { offload_sink_ = sink; }
+  // Where pin ages are read from; an empty clock restores the monotonic one.
+  void set_clock(Clock clock);
+
+  // ---- lookup ----
+  int64_t lookup(int64_t prefix_hash) const;  // READY checkpoint id or -1
+  bool contains(int64_t prefix_hash) const { return lookup(prefix_hash) >= 0; }
+  bool contains_or_pending(int64_t prefix_hash) const;
+
+  // ---- capacity ----
+  // Whether `count` units could be had, spending unpinned READY checkpoints
+  // other than the one filed under `protected_hash` if it came to that.
+  bool has_available_units(int64_t count, std::optional<int64_t> protected_hash = std::nullopt) const;
+  // Raises the free count to `count` by evicting; refuses an unreachable
+  // count before spending anything.
+  bool ensure_free_units(int64_t count);
+
+  // ---- store / restore ----
+  std::optional<CheckpointStoreOp> begin_store(int64_t prefix_hash, int64_t src_slot);
+  bool restore_queued_for(int64_t dst_slot) const;
+  std::optional<CheckpointRestoreOp> begin_restore(int64_t prefix_hash, int64_t dst_slot);
+  std::vector<CheckpointRestoreOp> take_restore_ops();
+  void cancel_queued_restore(int64_t dst_slot);
+  std::optional<SuspendedCheckpointRestore> suspend_queued_restore(int64_t dst_slot);
+  void resume_suspended_restore(const SuspendedCheckpointRestore& restore);
+  void release_suspended_restore(const SuspendedCheckpointRestore& restore);
+  // The batch that carried last pass's copies was issued: stores become READY,
+  // restores unpin.
+  void complete_inflight();
+  // Publishes units held by `owner` as a READY checkpoint without a copy;
+  // releases them and returns false when the hash is already held.
+  bool adopt_units(const UnitIds& unit_ids, int64_t owner, int64_t prefix_hash);
+
+  // ---- change log ----
+  // Hashes whose READY state may have changed after `generation`, or nullopt
+  // when the log cannot tell (too old, or a clear touched everything).
+  std::optional<std::vector<int64_t>> changed_since(int64_t generation) const;
+
+  // ---- removal ----
+  bool unindex(int64_t prefix_hash);
+  void clear();
+
+  // ---- offload ----
+  const std::deque<int64_t>& store_backlog() const { return offload_ready_; }
+  std::vector<Source> take_offload_stores(int64_t max_inflight);
+  std::optional<Source> acquire_checkpoint_source(int64_t prefix_hash,
+                                                  std::optional<int64_t> max_inflight = std::nullopt);
+  void release_offload_store_source(const StateStoreOperationId& op);
+  void settle_offload_store(const StateStoreOperationId& op);
+  bool has_offload_pins() const { return !offload_pins_.empty(); }
+  int64_t reclaim_stale_offload_pins(double timeout_s);
+  bool was_reclaimed(const StateStoreOperationId& op) const { return reclaimed_set_.count(op) != 0; }
+
+  // ---- views ----
+  // Live checkpoint ids in creation order.
+  std::vector<int64_t> record_ids() const;
+  const CheckpointRecord* record(int64_t checkpoint_id) const;
+  int64_t num_records() const { return static_cast<int64_t>(slot_of_.size()); }
+  // (hash, checkpoint id) of READY checkpoints, in the order they became READY.
+  std::vector<std::pair<int64_t, int64_t>> hash_index() const;
+  int64_t hash_index_size() const { return static_cast<int64_t>(hash_to_checkpoint_.size()); }
+  int64_t hash_index_get(int64_t prefix_hash) const;  // -1 when absent
+  // Units held by records (any state).
+  int64_t units_held() const;
+  void check_consistency() const;
+
+  static constexpr size_t kChangeLogLimit = 4096;
+  static constexpr size_t kReclaimedMemory = 4096;
+  static constexpr size_t kOffloadBacklogCap = 8192;
+
+ private:
+  struct Slot {
+    CheckpointRecord rec;
+    int64_t id = -1;
+    int32_t prev = -1, next = -1;  // READY LRU
+    bool on_lru = false;
+    bool store_inflight = false;  // scattered by the batch being built
+    uint64_t ready_seq = 0;
+  };
+  struct OffloadPin {
+    int64_t checkpoint_id;
+    double pinned_at;
+    bool source_released;
+    bool timeout_reclaimable;
+    uint64_t seq;
+  };
+  struct Change {
+    int64_t generation;
+    int64_t prefix_hash;
+    bool everything;
+  };
+
+  Slot* find(int64_t checkpoint_id);
+  const Slot* find(int64_t checkpoint_id) const;
+  int32_t new_slot(int64_t checkpoint_id, int64_t prefix_hash, const UnitIds& units, CheckpointState state);
+  void free_slot(int64_t checkpoint_id);
+
+  // Eligibility: the one rule for what may be spent.
+  static bool is_evictable(const Slot& s, int64_t protected_id) {
+    return s.id != protected_id && s.rec.state == CheckpointState::kReady && s.rec.pin_count == 0;
+  }
+  // Policy: which eligible checkpoint to spend first (least recently used).
+  int64_t next_victim(int64_t protected_id = -1) const;
+
+  // Every change of state or pins goes through these two, which keep the
+  // evictable-unit total in step with `is_evictable`.
+  void set_state(Slot& s, CheckpointState state);
+  void add_pins(Slot& s, int64_t delta);
+
+  void lru_push_back(int32_t idx);
+  void lru_unlink(int32_t idx);
+  void note_change(std::optional<int64_t> prefix_hash);
+  void index_ready(Slot& s);
+  void queue_offload_store(int64_t checkpoint_id);
+  Source pin_offload_source(int64_t checkpoint_id, bool timeout_reclaimable);
+  void release_offload_pin(int64_t checkpoint_id, const char* what);
+  void evict(int64_t checkpoint_id);
+  void release_record(int64_t checkpoint_id);
+  int64_t new_identity() { return next_checkpoint_id_++; }
+
+  std::shared_ptr<BlockPool> pool_;
+  PagedStateCheckpointSpec spec_;
+  bool offload_sink_;
+  Clock clock_;
+
+  std::vector<Slot> slab_;
+  std::vector<int32_t> free_slots_;
+  std::unordered_map<int64_t, int32_t> slot_of_;  // checkpoint id -> slab index
+  int32_t lru_head_ = -1, lru_tail_ = -1;
+  int64_t evictable_units_ = 0;
+  uint64_t ready_seq_ = 0;
+
+  std::unordered_map<int64_t, int64_t> hash_to_checkpoint_;
+  std::unordered_map<int64_t, int64_t> pending_by_hash_;
+  std::vector<int64_t> inflight_stores_;
+  std::vector<std::pair<int64_t, CheckpointRestoreOp>> queued_restores_;
+  std::vector<int64_t> inflight_restores_;
+  int64_t next_checkpoint_id_ = 0;
+  int64_t generation_ = 0;
+  int64_t evictions_ = 0;
+  std::deque<Change> changes_;
+
+  std::deque<int64_t> offload_ready_;
+  int64_t offload_nominations_dropped_ = 0;
+  std::unordered_map<StateStoreOperationId, OffloadPin, StateStoreOperationIdHash> offload_pins_;
+  std::unordered_map<int64_t, int64_t> pins_per_hash_;  // hash -> dispatched operations
+  int64_t offload_generation_ = 0;
+  uint64_t pin_seq_ = 0;
+  int64_t offload_pins_reclaimed_ = 0;
+  std::deque<StateStoreOperationId> reclaimed_order_;
+  std::unordered_set<StateStoreOperationId, StateStoreOperationIdHash> reclaimed_set_;
+};
+
+}  // namespace statecache
