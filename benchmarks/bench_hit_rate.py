@@ -53,6 +53,8 @@ def main(argv=None) -> int:
     p.add_argument("--policies", default="all")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-output-tokens", type=int, default=0,
+                   help="cap generated tokens per request (0: as in the trace)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", default=None, help="write all results here")
     p.add_argument("--plot", default=None, help="write the hit-rate plot here")
@@ -63,14 +65,16 @@ def main(argv=None) -> int:
     budgets = [report.parse_bytes(b) for b in args.state_memory.split(",")]
     reqs = trace.load_trace(args.trace, limit=args.limit)
     configs = [simulator.SimConfig(policy=n, geometry=args.geometry, kv_memory=kv, state_memory=s,
-                                   concurrency=args.concurrency)
+                                   concurrency=args.concurrency,
+                                   max_output_tokens=args.max_output_tokens or None)
                for s in budgets for n in names]
     t0 = time.perf_counter()
     results = simulator.sweep(reqs, configs, jobs=args.jobs, progress=sys.stderr.isatty())
     wall = time.perf_counter() - t0
     print(f"{args.trace}: {len(reqs)} requests, unbounded prefix-block ceiling "
           f"{100 * trace.ideal_block_hit_rate(reqs):.1f}%; {args.geometry}, KV "
-          f"{report.format_bytes(kv)}, concurrency {args.concurrency}; "
+          f"{report.format_bytes(kv)}, concurrency {args.concurrency}, outputs "
+          f"{'capped at %d tokens' % args.max_output_tokens if args.max_output_tokens else 'as traced'}; "
           f"{len(configs)} simulations in {wall:.0f} s ({args.jobs} jobs)\n")
     print(markdown(results))
     if args.json:

@@ -5,13 +5,9 @@ import math
 
 import pytest
 
-import engine_support
-
-engine_support.install_stand_ins()
-
-from statecache.engine import PlacementContext  # noqa: E402
-from statecache.sim import cli, policies, simulator, trace  # noqa: E402
-from statecache.sim.geometry import preset  # noqa: E402
+from statecache.engine import PlacementContext
+from statecache.sim import cli, policies, simulator, trace
+from statecache.sim.geometry import preset
 
 HBS = 512
 G = preset("hybrid-7b")
@@ -55,14 +51,16 @@ def test_multi_turn_resumes_at_the_previous_prompt_end():
     ("statecache", -1, 1024),
     # a ladder rung every 1024 tokens serves B already
     ("statecache", 1024, 2048),
+    ("statecache-flop", -1, 1024),
+    ("statecache-flop", 1024, 2048),  # its own ladder (ladder_tokens)
     ("vllm-all", -1, 2048),     # every block boundary of A
     ("sglang", -1, 2048),       # every 1024 tokens (peer_interval below)
     ("marconi", -1, 1024),      # B's branch point, read by C
     ("vllm-align", -1, 2048),   # chunk ends every 1024 tokens (max_batched_tokens below)
 ])
 def test_branch_points(policy, interval, expect):
-    r = run(BRANCH, policy, interval_tokens=interval, peer_interval_tokens=1024,
-            max_batched_tokens=1024)
+    ladder = {"interval_tokens": interval} if policy == "statecache" else {"ladder_tokens": interval}
+    r = run(BRANCH, policy, peer_interval_tokens=1024, max_batched_tokens=1024, **ladder)
     assert r["kv_hit_tokens"] == 2048  # B and C each match blocks 1, 2
     assert r["state_hit_tokens"] == expect
     assert r["kv_hit_rate"] == pytest.approx(2048 / 7168)
@@ -92,6 +90,24 @@ def test_lru_spends_the_oldest_and_marconi_the_least_useful():
     assert flop["checkpoints"]["evicted"] == 1
     roomy = run(EVICT, "statecache", slots=4)
     assert roomy["state_hit_tokens"] == 4096 and roomy["checkpoints"]["evicted"] == 0
+    # statecache-flop ranks like Marconi where it holds no ladder rungs
+    assert run(EVICT, "statecache-flop", slots=3)["state_hit_tokens"] == 4096
+
+
+def test_ladder_rungs_are_spent_first_and_gated_by_room():
+    # X (8 blocks) leaves rungs at 1024/2048/3072 and an anchor at 4096 in
+    # room for three: its anchor and Y's spend rungs, and X's anchor is read back.
+    rows = [(0, 4200, [1, 2, 3, 4, 5, 6, 7, 8, 9]), (100, 1100, [20, 21, 22]),
+            (200, 4300, [1, 2, 3, 4, 5, 6, 7, 8, 50])]
+    r = run(rows, "statecache-flop", slots=3, ladder_tokens=1024, max_batched_tokens=256)
+    assert r["funnel"]["checkpoints_requested_ladder"] == 3
+    assert r["checkpoints"]["evicted"] == 2
+    assert r["state_hit_tokens"] == 4096
+    # fewer spare slots than two passes could pop (2 x concurrency): no rungs at all
+    tight = run(rows, "statecache-flop", slots=2, ladder_tokens=1024, max_batched_tokens=256,
+                concurrency=4)
+    assert tight["funnel"].get("checkpoints_requested_ladder", 0) == 0
+    assert tight["state_hit_tokens"] == 4096
 
 
 def test_guesses_are_spent_before_anchors(monkeypatch):

@@ -10,8 +10,9 @@ from . import report
 from .geometry import DEFAULT_PRESET, PRESETS
 from .policies import POLICIES
 
-DEFAULT_STATE_MEMORY = "2GiB,4GiB,8GiB,16GiB,32GiB"
+DEFAULT_STATE_MEMORY = "2GiB,8GiB,32GiB"
 DEFAULT_KV_MEMORY = "256GiB"
+DEFAULT_MAX_OUTPUT = 32
 
 
 def _byte_list(text: str) -> list[int]:
@@ -50,7 +51,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per pass")
     p.add_argument("--interval", type=int, default=-1,
                    help="statecache's ladder: -1 anchor and demand only, N a rung every N tokens")
+    p.add_argument("--ladder", type=int, default=8192,
+                   help="statecache-flop's ladder interval in tokens (-1: none)")
     p.add_argument("--peer-interval", type=int, default=4096, help="SGLang's every-N tokens")
+    p.add_argument("--max-output-tokens", type=int, default=DEFAULT_MAX_OUTPUT,
+                   help="cap each request's generated tokens (0: as in the trace); decode only "
+                        f"moves the clock and holds a slot, so the cap trades little accuracy "
+                        f"for speed (default {DEFAULT_MAX_OUTPUT})")
     p.add_argument("--arrivals", choices=("trace", "asap"), default="trace")
     p.add_argument("--limit", type=int, default=None, help="first N requests only")
     p.add_argument("--plot", default="statecache_sim.png", help="PNG path ('' for none)")
@@ -70,7 +77,8 @@ def configs_from_args(args) -> list:
         raise SystemExit("statecache simulate: --memory excludes --state-memory and --kv-memory")
     common = dict(geometry=args.geometry, concurrency=args.concurrency,
                   max_batched_tokens=args.max_batched_tokens, interval_tokens=args.interval,
-                  peer_interval_tokens=args.peer_interval, arrivals=args.arrivals)
+                  peer_interval_tokens=args.peer_interval, ladder_tokens=args.ladder,
+                  arrivals=args.arrivals, max_output_tokens=args.max_output_tokens or None)
     out = []
     if args.memory is not None:
         for m in args.memory:
@@ -126,7 +134,10 @@ def run(args) -> int:
               f"{100 * results[0]['ideal_block_hit_rate']:.1f}%; geometry {g.name} "
               f"({report.format_bytes(g.state_bytes)} state, {g.kv_bytes_per_token} B KV/token); "
               + ("shared memory (KV + PAGE images)" if shared else
-                 f"KV {report.format_bytes(results[0]['config']['kv_memory'])}"))
+                 f"KV {report.format_bytes(results[0]['config']['kv_memory'])}")
+              + f"; concurrency {args.concurrency}"
+              + (f"; outputs capped at {args.max_output_tokens} tokens" if args.max_output_tokens
+                 else ""))
         for name in dict.fromkeys(r["policy"] for r in results):
             print(f"\n[{name}] {POLICIES[name].description}")
             print(report.table([r for r in results if r["policy"] == name]))

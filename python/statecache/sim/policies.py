@@ -20,11 +20,12 @@ counterpart's checkpoint would serve in this trace.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from statecache.engine.placement import (
     ANCHOR,
+    LADDER,
     AnchorLadderDemand,
     Boundary,
     EvictionPolicy,
@@ -162,6 +163,30 @@ class BranchPointsAndEnd(PlacementPolicy):
         return out
 
 
+class WithLadder(AnchorLadderDemand):
+    """statecache's placement with its own ladder interval, whatever the
+    engine's ``checkpoint_interval_tokens`` says. With a ``gate`` (an object
+    with a ``room_for_guesses`` flag), rungs are placed only while the state
+    cache has room to spend on guesses; anchors and demand rungs always."""
+
+    name = "anchor-ladder-demand"
+
+    def __init__(self, interval_tokens: int, gate=None) -> None:
+        if isinstance(interval_tokens, bool) or not isinstance(interval_tokens, int) \
+                or interval_tokens < -1:
+            raise ValueError(f"interval_tokens must be an int >= -1, got {interval_tokens!r}")
+        self.interval_tokens = interval_tokens
+        self.gate = gate
+
+    def prompt_boundaries(self, ctx: PlacementContext) -> list[Boundary]:
+        if ctx.interval_tokens == 0:  # prefix caching off
+            return []
+        n = self.interval_tokens
+        if self.gate is not None and not self.gate.room_for_guesses:
+            n = -1
+        return super().prompt_boundaries(replace(ctx, interval_tokens=n))
+
+
 class FlopAwareEviction(PlainLRU):
     """Marconi's eviction: spend the checkpoint with the lowest
     ``recency + alpha * flop_efficiency``, both min-max normalised over the
@@ -178,19 +203,26 @@ class FlopAwareEviction(PlainLRU):
     because KV blocks are budgeted and evicted separately here. Needs a
     fork-mode slot pool (separate state budget); with PAGE images it keeps
     the store's LRU.
+
+    ``demote``: boundary kinds spent before every other checkpoint until one
+    is read (statecache files its ladder rungs so; Marconi demotes nothing).
     """
 
     name = "flop-aware"
 
-    def __init__(self, geometry, alpha: float = 1.0, hash_block_size: int = 512) -> None:
+    def __init__(self, geometry, alpha: float = 1.0, demote: frozenset = frozenset()) -> None:
         self.geometry = geometry
         self.alpha = float(alpha)
-        self.hbs = hash_block_size
+        self.demote = frozenset(demote)
+        self.demoted: set[int] = set()
         self.clock = 0
         self.last_use: dict[int, int] = {}      # prefix hash -> clock of last write or read
         self.efficiency: dict[int, float] = {}  # prefix hash -> FLOPs saved per byte
         self.reorders = 0
         self._filed = -1  # len(held) at the last reorder; -1: something changed since
+        # Whether a guess written now would only displace other guesses or
+        # vacant slots: vacant + demoted-held covers one pass of pops.
+        self.room_for_guesses = True
 
     def _note(self, h: int, position: int | None) -> None:
         self._filed = -1
@@ -203,9 +235,14 @@ class FlopAwareEviction(PlainLRU):
         super().on_checkpoint(caches, seq, boundary)
         h = seq.block_hashes[boundary.position // caches.hash_block_size - 1]
         self._note(h, boundary.position)
+        if boundary.kind in self.demote:
+            self.demoted.add(h)
+        else:
+            self.demoted.discard(h)
 
     def on_resume(self, caches, seq, prefix_hash: int) -> None:
         self._note(prefix_hash, seq.num_computed_tokens)
+        self.demoted.discard(prefix_hash)
 
     def before_admission(self, engine) -> None:
         self.clock += 1
@@ -219,10 +256,14 @@ class FlopAwareEviction(PlainLRU):
             for h in [h for h in self.last_use if h not in held]:
                 del self.last_use[h]
                 self.efficiency.pop(h, None)
+                self.demoted.discard(h)
+        vacant = pool.occupancy()["slots_vacant"]
+        self.demoted = {h for h in self.demoted if h in held}
+        self.room_for_guesses = vacant + len(self.demoted) >= 2 * engine.config.max_num_seqs
         # The order only changes when a checkpoint was written, read or lost.
         if self._filed == len(held) or not held:
             return
-        if pool.occupancy()["slots_vacant"] >= 2 * engine.config.max_num_seqs:
+        if vacant >= 2 * engine.config.max_num_seqs:
             return
         items = [(h, s) for h, s in held.items()]
         rec = [self.last_use.get(h, 0) for h, _ in items]
@@ -230,8 +271,8 @@ class FlopAwareEviction(PlainLRU):
         r_lo, r_hi = min(rec), max(rec)
         e_lo, e_hi = min(eff), max(eff)
         r_span, e_span = (r_hi - r_lo) or 1, (e_hi - e_lo) or 1.0
-        score = [((r - r_lo) / r_span) + self.alpha * ((e - e_lo) / e_span)
-                 for r, e in zip(rec, eff)]
+        score = [(h not in self.demoted, ((r - r_lo) / r_span) + self.alpha * ((e - e_lo) / e_span))
+                 for (h, _), r, e in zip(items, rec, eff)]
         for k in sorted(range(len(items)), key=score.__getitem__):
             slot = items[k][1]
             pool.mark_speculative(slot)
@@ -257,6 +298,12 @@ class PolicyContext:
     hash_block_size: int
     chunk_tokens: int
     interval_tokens: int
+    ladder_tokens: int = 8192
+
+
+def _statecache_flop(c: PolicyContext) -> tuple[PlacementPolicy, EvictionPolicy]:
+    eviction = FlopAwareEviction(c.geometry, demote={LADDER})
+    return WithLadder(c.ladder_tokens, gate=eviction), eviction
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -273,8 +320,11 @@ POLICIES: dict[str, PolicySpec] = {
                    lambda c: (EveryNTokens(c.interval_tokens), PlainLRU())),
         PolicySpec("marconi",
                    "Marconi: branch points and the end; recency + FLOPs saved per byte",
-                   lambda c: (BranchPointsAndEnd(),
-                              FlopAwareEviction(c.geometry, hash_block_size=c.hash_block_size))),
+                   lambda c: (BranchPointsAndEnd(), FlopAwareEviction(c.geometry))),
+        PolicySpec("statecache-flop",
+                   "statecache placement with a ladder; ladder rungs spent first, then "
+                   "recency + FLOPs saved per byte",
+                   _statecache_flop),
     )
 }
 
@@ -287,5 +337,5 @@ def policy(name: str) -> PolicySpec:
 
 
 __all__ = ["POLICIES", "PolicyContext", "PolicySpec", "policy", "EveryBlock", "ChunkEnds",
-           "EveryNTokens", "BranchPointsAndEnd", "FlopAwareEviction", "AnchorLadderDemand",
+           "EveryNTokens", "BranchPointsAndEnd", "FlopAwareEviction", "WithLadder", "AnchorLadderDemand",
            "GuessFirstLRU", "PlainLRU"]

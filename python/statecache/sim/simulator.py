@@ -62,6 +62,7 @@ class SimConfig:
     hash_block_size: int = 512
     interval_tokens: int = -1
     peer_interval_tokens: int = 4096
+    ladder_tokens: int = 8192
     fork_tokens: int = 1
     arrivals: str = "trace"
     max_output_tokens: int | None = None
@@ -85,9 +86,10 @@ class SimConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(self.interval_tokens, bool) or not isinstance(self.interval_tokens, int) \
-                or self.interval_tokens < -1:
-            raise ValueError(f"interval_tokens must be an int >= -1, got {self.interval_tokens!r}")
+        for name in ("interval_tokens", "ladder_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                raise ValueError(f"{name} must be an int >= -1, got {value!r}")
         if self.max_output_tokens is not None and (
                 isinstance(self.max_output_tokens, bool) or not isinstance(self.max_output_tokens, int)
                 or self.max_output_tokens <= 0):
@@ -234,7 +236,7 @@ def build_engine(cfg: SimConfig, g: ModelGeometry | None = None) -> tuple[Engine
         caches = StateCaches.build(statecache.StateTransfer.fork(cfg.fork_tokens), sizes.num_slots,
                                    hbs)
     ctx = PolicyContext(geometry=g, hash_block_size=hbs, chunk_tokens=cfg.max_batched_tokens,
-                        interval_tokens=cfg.peer_interval_tokens)
+                        interval_tokens=cfg.peer_interval_tokens, ladder_tokens=cfg.ladder_tokens)
     placement, eviction = policy_spec(cfg.policy).build(ctx)
     econf = EngineConfig(hash_block_size=hbs, max_num_seqs=cfg.concurrency,
                          max_num_batched_tokens=cfg.max_batched_tokens,
