@@ -201,3 +201,15 @@ def test_cli_prints_tables_writes_plot_and_json(tmp_path, capsys):
     assert {d["state_memory"] for d in data} == {30 * 10**6, 200 * 10**6}
     big = [d for d in data if d["policy"] == "vllm-all" and d["state_memory"] == 200 * 10**6][0]
     assert big["state_hit_tokens"] == 2048
+
+
+def test_attention_free_geometry():
+    rows = [(0, 1100, [1, 2, 3]), (100, 1600, [1, 2, 4, 5])]
+    g = preset("mamba-codestral-7b")
+    cfg = simulator.SimConfig(geometry=g.name, kv_memory=0, state_memory=4 * g.state_bytes,
+                              concurrency=1)
+    r = simulator.simulate(reqs(*rows), cfg).to_dict()
+    assert hit(r) == (1024, 1024)  # no KV bytes, yet the index still names prefixes
+    with pytest.raises(ValueError, match="no KV blocks"):
+        simulator.simulate(reqs(*rows), simulator.SimConfig(
+            geometry=g.name, memory=2**34, kv_memory=None, state_memory=None))

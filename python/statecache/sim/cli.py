@@ -51,7 +51,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per pass")
     p.add_argument("--interval", type=int, default=-1,
                    help="statecache's ladder: -1 anchor and demand only, N a rung every N tokens")
-    p.add_argument("--ladder", type=int, default=8192,
+    p.add_argument("--ladder", type=int, default=16384,
                    help="statecache-flop's ladder interval in tokens (-1: none)")
     p.add_argument("--peer-interval", type=int, default=4096, help="SGLang's every-N tokens")
     p.add_argument("--max-output-tokens", type=int, default=DEFAULT_MAX_OUTPUT,

@@ -14,7 +14,17 @@ have no ids, so a follow-up turn shares the previous *prompt's* full blocks
 and no more), which makes "the end of the request" resumable only at the
 prompt's last full block. A policy that checkpoints "at finish" or "at the
 last decoded token" is therefore given that position, the one its real
-counterpart's checkpoint would serve in this trace.
+counterpart's checkpoint would serve in this trace. Decode-time positions
+(vLLM ``all``, SGLang) are named through ``decode_boundary`` but cost
+nothing here: fork checkpoints are prompt-only and the engine does not ask
+for decode boundaries; generated text is never shared in a trace anyway.
+
+Peers mark every position but the prompt end as a guess and pair it with
+``PlainLRU``, which files guesses like anything else: pure recency, as
+their systems do. ``statecache`` is the library's default pair (the
+engine's ``AnchorLadderDemand`` + ``GuessFirstLRU``, ladder from the engine
+config, off by default); ``statecache-flop`` is the candidate default this
+simulator measured best (see ``FlopAwareEviction`` and ``WithLadder``).
 """
 
 from __future__ import annotations
@@ -44,6 +54,23 @@ BRANCH = "branch"
 
 def _anchor(ctx: PlacementContext) -> int:
     return prompt_end_anchor(ctx.num_prompt_tokens, ctx.successor_room, ctx.hash_block_size)
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _rungs_then_anchor(ctx: PlacementContext, first: int, step: int, kind: str) -> list[Boundary]:
+    """Guesses at ``first, first + step, ...`` below the prompt-end position, then it."""
+    if math.isinf(ctx.successor_room):
+        return []
+    end = _anchor(ctx)
+    out = [Boundary(p, kind, True) for p in range(first, end, step)]
+    if end > 0:
+        out.append(Boundary(end, ANCHOR, False))
+    return out
 
 
 def _grid(step: int, hbs: int) -> int:
@@ -88,19 +115,11 @@ class ChunkEnds(PlacementPolicy):
     name = "chunk-ends"
 
     def __init__(self, chunk_tokens: int) -> None:
-        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
-            raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
-        self.chunk_tokens = chunk_tokens
+        self.chunk_tokens = _positive("chunk_tokens", chunk_tokens)
 
     def prompt_boundaries(self, ctx: PlacementContext) -> list[Boundary]:
-        if math.isinf(ctx.successor_room):
-            return []
         step = _grid(self.chunk_tokens, ctx.hash_block_size)
-        end = _anchor(ctx)
-        out = [Boundary(p, CHUNK, True) for p in range(ctx.resume_position + step, end, step)]
-        if end > 0:
-            out.append(Boundary(end, ANCHOR, False))
-        return out
+        return _rungs_then_anchor(ctx, ctx.resume_position + step, step, CHUNK)
 
 
 class EveryNTokens(PlacementPolicy):
@@ -116,20 +135,11 @@ class EveryNTokens(PlacementPolicy):
     name = "every-n"
 
     def __init__(self, interval_tokens: int) -> None:
-        if isinstance(interval_tokens, bool) or not isinstance(interval_tokens, int) \
-                or interval_tokens <= 0:
-            raise ValueError(f"interval_tokens must be a positive int, got {interval_tokens!r}")
-        self.interval_tokens = interval_tokens
+        self.interval_tokens = _positive("interval_tokens", interval_tokens)
 
     def prompt_boundaries(self, ctx: PlacementContext) -> list[Boundary]:
-        if math.isinf(ctx.successor_room):
-            return []
         step = _grid(self.interval_tokens, ctx.hash_block_size)
-        end = _anchor(ctx)
-        out = [Boundary(p, INTERVAL, True) for p in range(step, end, step)]
-        if end > 0:
-            out.append(Boundary(end, ANCHOR, False))
-        return out
+        return _rungs_then_anchor(ctx, step, step, INTERVAL)
 
     def decode_boundary(self, ctx: PlacementContext, position: int) -> Boundary | None:
         step = _grid(self.interval_tokens, ctx.hash_block_size)
@@ -298,7 +308,7 @@ class PolicyContext:
     hash_block_size: int
     chunk_tokens: int
     interval_tokens: int
-    ladder_tokens: int = 8192
+    ladder_tokens: int = 16384
 
 
 def _statecache_flop(c: PolicyContext) -> tuple[PlacementPolicy, EvictionPolicy]:

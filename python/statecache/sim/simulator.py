@@ -62,7 +62,7 @@ class SimConfig:
     hash_block_size: int = 512
     interval_tokens: int = -1
     peer_interval_tokens: int = 4096
-    ladder_tokens: int = 8192
+    ladder_tokens: int = 16384
     fork_tokens: int = 1
     arrivals: str = "trace"
     max_output_tokens: int | None = None
@@ -146,12 +146,12 @@ def _sizes(cfg: SimConfig, g: ModelGeometry) -> _Sizes:
     block_bytes = hbs * g.kv_bytes_per_token
     live = cfg.concurrency
     if cfg.shared:
-        unit = block_bytes or g.state_bytes  # attention-free: a unit is one image
-        units = max(1, -(-g.state_bytes // unit))
-        blocks = cfg.memory // unit
         if not block_bytes:
-            blocks = max(blocks, 1) + _UNBOUNDED_BLOCKS
-        return _Sizes(unit, blocks, live, units, cfg.memory // (units * unit))
+            raise ValueError(f"geometry {g.name} has no KV blocks to share memory with: give "
+                             "kv_memory and state_memory instead of memory")
+        units = -(-g.state_bytes // block_bytes)
+        return _Sizes(block_bytes, cfg.memory // block_bytes, live, units,
+                      cfg.memory // (units * block_bytes))
     blocks = cfg.kv_memory // block_bytes if block_bytes else _UNBOUNDED_BLOCKS
     capacity = cfg.state_memory // g.state_bytes
     return _Sizes(block_bytes, blocks, live + capacity, 0, capacity)
@@ -259,7 +259,9 @@ def simulate(trace: Sequence[TraceRequest], cfg: SimConfig, progress=None) -> Si
     g = preset(cfg.geometry)
     engine, sizes, runner = build_engine(cfg, g)
     hbs = cfg.hash_block_size
-    longest = max((-(-(r.input_length + max(1, r.output_length)) // hbs) for r in trace), default=0)
+    cap = cfg.max_output_tokens or 1 << 62
+    longest = max((-(-(r.input_length + max(1, min(cap, r.output_length))) // hbs) for r in trace),
+                  default=0)
     if longest > sizes.num_blocks - cfg.concurrency:
         raise ValueError(
             f"kv memory holds {sizes.num_blocks} blocks of {hbs} tokens; the longest request needs "
