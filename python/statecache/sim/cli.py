@@ -63,7 +63,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--plot", default="statecache_sim.png", help="PNG path ('' for none)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="results as JSON, to PATH or stdout")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="simulations run in parallel processes")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
