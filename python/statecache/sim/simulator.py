@@ -279,7 +279,7 @@ def simulate(trace: Sequence[TraceRequest], cfg: SimConfig, progress=None) -> Si
                 asap or pending[0].timestamp_ms / 1e3 <= runner.now_s):
             r = pending.popleft()
             out = r.output_tokens().tolist()[:cfg.max_output_tokens] or [0]
-            engine.add_request(Request(r.prompt_tokens(hbs).tolist(), len(out), request_id=r.index,
+            engine.add_request(Request(r.prompt_tokens().tolist(), len(out), request_id=r.index,
                                        scripted_output=out, arrival=r.timestamp_ms))
         if not engine.has_unfinished():
             continue
