@@ -158,7 +158,11 @@ void bind_int_list(py::module_& m) {
       .def("__len__", [](const IntListView& s) { return s.v().size(); })
       .def("__getitem__", [](const IntListView& s, int64_t i) { return s.v()[s.norm(i)]; })
       .def("__getitem__",
-           [](const IntListView& s, py::slice sl) { return to_list(s.v())[sl]; })
+           [](const IntListView& s, py::slice sl) {
+             // Materialize before returning: an accessor into a temporary list dangles.
+             py::list all = to_list(s.v());
+             return py::object(all[sl]);
+           })
       .def("__setitem__",
            [](IntListView& s, int64_t i, py::handle x) { s.v()[s.norm(i)] = as_int(x, "value"); })
       .def("__iter__", [](const IntListView& s) { return py::iter(to_list(s.v())); })

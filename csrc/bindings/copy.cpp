@@ -1,7 +1,226 @@
+// Span planner, CPU span runner and (when built) the GPU copy engine.
+#include <pybind11/stl.h>
+
+#include <string>
+#include <type_traits>
+
 #include "bindings/bindings.h"
+#include "bindings/convert.h"
+#include "core/paged_types.h"
+#include "core/span_planner.h"
+#ifdef STATECACHE_WITH_GPU
+#include "kernels/copy_kernels.h"
+#endif
 
 namespace statecache::bindings {
 
-void bind_copy(pybind11::module_& m) { (void)m; }
+namespace {
+
+std::vector<Segment> as_segments(py::handle obj, const char* name) {
+  std::vector<int64_t> flat = as_int_list(obj, name);
+  if (flat.size() % 3 != 0)
+    throw py::value_error(std::string(name) + " must hold (base, stride, bytes) triples, got " +
+                          std::to_string(flat.size()) + " ints");
+  std::vector<Segment> out;
+  for (size_t i = 0; i < flat.size(); i += 3) {
+    if (flat[i] < 0 || flat[i + 1] < 0)
+      throw py::value_error(std::string(name) + "[" + std::to_string(i / 3) +
+                            "]: base and stride must be >= 0");
+    out.push_back({static_cast<uint64_t>(flat[i]), flat[i + 1], flat[i + 2]});
+  }
+  return out;
+}
+
+std::string item_name(const char* kind, size_t i) {
+  return std::string(kind) + "[" + std::to_string(i) + "]";
+}
+
+std::vector<SlotCopyOp> as_pairs(py::handle obj, const char* kind) {
+  std::vector<SlotCopyOp> out;
+  if (obj.is_none()) return out;
+  size_t i = 0;
+  for (py::handle pair : py::iter(obj)) {
+    std::string name = item_name(kind, i++);
+    std::vector<int64_t> v = as_int_list(pair, name.c_str());
+    if (v.size() != 2)
+      throw py::value_error(name + " must be a (src, dst) pair, got " + py_repr(pair));
+    out.push_back({v[0], v[1]});
+  }
+  return out;
+}
+
+// statecache's own op types are read in C++; anything else with the same
+// attributes (a reference dataclass, a test stand-in) through Python.
+template <typename Op>
+bool read_bound(py::handle op, PagedCopyOp& p) {
+  if (!py::isinstance<Op>(op)) return false;
+  const Op& o = op.cast<const Op&>();
+  if constexpr (std::is_same_v<Op, CheckpointStoreOp>)
+    p.slot = o.src_slot;
+  else
+    p.slot = o.dst_slot;
+  p.unit_ids.assign(o.unit_ids.begin(), o.unit_ids.end());
+  p.total_bytes = o.total_bytes;
+  p.layout_id = o.layout_id;
+  return true;
+}
+
+template <typename Op>
+std::vector<PagedCopyOp> as_paged(py::handle obj, const char* kind, const char* slot_attr) {
+  std::vector<PagedCopyOp> out;
+  if (obj.is_none()) return out;
+  size_t i = 0;
+  for (py::handle op : py::iter(obj)) {
+    std::string name = item_name(kind, i++);
+    PagedCopyOp p;
+    if (read_bound<Op>(op, p)) {
+      out.push_back(std::move(p));
+      continue;
+    }
+    std::string field = name + "." + slot_attr;
+    p.slot = as_int(op.attr(slot_attr), field.c_str());
+    field = name + ".unit_ids";
+    p.unit_ids = as_int_list(op.attr("unit_ids"), field.c_str());
+    field = name + ".total_bytes";
+    p.total_bytes = as_int(op.attr("total_bytes"), field.c_str());
+    py::object layout = op.attr("layout_id");
+    field = name + ".layout_id";
+    if (!PyUnicode_Check(layout.ptr())) raise_type(field.c_str(), "a str", layout);
+    p.layout_id = layout.cast<std::string>();
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+MaintenanceBatch as_batch(py::handle relocations, py::handle copies, py::handle stores,
+                          py::handle restores) {
+  MaintenanceBatch b;
+  b.relocations = as_pairs(relocations, "relocations");
+  b.copies = as_pairs(copies, "copies");
+  b.stores = as_paged<CheckpointStoreOp>(stores, "stores", "src_slot");
+  b.restores = as_paged<CheckpointRestoreOp>(restores, "restores", "dst_slot");
+  return b;
+}
+
+}  // namespace
+
+void bind_copy(py::module_& m) {
+#ifdef STATECACHE_WITH_GPU
+  m.attr("has_gpu_kernels") = true;
+#else
+  m.attr("has_gpu_kernels") = false;
+#endif
+
+  py::class_<CopyPlan>(m, "CopyPlan", "The flat (src, dst, bytes) spans of one validated batch.")
+      .def_property_readonly("num_spans", [](const CopyPlan& p) { return p.spans.size(); })
+      .def_property_readonly("bytes", [](const CopyPlan& p) { return p.bytes; })
+      .def("spans",
+           [](const CopyPlan& p) {
+             py::list out;
+             for (const CopySpan& s : p.spans) out.append(py::make_tuple(s.src, s.dst, s.bytes));
+             return out;
+           })
+      .def(
+          "run_on_cpu",
+          [](const CopyPlan& p) {
+            py::gil_scoped_release release;
+            run_spans_on_cpu(p);
+          },
+          "memcpy every span (host memory only).");
+
+  py::class_<SpanPlanner>(m, "SpanPlanner", R"doc(
+Plans batches of state maintenance ops over one layout.
+
+Segment tables are flat ``[base, stride, bytes, ...]`` int lists: item i of a
+segment (a slot or a page unit) sits at ``base + i * stride``. The intersection
+of the image with the unit stream is computed once here; ``plan`` validates a
+whole batch (raising ValueError naming the first bad op) and only adds bases.)doc")
+      .def(py::init([](py::handle image, py::handle slot, py::handle unit, py::handle num_slots,
+                       py::handle num_units, py::handle layout_id) {
+             if (!PyUnicode_Check(layout_id.ptr())) raise_type("layout_id", "a str", layout_id);
+             return std::make_unique<SpanPlanner>(
+                 as_segments(image, "image_segments"), as_segments(slot, "slot_segments"),
+                 as_segments(unit, "unit_segments"), as_int(num_slots, "num_slots"),
+                 as_int(num_units, "num_units"), layout_id.cast<std::string>());
+           }),
+           py::arg("image_segments"), py::arg("slot_segments"), py::arg("unit_segments"),
+           py::arg("num_slots"), py::arg("num_units"), py::arg("layout_id"))
+      .def_property_readonly("num_slots", &SpanPlanner::num_slots)
+      .def_property_readonly("num_units", &SpanPlanner::num_units)
+      .def_property_readonly("image_bytes", &SpanPlanner::image_bytes)
+      .def_property_readonly("slot_bytes", &SpanPlanner::slot_bytes)
+      .def_property_readonly("unit_bytes", &SpanPlanner::unit_bytes)
+      .def_property_readonly("units_per_image", &SpanPlanner::units_per_image)
+      .def_property_readonly("layout_id", &SpanPlanner::layout_id)
+      .def_property_readonly("spans_per_paged_op", &SpanPlanner::spans_per_paged_op)
+      .def_property_readonly("spans_per_slot_copy", &SpanPlanner::spans_per_slot_copy)
+      .def(
+          "plan",
+          [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores,
+             py::handle restores) { return p.plan(as_batch(relocations, copies, stores, restores)); },
+          py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(),
+          py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple())
+      .def(
+          "validate",
+          [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores,
+             py::handle restores) { p.validate(as_batch(relocations, copies, stores, restores)); },
+          py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(),
+          py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple());
+
+#ifdef STATECACHE_WITH_GPU
+  py::class_<GpuCopyEngine>(m, "GpuCopyEngine", R"doc(
+Pinned descriptor staging plus the one-launch copy kernel for one device.
+
+``stage(plan)`` fills the next staging buffer (waiting until the device has
+read its previous contents); ``launch(stream)`` enqueues the descriptor copy
+and the kernel on a raw stream handle; both may be captured in a graph, whose
+replays read the staging again: stage, replay, then ``record_consumed``.)doc")
+      .def(py::init([](py::handle device, py::handle capacity, py::handle buffers) {
+             int64_t cap = as_int(capacity, "capacity_spans");
+             if (cap < 1) throw py::value_error("capacity_spans=" + std::to_string(cap) + " must be >= 1");
+             return std::make_unique<GpuCopyEngine>(static_cast<int>(as_nonneg_int(device, "device")),
+                                                    static_cast<size_t>(cap),
+                                                    static_cast<int>(as_int(buffers, "buffers")));
+           }),
+           py::arg("device"), py::arg("capacity_spans"), py::arg("buffers") = 2)
+      .def(
+          "submit",
+          [](GpuCopyEngine& e, const CopyPlan& plan, py::handle stream) {
+            uintptr_t s = static_cast<uintptr_t>(as_nonneg_int(stream, "stream"));
+            {
+              py::gil_scoped_release release;
+              e.stage(plan);
+            }
+            e.launch(s);
+          },
+          py::arg("plan"), py::arg("stream"))
+      .def(
+          "stage",
+          [](GpuCopyEngine& e, const CopyPlan& plan) {
+            py::gil_scoped_release release;
+            e.stage(plan);
+          },
+          py::arg("plan"))
+      .def(
+          "launch",
+          [](GpuCopyEngine& e, py::handle stream, py::handle min_transfer, py::handle copy_descriptors) {
+            e.launch(static_cast<uintptr_t>(as_nonneg_int(stream, "stream")),
+                     static_cast<size_t>(as_nonneg_int(min_transfer, "min_transfer")),
+                     as_bool(copy_descriptors, "copy_descriptors"));
+          },
+          py::arg("stream"), py::arg("min_transfer") = 0, py::arg("copy_descriptors") = true)
+      .def(
+          "record_consumed",
+          [](GpuCopyEngine& e, py::handle stream) {
+            e.record_consumed(static_cast<uintptr_t>(as_nonneg_int(stream, "stream")));
+          },
+          py::arg("stream"))
+      .def_property_readonly("device", &GpuCopyEngine::device)
+      .def_property_readonly("num_sms", &GpuCopyEngine::num_sms)
+      .def_property_readonly("grid_blocks", &GpuCopyEngine::grid_blocks)
+      .def_property_readonly("capacity_spans", &GpuCopyEngine::capacity_spans)
+      .def_property_readonly_static("chunk_bytes", [](py::handle) { return GpuCopyEngine::chunk_bytes(); });
+#endif
+}
 
 }  // namespace statecache::bindings

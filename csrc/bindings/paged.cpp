@@ -350,6 +350,42 @@ py::object changed_since_py(const Store& s, py::handle generation) {
 
 namespace {
 
+// ---- hot methods (fastcall) ----
+
+PyObject* store_lookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return fast_call([&] {
+    auto a = fast_args<1>("lookup", {"prefix_hash"}, 1, args, nargs, kwnames);
+    const Store& s = fast_self<Store>(self);
+    return py::reinterpret_steal<py::object>(PyLong_FromLongLong(s.lookup(as_int(a[0], "prefix_hash"))));
+  });
+}
+
+PyObject* store_contains_or_pending(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return fast_call([&] {
+    auto a = fast_args<1>("contains_or_pending", {"prefix_hash"}, 1, args, nargs, kwnames);
+    const Store& s = fast_self<Store>(self);
+    return py::reinterpret_steal<py::object>(PyBool_FromLong(s.contains_or_pending(as_int(a[0], "prefix_hash"))));
+  });
+}
+
+PyObject* store_begin_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return fast_call([&]() -> py::object {
+    auto a = fast_args<2>("begin_store", {"prefix_hash", "src_slot"}, 2, args, nargs, kwnames);
+    Store& s = fast_self<Store>(self);
+    auto op = s.begin_store(as_int(a[0], "prefix_hash"), as_int(a[1], "src_slot"));
+    return op ? py::cast(std::move(*op)) : py::none();
+  });
+}
+
+PyObject* store_begin_restore(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return fast_call([&]() -> py::object {
+    auto a = fast_args<2>("begin_restore", {"prefix_hash", "dst_slot"}, 2, args, nargs, kwnames);
+    Store& s = fast_self<Store>(self);
+    auto op = s.begin_restore(as_int(a[0], "prefix_hash"), as_int(a[1], "dst_slot"));
+    return op ? py::cast(std::move(*op)) : py::none();
+  });
+}
+
 std::shared_ptr<PyBlockPool> py_pool(const Store& s) { return std::dynamic_pointer_cast<PyBlockPool>(s.pool_ptr()); }
 
 void bind_store(py::module_& m) {
@@ -377,25 +413,6 @@ nominated to a tier (``offload_sink``), handed out pinned by
       .def_property_readonly("records", [](const std::shared_ptr<Store>& s) { return RecordsView{s}; })
       .def_property_readonly("hash_to_checkpoint", [](const std::shared_ptr<Store>& s) { return HashIndexView{s}; })
       .def_property_readonly("store_backlog", [](const std::shared_ptr<Store>& s) { return BacklogView{s}; })
-      .def("lookup", [](const Store& s, py::handle h) { return s.lookup(as_int(h, "prefix_hash")); },
-           py::arg("prefix_hash"))
-      .def("contains_or_pending",
-           [](const Store& s, py::handle h) { return s.contains_or_pending(as_int(h, "prefix_hash")); },
-           py::arg("prefix_hash"))
-      .def(
-          "begin_store",
-          [](Store& s, py::handle h, py::handle slot) -> py::object {
-            auto op = s.begin_store(as_int(h, "prefix_hash"), as_int(slot, "src_slot"));
-            return op ? py::cast(std::move(*op)) : py::none();
-          },
-          py::arg("prefix_hash"), py::arg("src_slot"))
-      .def(
-          "begin_restore",
-          [](Store& s, py::handle h, py::handle slot) -> py::object {
-            auto op = s.begin_restore(as_int(h, "prefix_hash"), as_int(slot, "dst_slot"));
-            return op ? py::cast(std::move(*op)) : py::none();
-          },
-          py::arg("prefix_hash"), py::arg("dst_slot"))
       .def("take_restore_ops", [](Store& s) { return py::tuple(py::cast(s.take_restore_ops())); })
       .def("cancel_queued_restore",
            [](Store& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"))
@@ -430,6 +447,18 @@ nominated to a tier (``offload_sink``), handed out pinned by
       .def("check_consistency", &Store::check_consistency,
            "Raises AssertionError when an internal invariant is broken (for tests).");
   def_store_methods(cls, [](Store& s) -> Store& { return s; });
+  static PyMethodDef fast[] = {
+      STATECACHE_FAST_METHOD("lookup", &store_lookup, "lookup(prefix_hash)\n--\n\nThe READY checkpoint id filed under the hash, or -1."),
+      STATECACHE_FAST_METHOD("contains_or_pending", &store_contains_or_pending,
+                             "contains_or_pending(prefix_hash)\n--\n\nREADY, or a store of it is on its way."),
+      STATECACHE_FAST_METHOD("begin_store", &store_begin_store,
+                             "begin_store(prefix_hash, src_slot)\n--\n\n"
+                             "A CheckpointStoreOp filing a COPYING image (evicting if needed), or None."),
+      STATECACHE_FAST_METHOD("begin_restore", &store_begin_restore,
+                             "begin_restore(prefix_hash, dst_slot)\n--\n\n"
+                             "A CheckpointRestoreOp reading the READY image (pinned until the batch completes), or None."),
+  };
+  for (PyMethodDef& def : fast) add_fast_method(cls, &def);
 }
 
 }  // namespace

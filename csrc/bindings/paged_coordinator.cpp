@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
+#include "bindings/fastcall.h"
 #include "bindings/paged_store_methods.h"
 #include "bindings/paged_values.h"
 #include "core/checkpoint_coordinator.h"
@@ -110,6 +111,41 @@ int64_t hit_for(const Coordinator& c, const Sequence& seq, int64_t hit, py::hand
   return c.resumable_hit(seq, hit, static_cast<int64_t>(v.size()), [&v](int64_t i) { return v[i]; }, assume);
 }
 
+// ---- hot methods (fastcall) ----
+
+PyObject* coord_resumable_hit(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return fast_call([&] {
+    auto a = fast_args<4>("resumable_hit", {"seq", "hit", "block_hashes", "assume_checkpointed"}, 3, args, nargs,
+                          kwnames);
+    const PyCoordinator& c = fast_self<PyCoordinator>(self);
+    if (!py::isinstance<Sequence>(a[0])) raise_type("seq", "a statecache.Sequence", a[0]);
+    const Sequence& seq = py::handle(a[0]).cast<const Sequence&>();
+    const bool assume = a[3] != nullptr && as_bool(a[3], "assume_checkpointed");
+    return py::reinterpret_steal<py::object>(
+        PyLong_FromLongLong(hit_for(c, seq, as_int(a[1], "hit"), a[2], assume)));
+  });
+}
+
+PyObject* coord_checkpoint(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return fast_call([&] {
+    auto a = fast_args<3>("checkpoint", {"seq", "boundary_blocks", "h"}, 3, args, nargs, kwnames);
+    PyCoordinator& c = fast_self<PyCoordinator>(self);
+    auto seq = as_sequence(a[0], "seq");
+    const int64_t blocks = as_int(a[1], "boundary_blocks");
+    c.checkpoint(seq, blocks, as_int(a[2], "h"));
+    return py::none();
+  });
+}
+
+PyObject* coord_begin_restore(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return fast_call([&] {
+    auto a = fast_args<2>("begin_restore", {"h", "dst_slot"}, 2, args, nargs, kwnames);
+    PyCoordinator& c = fast_self<PyCoordinator>(self);
+    const int64_t h = as_int(a[0], "h");
+    return py::reinterpret_steal<py::object>(PyBool_FromLong(c.begin_restore(h, as_int(a[1], "dst_slot"))));
+  });
+}
+
 py::dict fates(const PyCoordinator& c) {
   const PageUnitCheckpointStore& s = c.store();
   py::dict d;
@@ -183,27 +219,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           [](PyCoordinator& c, py::handle reservations) { c.cancel_midstep(as_reservations(reservations)); },
           py::arg("reservations"))
       .def(
-          "resumable_hit",
-          [](const PyCoordinator& c, py::handle seq, py::handle hit, py::handle hashes, py::handle assume) {
-            return hit_for(c, *as_sequence(seq, "seq"), as_int(hit, "hit"), hashes,
-                           as_bool(assume, "assume_checkpointed"));
-          },
-          py::arg("seq"), py::arg("hit"), py::arg("block_hashes"), py::arg("assume_checkpointed") = false)
-      .def(
-          "checkpoint",
-          [](PyCoordinator& c, py::handle seq, py::handle blocks, py::handle h) {
-            c.checkpoint(as_sequence(seq, "seq"), as_int(blocks, "boundary_blocks"), as_int(h, "h"));
-          },
-          py::arg("seq"), py::arg("boundary_blocks"), py::arg("h"))
-      .def(
           "forget_pending", [](PyCoordinator& c, py::handle seq) { c.forget_pending(*as_sequence(seq, "seq")); },
           py::arg("seq"))
-      .def(
-          "begin_restore",
-          [](PyCoordinator& c, py::handle h, py::handle slot) {
-            return c.begin_restore(as_int(h, "h"), as_int(slot, "dst_slot"));
-          },
-          py::arg("h"), py::arg("dst_slot"))
       .def("take_checkpoint_ops",
            [](PyCoordinator& c) {
              auto [stores, restores] = c.take_checkpoint_ops();
@@ -251,6 +268,17 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def("clear_index", &Coordinator::clear_index)
       .def("checkpoint_fates", &fates);
   def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
+  static PyMethodDef fast[] = {
+      STATECACHE_FAST_METHOD("resumable_hit", &coord_resumable_hit,
+                             "resumable_hit(seq, hit, block_hashes, assume_checkpointed=False)\n--\n\n"
+                             "The longest prefix <= hit whose boundary is READY here or servable by the tier."),
+      STATECACHE_FAST_METHOD("checkpoint", &coord_checkpoint,
+                             "checkpoint(seq, boundary_blocks, h)\n--\n\n"
+                             "Files the boundary for the next take_checkpoint_ops; supersedes this sequence's older one."),
+      STATECACHE_FAST_METHOD("begin_restore", &coord_begin_restore,
+                             "begin_restore(h, dst_slot)\n--\n\nQueues a restore of the READY image into dst_slot."),
+  };
+  for (PyMethodDef& def : fast) add_fast_method(cls, &def);
 }
 
 // ----------------------------------------------------------- offload index --

@@ -4,6 +4,7 @@
 
 #include <pybind11/stl.h>
 
+#include "bindings/fastcall.h"
 #include "bindings/paged_values.h"
 #include "core/checkpoint_store.h"
 
@@ -27,23 +28,42 @@ inline py::list sources(const std::vector<PageUnitCheckpointStore::Source>& srcs
   return out;
 }
 
-// `store_of(self)` gives the PageUnitCheckpointStore& behind `self`.
+template <class T, class StoreOf>
+PyObject* fast_contains(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return fast_call([&] {
+    auto a = fast_args<1>("contains", {"prefix_hash"}, 1, args, nargs, kwnames);
+    PageUnitCheckpointStore& s = StoreOf{}(fast_self<T>(self));
+    return py::reinterpret_steal<py::object>(PyBool_FromLong(s.contains(as_int(a[0], "prefix_hash"))));
+  });
+}
+
+template <class T, class StoreOf>
+PyObject* fast_has_available_units(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return fast_call([&] {
+    auto a = fast_args<2>("has_available_units", {"count", "protected_hash"}, 1, args, nargs, kwnames);
+    PageUnitCheckpointStore& s = StoreOf{}(fast_self<T>(self));
+    std::optional<int64_t> protected_hash;
+    if (a[1] != nullptr && a[1] != Py_None) protected_hash = as_int(a[1], "protected_hash");
+    const bool ok = s.has_available_units(as_int(a[0], "count"), protected_hash);
+    return py::reinterpret_steal<py::object>(PyBool_FromLong(ok));
+  });
+}
+
+// `StoreOf{}(self)` gives the PageUnitCheckpointStore& behind `self` (a
+// stateless lambda, so the fast methods can name it).
 template <class T, class StoreOf>
 void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
   using Store = PageUnitCheckpointStore;
+  static PyMethodDef contains = STATECACHE_FAST_METHOD(
+      "contains", (&fast_contains<T, StoreOf>), "contains(prefix_hash)\n--\n\nWhether a READY image is filed under the hash.");
+  static PyMethodDef available = STATECACHE_FAST_METHOD(
+      "has_available_units", (&fast_has_available_units<T, StoreOf>),
+      "has_available_units(count, protected_hash=None)\n--\n\n"
+      "Whether ``count`` units could be had, evicting unpinned READY checkpoints (never the one "
+      "filed under ``protected_hash``) if it came to that.");
+  add_fast_method(cls, &contains);
+  add_fast_method(cls, &available);
   cls.def(
-         "contains", [store_of](T& self, py::handle h) { return store_of(self).contains(as_int(h, "prefix_hash")); },
-         py::arg("prefix_hash"))
-      .def(
-          "has_available_units",
-          [store_of](T& self, py::handle count, py::handle protected_hash) {
-            return store_of(self).has_available_units(as_int(count, "count"),
-                                                      optional_int(protected_hash, "protected_hash"));
-          },
-          py::arg("count"), py::arg("protected_hash") = py::none(),
-          "Whether ``count`` units could be had, evicting unpinned READY checkpoints (never the one "
-          "filed under ``protected_hash``) if it came to that.")
-      .def(
           "ensure_free_units",
           [store_of](T& self, py::handle count) { return store_of(self).ensure_free_units(as_int(count, "count")); },
           py::arg("count"), "Evicts until ``count`` units are free; refuses an unreachable count before evicting.")

@@ -7,9 +7,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "bindings/fast_call.h"
 #include "core/group_pool.h"
 #include "core/slot_pool.h"
 
@@ -19,15 +21,7 @@ namespace {
 
 // ---- argument conversion ----------------------------------------------------
 
-const Sequence& seq_arg(py::handle obj, const char* name) {
-  if (!py::isinstance<Sequence>(obj)) raise_type(name, "a statecache.Sequence", obj);
-  return obj.cast<const Sequence&>();
-}
-
-Sequence& seq_arg_mut(py::handle obj, const char* name) {
-  if (!py::isinstance<Sequence>(obj)) raise_type(name, "a statecache.Sequence", obj);
-  return obj.cast<Sequence&>();
-}
+const Sequence& seq_arg(py::handle obj, const char* name) { return fast::sequence_arg(obj.ptr(), name); }
 
 StateTransfer transfer_arg(py::handle obj) {
   if (obj.is_none()) return StateTransfer();
@@ -41,6 +35,20 @@ StateTransfer transfer_arg(py::handle obj) {
 }
 
 inline int64_t hash_item(PyObject* item, const char* name, int64_t i) {
+#if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+  // CPython 3.11 ints: read up to three 30-bit digits directly; the scan does
+  // this once per block it looks at.
+  if (PyLong_CheckExact(item)) {
+    const auto* v = reinterpret_cast<const PyLongObject*>(item);
+    const Py_ssize_t n = Py_SIZE(v);
+    const Py_ssize_t an = n < 0 ? -n : n;
+    if (an <= 3 && (an < 3 || v->ob_digit[2] < 8)) {
+      uint64_t x = 0;
+      for (Py_ssize_t k = an; k-- > 0;) x = (x << PyLong_SHIFT) | v->ob_digit[k];
+      return n < 0 ? -static_cast<int64_t>(x) : static_cast<int64_t>(x);
+    }
+  }
+#endif
   if (PyLong_CheckExact(item)) {
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
@@ -87,7 +95,12 @@ int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, 
   if (PyList_CheckExact(p)) {
     return pool.resumable_hit(
         s, hit, PyList_GET_SIZE(p),
-        [p](int64_t i) { return hash_item(PyList_GET_ITEM(p, i), "block_hashes", i); }, assume);
+        [p](int64_t i) {
+          // The scan walks down the list; fetch the next int's object early.
+          if (i > 0) __builtin_prefetch(PyList_GET_ITEM(p, i - 1));
+          return hash_item(PyList_GET_ITEM(p, i), "block_hashes", i);
+        },
+        assume);
   }
   if (PyTuple_CheckExact(p)) {
     return pool.resumable_hit(
@@ -183,8 +196,13 @@ struct CheckpointIndexView {
 // allocated (it grows with extend and never shrinks, as the reference's list).
 struct UnitHashView {
   std::shared_ptr<const StateFreeList> pool;
-  const std::vector<int64_t>& v() const { return pool->unit_hashes(); }
-  py::list list() const { return to_list(v()); }
+  int64_t size() const { return pool->capacity(); }
+  py::list list() const {
+    py::list out(static_cast<size_t>(size()));
+    for (int64_t i = 0; i < size(); ++i)
+      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLongLong(pool->hash_of(i)));
+    return out;
+  }
 };
 
 void bind_views(py::module_& m) {
@@ -230,15 +248,15 @@ void bind_views(py::module_& m) {
 
   py::class_<UnitHashView>(m, "UnitHashView",
                            "Read-only live sequence: the prefix hash each index carries, -1 for none.")
-      .def("__len__", [](const UnitHashView& s) { return s.v().size(); })
+      .def("__len__", [](const UnitHashView& s) { return s.size(); })
       .def("__getitem__",
            [](const UnitHashView& s, py::handle i) -> py::object {
              if (PySlice_Check(i.ptr())) return s.list()[py::reinterpret_borrow<py::slice>(i)];
              int64_t k = as_int(i, "index");
-             const int64_t n = static_cast<int64_t>(s.v().size());
+             const int64_t n = s.size();
              if (k < 0) k += n;
              if (k < 0 || k >= n) throw py::index_error("list index out of range");
-             return py::int_(s.v()[static_cast<size_t>(k)]);
+             return py::int_(s.pool->hash_of(k));
            })
       .def("__iter__", [](const UnitHashView& s) { return py::iter(s.list()); })
       .def("__contains__", [](const UnitHashView& s, py::handle x) { return s.list().contains(x); })
@@ -249,7 +267,7 @@ void bind_views(py::module_& m) {
       .def("__eq__",
            [](const UnitHashView& s, py::handle other) -> py::object {
              if (py::isinstance<UnitHashView>(other))
-               return py::bool_(s.v() == other.cast<const UnitHashView&>().v());
+               return py::bool_(s.list().equal(other.cast<const UnitHashView&>().list()));
              if (!PyList_Check(other.ptr())) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
              return py::bool_(s.list().equal(other));
            })
@@ -315,75 +333,136 @@ void bind_retirement(py::module_& m, const char* name, const char* doc) {
 
 // ---- what both pools share --------------------------------------------------
 
-// Binds the methods and attributes the two pools have in common. `unit` is
-// the reference's parameter name for an index ("slot" / "group").
+// The reference's parameter name for an index of each pool.
+template <class Pool>
+constexpr const char* kUnit = std::is_same_v<Pool, StateSlotPool> ? "slot" : "group";
+
+inline int64_t int_arg(PyObject* o, const char* name) { return as_int(py::handle(o), name); }
+inline bool bool_arg(PyObject* o, const char* name, bool fallback) {
+  return o ? as_bool(py::handle(o), name) : fallback;
+}
+
+// Binds the methods and attributes the two pools share. The per-call hot ones
+// go through fast::def (see fast_call.h); the rest through pybind11.
 template <class Pool, class Retire>
-void bind_free_list_api(py::classh<Pool>& cls, const char* unit) {
-  const py::arg u(unit);
-  cls.def("num_free", [](const Pool& p) { return p.num_free(); })
-      .def("is_free", [](const Pool& p, py::handle x) { return p.is_free(as_int(x, "index")); }, u)
-      .def("holds_checkpoint",
-           [](const Pool& p, py::handle x) { return p.holds_checkpoint(as_int(x, "index")); }, u,
-           "Whether the index is on the free list and still carries a checkpoint.")
-      .def("pop", [](Pool& p) { return p.pop(); },
-           "Hand out an index: vacant lowest first, else the LRU checkpoint (evicted). "
-           "IndexError when nothing is free.")
-      .def("claim", [unit](Pool& p, py::handle x) { p.claim(as_int(x, unit)); }, u,
-           "Take one specific free index off the free list, checkpoint and all.")
-      .def("release", [unit](Pool& p, py::handle x) { p.release(as_int(x, unit)); }, u,
-           "Hand an owned index back: to the LRU tail (head if speculative) when it "
-           "carries a checkpoint, else to the vacant half.")
-      .def("extend", [](Pool& p, py::handle n) { p.extend(as_int(n, "count")); }, py::arg("count"),
-           "Add `count` indices at the top; the caller freed their bytes.")
-      .def(
-          "retire_top",
-          [](Pool& p) -> py::object {
-            std::optional<Retire> r = p.retire_top();
-            if (!r) return py::none();
-            return py::cast(*r);
-          },
-          "Give up the top index, relocating what sits on it; None when it cannot go this pass.")
-      .def("applies", [](const Pool& p, py::handle s) { return p.applies(seq_arg(s, "seq")); },
-           py::arg("seq"))
-      .def(
-          "resumable_hit",
-          [](const Pool& p, py::handle seq, py::handle hit, py::handle hashes, py::handle assume) {
-            return resumable_hit_arg(p, seq, hit, hashes, assume);
-          },
-          py::arg("seq"), py::arg("hit"), py::arg("block_hashes"),
-          py::arg("assume_checkpointed") = false,
-          "The largest L <= hit whose boundary is checkpointed and leaves the resuming "
-          "forward min_fork_tokens; 0 is always valid. block_hashes: list, tuple or "
-          "NumPy int64 array.")
-      .def("lookup", [](const Pool& p, py::handle h) { return p.lookup(as_int(h, "h")); }, py::arg("h"),
-           "Index holding the checkpoint for hash h, or -1.")
-      .def("invalidate", [unit](Pool& p, py::handle x) { p.invalidate(as_int(x, unit)); }, u)
+void bind_free_list_api(py::classh<Pool>& cls) {
+  constexpr const char* U = kUnit<Pool>;
+  using fast::to_py;
+  fast::def<Pool>(cls, "num_free", [](Pool& p, PyObject**) { return to_py(p.num_free()); }, {}, 0,
+                  "num_free($self)\n--\n\nHow many indices are free (vacant or checkpointed).");
+  fast::def<Pool>(cls, "is_free", [](Pool& p, PyObject** a) { return to_py(p.is_free(int_arg(a[0], U))); },
+                  {U}, 1, "Whether the index is on the free list.");
+  fast::def<Pool>(
+      cls, "holds_checkpoint",
+      [](Pool& p, PyObject** a) { return to_py(p.holds_checkpoint(int_arg(a[0], U))); }, {U}, 1,
+      "Whether the index is on the free list and still carries a checkpoint.");
+  fast::def<Pool>(cls, "pop", [](Pool& p, PyObject**) { return to_py(p.pop()); }, {}, 0,
+                  "pop($self)\n--\n\nHand out an index: vacant lowest first, else the LRU checkpoint "
+                  "(counted evicted). IndexError when nothing is free.");
+  fast::def<Pool>(
+      cls, "claim",
+      [](Pool& p, PyObject** a) {
+        p.claim(int_arg(a[0], U));
+        return fast::none();
+      },
+      {U}, 1, "Take one specific free index off the free list, checkpoint and all.");
+  fast::def<Pool>(
+      cls, "release",
+      [](Pool& p, PyObject** a) {
+        p.release(int_arg(a[0], U));
+        return fast::none();
+      },
+      {U}, 1,
+      "Hand an owned index back: to the LRU tail (head if speculative) when it carries a "
+      "checkpoint, else to the vacant half.");
+  fast::def<Pool>(
+      cls, "extend",
+      [](Pool& p, PyObject** a) {
+        p.extend(int_arg(a[0], "count"));
+        return fast::none();
+      },
+      {"count"}, 1, "extend($self, count)\n--\n\nAdd `count` indices at the top; the caller freed their bytes.");
+  fast::def<Pool>(
+      cls, "applies", [](Pool& p, PyObject** a) { return to_py(p.applies(fast::sequence_arg(a[0], "seq"))); },
+      {"seq"}, 1, "applies($self, seq)\n--\n\nWhether this pool gates or checkpoints anything for seq.");
+  fast::def<Pool>(
+      cls, "resumable_hit",
+      [](Pool& p, PyObject** a) {
+        return to_py(resumable_hit_arg(p, a[0], a[1], a[2], a[3] ? py::handle(a[3]) : py::handle(Py_False)));
+      },
+      {"seq", "hit", "block_hashes", "assume_checkpointed"}, 3,
+      "resumable_hit($self, seq, hit, block_hashes, assume_checkpointed=False)\n--\n\n"
+      "The largest L <= hit whose boundary is checkpointed and leaves the resuming forward "
+      "min_fork_tokens; 0 is always valid. block_hashes: list, tuple or NumPy int64 array.");
+  fast::def<Pool>(
+      cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(int_arg(a[0], "h"))); }, {"h"}, 1,
+      "lookup($self, h)\n--\n\nIndex holding the checkpoint for hash h, or -1.");
+  fast::def<Pool>(
+      cls, "invalidate",
+      [](Pool& p, PyObject** a) {
+        p.invalidate(int_arg(a[0], U));
+        return fast::none();
+      },
+      {U}, 1, "Drop the index's checkpoint (no-op when it has none or the pool is disabled).");
+  fast::def<Pool>(
+      cls, "pin",
+      [](Pool& p, PyObject** a) {
+        p.pin(int_arg(a[0], U), bool_arg(a[1], "reader_is_next_batch", false));
+        return fast::none();
+      },
+      {U, "reader_is_next_batch"}, 1,
+      "Hold an owned index off the free list until the forward that reads it ran; "
+      "reader_is_next_batch (keyword-only) keeps it one pass longer.",
+      /*positional=*/1);
+  fast::def<Pool>(
+      cls, "is_pinned", [](Pool& p, PyObject** a) { return to_py(p.is_pinned(int_arg(a[0], U))); }, {U}, 1,
+      "Whether some forward still has to read the index.");
+  fast::def<Pool>(
+      cls, "pin_count", [](Pool& p, PyObject** a) { return to_py(p.pin_count(int_arg(a[0], U))); }, {U}, 1,
+      "How many readers hold the index pinned.");
+  fast::def<Pool>(
+      cls, "unpin",
+      [](Pool& p, PyObject** a) {
+        p.unpin(int_arg(a[0], U));
+        return fast::none();
+      },
+      {U}, 1, "Drop one pin without freeing (the caller took the index over).");
+  fast::def<Pool>(
+      cls, "drop_reader",
+      [](Pool& p, PyObject** a) {
+        p.drop_reader(int_arg(a[0], U));
+        return fast::none();
+      },
+      {U}, 1, "A reader left before it read: unpin, and free the index if that was the last pin.");
+  fast::def<Pool>(
+      cls, "release_pins",
+      [](Pool& p, PyObject**) {
+        p.release_pins();
+        return fast::none();
+      },
+      {}, 0, "release_pins($self)\n--\n\nTop of pass: return every pinned index whose reading forward was issued.");
+
+  fast::def_readonly<Pool>(cls, "enabled", [](const Pool& p) { return to_py(p.enabled()); });
+  fast::def_readonly<Pool>(cls, "min_fork_tokens", [](const Pool& p) { return to_py(p.min_fork_tokens()); });
+  fast::def_readonly<Pool>(cls, "successor_room", [](const Pool& p) { return to_py(p.successor_room()); });
+  fast::def_readonly<Pool>(cls, "readable_midstep", [](const Pool& p) { return to_py(p.readable_midstep()); });
+  fast::def_readonly<Pool>(cls, "hash_block_size", [](const Pool& p) { return to_py(p.hash_block_size()); });
+  fast::def_readonly<Pool>(cls, "checkpoints_kept", [](const Pool& p) { return to_py(p.fates().kept); });
+  fast::def_readonly<Pool>(cls, "checkpoints_dropped", [](const Pool& p) { return to_py(p.fates().dropped); });
+  fast::def_readonly<Pool>(cls, "checkpoints_evicted", [](const Pool& p) { return to_py(p.fates().evicted); });
+  fast::def_readonly<Pool>(cls, "checkpoints_orphaned",
+                           [](const Pool& p) { return to_py(p.fates().orphaned); });
+
+  cls.def(
+         "retire_top",
+         [](Pool& p) -> py::object {
+           std::optional<Retire> r = p.retire_top();
+           if (!r) return py::none();
+           return py::cast(*r);
+         },
+         "Give up the top index, relocating what sits on it; None when it cannot go this pass.")
       .def("checkpoint_fates", [](const Pool& p) { return fates_dict(p.fates()); })
-      .def(
-          "pin",
-          [unit](Pool& p, py::handle x, py::handle next) {
-            p.pin(as_int(x, unit), as_bool(next, "reader_is_next_batch"));
-          },
-          u, py::kw_only(), py::arg("reader_is_next_batch") = false,
-          "Hold an owned index off the free list until the forward that reads it ran.")
-      .def("is_pinned", [](const Pool& p, py::handle x) { return p.is_pinned(as_int(x, "index")); }, u)
-      .def("pin_count", [](const Pool& p, py::handle x) { return p.pin_count(as_int(x, "index")); }, u)
-      .def("unpin", [unit](Pool& p, py::handle x) { p.unpin(as_int(x, unit)); }, u,
-           "Drop one pin without freeing (the caller took the index over).")
-      .def("drop_reader", [unit](Pool& p, py::handle x) { p.drop_reader(as_int(x, unit)); }, u,
-           "A reader left before it read: unpin, and free the index if that was the last pin.")
-      .def("release_pins", [](Pool& p) { p.release_pins(); },
-           "Top of pass: return every pinned index whose reading forward was issued.")
-      .def_property_readonly("enabled", [](const Pool& p) { return p.enabled(); })
       .def_property_readonly("transfer", [](const Pool& p) { return p.transfer(); })
-      .def_property_readonly("min_fork_tokens", [](const Pool& p) { return p.min_fork_tokens(); })
-      .def_property_readonly("successor_room", [](const Pool& p) { return p.successor_room(); })
-      .def_property_readonly("readable_midstep", [](const Pool& p) { return p.readable_midstep(); })
-      .def_property_readonly("hash_block_size", [](const Pool& p) { return p.hash_block_size(); })
-      .def_property_readonly("checkpoints_kept", [](const Pool& p) { return p.fates().kept; })
-      .def_property_readonly("checkpoints_dropped", [](const Pool& p) { return p.fates().dropped; })
-      .def_property_readonly("checkpoints_evicted", [](const Pool& p) { return p.fates().evicted; })
-      .def_property_readonly("checkpoints_orphaned", [](const Pool& p) { return p.fates().orphaned; })
       // Introspection for tests: the private containers of the reference.
       .def("_check_invariants", [](const Pool& p) { p.check_invariants(); })
       .def("_index_is_exact", [](const Pool& p) { return p.index_is_exact(); })
@@ -425,35 +504,63 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
           }),
           py::arg("num_slots"), py::arg("transfer") = py::none(), py::arg("hash_block_size") = 1,
           py::arg("enabled") = true);
-  bind_free_list_api<StateSlotPool, SlotRetirement>(cls, "slot");
+  bind_free_list_api<StateSlotPool, SlotRetirement>(cls);
   bind_views_of(cls, "hash_to_slot", "slot_hash");
-  cls.def_property_readonly("num_slots", [](const StateSlotPool& p) { return p.size(); })
-      .def("has_free", [](const StateSlotPool& p, py::handle n) { return p.has_free(as_int(n, "count")); },
-           py::arg("count") = 1, "Whether `count` slots can be handed out (checkpoints count).")
-      .def("pop_many", [](StateSlotPool& p, py::handle n) { return to_list(p.pop_many(as_int(n, "count"))); },
-           py::arg("count"), "Hand out one request's set, element 0 first.")
-      .def(
-          "release_many",
-          [](StateSlotPool& p, py::handle slots) {
-            if (slots.is_none()) return;
-            const std::vector<int64_t> v = as_int_list(slots, "slots");
-            p.release_many(v);
-          },
-          py::arg("slots"), "Hand back a request's set; -1 entries and an empty list are fine.")
-      .def("mark_speculative", [](StateSlotPool& p, py::handle x) { p.mark_speculative(as_int(x, "slot")); },
-           py::arg("slot"), "File this slot's checkpoint at the LRU head when it is released.")
-      .def("promote", [](StateSlotPool& p, py::handle x) { p.promote(as_int(x, "slot")); }, py::arg("slot"),
-           "A guess paid off: stop spending it first (moves it to the LRU tail if free).")
-      .def(
-          "checkpoint",
-          [](StateSlotPool& p, py::handle seq, py::handle blocks, py::handle h) {
-            Sequence& s = seq_arg_mut(seq, "seq");
-            p.checkpoint(s, as_int(blocks, "boundary_blocks"), as_int(h, "h"));
-          },
-          py::arg("seq"), py::arg("boundary_blocks"), py::arg("h"),
-          "Fork checkpoint: seq moves to a fresh slot; the old one is filed under h and "
-          "pinned through the next pass.")
-      .def(
+  using fast::to_py;
+  using P = StateSlotPool;
+  fast::def_readonly<P>(cls, "num_slots", [](const P& p) { return to_py(p.size()); });
+  fast::def<P>(
+      cls, "has_free", [](P& p, PyObject** a) { return to_py(p.has_free(a[0] ? int_arg(a[0], "count") : 1)); },
+      {"count"}, 0,
+      "has_free($self, count=1)\n--\n\nWhether `count` slots can be handed out (checkpoints count: pop "
+      "spends them rather than refusing).");
+  fast::def<P>(
+      cls, "pop_many",
+      [](P& p, PyObject** a) { return to_list(p.pop_many(int_arg(a[0], "count"))).release().ptr(); },
+      {"count"}, 1, "pop_many($self, count)\n--\n\nHand out one request's set, element 0 first.");
+  fast::def<P>(
+      cls, "release_many",
+      [](P& p, PyObject** a) {
+        if (a[0] != Py_None) {
+          std::vector<int64_t> v;
+          append_ints(py::handle(a[0]), "slots", v);
+          p.release_many(v);
+        }
+        return fast::none();
+      },
+      {"slots"}, 1, "release_many($self, slots)\n--\n\nHand back a request's set; -1 entries, None and an empty list are fine.");
+  fast::def<P>(
+      cls, "mark_speculative",
+      [](P& p, PyObject** a) {
+        p.mark_speculative(int_arg(a[0], "slot"));
+        return fast::none();
+      },
+      {"slot"}, 1, "mark_speculative($self, slot)\n--\n\nFile this slot's checkpoint at the LRU head when it is released.");
+  fast::def<P>(
+      cls, "promote",
+      [](P& p, PyObject** a) {
+        p.promote(int_arg(a[0], "slot"));
+        return fast::none();
+      },
+      {"slot"}, 1, "promote($self, slot)\n--\n\nA guess paid off: stop spending it first (to the LRU tail if free).");
+  fast::def<P>(
+      cls, "checkpoint",
+      [](P& p, PyObject** a) {
+        Sequence& s = fast::sequence_arg(a[0], "seq");
+        p.checkpoint(s, int_arg(a[1], "boundary_blocks"), int_arg(a[2], "h"));
+        return fast::none();
+      },
+      {"seq", "boundary_blocks", "h"}, 3,
+      "checkpoint($self, seq, boundary_blocks, h)\n--\n\nFork checkpoint: seq moves to a fresh slot; the "
+      "old one is filed under h and pinned through the next pass.");
+  fast::def<P>(
+      cls, "unindex",
+      [](P& p, PyObject** a) {
+        p.unindex(int_arg(a[0], "h"));
+        return fast::none();
+      },
+      {"h"}, 1, "unindex($self, h)\n--\n\nDrop the checkpoint filed under h (its KV block left the index); counts orphaned.");
+  cls      .def(
           "reserve_midstep",
           [](StateSlotPool& p, py::handle seq, py::handle positions) {
             const Sequence& s = seq_arg(seq, "seq");
@@ -503,8 +610,6 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
              for (size_t i = 0; i < moves.size(); ++i) out[i] = pair_tuple(moves[i]);
              return out;
            })
-      .def("unindex", [](StateSlotPool& p, py::handle h) { p.unindex(as_int(h, "h")); }, py::arg("h"),
-           "Drop the checkpoint filed under h (its KV block left the index); counts orphaned.")
       .def("clear_index", [](StateSlotPool& p) { p.clear_index(); });
   cls.def("_debug_relocations", [](const StateSlotPool& p) {
     py::list out;
@@ -529,26 +634,41 @@ pairs the batch must copy before its forward. Under ``none()`` and ``replay()``
           }),
           py::arg("num_groups"), py::arg("transfer") = py::none(), py::arg("hash_block_size") = 1,
           py::arg("enabled") = true);
-  bind_free_list_api<StateGroupPool, GroupRetirement>(cls, "group");
+  bind_free_list_api<StateGroupPool, GroupRetirement>(cls);
   bind_views_of(cls, "hash_to_group", "group_hash");
-  cls.def_property_readonly("num_groups", [](const StateGroupPool& p) { return p.size(); })
-      .def("has_free", [](const StateGroupPool& p) { return p.num_free() > 0; })
-      .def(
-          "checkpoint",
-          [](StateGroupPool& p, py::handle seq, py::handle blocks, py::handle h) {
-            std::shared_ptr<Sequence> s = as_sequence(seq, "seq");
-            p.checkpoint(s, as_int(blocks, "boundary_blocks"), as_int(h, "h"));
-          },
-          py::arg("seq"), py::arg("boundary_blocks"), py::arg("h"))
-      .def("forget_pending", [](StateGroupPool& p, py::handle seq) { p.forget_pending(seq_arg_mut(seq, "seq")); },
-           py::arg("seq"), "Drop seq's uncommitted copy checkpoint (its group is being released).")
-      .def(
-          "record_copy",
-          [](StateGroupPool& p, py::handle src, py::handle dst) {
-            p.record_copy(as_int(src, "src"), as_int(dst, "dst"));
-          },
-          py::arg("src"), py::arg("dst"), "Schedule a group copy for the next batch.")
-      .def("take_copies",
+  using fast::to_py;
+  using G = StateGroupPool;
+  fast::def_readonly<G>(cls, "num_groups", [](const G& p) { return to_py(p.size()); });
+  fast::def<G>(cls, "has_free", [](G& p, PyObject**) { return to_py(p.num_free() > 0); }, {}, 0,
+               "has_free($self)\n--\n\nWhether a group can be handed out.");
+  fast::def<G>(
+      cls, "checkpoint",
+      [](G& p, PyObject** a) {
+        std::shared_ptr<Sequence> s = as_sequence(py::handle(a[0]), "seq");
+        p.checkpoint(s, int_arg(a[1], "boundary_blocks"), int_arg(a[2], "h"));
+        return fast::none();
+      },
+      {"seq", "boundary_blocks", "h"}, 3,
+      "checkpoint($self, seq, boundary_blocks, h)\n--\n\nfork: seq moves to a fresh group, the old one is "
+      "filed and pinned. copy: the intent is recorded and take_copies files it. none/replay: nothing.");
+  fast::def<G>(
+      cls, "forget_pending",
+      [](G& p, PyObject** a) {
+        p.forget_pending(fast::sequence_arg(a[0], "seq"));
+        return fast::none();
+      },
+      {"seq"}, 1, "forget_pending($self, seq)\n--\n\nDrop seq's uncommitted copy checkpoint (its group is being released).");
+  fast::def<G>(
+      cls, "record_copy",
+      [](G& p, PyObject** a) {
+        p.record_copy(int_arg(a[0], "src"), int_arg(a[1], "dst"));
+        return fast::none();
+      },
+      {"src", "dst"}, 2, "record_copy($self, src, dst)\n--\n\nSchedule a group copy for the next batch.");
+  fast::def<G>(
+      cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(int_arg(a[0], "h"))); }, {"h"}, 1,
+      "unindex($self, h)\n--\n\nDrop the checkpoint filed under h; returns the group freed, or -1.");
+  cls.def("take_copies",
            [](StateGroupPool& p) {
              const auto pairs = p.take_copies();
              py::list out(pairs.size());
@@ -556,9 +676,7 @@ pairs the batch must copy before its forward. Under ``none()`` and ``replay()``
              return out;
            },
            "Commit last pass's copy intents and return every (src, dst) pair the batch "
-           "being built must copy before its forward.")
-      .def("unindex", [](StateGroupPool& p, py::handle h) { return p.unindex(as_int(h, "h")); }, py::arg("h"),
-           "Drop the checkpoint filed under h; returns the group freed, or -1.");
+           "being built must copy before its forward.");
   cls.def("_debug_copies", [](const StateGroupPool& p) {
     py::list out;
     for (const auto& r : p.pending_copies()) out.append(pair_tuple(r));

@@ -15,42 +15,48 @@ BlockPool::BlockPool(int64_t num_blocks) {
   if (num_blocks < 0) bad_argument("num_blocks", num_blocks, "must be >= 0");
   if (num_blocks > INT32_MAX) bad_argument("num_blocks", num_blocks, "must fit in 32 bits");
   const auto n = static_cast<size_t>(num_blocks);
-  owner_.assign(n, owner_token::kFree);
-  refs_.assign(n, 0);
-  hash_.assign(n, kNoHash);
-  prev_.assign(n, -1);
-  next_.assign(n, -1);
-  on_list_.assign(n, kOffList);
+  blocks_.assign(n, Block{});
   seen_.assign(n, 0);
   seen_count_.assign(n, 0);
   for (int32_t b = 0; b < static_cast<int32_t>(n); ++b) push_back(fresh_, b);
-  index_.reserve(n);
 }
 
 void BlockPool::push_back(List& l, int32_t b) {
-  prev_[b] = l.tail;
-  next_[b] = -1;
+  blocks_[b].prev = l.tail;
+  blocks_[b].next = -1;
   if (l.tail >= 0)
-    next_[l.tail] = b;
+    blocks_[l.tail].next = b;
   else
     l.head = b;
   l.tail = b;
   ++l.size;
-  on_list_[b] = (&l == &fresh_) ? kFresh : kCached;
+  blocks_[b].list = (&l == &fresh_) ? kFresh : kCached;
+}
+
+void BlockPool::push_front(List& l, int32_t b) {
+  blocks_[b].next = l.head;
+  blocks_[b].prev = -1;
+  if (l.head >= 0)
+    blocks_[l.head].prev = b;
+  else
+    l.tail = b;
+  l.head = b;
+  ++l.size;
+  blocks_[b].list = (&l == &fresh_) ? kFresh : kCached;
 }
 
 void BlockPool::unlink(List& l, int32_t b) {
-  if (prev_[b] >= 0)
-    next_[prev_[b]] = next_[b];
+  if (blocks_[b].prev >= 0)
+    blocks_[blocks_[b].prev].next = blocks_[b].next;
   else
-    l.head = next_[b];
-  if (next_[b] >= 0)
-    prev_[next_[b]] = prev_[b];
+    l.head = blocks_[b].next;
+  if (blocks_[b].next >= 0)
+    blocks_[blocks_[b].next].prev = blocks_[b].prev;
   else
-    l.tail = prev_[b];
-  prev_[b] = next_[b] = -1;
+    l.tail = blocks_[b].prev;
+  blocks_[b].prev = blocks_[b].next = -1;
   --l.size;
-  on_list_[b] = kOffList;
+  blocks_[b].list = kOffList;
 }
 
 int32_t BlockPool::take_free(std::vector<int64_t>& evicted) {
@@ -62,9 +68,9 @@ int32_t BlockPool::take_free(std::vector<int64_t>& evicted) {
   const int32_t b = cached_.head;
   check_invariant(b >= 0, "BlockPool: no free block to take");
   unlink(cached_, b);
-  index_.erase(hash_[b]);
-  evicted.push_back(hash_[b]);
-  hash_[b] = kNoHash;
+  index_.erase(blocks_[b].hash);
+  evicted.push_back(blocks_[b].hash);
+  blocks_[b].hash = kNoHash;
   return b;
 }
 
@@ -87,13 +93,12 @@ void BlockPool::check_block(int64_t block, const char* name) const {
 }
 
 void BlockPool::adjust_held(int64_t owner, int64_t delta) {
-  auto it = held_.find(owner);
-  if (it == held_.end()) {
-    held_.emplace(owner, delta);
-    return;
-  }
-  it->second += delta;
-  if (it->second == 0) held_.erase(it);
+  // Checkpoint owners are counted by their store; only owners a caller
+  // interned are counted here (the binding sweeps those that hold nothing).
+  if (owner_token::kind(owner) == owner_token::kCheckpoint) return;
+  int64_t& n = held_[owner];
+  n += delta;
+  if (n == 0) held_.erase(owner);
 }
 
 bool BlockPool::reserve_units(int64_t count, int64_t owner, std::vector<int64_t>& out) {
@@ -105,7 +110,7 @@ bool BlockPool::reserve_units(int64_t count, int64_t owner, std::vector<int64_t>
   out.reserve(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
     const int32_t b = take_free(evicted);
-    owner_[b] = owner;
+    blocks_[b].owner = owner;
     out.push_back(b);
   }
   reserved_ += count;
@@ -114,28 +119,40 @@ bool BlockPool::reserve_units(int64_t count, int64_t owner, std::vector<int64_t>
   return true;
 }
 
-void BlockPool::check_units(const std::vector<int64_t>& units, int64_t owner, const char* name) const {
-  if (++seen_epoch_ == 0) {
-    std::fill(seen_.begin(), seen_.end(), 0);
-    seen_epoch_ = 1;
-  }
-  for (int64_t u : units) {
-    check_block(u, name);
-    if (seen_[u] == seen_epoch_) bad_argument(name, u, "is listed twice");
-    seen_[u] = seen_epoch_;
-    if (owner_[u] != owner) {
-      bad_argument(name, u,
-                   owner_[u] == owner_token::kFree ? "is free, not held by this owner"
-                                                   : "is not held by this owner");
+void BlockPool::check_units(const std::vector<int64_t>& units, int64_t owner, const char* name) {
+  // Each listed unit is marked while it is checked, so a unit listed twice
+  // is caught; the marks come off again before anything is reported.
+  size_t checked = 0;
+  auto unmark = [&] {
+    for (size_t i = 0; i < checked; ++i) blocks_[units[i]].owner = owner;
+  };
+  for (; checked < units.size(); ++checked) {
+    const int64_t u = units[checked];
+    const char* why = nullptr;
+    if (u < 0 || u >= num_blocks()) {
+      unmark();
+      out_of_range(name, u, num_blocks());
     }
+    if (blocks_[u].owner == kChecking)
+      why = "is listed twice";
+    else if (blocks_[u].owner != owner)
+      why = blocks_[u].owner == owner_token::kFree ? "is free, not held by this owner" : "is not held by this owner";
+    if (why != nullptr) {
+      unmark();
+      bad_argument(name, u, why);
+    }
+    blocks_[u].owner = kChecking;
   }
+  unmark();
 }
 
 void BlockPool::release_units(const std::vector<int64_t>& units, int64_t owner) {
   check_units(units, owner, "unit_ids");
-  for (int64_t u : units) {
-    owner_[u] = owner_token::kFree;
-    push_back(fresh_, static_cast<int32_t>(u));
+  // Back on top of the fresh stack in their order, so the next reservation
+  // reuses them while they are still in cache.
+  for (auto it = units.rbegin(); it != units.rend(); ++it) {
+    blocks_[*it].owner = owner_token::kFree;
+    push_front(fresh_, static_cast<int32_t>(*it));
   }
   reserved_ -= static_cast<int64_t>(units.size());
   if (!units.empty()) adjust_held(owner, -static_cast<int64_t>(units.size()));
@@ -144,7 +161,7 @@ void BlockPool::release_units(const std::vector<int64_t>& units, int64_t owner) 
 void BlockPool::rekey_units(const std::vector<int64_t>& units, int64_t old_owner, int64_t new_owner) {
   if (new_owner < 0) bad_argument("new_owner", new_owner, "is not a unit owner token");
   check_units(units, old_owner, "unit_ids");
-  for (int64_t u : units) owner_[u] = new_owner;
+  for (int64_t u : units) blocks_[u].owner = new_owner;
   if (!units.empty() && old_owner != new_owner) {
     adjust_held(old_owner, -static_cast<int64_t>(units.size()));
     adjust_held(new_owner, static_cast<int64_t>(units.size()));
@@ -153,12 +170,12 @@ void BlockPool::rekey_units(const std::vector<int64_t>& units, int64_t old_owner
 
 int64_t BlockPool::owner_of(int64_t block) const {
   check_block(block, "unit");
-  return owner_[block];
+  return blocks_[block].owner;
 }
 
 int64_t BlockPool::units_held(int64_t owner) const {
-  auto it = held_.find(owner);
-  return it == held_.end() ? 0 : it->second;
+  const int64_t* n = held_.find(owner);
+  return n == nullptr ? 0 : *n;
 }
 
 bool BlockPool::allocate(int64_t count, std::vector<int64_t>& out) {
@@ -169,8 +186,8 @@ bool BlockPool::allocate(int64_t count, std::vector<int64_t>& out) {
   out.reserve(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
     const int32_t b = take_free(evicted);
-    owner_[b] = owner_token::kKv;
-    refs_[b] = 1;
+    blocks_[b].owner = owner_token::kKv;
+    blocks_[b].refs = 1;
     out.push_back(b);
   }
   kv_blocks_ += count;
@@ -185,77 +202,81 @@ void BlockPool::free(const std::vector<int64_t>& blocks) {
   }
   for (int64_t b : blocks) {
     check_block(b, "block_ids");
-    if (owner_[b] != owner_token::kKv) bad_argument("block_ids", b, "is not held by the KV cache");
+    if (blocks_[b].owner != owner_token::kKv) bad_argument("block_ids", b, "is not held by the KV cache");
     if (seen_[b] != seen_epoch_) {
       seen_[b] = seen_epoch_;
       seen_count_[b] = 0;
     }
-    if (++seen_count_[b] > refs_[b]) bad_argument("block_ids", b, "is freed more often than it is referenced");
+    if (++seen_count_[b] > blocks_[b].refs) bad_argument("block_ids", b, "is freed more often than it is referenced");
   }
   for (int64_t b : blocks) {
-    if (--refs_[b] > 0) continue;
-    owner_[b] = owner_token::kFree;
+    if (--blocks_[b].refs > 0) continue;
+    blocks_[b].owner = owner_token::kFree;
     --kv_blocks_;
-    push_back(hash_[b] == kNoHash ? fresh_ : cached_, static_cast<int32_t>(b));
+    if (blocks_[b].hash == kNoHash)
+      push_front(fresh_, static_cast<int32_t>(b));
+    else
+      push_back(cached_, static_cast<int32_t>(b));
   }
 }
 
 void BlockPool::incref(const std::vector<int64_t>& blocks) {
   for (int64_t b : blocks) {
     check_block(b, "block_ids");
-    const bool held = owner_[b] == owner_token::kKv;
-    const bool cached = owner_[b] == owner_token::kFree && hash_[b] != kNoHash;
+    const bool held = blocks_[b].owner == owner_token::kKv;
+    const bool cached = blocks_[b].owner == owner_token::kFree && blocks_[b].hash != kNoHash;
     if (!held && !cached) bad_argument("block_ids", b, "is neither held by the KV cache nor cached");
   }
   for (int64_t b : blocks) {
-    if (owner_[b] == owner_token::kFree) {
+    if (blocks_[b].owner == owner_token::kFree) {
       unlink(cached_, static_cast<int32_t>(b));
-      owner_[b] = owner_token::kKv;
+      blocks_[b].owner = owner_token::kKv;
       ++kv_blocks_;
     }
-    ++refs_[b];
+    ++blocks_[b].refs;
   }
 }
 
 int64_t BlockPool::lookup(int64_t hash) const {
-  auto it = index_.find(hash);
-  return it == index_.end() ? -1 : it->second;
+  const int32_t* b = index_.find(hash);
+  return b == nullptr ? -1 : *b;
 }
 
 bool BlockPool::publish(int64_t block, int64_t hash) {
   check_block(block, "block");
   if (hash == kNoHash) bad_argument("hash", hash, "-1 means no hash");
-  if (owner_[block] != owner_token::kKv) bad_argument("block", block, "is not held by the KV cache");
-  if (hash_[block] != kNoHash) {
-    if (hash_[block] == hash) return true;
-    bad_argument("block", block, ("already holds hash " + std::to_string(hash_[block])).c_str());
+  if (blocks_[block].owner != owner_token::kKv) bad_argument("block", block, "is not held by the KV cache");
+  if (blocks_[block].hash != kNoHash) {
+    if (blocks_[block].hash == hash) return true;
+    bad_argument("block", block, ("already holds hash " + std::to_string(blocks_[block].hash)).c_str());
   }
-  if (!index_.emplace(hash, static_cast<int32_t>(block)).second) return false;
-  hash_[block] = hash;
+  if (index_.contains(hash)) return false;
+  index_[hash] = static_cast<int32_t>(block);
+  blocks_[block].hash = hash;
   return true;
 }
 
 int64_t BlockPool::block_hash(int64_t block) const {
   check_block(block, "block");
-  return hash_[block];
+  return blocks_[block].hash;
 }
 
 int64_t BlockPool::ref_count(int64_t block) const {
   check_block(block, "block");
-  return refs_[block];
+  return blocks_[block].refs;
 }
 
 int64_t BlockPool::reset_prefix_cache() {
   std::vector<int64_t> evicted;
   evicted.reserve(index_.size());
-  for (auto& [h, b] : index_) {
+  index_.for_each([&](int64_t h, int32_t b) {
     evicted.push_back(h);
-    hash_[b] = kNoHash;
-    if (on_list_[b] == kCached) {
+    blocks_[b].hash = kNoHash;
+    if (blocks_[b].list == kCached) {
       unlink(cached_, b);
-      push_back(fresh_, b);
+      push_front(fresh_, b);
     }
-  }
+  });
   index_.clear();
   notify(evicted);
   return static_cast<int64_t>(evicted.size());
@@ -264,21 +285,21 @@ int64_t BlockPool::reset_prefix_cache() {
 void BlockPool::check_consistency() const {
   int64_t fresh = 0, cached = 0, kv = 0, reserved = 0, hashed = 0;
   for (int64_t b = 0; b < num_blocks(); ++b) {
-    const int64_t o = owner_[b];
-    if (hash_[b] != kNoHash) {
+    const int64_t o = blocks_[b].owner;
+    if (blocks_[b].hash != kNoHash) {
       ++hashed;
-      auto it = index_.find(hash_[b]);
-      check_invariant(it != index_.end() && it->second == b, "BlockPool: hash of a block is not indexed to it");
+      const int32_t* at = index_.find(blocks_[b].hash);
+      check_invariant(at != nullptr && *at == b, "BlockPool: hash of a block is not indexed to it");
     }
     if (o == owner_token::kFree) {
-      check_invariant(refs_[b] == 0, "BlockPool: a free block is referenced");
-      check_invariant(on_list_[b] == (hash_[b] == kNoHash ? kFresh : kCached), "BlockPool: free block on the wrong list");
-      (hash_[b] == kNoHash ? fresh : cached)++;
+      check_invariant(blocks_[b].refs == 0, "BlockPool: a free block is referenced");
+      check_invariant(blocks_[b].list == (blocks_[b].hash == kNoHash ? kFresh : kCached), "BlockPool: free block on the wrong list");
+      (blocks_[b].hash == kNoHash ? fresh : cached)++;
     } else if (o == owner_token::kKv) {
-      check_invariant(refs_[b] > 0 && on_list_[b] == kOffList, "BlockPool: held KV block unreferenced or listed");
+      check_invariant(blocks_[b].refs > 0 && blocks_[b].list == kOffList, "BlockPool: held KV block unreferenced or listed");
       ++kv;
     } else {
-      check_invariant(o >= 0 && refs_[b] == 0 && on_list_[b] == kOffList && hash_[b] == kNoHash,
+      check_invariant(o >= 0 && blocks_[b].refs == 0 && blocks_[b].list == kOffList && blocks_[b].hash == kNoHash,
                       "BlockPool: a unit is referenced, listed or hashed");
       ++reserved;
     }
@@ -287,9 +308,12 @@ void BlockPool::check_consistency() const {
   check_invariant(kv == kv_blocks_ && reserved == reserved_, "BlockPool: counts disagree");
   check_invariant(hashed == static_cast<int64_t>(index_.size()), "BlockPool: index has stale hashes");
   check_invariant(fresh + cached + kv + reserved == num_blocks(), "BlockPool: blocks not conserved");
+  int64_t interned = 0;
+  for (int64_t b = 0; b < num_blocks(); ++b)
+    interned += blocks_[b].owner >= 0 && owner_token::kind(blocks_[b].owner) != owner_token::kCheckpoint;
   int64_t held = 0;
-  for (auto& [o, n] : held_) held += n;
-  check_invariant(held == reserved_, "BlockPool: per-owner counts disagree");
+  held_.for_each([&](int64_t, int64_t n) { held += n; });
+  check_invariant(held == interned, "BlockPool: per-owner counts disagree");
 }
 
 }  // namespace statecache

@@ -1,8 +1,9 @@
 // One pool of fixed-size blocks shared by the KV prefix cache and PAGE
 // checkpoint units (SPEC.md §5).
 //
-// Free blocks sit on two intrusive lists: `fresh` (no content hash) and
-// `cached` (still findable by hash, least recently freed first). Anything
+// Free blocks sit on two intrusive lists: `fresh` (no content hash; a stack,
+// so a block freed last is reused first while still in cache) and `cached`
+// (still findable by hash, least recently freed first). Anything
 // that takes blocks drains `fresh` before `cached`, so a cached prefix is
 // spent only when nothing spare is left. A cached block leaving the hash
 // index fires `on_evict(hash)` — after the pool is consistent again, because
@@ -11,8 +12,9 @@
 
 #include <cstdint>
 #include <functional>
-#include <unordered_map>
 #include <vector>
+
+#include "core/flat_map.h"
 
 namespace statecache {
 
@@ -39,7 +41,7 @@ class BlockPool {
   explicit BlockPool(int64_t num_blocks);
   virtual ~BlockPool() = default;
 
-  int64_t num_blocks() const { return static_cast<int64_t>(owner_.size()); }
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   // Blocks an allocation or reservation could take now (fresh + cached).
   int64_t num_free() const { return fresh_.size + cached_.size; }
   // Free blocks still findable by hash.
@@ -61,7 +63,7 @@ class BlockPool {
   void rekey_units(const std::vector<int64_t>& units, int64_t old_owner, int64_t new_owner);
   // owner_token::kFree, kKv or the unit owner's token.
   int64_t owner_of(int64_t block) const;
-  // Units `owner` holds now.
+  // Units `owner` holds now; 0 for checkpoint owners, whose store counts them.
   int64_t units_held(int64_t owner) const;
 
   // ---- KV cache ----
@@ -94,24 +96,31 @@ class BlockPool {
     int64_t size = 0;
   };
   static constexpr int64_t kNoHash = -1;
+  static constexpr int64_t kChecking = -3;  // transient mark in check_units
 
   void push_back(List& l, int32_t b);
+  void push_front(List& l, int32_t b);
   void unlink(List& l, int32_t b);
   // Takes one free block (fresh first); records a dropped hash in `evicted`.
   int32_t take_free(std::vector<int64_t>& evicted);
   void check_block(int64_t block, const char* name) const;
-  void check_units(const std::vector<int64_t>& units, int64_t owner, const char* name) const;
+  void check_units(const std::vector<int64_t>& units, int64_t owner, const char* name);
   void adjust_held(int64_t owner, int64_t delta);
   void notify(const std::vector<int64_t>& evicted);
 
-  std::vector<int64_t> owner_;
-  std::vector<int32_t> refs_;
-  std::vector<int64_t> hash_;
-  std::vector<int32_t> prev_, next_;
-  std::vector<uint8_t> on_list_;  // 0 none, 1 fresh, 2 cached
+  // Everything about one block in one place: a unit's release touches one
+  // cache line, not six arrays.
+  struct Block {
+    int64_t owner = owner_token::kFree;
+    int64_t hash = kNoHash;
+    int32_t prev = -1, next = -1;
+    int32_t refs = 0;
+    uint8_t list = 0;  // 0 none, 1 fresh, 2 cached
+  };
+  std::vector<Block> blocks_;
   List fresh_, cached_;
-  std::unordered_map<int64_t, int32_t> index_;  // hash -> block
-  std::unordered_map<int64_t, int64_t> held_;   // owner token -> units held
+  FlatInt64Map<int32_t> index_;  // hash -> block
+  FlatInt64Map<int64_t> held_;   // owner token -> units held
   int64_t kv_blocks_ = 0;
   int64_t reserved_ = 0;
   EvictCallback on_evict_;

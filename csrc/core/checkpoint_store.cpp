@@ -28,14 +28,28 @@ void PageUnitCheckpointStore::set_clock(Clock clock) { clock_ = clock ? std::mov
 // ---------------------------------------------------------------- records --
 
 PageUnitCheckpointStore::Slot* PageUnitCheckpointStore::find(int64_t checkpoint_id) {
-  auto it = slot_of_.find(checkpoint_id);
-  return it == slot_of_.end() ? nullptr : &slab_[it->second];
+  const int32_t* idx = slot_of_.find(checkpoint_id);
+  return idx == nullptr ? nullptr : &slab_[*idx];
 }
 
 const PageUnitCheckpointStore::Slot* PageUnitCheckpointStore::find(int64_t checkpoint_id) const {
-  auto it = slot_of_.find(checkpoint_id);
-  return it == slot_of_.end() ? nullptr : &slab_[it->second];
+  const int32_t* idx = slot_of_.find(checkpoint_id);
+  return idx == nullptr ? nullptr : &slab_[*idx];
 }
+
+int32_t PageUnitCheckpointStore::slot_index(int64_t checkpoint_id) const {
+  const int32_t* idx = slot_of_.find(checkpoint_id);
+  check_invariant(idx != nullptr, "store: no record for a live checkpoint id");
+  return *idx;
+}
+
+namespace {
+// Drops `key` from `map` only while it still names slab slot `idx`.
+void erase_if_names(FlatInt64Map<int32_t>& map, int64_t key, int32_t idx) {
+  const int32_t* v = map.find(key);
+  if (v != nullptr && *v == idx) map.erase(key);
+}
+}  // namespace
 
 int32_t PageUnitCheckpointStore::new_slot(int64_t checkpoint_id, int64_t prefix_hash, const UnitIds& units,
                                           CheckpointState state) {
@@ -56,18 +70,18 @@ int32_t PageUnitCheckpointStore::new_slot(int64_t checkpoint_id, int64_t prefix_
   s.prev = s.next = -1;
   s.on_lru = false;
   s.store_inflight = false;
-  slot_of_.emplace(checkpoint_id, idx);
+  slot_of_[checkpoint_id] = idx;
   set_state(s, state);
   return idx;
 }
 
 void PageUnitCheckpointStore::free_slot(int64_t checkpoint_id) {
-  auto it = slot_of_.find(checkpoint_id);
-  Slot& s = slab_[it->second];
+  const int32_t idx = slot_index(checkpoint_id);
+  Slot& s = slab_[idx];
   set_state(s, CheckpointState::kEvicting);  // leaves the evictable total
   s.id = -1;
-  free_slots_.push_back(it->second);
-  slot_of_.erase(it);
+  free_slots_.push_back(idx);
+  slot_of_.erase(checkpoint_id);
 }
 
 void PageUnitCheckpointStore::set_state(Slot& s, CheckpointState state) {
@@ -120,15 +134,14 @@ void PageUnitCheckpointStore::note_change(std::optional<int64_t> prefix_hash) {
 // ----------------------------------------------------------------- lookup --
 
 int64_t PageUnitCheckpointStore::lookup(int64_t prefix_hash) const {
-  auto it = hash_to_checkpoint_.find(prefix_hash);
-  if (it == hash_to_checkpoint_.end()) return -1;
-  const Slot* s = find(it->second);
-  if (s == nullptr || s->rec.state != CheckpointState::kReady) return -1;
-  return it->second;
+  const int32_t* idx = hash_to_checkpoint_.find(prefix_hash);
+  if (idx == nullptr) return -1;
+  const Slot& s = slab_[*idx];
+  return s.rec.state == CheckpointState::kReady ? s.id : -1;
 }
 
 bool PageUnitCheckpointStore::contains_or_pending(int64_t prefix_hash) const {
-  return contains(prefix_hash) || pending_by_hash_.count(prefix_hash) != 0;
+  return contains(prefix_hash) || pending_by_hash_.contains(prefix_hash);
 }
 
 // --------------------------------------------------------------- capacity --
@@ -176,9 +189,10 @@ std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t pr
   // returning; the units are ours by then.
   UnitIds units;
   if (!pool_->reserve_units(needed, checkpoint_owner(checkpoint_id), units)) return std::nullopt;
-  Slot& s = slab_[new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying)];
+  const int32_t idx = new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying);
+  Slot& s = slab_[idx];
   s.store_inflight = true;
-  pending_by_hash_[prefix_hash] = checkpoint_id;
+  pending_by_hash_[prefix_hash] = idx;
   inflight_stores_.push_back(checkpoint_id);
   return CheckpointStoreOp{src_slot, s.rec.unit_ids, spec_.image_bytes, spec_.layout_id};
 }
@@ -193,7 +207,7 @@ std::optional<CheckpointRestoreOp> PageUnitCheckpointStore::begin_restore(int64_
   if (dst_slot < 0) bad_argument("dst_slot", dst_slot, "must be >= 0");
   const int64_t checkpoint_id = lookup(prefix_hash);
   if (checkpoint_id < 0) return std::nullopt;
-  const int32_t idx = slot_of_.at(checkpoint_id);
+  const int32_t idx = slot_index(checkpoint_id);
   Slot& s = slab_[idx];
   add_pins(s, 1);
   lru_unlink(idx);
@@ -263,8 +277,9 @@ void PageUnitCheckpointStore::release_suspended_restore(const SuspendedCheckpoin
 void PageUnitCheckpointStore::index_ready(Slot& s) {
   set_state(s, CheckpointState::kReady);
   s.ready_seq = ++ready_seq_;
-  hash_to_checkpoint_[s.rec.prefix_hash] = s.id;
-  lru_push_back(slot_of_.at(s.id));
+  const auto idx = static_cast<int32_t>(&s - slab_.data());
+  hash_to_checkpoint_[s.rec.prefix_hash] = idx;
+  lru_push_back(idx);
 }
 
 void PageUnitCheckpointStore::complete_inflight() {
@@ -276,8 +291,7 @@ void PageUnitCheckpointStore::complete_inflight() {
     Slot* s = find(checkpoint_id);
     if (s == nullptr) continue;
     const int64_t h = s->rec.prefix_hash;
-    auto pending = pending_by_hash_.find(h);
-    if (pending != pending_by_hash_.end() && pending->second == checkpoint_id) pending_by_hash_.erase(pending);
+    erase_if_names(pending_by_hash_, h, static_cast<int32_t>(s - slab_.data()));
     if (s->rec.state == CheckpointState::kEvicting) {
       release_record(checkpoint_id);
       continue;
@@ -331,18 +345,18 @@ std::optional<std::vector<int64_t>> PageUnitCheckpointStore::changed_since(int64
 bool PageUnitCheckpointStore::unindex(int64_t prefix_hash) {
   note_change(prefix_hash);
   int64_t checkpoint_id = -1;
-  if (auto it = hash_to_checkpoint_.find(prefix_hash); it != hash_to_checkpoint_.end()) {
-    checkpoint_id = it->second;
-    hash_to_checkpoint_.erase(it);
-  } else if (auto p = pending_by_hash_.find(prefix_hash); p != pending_by_hash_.end()) {
-    checkpoint_id = p->second;
-    pending_by_hash_.erase(p);
+  if (const int32_t* idx = hash_to_checkpoint_.find(prefix_hash)) {
+    checkpoint_id = slab_[*idx].id;
+    hash_to_checkpoint_.erase(prefix_hash);
+  } else if (const int32_t* pending = pending_by_hash_.find(prefix_hash)) {
+    checkpoint_id = slab_[*pending].id;
+    pending_by_hash_.erase(prefix_hash);
   }
   if (checkpoint_id < 0) return false;
   Slot* s = find(checkpoint_id);
   if (s == nullptr) return false;
   set_state(*s, CheckpointState::kEvicting);
-  lru_unlink(slot_of_.at(checkpoint_id));
+  lru_unlink(slot_index(checkpoint_id));
   // A queued writer or a reader still needs the units; they go back later.
   if (!s->store_inflight && s->rec.pin_count == 0) release_record(checkpoint_id);
   return true;
@@ -371,24 +385,21 @@ void PageUnitCheckpointStore::evict(int64_t checkpoint_id) {
   if (s.rec.state != CheckpointState::kReady || s.rec.pin_count != 0)
     throw InvariantError("only an unpinned READY checkpoint is evictable");
   note_change(s.rec.prefix_hash);
-  auto it = hash_to_checkpoint_.find(s.rec.prefix_hash);
-  if (it != hash_to_checkpoint_.end() && it->second == checkpoint_id) hash_to_checkpoint_.erase(it);
+  erase_if_names(hash_to_checkpoint_, s.rec.prefix_hash, static_cast<int32_t>(&s - slab_.data()));
   set_state(s, CheckpointState::kEvicting);
-  lru_unlink(slot_of_.at(checkpoint_id));
+  lru_unlink(slot_index(checkpoint_id));
   release_record(checkpoint_id);
   ++evictions_;
 }
 
 void PageUnitCheckpointStore::release_record(int64_t checkpoint_id) {
-  const int32_t idx = slot_of_.at(checkpoint_id);
+  const int32_t idx = slot_index(checkpoint_id);
   Slot& s = slab_[idx];
   const int64_t h = s.rec.prefix_hash;
   note_change(h);
   lru_unlink(idx);
-  auto it = hash_to_checkpoint_.find(h);
-  if (it != hash_to_checkpoint_.end() && it->second == checkpoint_id) hash_to_checkpoint_.erase(it);
-  auto p = pending_by_hash_.find(h);
-  if (p != pending_by_hash_.end() && p->second == checkpoint_id) pending_by_hash_.erase(p);
+  erase_if_names(hash_to_checkpoint_, h, idx);
+  erase_if_names(pending_by_hash_, h, idx);
   // The record is gone before the units return, so nothing can find it while
   // the pool hands them out again.
   set_state(s, CheckpointState::kEvicting);
@@ -507,7 +518,7 @@ int64_t PageUnitCheckpointStore::reclaim_stale_offload_pins(double timeout_s) {
 std::vector<int64_t> PageUnitCheckpointStore::record_ids() const {
   std::vector<int64_t> ids;
   ids.reserve(slot_of_.size());
-  for (const auto& kv : slot_of_) ids.push_back(kv.first);
+  slot_of_.for_each([&](int64_t id, int32_t) { ids.push_back(id); });
   std::sort(ids.begin(), ids.end());
   return ids;
 }
@@ -520,10 +531,7 @@ const CheckpointRecord* PageUnitCheckpointStore::record(int64_t checkpoint_id) c
 std::vector<std::pair<int64_t, int64_t>> PageUnitCheckpointStore::hash_index() const {
   std::vector<std::tuple<uint64_t, int64_t, int64_t>> order;
   order.reserve(hash_to_checkpoint_.size());
-  for (const auto& [h, checkpoint_id] : hash_to_checkpoint_) {
-    const Slot* s = find(checkpoint_id);
-    order.emplace_back(s ? s->ready_seq : 0, h, checkpoint_id);
-  }
+  hash_to_checkpoint_.for_each([&](int64_t h, int32_t idx) { order.emplace_back(slab_[idx].ready_seq, h, slab_[idx].id); });
   std::sort(order.begin(), order.end());
   std::vector<std::pair<int64_t, int64_t>> out;
   out.reserve(order.size());
@@ -532,19 +540,19 @@ std::vector<std::pair<int64_t, int64_t>> PageUnitCheckpointStore::hash_index() c
 }
 
 int64_t PageUnitCheckpointStore::hash_index_get(int64_t prefix_hash) const {
-  auto it = hash_to_checkpoint_.find(prefix_hash);
-  return it == hash_to_checkpoint_.end() ? -1 : it->second;
+  const int32_t* idx = hash_to_checkpoint_.find(prefix_hash);
+  return idx == nullptr ? -1 : slab_[*idx].id;
 }
 
 int64_t PageUnitCheckpointStore::units_held() const {
   int64_t n = 0;
-  for (const auto& kv : slot_of_) n += static_cast<int64_t>(slab_[kv.second].rec.unit_ids.size());
+  slot_of_.for_each([&](int64_t, int32_t idx) { n += static_cast<int64_t>(slab_[idx].rec.unit_ids.size()); });
   return n;
 }
 
 void PageUnitCheckpointStore::check_consistency() const {
   int64_t evictable = 0, on_lru = 0;
-  for (const auto& [checkpoint_id, idx] : slot_of_) {
+  slot_of_.for_each([&](int64_t checkpoint_id, int32_t idx) {
     const Slot& s = slab_[idx];
     check_invariant(s.id == checkpoint_id, "store: slab slot names another checkpoint");
     check_invariant(s.rec.pin_count >= 0, "store: negative pin count");
@@ -557,12 +565,13 @@ void PageUnitCheckpointStore::check_consistency() const {
     if (is_evictable(s, -1)) evictable += static_cast<int64_t>(s.rec.unit_ids.size());
     for (int64_t u : s.rec.unit_ids)
       check_invariant(pool_->owner_of(u) == checkpoint_owner(checkpoint_id), "store: a record's unit is not its own");
-  }
-  for (const auto& [h, checkpoint_id] : hash_to_checkpoint_) {
+  });
+  hash_to_checkpoint_.for_each([&](int64_t h, int32_t idx) {
+    const int64_t checkpoint_id = slab_[idx].id;
     const Slot* s = find(checkpoint_id);
     check_invariant(s && s->rec.state == CheckpointState::kReady && s->rec.prefix_hash == h,
                     "store: index names a record that is not READY under that hash");
-  }
+  });
   int64_t walked = 0;
   for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next) ++walked;
   check_invariant(walked == on_lru, "store: LRU list length disagrees");

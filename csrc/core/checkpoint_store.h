@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/block_pool.h"
+#include "core/flat_map.h"
 #include "core/paged_types.h"
 
 namespace statecache {
@@ -132,6 +133,7 @@ class PageUnitCheckpointStore {
   };
 
   Slot* find(int64_t checkpoint_id);
+  int32_t slot_index(int64_t checkpoint_id) const;  // of a live record
   const Slot* find(int64_t checkpoint_id) const;
   int32_t new_slot(int64_t checkpoint_id, int64_t prefix_hash, const UnitIds& units, CheckpointState state);
   void free_slot(int64_t checkpoint_id);
@@ -166,13 +168,14 @@ class PageUnitCheckpointStore {
 
   std::vector<Slot> slab_;
   std::vector<int32_t> free_slots_;
-  std::unordered_map<int64_t, int32_t> slot_of_;  // checkpoint id -> slab index
+  FlatInt64Map<int32_t> slot_of_;  // checkpoint id -> slab index
   int32_t lru_head_ = -1, lru_tail_ = -1;
   int64_t evictable_units_ = 0;
   uint64_t ready_seq_ = 0;
 
-  std::unordered_map<int64_t, int64_t> hash_to_checkpoint_;
-  std::unordered_map<int64_t, int64_t> pending_by_hash_;
+  // hash -> slab index of the READY / COPYING record filed under it.
+  FlatInt64Map<int32_t> hash_to_checkpoint_;
+  FlatInt64Map<int32_t> pending_by_hash_;
   std::vector<int64_t> inflight_stores_;
   std::vector<std::pair<int64_t, CheckpointRestoreOp>> queued_restores_;
   std::vector<int64_t> inflight_restores_;

@@ -1,6 +1,7 @@
 #include "core/free_list.h"
 
 #include <algorithm>
+#include <climits>
 #include <functional>
 
 #include "core/errors.h"
@@ -14,23 +15,19 @@ StateFreeList::StateFreeList(int64_t count, bool enabled, const char* unit)
   index_.reserve(static_cast<size_t>(count));
   vacant_heap_.reserve(2 * static_cast<size_t>(count) + 4);
   for (int64_t u = 0; u < count; ++u) {
-    free_[idx(u)] = 1;
+    units_[idx(u)].free = 1;
     vacant_heap_.push_back(u);  // ascending order is already a min-heap
   }
   free_count_ = count;
 }
 
 void StateFreeList::grow_to(size_t n) {
-  if (n <= unit_hash_.size()) return;
-  free_.resize(n, 0);
-  unit_hash_.resize(n, -1);
-  spec_.resize(n, 0);
-  prev_.resize(n, -1);
-  next_.resize(n, -1);
-  in_lru_.resize(n, 0);
-  pins_.resize(n, 0);
-  pinned_pos_.resize(n, -1);
-  deferred_.resize(n, 0);
+  if (n <= units_.size()) return;
+  // Indices are stored as int32 in the per-unit records.
+  if (n > static_cast<size_t>(INT32_MAX))
+    bad_argument(("num_" + unit_ + "s").c_str(), static_cast<long long>(n), "exceeds 2**31 - 1");
+  units_.resize(n);
+  pinned_bits_.resize((n + 63) / 64, 0);
 }
 
 // ---- argument checks ------------------------------------------------------
@@ -39,8 +36,8 @@ void StateFreeList::check_unit(int64_t u) const { check_index(unit_.c_str(), u, 
 
 void StateFreeList::check_owned(int64_t u) const {
   check_unit(u);
-  if (free_[idx(u)]) bad_argument(unit_.c_str(), u, "is already free");
-  if (pins_[idx(u)] > 0)
+  if (units_[idx(u)].free) bad_argument(unit_.c_str(), u, "is already free");
+  if (units_[idx(u)].pins > 0)
     bad_argument(unit_.c_str(), u, "is pinned (a forward still reads it); drop_reader or unpin it first");
 }
 
@@ -51,60 +48,60 @@ void StateFreeList::check_count(const char* name, int64_t count) const {
 // ---- LRU (intrusive list) -------------------------------------------------
 
 void StateFreeList::lru_push_back(int64_t u) {
-  prev_[idx(u)] = tail_;
-  next_[idx(u)] = -1;
+  units_[idx(u)].prev = tail_;
+  units_[idx(u)].next = -1;
   if (tail_ >= 0)
-    next_[idx(tail_)] = u;
+    units_[idx(tail_)].next = u;
   else
     head_ = u;
   tail_ = u;
-  in_lru_[idx(u)] = 1;
+  units_[idx(u)].in_lru = 1;
   ++lru_size_;
 }
 
 void StateFreeList::lru_push_front(int64_t u) {
-  next_[idx(u)] = head_;
-  prev_[idx(u)] = -1;
+  units_[idx(u)].next = head_;
+  units_[idx(u)].prev = -1;
   if (head_ >= 0)
-    prev_[idx(head_)] = u;
+    units_[idx(head_)].prev = u;
   else
     tail_ = u;
   head_ = u;
-  in_lru_[idx(u)] = 1;
+  units_[idx(u)].in_lru = 1;
   ++lru_size_;
 }
 
 void StateFreeList::lru_remove(int64_t u) {
-  check_invariant(in_lru_[idx(u)], "removing a unit that is not on the checkpointed list");
-  const int64_t p = prev_[idx(u)], n = next_[idx(u)];
+  check_invariant(units_[idx(u)].in_lru, "removing a unit that is not on the checkpointed list");
+  const int64_t p = units_[idx(u)].prev, n = units_[idx(u)].next;
   if (p >= 0)
-    next_[idx(p)] = n;
+    units_[idx(p)].next = n;
   else
     head_ = n;
   if (n >= 0)
-    prev_[idx(n)] = p;
+    units_[idx(n)].prev = p;
   else
     tail_ = p;
-  prev_[idx(u)] = next_[idx(u)] = -1;
-  in_lru_[idx(u)] = 0;
+  units_[idx(u)].prev = units_[idx(u)].next = -1;
+  units_[idx(u)].in_lru = 0;
   --lru_size_;
 }
 
 void StateFreeList::lru_replace(int64_t old_u, int64_t new_u) {
-  const int64_t p = prev_[idx(old_u)], n = next_[idx(old_u)];
-  prev_[idx(new_u)] = p;
-  next_[idx(new_u)] = n;
+  const int64_t p = units_[idx(old_u)].prev, n = units_[idx(old_u)].next;
+  units_[idx(new_u)].prev = p;
+  units_[idx(new_u)].next = n;
   if (p >= 0)
-    next_[idx(p)] = new_u;
+    units_[idx(p)].next = new_u;
   else
     head_ = new_u;
   if (n >= 0)
-    prev_[idx(n)] = new_u;
+    units_[idx(n)].prev = new_u;
   else
     tail_ = new_u;
-  prev_[idx(old_u)] = next_[idx(old_u)] = -1;
-  in_lru_[idx(old_u)] = 0;
-  in_lru_[idx(new_u)] = 1;
+  units_[idx(old_u)].prev = units_[idx(old_u)].next = -1;
+  units_[idx(old_u)].in_lru = 0;
+  units_[idx(new_u)].in_lru = 1;
 }
 
 // ---- vacant heap ----------------------------------------------------------
@@ -116,8 +113,8 @@ void StateFreeList::heap_push(int64_t u) {
 
 void StateFreeList::rebuild_vacant_heap() {
   vacant_heap_.clear();
-  for (size_t u = 0; u < free_.size(); ++u)
-    if (free_[u] && unit_hash_[u] == -1) vacant_heap_.push_back(static_cast<int64_t>(u));
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].free && units_[u].hash == -1) vacant_heap_.push_back(static_cast<int64_t>(u));
   // Ascending order is a valid min-heap.
 }
 
@@ -126,7 +123,7 @@ int64_t StateFreeList::take_vacant() {
     std::pop_heap(vacant_heap_.begin(), vacant_heap_.end(), std::greater<>());
     const int64_t u = vacant_heap_.back();
     vacant_heap_.pop_back();
-    if (free_[idx(u)] && unit_hash_[idx(u)] == -1) {
+    if (units_[idx(u)].free && units_[idx(u)].hash == -1) {
       set_free(u, false);
       return u;
     }
@@ -137,8 +134,8 @@ int64_t StateFreeList::take_vacant() {
 // ---- free list ------------------------------------------------------------
 
 void StateFreeList::set_free(int64_t u, bool free) {
-  if (static_cast<bool>(free_[idx(u)]) == free) return;
-  free_[idx(u)] = free ? 1 : 0;
+  if (static_cast<bool>(units_[idx(u)].free) == free) return;
+  units_[idx(u)].free = free ? 1 : 0;
   free_count_ += free ? 1 : -1;
 }
 
@@ -158,20 +155,20 @@ int64_t StateFreeList::pop() {
   }
   // A guess is spent with its unit; the re-file inside file_checkpoint must
   // not clear a mark that was only just made, so this is not in drop_hash.
-  spec_[idx(u)] = 0;
+  units_[idx(u)].spec = 0;
   drop_hash(u);
   return u;
 }
 
 void StateFreeList::claim(int64_t u) {
   check_unit(u);
-  if (!free_[idx(u)]) bad_argument(unit_.c_str(), u, "is not free, so it cannot be claimed");
+  if (!units_[idx(u)].free) bad_argument(unit_.c_str(), u, "is not free, so it cannot be claimed");
   take_free(u);
 }
 
 void StateFreeList::take_free(int64_t u) {
   set_free(u, false);
-  if (unit_hash_[idx(u)] != -1) lru_remove(u);
+  if (units_[idx(u)].hash != -1) lru_remove(u);
 }
 
 void StateFreeList::release(int64_t u) {
@@ -181,14 +178,14 @@ void StateFreeList::release(int64_t u) {
 
 void StateFreeList::put_back(int64_t u) {
   set_free(u, true);
-  if (unit_hash_[idx(u)] != -1) {
-    if (spec_[idx(u)])
+  if (units_[idx(u)].hash != -1) {
+    if (units_[idx(u)].spec)
       lru_push_front(u);
     else
       lru_push_back(u);
     return;
   }
-  spec_[idx(u)] = 0;
+  units_[idx(u)].spec = 0;
   heap_push(u);
   // Units hashed while vacant leave stale entries; rebuilding once the heap
   // is twice the pool keeps it bounded at amortized O(1) per push.
@@ -196,12 +193,12 @@ void StateFreeList::put_back(int64_t u) {
 }
 
 void StateFreeList::set_hash(int64_t u, int64_t h) {
-  if (!free_[idx(u)]) {
-    unit_hash_[idx(u)] = h;
+  if (!units_[idx(u)].free) {
+    units_[idx(u)].hash = h;
     return;
   }
   take_free(u);
-  unit_hash_[idx(u)] = h;
+  units_[idx(u)].hash = h;
   put_back(u);
 }
 
@@ -211,7 +208,7 @@ void StateFreeList::extend(int64_t count) {
   for (int64_t u = num_; u < num_ + count; ++u) {
     // A re-added index forgets its hash directly, as the reference does; an
     // index entry still naming it stays (see index_is_exact).
-    unit_hash_[idx(u)] = -1;
+    units_[idx(u)].hash = -1;
     put_back(u);
   }
   num_ += count;
@@ -221,7 +218,7 @@ std::optional<Retirement> StateFreeList::retire_top() {
   const int64_t top = num_ - 1;
   if (top < 0 || is_pinned(top)) return std::nullopt;
   const bool held = holds_checkpoint(top);
-  if (free_[idx(top)] && !held) {
+  if (units_[idx(top)].free && !held) {
     take_free(top);
     --num_;
     return Retirement{top, -1, false};
@@ -243,7 +240,7 @@ std::optional<Retirement> StateFreeList::retire_top() {
 int64_t StateFreeList::take_relocation_target(int64_t exclude) {
   const int64_t u = take_vacant();
   if (u >= 0) return u;
-  for (int64_t c = head_; c >= 0; c = next_[idx(c)]) {
+  for (int64_t c = head_; c >= 0; c = units_[idx(c)].next) {
     if (c == exclude) continue;
     take_free(c);
     drop_hash(c);
@@ -254,12 +251,12 @@ int64_t StateFreeList::take_relocation_target(int64_t exclude) {
 
 void StateFreeList::rehome_checkpoint(int64_t src, int64_t dst) {
   // Keeps the LRU position: only the address changed, not the use.
-  const int64_t h = unit_hash_[idx(src)];
+  const int64_t h = units_[idx(src)].hash;
   lru_replace(src, dst);
   set_free(src, false);
   set_free(dst, true);
-  unit_hash_[idx(src)] = -1;
-  unit_hash_[idx(dst)] = h;
+  units_[idx(src)].hash = -1;
+  units_[idx(dst)].hash = h;
   index_.set(h, dst);
 }
 
@@ -268,8 +265,7 @@ void StateFreeList::rehome_checkpoint(int64_t src, int64_t dst) {
 void StateFreeList::file_checkpoint(int64_t h, int64_t u) {
   if (!enabled_) return;
   drop_hash(u);
-  const int64_t prev = index_.get(h, -1);
-  index_.set(h, u);
+  const int64_t prev = index_.exchange(h, u, -1);
   set_hash(u, h);
   // The unit that held `h` before is orphaned; clear only its back-pointer,
   // the entry just written must stay.
@@ -278,7 +274,7 @@ void StateFreeList::file_checkpoint(int64_t h, int64_t u) {
 
 void StateFreeList::drop_hash(int64_t u) {
   if (!enabled_) return;
-  const int64_t h = unit_hash_[idx(u)];
+  const int64_t h = units_[idx(u)].hash;
   if (h == -1) return;
   set_hash(u, -1);
   const int64_t* at = index_.find(h);
@@ -308,13 +304,13 @@ void StateFreeList::clear_index() {
 
 void StateFreeList::mark_speculative(int64_t u) {
   check_unit(u);
-  if (enabled_) spec_[idx(u)] = 1;
+  if (enabled_) units_[idx(u)].spec = 1;
 }
 
 void StateFreeList::promote(int64_t u) {
   if (!enabled_ || !is_speculative(u)) return;
-  spec_[idx(u)] = 0;
-  if (free_[idx(u)] && unit_hash_[idx(u)] != -1) {
+  units_[idx(u)].spec = 0;
+  if (units_[idx(u)].free && units_[idx(u)].hash != -1) {
     lru_remove(u);
     lru_push_back(u);
   }
@@ -325,31 +321,27 @@ void StateFreeList::promote(int64_t u) {
 void StateFreeList::pin(int64_t u, bool reader_is_next_batch) {
   check_unit(u);
   // A pinned unit must never be handed out, so it cannot sit on the free list.
-  if (free_[idx(u)]) bad_argument(unit_.c_str(), u, "is free; claim it before pinning it");
-  if (pins_[idx(u)]++ == 0) {
-    pinned_pos_[idx(u)] = static_cast<int64_t>(pinned_.size());
-    pinned_.push_back(u);
+  if (units_[idx(u)].free) bad_argument(unit_.c_str(), u, "is free; claim it before pinning it");
+  if (units_[idx(u)].pins++ == 0) {
+    pinned_bits_[idx(u) / 64] |= uint64_t{1} << (idx(u) % 64);
+    ++pinned_count_;
   }
-  if (reader_is_next_batch) deferred_[idx(u)] = 1;
+  if (reader_is_next_batch) units_[idx(u)].deferred = 1;
 }
 
 void StateFreeList::unpin(int64_t u) {
   if (!in_capacity(u)) return;
-  int64_t& count = pins_[idx(u)];
-  if (count > 1) {
-    --count;
+  Unit& x = units_[idx(u)];
+  if (x.pins > 1) {
+    --x.pins;
     return;
   }
-  if (count == 1) {
-    const int64_t pos = pinned_pos_[idx(u)];
-    const int64_t last = pinned_.back();
-    pinned_[idx(pos)] = last;
-    pinned_pos_[idx(last)] = pos;
-    pinned_.pop_back();
-    pinned_pos_[idx(u)] = -1;
+  if (x.pins == 1) {
+    pinned_bits_[idx(u) / 64] &= ~(uint64_t{1} << (idx(u) % 64));
+    --pinned_count_;
   }
-  count = 0;
-  deferred_[idx(u)] = 0;
+  x.pins = 0;
+  x.deferred = 0;
 }
 
 void StateFreeList::drop_reader(int64_t u) {
@@ -359,18 +351,20 @@ void StateFreeList::drop_reader(int64_t u) {
 }
 
 void StateFreeList::release_pins() {
-  if (pinned_.empty()) return;
-  scratch_.assign(pinned_.begin(), pinned_.end());
-  std::sort(scratch_.begin(), scratch_.end());
-  for (int64_t u : scratch_) {
-    // A deferred pin is read by the batch this pass builds: keep it one more.
-    if (deferred_[idx(u)]) {
-      deferred_[idx(u)] = 0;
-      continue;
+  if (pinned_count_ == 0) return;
+  for (size_t w = 0; w < pinned_bits_.size(); ++w) {
+    for (uint64_t bits = pinned_bits_[w]; bits != 0; bits &= bits - 1) {
+      const int64_t u = static_cast<int64_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(bits)));
+      Unit& x = units_[idx(u)];
+      // A deferred pin is read by the batch this pass builds: keep it one more.
+      if (x.deferred) {
+        x.deferred = 0;
+        continue;
+      }
+      x.pins = 1;
+      unpin(u);
+      put_back(u);
     }
-    pins_[idx(u)] = 1;
-    unpin(u);
-    put_back(u);
   }
 }
 
@@ -383,63 +377,64 @@ Occupancy StateFreeList::occupancy() const {
 std::vector<int64_t> StateFreeList::lru_order() const {
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(lru_size_));
-  for (int64_t u = head_; u >= 0; u = next_[idx(u)]) out.push_back(u);
+  for (int64_t u = head_; u >= 0; u = units_[idx(u)].next) out.push_back(u);
   return out;
 }
 
 std::vector<int64_t> StateFreeList::pinned_units() const {
-  std::vector<int64_t> out(pinned_);
-  std::sort(out.begin(), out.end());
+  std::vector<int64_t> out;
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].pins > 0) out.push_back(static_cast<int64_t>(u));
   return out;
 }
 
 std::vector<int64_t> StateFreeList::deferred_units() const {
   std::vector<int64_t> out;
-  for (size_t u = 0; u < deferred_.size(); ++u)
-    if (deferred_[u]) out.push_back(static_cast<int64_t>(u));
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].deferred) out.push_back(static_cast<int64_t>(u));
   return out;
 }
 
 std::vector<int64_t> StateFreeList::speculative_units() const {
   std::vector<int64_t> out;
-  for (size_t u = 0; u < spec_.size(); ++u)
-    if (spec_[u]) out.push_back(static_cast<int64_t>(u));
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].spec) out.push_back(static_cast<int64_t>(u));
   return out;
 }
 
 bool StateFreeList::index_is_exact() const {
   bool exact = true;
   index_.for_each([&](int64_t h, int64_t u) {
-    if (!in_capacity(u) || unit_hash_[idx(u)] != h) exact = false;
+    if (!in_capacity(u) || units_[idx(u)].hash != h) exact = false;
   });
   return exact;
 }
 
 void StateFreeList::check_invariants() const {
-  const size_t cap = unit_hash_.size();
+  const size_t cap = units_.size();
   int64_t free_seen = 0;
   for (size_t u = 0; u < cap; ++u) {
-    if (free_[u]) {
+    if (units_[u].free) {
       ++free_seen;
       check_invariant(static_cast<int64_t>(u) < num_, "a free unit lies past the top of the pool");
-      check_invariant(pins_[u] == 0, "a pinned unit is on the free list");
+      check_invariant(units_[u].pins == 0, "a pinned unit is on the free list");
     }
     // Free with a hash <=> on the checkpointed list.
-    check_invariant(static_cast<bool>(in_lru_[u]) == (free_[u] && unit_hash_[u] != -1),
+    check_invariant(static_cast<bool>(units_[u].in_lru) == (units_[u].free && units_[u].hash != -1),
                     "checkpointed list membership disagrees with free/hash");
-    if (deferred_[u]) check_invariant(pins_[u] > 0, "a deferred unit is not pinned");
-    check_invariant(pins_[u] >= 0, "negative pin count");
-    if (unit_hash_[u] != -1) {
+    if (units_[u].deferred) check_invariant(units_[u].pins > 0, "a deferred unit is not pinned");
+    check_invariant(units_[u].pins >= 0, "negative pin count");
+    if (units_[u].hash != -1) {
       check_invariant(enabled_, "a disabled pool carries a hash");
-      check_invariant(index_.get(unit_hash_[u], -2) == static_cast<int64_t>(u),
+      check_invariant(index_.get(units_[u].hash, -2) == static_cast<int64_t>(u),
                       "unit_hash names a hash the index files elsewhere");
     }
   }
   check_invariant(free_seen == free_count_, "free count is out of step");
 
   int64_t walked = 0, prev = -1;
-  for (int64_t u = head_; u >= 0; u = next_[idx(u)]) {
-    check_invariant(prev_[idx(u)] == prev, "checkpointed list back-link broken");
+  for (int64_t u = head_; u >= 0; u = units_[idx(u)].next) {
+    check_invariant(units_[idx(u)].prev == prev, "checkpointed list back-link broken");
     check_invariant(++walked <= lru_size_, "checkpointed list longer than its size");
     prev = u;
   }
@@ -449,17 +444,16 @@ void StateFreeList::check_invariants() const {
   std::vector<uint8_t> in_heap(cap, 0);
   for (int64_t u : vacant_heap_) in_heap[idx(u)] = 1;
   for (size_t u = 0; u < cap; ++u)
-    if (free_[u] && unit_hash_[u] == -1)
+    if (units_[u].free && units_[u].hash == -1)
       check_invariant(in_heap[u], "a vacant unit is missing from the heap");
 
-  for (size_t k = 0; k < pinned_.size(); ++k) {
-    const int64_t u = pinned_[k];
-    check_invariant(pins_[idx(u)] > 0 && pinned_pos_[idx(u)] == static_cast<int64_t>(k),
-                    "pinned list out of step with pin counts");
-  }
   int64_t pinned_seen = 0;
-  for (size_t u = 0; u < cap; ++u) pinned_seen += pins_[u] > 0;
-  check_invariant(pinned_seen == static_cast<int64_t>(pinned_.size()), "pin table out of step");
+  for (size_t u = 0; u < cap; ++u) {
+    const bool bit = (pinned_bits_[u / 64] >> (u % 64)) & 1;
+    check_invariant(bit == (units_[u].pins > 0), "pinned bitset out of step with pin counts");
+    pinned_seen += bit;
+  }
+  check_invariant(pinned_seen == pinned_count_, "pin count total out of step");
   index_.for_each([&](int64_t, int64_t u) {
     check_invariant(in_capacity(u), "the index names a unit outside the pool");
   });

@@ -15,6 +15,7 @@
 // value the protocol forbids (releasing a free unit, a negative count).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -56,14 +57,15 @@ class StateFreeList {
   // ---- capacity ---------------------------------------------------------
   int64_t size() const { return num_; }
   // Length of the hash array: grown by extend, never shrunk by retire_top.
-  int64_t capacity() const { return static_cast<int64_t>(unit_hash_.size()); }
+  int64_t capacity() const { return static_cast<int64_t>(units_.size()); }
   bool enabled() const { return enabled_; }
   int64_t num_free() const { return free_count_; }
   bool has_free(int64_t count = 1) const;
   // Queries accept any index and answer false / 0 outside the pool.
-  bool is_free(int64_t u) const { return in_capacity(u) && free_[idx(u)]; }
-  bool holds_checkpoint(int64_t u) const { return is_free(u) && unit_hash_[idx(u)] != -1; }
-  const std::vector<int64_t>& unit_hashes() const { return unit_hash_; }
+  bool is_free(int64_t u) const { return in_capacity(u) && units_[idx(u)].free; }
+  bool holds_checkpoint(int64_t u) const { return is_free(u) && units_[idx(u)].hash != -1; }
+  // The hash index `u` carries, -1 for none; 0 <= u < capacity().
+  int64_t hash_of(int64_t u) const { return units_[idx(u)].hash; }
   const HashIndex& index() const { return index_; }
   int64_t lookup(int64_t h) const { return enabled_ ? index_.get(h, -1) : -1; }
 
@@ -88,12 +90,12 @@ class StateFreeList {
   // ---- speculative marks ------------------------------------------------
   void mark_speculative(int64_t u);
   void promote(int64_t u);
-  bool is_speculative(int64_t u) const { return in_capacity(u) && spec_[idx(u)]; }
+  bool is_speculative(int64_t u) const { return in_capacity(u) && units_[idx(u)].spec; }
 
   // ---- pins -------------------------------------------------------------
   void pin(int64_t u, bool reader_is_next_batch = false);
   bool is_pinned(int64_t u) const { return pin_count(u) > 0; }
-  int64_t pin_count(int64_t u) const { return in_capacity(u) ? pins_[idx(u)] : 0; }
+  int64_t pin_count(int64_t u) const { return in_capacity(u) ? units_[idx(u)].pins : 0; }
   void unpin(int64_t u);
   void drop_reader(int64_t u);
   void release_pins();
@@ -110,9 +112,30 @@ class StateFreeList {
   int64_t scan_resumable(int64_t num_tokens, int64_t hit, int64_t min_fork_tokens,
                          int64_t hash_block_size, bool assume_checkpointed,
                          HashAt&& hash_at) const {
-    for (int64_t i = hit - 1; i >= 0; --i) {
-      if (!assume_checkpointed && !index_.contains(hash_at(i))) continue;
-      if (num_tokens - (i + 1) * hash_block_size >= min_fork_tokens) return i + 1;
+    if (assume_checkpointed) {
+      for (int64_t i = hit - 1; i >= 0; --i)
+        if (num_tokens - (i + 1) * hash_block_size >= min_fork_tokens) return i + 1;
+      return 0;
+    }
+    if (index_.empty()) return 0;
+    // Boundaries above the fork bound can never be the answer; start below it.
+    int64_t top = hit - 1;
+    if (num_tokens - min_fork_tokens < hit * hash_block_size) {
+      const int64_t room = num_tokens - min_fork_tokens;
+      top = room < 0 ? -1 : std::min(top, room / hash_block_size - 1);
+    }
+    // Probe in chunks: read a chunk's hashes and start fetching their table
+    // cells first, so the cache misses overlap instead of queueing.
+    constexpr int64_t kChunk = 8;
+    int64_t keys[kChunk];
+    for (int64_t hi = top; hi >= 0; hi -= kChunk) {
+      const int64_t n = std::min(kChunk, hi + 1);
+      for (int64_t k = 0; k < n; ++k) {
+        keys[k] = hash_at(hi - k);
+        index_.prefetch(keys[k]);
+      }
+      for (int64_t k = 0; k < n; ++k)
+        if (index_.contains(keys[k])) return hi - k + 1;
     }
     return 0;
   }
@@ -168,26 +191,32 @@ class StateFreeList {
   int64_t num_;
   int64_t free_count_ = 0;
 
-  std::vector<uint8_t> free_;
-  std::vector<int64_t> unit_hash_;
-  std::vector<uint8_t> spec_;
+  // Everything known about one index, in one record: the hot paths touch a
+  // few indices at random, and one cache line each beats one per array.
+  struct Unit {
+    int64_t hash = -1;       // checkpoint carried, -1 for none
+    int32_t prev = -1;       // checkpointed-LRU links
+    int32_t next = -1;
+    int32_t pins = 0;        // readers holding it pinned
+    uint8_t free = 0;
+    uint8_t spec = 0;        // a guess: filed at the LRU head
+    uint8_t in_lru = 0;
+    uint8_t deferred = 0;    // pinned for the batch the next pass builds
+  };
+  std::vector<Unit> units_;
   HashIndex index_;
 
   std::vector<int64_t> vacant_heap_;  // min-heap, may hold stale entries
 
   // Checkpointed LRU: head is spent first.
-  std::vector<int64_t> prev_, next_;
-  std::vector<uint8_t> in_lru_;
   int64_t head_ = -1, tail_ = -1;
   int64_t lru_size_ = 0;
 
-  // Pins: count per unit, the pinned units as an unordered list (with each
-  // unit's position for O(1) removal), and the deferred marks.
-  std::vector<int64_t> pins_;
-  std::vector<int64_t> pinned_;
-  std::vector<int64_t> pinned_pos_;
-  std::vector<uint8_t> deferred_;
-  std::vector<int64_t> scratch_;  // reused by release_pins / clear_index
+  // Which units are pinned, one bit each: release_pins walks them in index
+  // order (as the reference's sorted()) without sorting.
+  std::vector<uint64_t> pinned_bits_;
+  int64_t pinned_count_ = 0;
+  std::vector<int64_t> scratch_;  // reused by clear_index
 };
 
 }  // namespace statecache

@@ -4,11 +4,8 @@ namespace statecache {
 
 StateGroupPool::StateGroupPool(int64_t num_groups, StateTransfer transfer, int64_t hash_block_size,
                                bool enabled)
-    : StateFreeList(num_groups, enabled, "group"),
-      transfer_(std::move(transfer)),
-      hash_block_size_(hash_block_size) {
-  if (hash_block_size < 1) bad_argument("hash_block_size", hash_block_size, "must be >= 1");
-}
+    : CheckpointPool(num_groups, std::move(transfer), hash_block_size, enabled, "group",
+                     /*reads_assumed_hashes=*/false) {}
 
 void StateGroupPool::checkpoint(const std::shared_ptr<Sequence>& seq_ptr, int64_t boundary_blocks,
                                 int64_t h) {
@@ -16,11 +13,11 @@ void StateGroupPool::checkpoint(const std::shared_ptr<Sequence>& seq_ptr, int64_
   Sequence& seq = *seq_ptr;
   if (!applies(seq)) return;
   // SPEC.md §4: none() and replay() keep nothing, not even a dropped count.
-  if (!transfer_.forks() && !transfer_.copies()) return;
+  if (!transfer().forks() && !transfer().copies()) return;
   const int64_t old = seq.per_req_cache_group;
   if (old < 0) return;
   check_index("seq.per_req_cache_group", old, size());
-  if (transfer_.copies()) {
+  if (transfer().copies()) {
     if (seq.pending_checkpoint == -1) pending_.push_back(seq_ptr);
     // A later boundary supersedes an earlier one: only the last is true.
     seq.pending_checkpoint = h;

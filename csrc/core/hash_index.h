@@ -26,11 +26,14 @@ class HashIndex {
 
   const int64_t* find(int64_t key) const {
     if (table_.empty()) return nullptr;
-    for (size_t i = home(key);; i = (i + 1) & mask_) {
-      const int32_t e = table_[i];
-      if (e == kEmpty) return nullptr;
-      if (e >= 0 && entries_[static_cast<size_t>(e)].key == key)
-        return &entries_[static_cast<size_t>(e)].value;
+    const uint64_t m = mix(key);
+    const uint32_t t = tag(m);
+    for (size_t i = m & mask_;; i = (i + 1) & mask_) {
+      const Cell c = table_[i];
+      if (c.entry == kEmpty) return nullptr;
+      // The tag spares a visit to the entry for almost every other key.
+      if (c.tag == t && c.entry >= 0 && entries_[static_cast<size_t>(c.entry)].key == key)
+        return &entries_[static_cast<size_t>(c.entry)].value;
     }
   }
   bool contains(int64_t key) const { return find(key) != nullptr; }
@@ -40,18 +43,24 @@ class HashIndex {
   }
 
   // Inserts at the end of the order, or assigns in place when present.
-  void set(int64_t key, int64_t value) {
+  void set(int64_t key, int64_t value) { exchange(key, value, 0); }
+
+  // set(), returning the value it replaced, or `absent` for a new key.
+  int64_t exchange(int64_t key, int64_t value, int64_t absent) {
     if ((used_ + 1) * 4 > table_.size() * 3) rehash(live_ + 1);
-    size_t slot = home(key);
+    const uint64_t m = mix(key);
+    const uint32_t t = tag(m);
+    size_t slot = m & mask_;
     size_t first_tomb = SIZE_MAX;
     for (;; slot = (slot + 1) & mask_) {
-      const int32_t e = table_[slot];
-      if (e == kEmpty) break;
-      if (e == kTomb) {
+      const Cell c = table_[slot];
+      if (c.entry == kEmpty) break;
+      if (c.entry == kTomb) {
         if (first_tomb == SIZE_MAX) first_tomb = slot;
-      } else if (entries_[static_cast<size_t>(e)].key == key) {
-        entries_[static_cast<size_t>(e)].value = value;
-        return;
+      } else if (c.tag == t && entries_[static_cast<size_t>(c.entry)].key == key) {
+        const int64_t old = entries_[static_cast<size_t>(c.entry)].value;
+        entries_[static_cast<size_t>(c.entry)].value = value;
+        return old;
       }
     }
     if (first_tomb != SIZE_MAX) {
@@ -59,23 +68,33 @@ class HashIndex {
     } else {
       ++used_;
     }
-    table_[slot] = static_cast<int32_t>(entries_.size());
+    table_[slot] = Cell{static_cast<int32_t>(entries_.size()), t};
     entries_.push_back({key, value, true});
     ++live_;
+    return absent;
+  }
+
+  // Brings the key's home cell towards the cache ahead of a find().
+  // always_inline: a non-inlined call would be seen as side-effect free and
+  // dropped whole, prefetch included.
+  [[gnu::always_inline]] void prefetch(int64_t key) const {
+    if (!table_.empty()) __builtin_prefetch(table_.data() + (mix(key) & mask_));
   }
 
   bool erase(int64_t key) {
     if (table_.empty()) return false;
-    for (size_t i = home(key);; i = (i + 1) & mask_) {
-      const int32_t e = table_[i];
-      if (e == kEmpty) return false;
-      if (e >= 0 && entries_[static_cast<size_t>(e)].key == key) {
-        entries_[static_cast<size_t>(e)].live = false;
-        table_[i] = kTomb;
+    const uint64_t m = mix(key);
+    const uint32_t t = tag(m);
+    for (size_t i = m & mask_;; i = (i + 1) & mask_) {
+      const Cell c = table_[i];
+      if (c.entry == kEmpty) return false;
+      if (c.tag == t && c.entry >= 0 && entries_[static_cast<size_t>(c.entry)].key == key) {
+        entries_[static_cast<size_t>(c.entry)].live = false;
+        table_[i].entry = kTomb;
         --live_;
         // Dead entries are compacted away once they outnumber the live ones,
         // so a steady erase/insert churn reuses the same storage.
-        if (entries_.size() > 2 * live_ + 16) rehash(live_);
+        if (entries_.size() > 3 * live_ + 256) rehash(live_);
         return true;
       }
     }
@@ -83,7 +102,7 @@ class HashIndex {
 
   void clear() {
     entries_.clear();
-    std::fill(table_.begin(), table_.end(), kEmpty);
+    std::fill(table_.begin(), table_.end(), Cell{});
     live_ = used_ = 0;
   }
 
@@ -103,40 +122,48 @@ class HashIndex {
   static constexpr int32_t kEmpty = -1;
   static constexpr int32_t kTomb = -2;
 
-  size_t home(int64_t key) const {
-    // splitmix64 finalizer: content hashes may be small consecutive ints in
-    // tests and adversarial in production; both must spread.
+  // A table cell: the entry's position plus a tag from the key's mixed bits.
+  struct Cell {
+    int32_t entry = kEmpty;
+    uint32_t tag = 0;
+  };
+
+  // splitmix64 finalizer: content hashes may be small consecutive ints in
+  // tests and adversarial in production; both must spread.
+  static uint64_t mix(int64_t key) {
     uint64_t x = static_cast<uint64_t>(key);
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ULL;
     x ^= x >> 27;
     x *= 0x94d049bb133111ebULL;
     x ^= x >> 31;
-    return static_cast<size_t>(x) & mask_;
+    return x;
   }
+  static uint32_t tag(uint64_t mixed) { return static_cast<uint32_t>(mixed >> 32); }
 
   // Compacts the entries (keeping their order) and rebuilds the table sized
   // for at least `want` live entries.
   void rehash(size_t want) {
     size_t cap = 16;
-    while (cap * 3 < (want + 1) * 4 * 2) cap <<= 1;
+    while (cap < (want + 1) * 8) cap <<= 1;
     if (cap < table_.size()) cap = table_.size();
     size_t w = 0;
     for (size_t r = 0; r < entries_.size(); ++r)
       if (entries_[r].live) entries_[w++] = entries_[r];
     entries_.resize(w);
-    table_.assign(cap, kEmpty);
+    table_.assign(cap, Cell{});
     mask_ = cap - 1;
     used_ = w;
     for (size_t k = 0; k < w; ++k) {
-      size_t i = home(entries_[k].key);
-      while (table_[i] != kEmpty) i = (i + 1) & mask_;
-      table_[i] = static_cast<int32_t>(k);
+      const uint64_t m = mix(entries_[k].key);
+      size_t i = m & mask_;
+      while (table_[i].entry != kEmpty) i = (i + 1) & mask_;
+      table_[i] = Cell{static_cast<int32_t>(k), tag(m)};
     }
   }
 
   std::vector<Entry> entries_;
-  std::vector<int32_t> table_;
+  std::vector<Cell> table_;
   size_t mask_ = 0;
   size_t live_ = 0;
   size_t used_ = 0;  // table cells not empty (live + tombstones)

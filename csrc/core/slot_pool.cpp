@@ -18,12 +18,10 @@ void check_distinct(std::vector<int64_t> slots, const char* name) {
 
 StateSlotPool::StateSlotPool(int64_t num_slots, StateTransfer transfer, int64_t hash_block_size,
                              bool enabled)
-    : StateFreeList(num_slots, enabled, "slot"),
-      transfer_(std::move(transfer)),
-      hash_block_size_(hash_block_size) {
-  if (transfer_.copies())
+    : CheckpointPool(num_slots, std::move(transfer), hash_block_size, enabled, "slot",
+                     /*reads_assumed_hashes=*/true) {
+  if (this->transfer().copies())
     bad_argument("transfer", "StateTransfer.copy()", "PAGE-copy checkpoints do not belong to StateSlotPool");
-  if (hash_block_size < 1) bad_argument("hash_block_size", hash_block_size, "must be >= 1");
 }
 
 std::vector<int64_t> StateSlotPool::pop_many(int64_t count) {
@@ -50,7 +48,7 @@ void StateSlotPool::release_many(std::span<const int64_t> slots) {
 }
 
 void StateSlotPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h) {
-  if (!applies(seq) || !transfer_.forks()) return;
+  if (!applies(seq) || !transfer().forks()) return;
   const int64_t old = seq.state_slot();
   if (old < 0) return;
   check_index("seq.state_slot", old, size());
@@ -60,7 +58,7 @@ void StateSlotPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h
     return;
   }
   const int64_t known = anchor_of(seq);
-  const bool guess = known == 0 || boundary_blocks * hash_block_size_ != known;
+  const bool guess = known == 0 || boundary_blocks * hash_block_size() != known;
   seq.set_state_slot(pop());
   seq.state_fork_src = old;
   // `old` is not released: the forward that reads it is the one the next pass

@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/checkpoint_pool.h"
 #include "core/errors.h"
-#include "core/free_list.h"
 #include "core/sequence.h"
 #include "core/slot_source.h"
 #include "core/state_transfer.h"
@@ -31,54 +31,23 @@ struct MidstepReservation {
 // What retire_top did to the slot pool (see Retirement).
 struct SlotRetirement : Retirement {};
 
-class StateSlotPool : public StateFreeList, public ScratchSlotSource {
+class StateSlotPool : public CheckpointPool<SlotRetirement>, public ScratchSlotSource {
  public:
   // std::invalid_argument for a copy transfer, a negative count or a
   // hash_block_size < 1.
   explicit StateSlotPool(int64_t num_slots, StateTransfer transfer = StateTransfer(),
                          int64_t hash_block_size = 1, bool enabled = true);
 
-  const StateTransfer& transfer() const { return transfer_; }
-  int64_t min_fork_tokens() const { return transfer_.fork_tokens; }
-  double successor_room() const { return transfer_.successor_room(); }
-  bool readable_midstep() const { return transfer_.readable_midstep; }
-  int64_t hash_block_size() const { return hash_block_size_; }
-
   // ScratchSlotSource (the PAGE coordinator's midstep scratch).
   bool has_free(int64_t count = 1) const override { return StateFreeList::has_free(count); }
   int64_t pop() override { return StateFreeList::pop(); }
   void release(int64_t slot) override { StateFreeList::release(slot); }
-
-  std::optional<SlotRetirement> retire_top() {
-    auto r = StateFreeList::retire_top();
-    if (!r) return std::nullopt;
-    return SlotRetirement{*r};
-  }
 
   // One request's set, element 0 first. std::out_of_range (nothing taken)
   // when fewer than `count` are free.
   std::vector<int64_t> pop_many(int64_t count);
   // Negative entries are skipped (never-admitted requests carry -1).
   void release_many(std::span<const int64_t> slots);
-
-  bool applies(const Sequence& seq) const { return enabled() && seq.has_per_req_cache; }
-
-  // `hash_at(i)` yields block i's hash, i < num_hashes.
-  template <class HashAt>
-  int64_t resumable_hit(const Sequence& seq, int64_t hit, int64_t num_hashes, HashAt&& hash_at,
-                        bool assume_checkpointed = false) const {
-    if (hit < 0) bad_argument("hit", hit, "must be >= 0");
-    if (!applies(seq) || transfer_.replays()) return hit;
-    if (hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
-    return scan_resumable(seq.num_tokens, hit, min_fork_tokens(), hash_block_size_,
-                          assume_checkpointed, hash_at);
-  }
-  int64_t resumable_hit(const Sequence& seq, int64_t hit, std::span<const int64_t> hashes,
-                        bool assume_checkpointed = false) const {
-    return resumable_hit(seq, hit, static_cast<int64_t>(hashes.size()),
-                         [&](int64_t i) { return hashes[static_cast<size_t>(i)]; },
-                         assume_checkpointed);
-  }
 
   // Fork checkpoint: the owner moves to a fresh slot, the old one is filed
   // under `h` and pinned until the batch the next pass builds has read it.
@@ -101,8 +70,6 @@ class StateSlotPool : public StateFreeList, public ScratchSlotSource {
   }
   void check_returnable(std::span<const MidstepReservation> reservations) const;
 
-  StateTransfer transfer_;
-  int64_t hash_block_size_;
   std::vector<std::pair<int64_t, int64_t>> relocations_;
 };
 

@@ -10,3 +10,13 @@ from statecache._operation_id import StateStoreOperationId  # noqa: F401
 
 __version__ = "0.1.0"
 from statecache import engine  # noqa: E402,F401  (reference engine, torch-free)
+
+
+def __getattr__(name):  # the torch-based layers load on first use only
+    if name in ("StateLayout", "PageLayout", "paged_checkpoint_spec", "layout_id"):
+        from statecache import layout
+        return getattr(layout, name)
+    if name in ("StateCopyExecutor", "CapturedStateCopy"):
+        from statecache import executor
+        return getattr(executor, name)
+    raise AttributeError(f"module 'statecache' has no attribute {name!r}")

@@ -101,6 +101,8 @@ def run(args) -> int:
 
     if args.turns < 2:
         raise SystemExit(f"--turns={args.turns}: need at least 2")
+    if args.conversations < 1:
+        raise SystemExit(f"--conversations={args.conversations}: need at least 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"--device={args.device}: no CUDA device is visible")
     # A tiny model gains nothing from intra-op threads, and on a busy machine

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <unordered_map>
 
 #include "core/block_pool.h"
 #include "core/checkpoint_coordinator.h"
 #include "core/checkpoint_store.h"
 #include "core/errors.h"
+#include "core/flat_map.h"
 #include "core/offload_index.h"
 
 using namespace statecache;
@@ -298,4 +300,36 @@ TEST(Store, RandomSequencesConserveUnits) {
       EXPECT_EQ(pool->num_reserved(), store.units_held());
     }
   }
+}
+
+TEST(FlatInt64Map, MatchesUnorderedMapUnderRandomChurn) {
+  std::mt19937_64 rng(7);
+  FlatInt64Map<int64_t> flat;
+  std::unordered_map<int64_t, int64_t> ref;
+  for (int step = 0; step < 200000; ++step) {
+    // Small key ranges force long probe runs and many backward shifts.
+    const int64_t key = static_cast<int64_t>(rng() % 512) * (step % 3 == 0 ? -7919 : 1);
+    switch (rng() % 3) {
+      case 0:
+        flat[key] = step;
+        ref[key] = step;
+        break;
+      case 1:
+        EXPECT_EQ(flat.erase(key), ref.erase(key) == 1);
+        break;
+      case 2: {
+        const int64_t* v = flat.find(key);
+        auto it = ref.find(key);
+        ASSERT_EQ(v != nullptr, it != ref.end());
+        if (v) EXPECT_EQ(*v, it->second);
+      }
+    }
+    ASSERT_EQ(flat.size(), ref.size());
+  }
+  size_t seen = 0;
+  flat.for_each([&](int64_t k, int64_t v) {
+    ++seen;
+    EXPECT_EQ(ref.at(k), v);
+  });
+  EXPECT_EQ(seen, ref.size());
 }

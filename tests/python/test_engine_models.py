@@ -148,3 +148,32 @@ def test_readable_midstep_keeps_rungs_without_cutting_chunks(model, mechanism):
     cut = run_script(build_engine(mechanism=mechanism, **kw), script()[:1])
     assert cut[0].prefill_chunks == 3
     assert_same(on, off)
+
+
+def test_page_checkpoint_at_a_decode_boundary(model):
+    """PAGE keeps a block end reached while decoding; the next turn resumes
+    inside the previous answer and still matches a full recompute."""
+    from statecache.engine import AnchorLadderDemand, Boundary
+
+    class AlsoDecode(AnchorLadderDemand):
+        def decode_boundary(self, ctx, position):
+            return Boundary(position, "decode", True)
+
+    g = torch.Generator().manual_seed(3)
+    p0 = torch.randint(3, 256, (60,), generator=g).tolist()
+    tail = torch.randint(3, 256, (9,), generator=g).tolist()
+
+    def serve(caching):
+        eng = build_engine(mechanism="page", model_and_geom=model, block_size=HBS,
+                           enable_prefix_caching=caching, placement=AlsoDecode())
+        a = Request(p0, 8)  # decodes through position 64
+        eng.add_request(a)
+        eng.run_until_done()
+        b = Request(a.token_ids + tail, 4)
+        eng.add_request(b)
+        eng.run_until_done()
+        return [a, b]
+
+    on, off = serve(True), serve(False)
+    assert on[1].num_cached_tokens == 64 and on[1].state_source == "PAGE"
+    assert_same(on[1:], off[1:])

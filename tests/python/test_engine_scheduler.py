@@ -123,3 +123,107 @@ def test_eviction_under_tiny_pool_keeps_index_consistent(mech):
                 assert pool.lookup(h) >= 0
     f = eng.checkpoint_funnel()
     assert f["kv_blocks_evicted"] > 0 and f["resumed_tokens"] > 0
+
+
+def test_custom_policies_plug_in():
+    """A peer placement (every block) and a recording eviction policy go
+    through the same interface the default uses; the engine calls both."""
+    from statecache.engine import Boundary, EvictionPolicy, PlacementPolicy
+
+    class EveryBlock(PlacementPolicy):
+        name = "every-block"
+
+        def prompt_boundaries(self, ctx):
+            hbs = ctx.hash_block_size
+            return [Boundary(p, "all", True) for p in range(hbs, ctx.num_prompt_tokens, hbs)]
+
+    class Recording(EvictionPolicy):
+        def __init__(self):
+            self.kept, self.resumed = [], []
+
+        def on_checkpoint(self, caches, seq, boundary):
+            self.kept.append(boundary.position)
+
+        def on_resume(self, caches, seq, prefix_hash):
+            self.resumed.append(seq.num_cached_tokens)
+
+    eng = engine("page", budget=64)
+    rec = Recording()
+    eng.block_manager.placement = EveryBlock()
+    eng.block_manager.eviction = rec
+    a = req(SYS + [50, 51, 52], 3)
+    eng.add_request(a)
+    eng.run_until_done()
+    assert rec.kept == [4, 8, 12, 16, 20, 24]
+    assert a.prefill_chunks == 7  # cut at every block
+    b = req(SYS[:13] + [7, 7, 7])
+    eng.add_request(b)
+    eng.run_until_done()
+    assert rec.resumed == [12] and b.state_source == "PAGE"
+
+
+def test_state_capacity_gates_admission():
+    """With one state slot, the second request waits for the first to finish
+    (has_free is the gate), then runs."""
+    eng = engine("page", num_slots=1, budget=64)
+    a, b = req(SYS + [1]), req(SYS + [2])
+    eng.add_request(a)
+    eng.add_request(b)
+    eng.step()
+    assert a.status == "running" and b.status == "waiting"
+    eng.run_until_done()
+    assert a.status == b.status == "finished"
+    assert b.num_cached_tokens > 0  # and it resumed from a's checkpoint
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(hash_block_size=0), "hash_block_size"),
+    (dict(max_num_batched_tokens=-1), "max_num_batched_tokens"),
+    (dict(checkpoint_interval_tokens=-2), "checkpoint_interval_tokens"),
+    (dict(max_num_seqs=True), "max_num_seqs"),
+])
+def test_bad_config(kw, name):
+    from statecache.engine import EngineConfig
+
+    with pytest.raises(ValueError, match=name):
+        EngineConfig(**kw)
+
+
+def test_bad_requests():
+    eng = engine("fork")
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request(req([]))
+    r = req(SYS)
+    eng.add_request(r)
+    with pytest.raises(ValueError, match="already added"):
+        eng.add_request(r)
+    assert len(eng.waiting) == 1
+
+
+def test_pool_too_small_for_a_request_raises():
+    eng = engine("fork", num_blocks=2)
+    eng.add_request(req(SYS))
+    with pytest.raises(RuntimeError, match="too small"):
+        eng.step()
+
+
+@pytest.mark.parametrize("mech,resumed", [("page", 28), ("fork", 20)])
+def test_decode_boundaries_through_the_placement(mech, resumed):
+    """A placement that keeps block ends reached while decoding: a copy
+    backend keeps them (the next turn resumes inside the last output); a
+    fork cannot (one decode token does not cover its room)."""
+    from statecache.engine import AnchorLadderDemand, Boundary
+
+    class AlsoDecode(AnchorLadderDemand):
+        def decode_boundary(self, ctx, position):
+            return Boundary(position, "decode", True)
+
+    eng = engine(mech, budget=64)
+    eng.block_manager.placement = AlsoDecode()
+    a = req(SYS + [50, 51, 52], 7)  # 25 prompt tokens, decodes through 28 and 31
+    eng.add_request(a)
+    eng.run_until_done()
+    b = req(a.token_ids + [60, 61])
+    eng.add_request(b)
+    eng.run_until_done()
+    assert b.num_cached_tokens == resumed

@@ -214,7 +214,7 @@ def snapshot(p):
         (lambda p: p.claim(0), ValueError, "group=0: is not free"),
         (lambda p: p.pin(3), ValueError, "group=3: is free"),
         (lambda p: p.extend(-1), ValueError, "count=-1"),
-        (lambda p: p.has_free(1), TypeError, "incompatible function arguments"),
+        (lambda p: p.has_free(1), TypeError, "positional argument"),
         (lambda p: p.checkpoint("seq", 1, 2), TypeError, "seq"),
         (lambda p: p.forget_pending(3), TypeError, "seq"),
         (lambda p: p.checkpoint(owner(7), 1, 2), IndexError, "seq.per_req_cache_group=7"),

@@ -60,3 +60,13 @@ def test_prefix_property(toks, bs, change):
     first = pos // bs
     assert h2[:first] == h[:first]
     assert all(a != b for a, b in zip(h[first:], h2[first:]))
+
+
+def test_sequence_block_hashes_take_a_chain_and_slice():
+    """The engine stores chains on Sequence.block_hashes; slicing the view
+    returns a plain list (it used to return a dangling accessor)."""
+    seq = statecache.Sequence(num_tokens=12)
+    seq.block_hashes = chain_block_hashes(list(range(12)), 4)
+    want = chain_block_hashes(list(range(12)), 4)
+    assert seq.block_hashes[:2] == want[:2] and seq.block_hashes[::-1] == want[::-1]
+    assert list(seq.block_hashes) == want

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from statecache import chain_block_hashes
 
-from .placement import Boundary, PlacementContext, feasible_positions
+from .placement import (AnchorLadderDemand, Boundary, GuessFirstLRU, PlacementContext,
+                        feasible_positions)
 from .state_caches import StateCaches
 
 SOURCE_NONE = "none"
@@ -37,8 +38,6 @@ class BlockManager:
     def __init__(self, block_pool, caches: StateCaches, hash_block_size: int,
                  enable_prefix_caching: bool = True, num_spec: int = 0,
                  placement=None, eviction=None, interval_tokens: int = -1):
-        from .placement import AnchorLadderDemand, GuessFirstLRU
-
         self.pool = block_pool
         self.caches = caches
         self.hbs = hash_block_size
@@ -52,11 +51,12 @@ class BlockManager:
         # checkpoint whose KV block left the index can never be reached again.
         self.pool.on_evict = self._on_kv_evict
 
-    def _count(self, key: str, n: int = 1) -> None:
+    def count(self, key: str, n: int = 1) -> None:
+        """Add ``n`` to one ``checkpoint_funnel()`` counter."""
         self.funnel[key] = self.funnel.get(key, 0) + n
 
     def _on_kv_evict(self, h: int) -> None:
-        self._count("kv_blocks_evicted")
+        self.count("kv_blocks_evicted")
         self.caches.unindex(h)
 
     def drop_checkpoint(self, h: int) -> None:
@@ -169,11 +169,11 @@ class BlockManager:
         seq.num_cached_tokens = hit * hbs
         if hit:
             self.eviction.on_resume(caches, seq, h)
-        self._count("admitted")
-        self._count("kv_hit_tokens", adm.kv_hit * hbs)
-        self._count("resumed_tokens", hit * hbs)
+        self.count("admitted")
+        self.count("kv_hit_tokens", adm.kv_hit * hbs)
+        self.count("resumed_tokens", hit * hbs)
         if hit < adm.kv_hit:
-            self._count("hits_cut_short")
+            self.count("hits_cut_short")
         self._plan(seq, adm.kv_hit * hbs)
 
     def _plan(self, seq, kv_hit_pos: int) -> None:
@@ -184,8 +184,8 @@ class BlockManager:
             interval_tokens=self.interval_tokens if self.enable_prefix_caching else 0)
         asked = self.placement.prompt_boundaries(ctx)
         plan = feasible_positions(asked, ctx)
-        self._count("boundaries_planned", len(asked))
-        self._count("boundaries_infeasible", len(asked) - len(plan))
+        self.count("boundaries_planned", len(asked))
+        self.count("boundaries_infeasible", len(asked) - len(plan))
         seq.placement_ctx = ctx
         seq.planned = plan
         known = [b.position for b in plan if not b.guess]
@@ -236,9 +236,21 @@ class BlockManager:
                 cache.checkpoint(seq, blocks, h)
                 asked = True
         if asked:
-            self._count("checkpoints_requested")
-            self._count(f"checkpoints_requested_{boundary.kind}")
+            self.count("checkpoints_requested")
+            self.count(f"checkpoints_requested_{boundary.kind}")
             self.eviction.on_checkpoint(self.caches, seq, boundary)
+
+    def decode_boundary(self, seq) -> None:
+        """After a decode step that completed a hash block, ask the placement
+        whether to keep it (a copy backend can; a fork's room is not covered
+        by one decode token, so ``checkpoint`` skips it there)."""
+        pos = seq.num_computed_tokens
+        if pos % self.hbs or seq.placement_ctx is None or not self.enable_prefix_caching:
+            return
+        b = self.placement.decode_boundary(seq.placement_ctx, pos)
+        if b is not None and b.position == pos:
+            self.count("boundaries_planned")
+            self.checkpoint(seq, b)
 
     def reserve_midstep(self, seq, bounds: list[Boundary]) -> list[tuple]:
         """Reserve destinations for positions strictly inside this forward."""
@@ -248,7 +260,7 @@ class BlockManager:
             res = cache.reserve_midstep(seq, positions)
             if res:
                 out.append((cache, list(res)))
-        self._count("checkpoints_requested", len(positions))
+        self.count("checkpoints_requested", len(positions))
         return out
 
     def publish_midstep(self, seq, reservations) -> None:
@@ -278,6 +290,16 @@ class BlockManager:
         seq.num_published_blocks = 0
 
     def checkpoint_funnel(self) -> dict[str, int]:
+        """Where checkpoints were asked for and what became of them.
+
+        Engine counters: ``admitted``, ``kv_hit_tokens`` (what the KV index
+        matched), ``resumed_tokens`` (what the state caches let resume),
+        ``hits_cut_short``, ``boundaries_planned`` / ``boundaries_infeasible``,
+        ``checkpoints_requested`` (and ``_anchor`` / ``_ladder`` / ``_demand``),
+        ``kv_blocks_evicted``, ``preempted_with_pending_checkpoint``; then the
+        state caches' own fates (``checkpoints_kept`` / ``dropped`` /
+        ``evicted`` / ``orphaned``), summed over caches.
+        """
         out = dict(self.funnel)
         out.update(self.caches.checkpoint_fates())
         return out

@@ -5,8 +5,10 @@ One ``Engine.step()`` is one pass:
 1. top of pass: ``release_pins`` and ``complete_previous_batch``;
 2. admission and scheduling under a token budget (running sequences first,
    then waiting ones in arrival order);
-3. build the batch: ``take_relocations``, ``take_copies``,
-   ``take_checkpoint_ops`` become the batch's ``StateOps``;
+3. build the batch: ``take_relocations`` and ``take_checkpoint_ops`` (and a
+   group pool's ``take_copies``, where a backend has one; none here) become
+   the batch's ``StateOps``; a pass with no sequences still drains them and
+   hands the runner the ops alone, so no image is READY without its bytes;
 4. forward: ``runner.execute(batch)`` runs the ops, then the model;
 5. postprocess: publish full KV blocks, then checkpoint the boundaries the
    placement chose that this forward ended on.
@@ -41,6 +43,17 @@ class EngineConfig:
     # N > 0: also a rung every N tokens.
     checkpoint_interval_tokens: int = -1
     num_spec: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("hash_block_size", "max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        n = self.checkpoint_interval_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n < -1:
+            raise ValueError(f"checkpoint_interval_tokens={n!r} must be -1, 0 or a positive int")
+        if not isinstance(self.num_spec, int) or self.num_spec < 0:
+            raise ValueError(f"num_spec={self.num_spec!r} must be an int >= 0")
 
 
 class Request(statecache.Sequence):
@@ -135,6 +148,8 @@ class Engine:
     # ------------------------------- intake -------------------------------- #
 
     def add_request(self, req: Request) -> None:
+        if req.status != WAITING or any(r is req for r in self.waiting):
+            raise ValueError(f"request {req.request_id} was already added (status {req.status})")
         if req.num_prompt_tokens < 1:
             raise ValueError(f"prompt_token_ids must not be empty (request {req.request_id})")
         self.waiting.append(req)
@@ -261,6 +276,8 @@ class Engine:
             for b in seq.planned:
                 if b.position == seq.num_computed_tokens:
                     bm.checkpoint(seq, b)
+            if not was_prefill:
+                bm.decode_boundary(seq)
             if item.sample:
                 out = results.get(seq.seq_id)
                 token, logits = (out if isinstance(out, tuple) else (out, None))
@@ -298,7 +315,7 @@ class Engine:
         if seq.state_fork_src >= 0 or any(
                 b.position == seq.num_computed_tokens for b in seq.planned):
             # its last forward ended on a boundary whose checkpoint is in flight
-            self.block_manager._count("preempted_with_pending_checkpoint")
+            self.block_manager.count("preempted_with_pending_checkpoint")
         self.block_manager.free(seq)
         seq.status = WAITING
         seq.num_preemptions += 1

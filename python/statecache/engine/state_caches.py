@@ -37,7 +37,7 @@ class StateCaches:
 
     @classmethod
     def build(cls, transfer, num_slots: int, hash_block_size: int, block_pool=None,
-              spec=None, enabled: bool = True) -> "StateCaches":
+              spec=None, enabled: bool = True, max_num_seqs: int | None = None) -> "StateCaches":
         if transfer.copies:
             if block_pool is None or spec is None:
                 raise ValueError("a copy transfer needs block_pool and spec for PAGE images")
@@ -46,7 +46,9 @@ class StateCaches:
             coord = statecache.PagedStateCheckpointCoordinator(
                 block_pool, spec, enabled, readable_midstep=transfer.readable_midstep)
             if transfer.readable_midstep:
-                coord.attach_midstep_scratch(slots, 2 * num_slots)
+                # midstep stores must fit the runner's per-batch op staging
+                coord.attach_midstep_scratch(
+                    slots, statecache.checkpoint_copy_ops_per_batch(max_num_seqs or num_slots))
             return cls(transfer, slots, coord, hash_block_size)
         slots = statecache.StateSlotPool(num_slots, transfer, hash_block_size=hash_block_size,
                                          enabled=enabled)

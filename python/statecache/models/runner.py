@@ -26,8 +26,7 @@ from .hybrid import HybridGeometry
 
 class HybridModelRunner:
     def __init__(self, model, geom: HybridGeometry, num_slots: int, num_blocks: int,
-                 block_size: int, device: str = "cpu", max_num_seqs: int = 8,
-                 layout_id: str = "hybrid-state"):
+                 block_size: int, device: str = "cpu", max_num_seqs: int = 8):
         self.model = model
         self.geom = geom
         self.block_size = block_size
@@ -38,31 +37,24 @@ class HybridModelRunner:
         self.ssm = torch.zeros((R, num_slots) + geom.ssm_shape, dtype=dt, device=self.device)
         self.kv = torch.zeros((A, num_blocks, 2, block_size, geom.kv_heads, geom.head_dim),
                               dtype=dt, device=self.device)
-        self.layout_id = layout_id
         self.executor = make_executor(self, max_num_seqs)
+        self.layout_id = self.executor.layout_id
         self.num_forwards = 0
         self.tokens_computed = 0
 
     # ------------------------------ geometry ------------------------------- #
 
-    @property
-    def slot_bytes(self) -> int:
-        return sum(t[:, 0].numel() * t.element_size() for t in (self.conv, self.ssm))
-
-    @property
-    def page_unit_bytes(self) -> int:
-        return self.kv[:, 0].numel() * self.kv.element_size()
-
     def checkpoint_spec(self):
-        """The PAGE geometry the coordinator needs, derived from the tensors."""
-        return self.executor.checkpoint_spec()
+        """The PAGE geometry the coordinator needs, derived from the layouts."""
+        return self.executor.spec
 
     # ------------------------------ execution ------------------------------ #
 
     @torch.no_grad()
     def execute(self, batch) -> dict:
-        if batch.ops:
-            self.executor.run(batch.ops)
+        ops = batch.ops
+        if ops:
+            self.executor.run(ops.relocations, ops.copies, ops.stores, ops.restores)
         out = {}
         for item in batch.items:
             out[item.seq.seq_id] = self._forward(item)
@@ -145,57 +137,12 @@ class HybridModelRunner:
 
 
 def make_executor(runner: HybridModelRunner, max_num_seqs: int):
-    """statecache's copy executor over the runner's tensors."""
-    return _ByteOpsExecutor(runner)
+    """statecache's copy executor over the runner's tensors: a slot is its
+    rows of ``conv`` and ``ssm`` (slot axis 1), a unit is one block index of
+    ``kv`` across the attention layers (block axis 1)."""
+    from statecache.executor import StateCopyExecutor
+    from statecache.layout import PageLayout, StateLayout
 
-
-class _ByteOpsExecutor:
-    """Stand-in with the executor's semantics until ``statecache.executor``
-    lands: a slot's image is its conv rows then its ssm rows (layer order);
-    a unit is one KV block index across the attention layers."""
-
-    def __init__(self, runner: HybridModelRunner):
-        self.r = runner
-
-    def checkpoint_spec(self):
-        import statecache
-
-        b = self.r.slot_bytes
-        return statecache.PagedStateCheckpointSpec(
-            page_unit_bytes=self.r.page_unit_bytes, slot_bytes=b, layout_id=self.r.layout_id,
-            image_bytes=b)
-
-    def _slot_parts(self, slot):
-        return [t[j, slot].view(-1).view(torch.uint8) for t in (self.r.conv, self.r.ssm)
-                for j in range(t.shape[0])]
-
-    def _unit_parts(self, unit):
-        kv = self.r.kv
-        return [kv[j, unit].view(-1).view(torch.uint8) for j in range(kv.shape[0])]
-
-    def run(self, ops) -> None:
-        for src, dst in ops.relocations:
-            for a, b in zip(self._slot_parts(src), self._slot_parts(dst)):
-                b.copy_(a)
-        for op in ops.stores:
-            image = torch.cat(self._slot_parts(op.src_slot))[:op.total_bytes]
-            self._scatter(image, op.unit_ids)
-        for op in ops.restores:
-            image = self._gather(op.unit_ids)[:op.total_bytes]
-            off = 0
-            for part in self._slot_parts(op.dst_slot):
-                part.copy_(image[off:off + part.numel()])
-                off += part.numel()
-
-    def _scatter(self, image, unit_ids) -> None:
-        off = 0
-        for u in unit_ids:
-            for part in self._unit_parts(u):
-                n = min(part.numel(), image.numel() - off)
-                if n <= 0:
-                    return
-                part[:n].copy_(image[off:off + n])
-                off += n
-
-    def _gather(self, unit_ids):
-        return torch.cat([p for u in unit_ids for p in self._unit_parts(u)])
+    return StateCopyExecutor(StateLayout([runner.conv, runner.ssm], slot_dim=1),
+                             PageLayout([runner.kv], unit_dim=1), max_num_seqs,
+                             runner.device)

@@ -40,7 +40,7 @@ def build_engine(model="qwen3next", mechanism="page", *, seed=0, device="cpu",
     pool = statecache.BlockPool(num_blocks)
     caches = StateCaches.build(transfer, num_slots, block_size, block_pool=pool,
                                spec=runner.checkpoint_spec() if transfer.copies else None,
-                               enabled=enable_prefix_caching)
+                               enabled=enable_prefix_caching, max_num_seqs=max_num_seqs)
     cfg = EngineConfig(hash_block_size=block_size, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
                        enable_prefix_caching=enable_prefix_caching,

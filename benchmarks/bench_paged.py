@@ -1,0 +1,209 @@
+"""PAGE checkpoint scheduler cost: statecache vs the reference Python classes.
+
+A 65,536-unit BlockPool, 16 units per checkpoint, the pool full of READY
+checkpoints (4,096 of them). Each workload runs the same seeded call sequence
+on statecache and on the reference classes (which run on their own
+statecache.BlockPool, so the baseline's pool calls are not the slow part) and
+reports microseconds of CPU time per scheduler pass, median over repeats
+(the two sides alternate, so both see the same machine).
+
+  pass        one scheduler pass on the store: can_append (has_available_units
+              of 1) for 256 running sequences, 32 admissions (check with a
+              protected hash, restore a READY hit), 32 new boundaries stored
+              (each evicts); complete the previous batch, take the restores.
+  churn       per pass, 64 sequences: admission check with a protected hash,
+              a restore of a READY hit, a store of a new boundary (which
+              evicts); then take the restores and complete the batch.
+  admission   per pass, 256 has_available_units calls needing evictions, with
+              half of the READY checkpoints pinned at the LRU head.
+  coordinator per pass, 64 sequences through the coordinator: resumable_hit
+              over 64-block hash lists, begin_restore, checkpoint; then
+              take_checkpoint_ops and complete_previous_batch.
+
+Run: PYTHONPATH=python python benchmarks/bench_paged.py [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import statecache as sc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+from reference import load  # noqa: E402
+
+UNITS = 65_536
+UNITS_PER_CHECKPOINT = 16
+SPEC = dict(page_unit_bytes=4096, slot_bytes=16 * 4096, layout_id="bench", image_bytes=16 * 4096)
+
+
+def filled_store(mod, rng_seed: int):
+    pool = sc.BlockPool(UNITS)
+    store = mod.PageUnitCheckpointStore(pool, mod.PagedStateCheckpointSpec(**SPEC))
+    rng = random.Random(rng_seed)
+    hashes = []
+    while pool.num_free >= UNITS_PER_CHECKPOINT:
+        h = rng.getrandbits(62)
+        store.begin_store(h, 0)
+        hashes.append(h)
+    store.complete_inflight()
+    return pool, store, hashes
+
+
+def draw_plans(seed: int, n: int, per_pass: int) -> list:
+    """(hit index, new hash, index to replace) per sequence, for 64 passes.
+
+    Drawn up front, so the timed loop is the library's calls."""
+    rng = random.Random(seed)
+    return [[(rng.randrange(n), rng.getrandbits(62), rng.randrange(n)) for _ in range(per_pass)] for _ in range(64)]
+
+
+def churn(mod):
+    pool, store, hashes = filled_store(mod, 1)
+    live = list(hashes)
+    draws = draw_plans(2, len(live), 64)
+    turn = [0]
+
+    def one_pass():
+        plan = draws[turn[0] % len(draws)]
+        turn[0] += 1
+        has_available_units, begin_restore, begin_store = (
+            store.has_available_units, store.begin_restore, store.begin_store)
+        for i, (hit_at, h, replace_at) in enumerate(plan):
+            hit = live[hit_at]
+            has_available_units(UNITS_PER_CHECKPOINT, protected_hash=hit)
+            begin_restore(hit, i)
+            if begin_store(h ^ turn[0], i) is not None:
+                live[replace_at] = h ^ turn[0]
+        store.take_restore_ops()
+        store.complete_inflight()
+
+    return one_pass
+
+
+def scheduler_pass(mod):
+    pool, store, hashes = filled_store(mod, 6)
+    live = list(hashes)
+    draws = draw_plans(7, len(live), 32)
+    turn = [0]
+
+    def one_pass():
+        plan = draws[turn[0] % len(draws)]
+        turn[0] += 1
+        store.complete_inflight()
+        has_available_units, begin_restore, begin_store = (
+            store.has_available_units, store.begin_restore, store.begin_store)
+        for _ in range(256):  # can_append for every running sequence
+            has_available_units(1)
+        for i, (hit_at, h, replace_at) in enumerate(plan):  # admissions, then new boundaries
+            hit = live[hit_at]
+            if has_available_units(UNITS_PER_CHECKPOINT, protected_hash=hit):
+                begin_restore(hit, i)
+            if begin_store(h ^ turn[0], 100 + i) is not None:
+                live[replace_at] = h ^ turn[0]
+        store.take_restore_ops()
+
+    return one_pass
+
+
+def admission(mod):
+    pool, store, hashes = filled_store(mod, 3)
+    for i, h in enumerate(hashes[: len(hashes) // 2]):  # the LRU head, pinned by readers
+        store.begin_restore(h, i)
+    store.take_restore_ops()
+    rng = random.Random(4)
+    counts = [UNITS_PER_CHECKPOINT * rng.randrange(1, 64) for _ in range(256)]
+
+    def one_pass():
+        for c in counts:
+            store.has_available_units(c)
+
+    return one_pass
+
+
+def coordinator(mod):
+    pool = sc.BlockPool(UNITS)
+    c = mod.PagedStateCheckpointCoordinator(pool, mod.PagedStateCheckpointSpec(**SPEC), True)
+    rng = random.Random(5)
+    seqs = []
+    for i in range(64):
+        s = sc.Sequence(seq_id=i)
+        s.state_slots = [i]
+        seqs.append(s)
+    prompts = [[rng.getrandbits(62) for _ in range(64)] for _ in range(512)]
+    # Warm the store with every 8th boundary of every prompt.
+    for p in prompts:
+        for b in range(7, 64, 8):
+            c.checkpoint(seqs[0], b + 1, p[b])
+            c.take_checkpoint_ops()
+        c.complete_previous_batch()
+
+    draws = [[(rng.randrange(len(prompts)), rng.getrandbits(8)) for _ in seqs] for _ in range(64)]
+    turn = [0]
+
+    def one_pass():
+        plan = draws[turn[0] % len(draws)]
+        turn[0] += 1
+        c.complete_previous_batch()
+        resumable_hit, begin_restore, checkpoint = c.resumable_hit, c.begin_restore, c.checkpoint
+        for s, (p_at, salt) in zip(seqs, plan):
+            p = prompts[p_at]
+            hit = resumable_hit(s, 63, p)
+            if hit:
+                begin_restore(p[hit - 1], s.state_slot)
+            checkpoint(s, hit + 8, p[min(hit + 7, 63)] ^ salt ^ turn[0])
+        c.take_checkpoint_ops()
+
+    return one_pass
+
+
+def time_side_by_side(ours, theirs, passes: int, repeats: int) -> tuple[float, float]:
+    """Median µs per pass of each side, alternating the two every repeat.
+
+    Timed on this thread's CPU clock: on a shared machine, wall time would
+    also count the time other processes held the core.
+    """
+    ours()
+    theirs()  # warm up
+    samples: dict = {ours: [], theirs: []}
+    for _ in range(repeats):
+        for one_pass in (ours, theirs):
+            t0 = time.thread_time()
+            for _ in range(passes):
+                one_pass()
+            samples[one_pass].append((time.thread_time() - t0) / passes * 1e6)
+    return statistics.median(samples[ours]), statistics.median(samples[theirs])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--passes", type=int, default=10)
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    ref = load("paged_checkpoint")
+    if ref is None:
+        sys.exit("reference modules not found; set STATECACHE_REFERENCE_DIR")
+    rows = []
+    workloads = (("pass", scheduler_pass), ("churn", churn), ("admission", admission), ("coordinator", coordinator))
+    for name, build in workloads:
+        ours, theirs = time_side_by_side(build(sc), build(ref), args.passes, args.repeats)
+        rows.append((name, ours, theirs, theirs / ours))
+    print(f"pool {UNITS} units, {UNITS_PER_CHECKPOINT} units per checkpoint, "
+          f"{UNITS // UNITS_PER_CHECKPOINT} READY checkpoints; median of {args.repeats} x {args.passes} passes "
+          f"(thread CPU time, {os.cpu_count()} CPUs)")
+    print(f"| workload | statecache µs/pass | reference µs/pass | speed-up |")
+    print(f"|---|---:|---:|---:|")
+    for name, ours, theirs, ratio in rows:
+        print(f"| {name} | {ours:,.1f} | {theirs:,.1f} | {ratio:,.1f}× |")
+
+
+if __name__ == "__main__":
+    main()

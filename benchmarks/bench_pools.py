@@ -1,0 +1,152 @@
+"""Scheduler-pass latency of StateSlotPool: statecache (C++) against the
+reference Python class, the same calls in the same run.
+
+One pass, as a serving loop makes it (SPEC.md §7): `release_pins()`, then for
+each of 256 running sequences `resumable_hit` over its 64-block hash list and a
+fork `checkpoint` at its next ladder rung, then 32 of them finish and are
+replaced (`release` + `pop`). 1,024 slots, so the pool runs full: pops spend
+LRU checkpoints and checkpoints come back through the pins two passes later.
+
+    python benchmarks/bench_pools.py [--passes 40] [--repeats 15]
+
+Prints µs per pass (median over repeats) and the ratio to statecache.
+"""
+
+from __future__ import annotations
+
+import os
+
+# NumPy's BLAS threads spin on idle cores and would tax whichever variant
+# runs next to them; this benchmark needs none.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import statecache as sc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+from reference import load  # noqa: E402
+
+NUM_SLOTS = 1024
+RUNNING = 256
+BLOCKS = 64
+HBS = 16
+FINISH_PER_PASS = 32
+
+
+class PySeq:
+    """Plain-attribute sequence for the reference: its fastest possible input."""
+
+    def __init__(self, num_tokens=0):
+        self.num_tokens = num_tokens
+        self.num_prompt_tokens = num_tokens
+        self.has_per_req_cache = True
+        self.state_slots = [-1]
+        self.state_fork_src = -1
+        self.checkpoint_end_pos = 0
+        self.midstep_anchor_pos = 0
+
+    @property
+    def state_slot(self):
+        return self.state_slots[0] if self.state_slots else -1
+
+    @state_slot.setter
+    def state_slot(self, v):
+        self.state_slots[0] = v
+
+
+class Workload:
+    def __init__(self, pool, make_seq, hashes_as="list"):
+        self.pool = pool
+        self.seqs = []
+        self.hashes = []
+        self.pass_no = 0
+        for i in range(RUNNING):
+            s = make_seq(num_tokens=BLOCKS * HBS + 2 * HBS)
+            s.state_slots = [pool.pop()]
+            s.checkpoint_end_pos = (BLOCKS // 2) * HBS  # rung 32 is this prompt's anchor
+            self.seqs.append(s)
+            hs = [(i << 20) | b for b in range(BLOCKS)]
+            self.hashes.append(np.asarray(hs, dtype=np.int64) if hashes_as == "numpy" else hs)
+
+    def run_pass(self):
+        pool, seqs, hashes = self.pool, self.seqs, self.hashes
+        resumable_hit, checkpoint = pool.resumable_hit, pool.checkpoint
+        rung = self.pass_no % BLOCKS + 1
+        pool.release_pins()
+        for i in range(RUNNING):
+            s = seqs[i]
+            hs = hashes[i]
+            resumable_hit(s, BLOCKS, hs)
+            checkpoint(s, rung, hs[rung - 1])
+        first = (self.pass_no * FINISH_PER_PASS) % RUNNING
+        for i in range(first, first + FINISH_PER_PASS):
+            s = seqs[i]
+            pool.release(s.state_slot)
+            s.state_slot = pool.pop()
+        self.pass_no += 1
+
+
+def timed(work, passes, clock):
+    t0 = clock()
+    for _ in range(passes):
+        work.run_pass()
+    return (clock() - t0) / passes * 1e6
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--passes", type=int, default=40, help="passes per timed repeat")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=100, help="passes before timing (fills the pool)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with process CPU time instead of wall time (steadier on a shared machine)")
+    args = ap.parse_args(argv)
+
+    transfer = sc.StateTransfer.fork(HBS)
+    variants = {
+        "statecache": lambda: Workload(sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence),
+        "statecache (NumPy hashes)": lambda: Workload(
+            sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence, "numpy"),
+    }
+    ref = load("slot_pool")
+    if ref is not None:
+        variants["reference (Python seqs)"] = lambda: Workload(
+            ref.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), PySeq)
+        variants["reference (statecache.Sequence)"] = lambda: Workload(
+            ref.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence)
+    else:
+        print("reference not found beside the checkout: statecache only", file=sys.stderr)
+
+    works = {name: make() for name, make in variants.items()}
+    for w in works.values():
+        for _ in range(args.warmup):
+            w.run_pass()
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    samples = {name: [] for name in works}
+    for _ in range(args.repeats):  # interleaved, so drift hits every variant alike
+        for name, w in works.items():
+            samples[name].append(timed(w, args.passes, clock))
+
+    base = statistics.median(samples["statecache"])
+    print(f"StateSlotPool scheduler pass: {NUM_SLOTS} slots, {RUNNING} running seqs, "
+          f"{BLOCKS}-block hash lists, {FINISH_PER_PASS} finish/admit per pass")
+    print(f"median of {args.repeats} repeats x {args.passes} passes (after {args.warmup} warm-up passes), "
+          f"{'process CPU' if args.cpu_time else 'wall'} time\n")
+    print(f"| {'implementation':<32} | {'µs / pass':>10} | {'min':>10} | {'vs statecache':>13} |")
+    print(f"|{'-' * 34}|{'-' * 12}|{'-' * 12}|{'-' * 15}|")
+    for name, xs in samples.items():
+        med = statistics.median(xs)
+        print(f"| {name:<32} | {med:>10.1f} | {min(xs):>10.1f} | {med / base:>12.2f}x |")
+    pool = works["statecache"].pool
+    print(f"\nstatecache pool after the run: {pool.checkpoint_fates()} {pool.occupancy()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+// What StateSlotPool and StateGroupPool add to the free list alike: the
+// transfer they checkpoint with, which sequences they apply to, the
+// resumable-hit cap, and retire_top's record type.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "core/errors.h"
+#include "core/free_list.h"
+#include "core/sequence.h"
+#include "core/state_transfer.h"
+
+namespace statecache {
+
+template <class Retire>
+class CheckpointPool : public StateFreeList {
+ public:
+  const StateTransfer& transfer() const { return transfer_; }
+  int64_t min_fork_tokens() const { return transfer_.fork_tokens; }
+  double successor_room() const { return transfer_.successor_room(); }
+  bool readable_midstep() const { return transfer_.readable_midstep; }
+  int64_t hash_block_size() const { return hash_block_size_; }
+
+  // Whether this pool gates or checkpoints anything for `seq`.
+  bool applies(const Sequence& seq) const { return enabled() && seq.has_per_req_cache; }
+
+  std::optional<Retire> retire_top() {
+    auto r = StateFreeList::retire_top();
+    if (!r) return std::nullopt;
+    return Retire{*r};
+  }
+
+  // The largest L <= hit whose boundary is checkpointed and leaves the
+  // resuming forward min_fork_tokens (0 is always valid); `hit` itself when
+  // the pool does not apply or the state is replayed. `hash_at(i)` yields
+  // block i's hash, i < num_hashes.
+  template <class HashAt>
+  int64_t resumable_hit(const Sequence& seq, int64_t hit, int64_t num_hashes, HashAt&& hash_at,
+                        bool assume_checkpointed = false) const {
+    if (hit < 0) bad_argument("hit", hit, "must be >= 0");
+    if (!applies(seq) || transfer_.replays()) return hit;
+    if ((reads_assumed_hashes_ || !assume_checkpointed) && hit > num_hashes)
+      out_of_range("hit", hit, num_hashes + 1);
+    return scan_resumable(seq.num_tokens, hit, min_fork_tokens(), hash_block_size_,
+                          assume_checkpointed, hash_at);
+  }
+  int64_t resumable_hit(const Sequence& seq, int64_t hit, std::span<const int64_t> hashes,
+                        bool assume_checkpointed = false) const {
+    return resumable_hit(seq, hit, static_cast<int64_t>(hashes.size()),
+                         [&](int64_t i) { return hashes[static_cast<size_t>(i)]; },
+                         assume_checkpointed);
+  }
+
+ protected:
+  // `reads_assumed_hashes`: whether `hit` must stay within the hash list even
+  // when checkpoints are assumed (the slot pool's reference reads the list
+  // either way, the group pool's does not).
+  CheckpointPool(int64_t count, StateTransfer transfer, int64_t hash_block_size, bool enabled,
+                 const char* unit, bool reads_assumed_hashes)
+      : StateFreeList(count, enabled, unit),
+        transfer_(std::move(transfer)),
+        hash_block_size_(hash_block_size),
+        reads_assumed_hashes_(reads_assumed_hashes) {
+    if (hash_block_size < 1) bad_argument("hash_block_size", hash_block_size, "must be >= 1");
+  }
+
+ private:
+  StateTransfer transfer_;
+  int64_t hash_block_size_;
+  bool reads_assumed_hashes_;
+};
+
+}  // namespace statecache

@@ -1,0 +1,206 @@
+"""Where one slot's state and one page unit's bytes live (SPEC.md §10).
+
+A layout is read off the engine's real tensors: every tensor contributes one
+*row* per slot (or per page unit), found along its slot dim (0, or 1 for
+``[layers, slots, ...]``, where each layer is a row of its own). The result
+is a segment table of plain ints, ``(base, stride, bytes)`` per row, that the
+C++ span planner consumes; ``layout_id`` is a digest of the geometry and
+dtypes only, so it changes whenever they do and never with addresses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Row ``i`` of this segment is ``bytes`` long at ``base + i * stride``."""
+
+    base: int
+    stride: int
+    bytes: int
+
+
+def _as_tensor_list(tensors, name: str) -> list[torch.Tensor]:
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    out = list(tensors)
+    if not out:
+        raise ValueError(f"{name} must name at least one tensor")
+    for i, t in enumerate(out):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}[{i}] must be a torch.Tensor, got {type(t).__name__}")
+    return out
+
+
+def _per_tensor(value, n: int, name: str) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries for {n} tensors")
+        return list(value)
+    return [value] * n
+
+
+class _RowTable:
+    """Rows of several tensors along one index dim (a slot, or a page unit)."""
+
+    def __init__(self, tensors, index_dim, name: str, index_name: str):
+        self.tensors = _as_tensor_list(tensors, name)
+        dims = _per_tensor(index_dim, len(self.tensors), f"{index_name}_dim")
+        self.dims = list(dims)
+        self.rows: list[Segment] = []
+        self.row_tensor: list[int] = []  # which tensor each row comes from
+        self.geometry: list[tuple] = []
+        self.count = None
+        self.device = self.tensors[0].device
+        for i, (t, dim) in enumerate(zip(self.tensors, dims)):
+            where = f"{name}[{i}] (shape {tuple(t.shape)}, stride {tuple(t.stride()) if t.layout == torch.strided else '-'})"
+            if dim not in (0, 1) or isinstance(dim, bool):
+                raise ValueError(f"{index_name}_dim for {name}[{i}] must be 0 or 1, got {dim!r}")
+            if t.layout != torch.strided:
+                raise ValueError(f"{where}: only strided tensors can be served, got {t.layout}")
+            if t.device != self.device:
+                raise ValueError(f"{where}: on {t.device}, but {name}[0] is on {self.device}")
+            if t.dim() < dim + 1:
+                raise ValueError(f"{where}: has no dim {dim} to index {index_name}s by")
+            count = t.shape[dim]
+            if self.count is None:
+                self.count = count
+            elif count != self.count:
+                raise ValueError(f"{where}: holds {count} {index_name}s, {name}[0] holds {self.count}")
+            item = t.element_size()
+            row_shape = t.shape[dim + 1 :]
+            row_bytes = math.prod(row_shape) * item
+            if row_bytes == 0:
+                raise ValueError(f"{where}: a {index_name} row holds no bytes")
+            # The row (dims after the index dim) must be one contiguous run.
+            expect = 1
+            for size, stride in reversed(list(zip(row_shape, t.stride()[dim + 1 :]))):
+                if size != 1 and stride != expect:
+                    raise ValueError(f"{where}: the dims after dim {dim} are not contiguous; "
+                                     f"pass a tensor whose {index_name} rows are contiguous")
+                expect *= size
+            if t.data_ptr() % item:
+                raise ValueError(f"{where}: data_ptr {t.data_ptr():#x} is not aligned to its "
+                                 f"{item}-byte elements")
+            step = t.stride(dim) * item
+            if count > 1 and step < row_bytes:
+                raise ValueError(f"{where}: {index_name} rows overlap ({index_name} stride "
+                                 f"{step} bytes < row {row_bytes} bytes)")
+            outer = range(t.shape[0]) if dim == 1 else range(1)
+            for layer in outer:
+                base = t.data_ptr() + layer * t.stride(0) * item * (dim == 1)
+                self.rows.append(Segment(base, step, row_bytes))
+                self.row_tensor.append(i)
+            shape = list(t.shape)
+            shape[dim] = -1  # the pool size is not part of an image's geometry
+            self.geometry.append((str(t.dtype), tuple(shape), dim))
+        if not self.count:
+            raise ValueError(f"{name} hold no {index_name}s")
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(r.bytes for r in self.rows)
+
+
+def _flat(rows: Sequence[Segment]) -> list[int]:
+    return [v for r in rows for v in (r.base, r.stride, r.bytes)]
+
+
+class StateLayout:
+    """Where one slot's state lives across the engine's state tensors.
+
+    ``tensors``: one tensor or a list (any dtype), each indexed by slot along
+    ``slot_dim`` (0, or 1 for ``[layers, slots, ...]``; one value or one per
+    tensor). ``image_ranges``: per tensor, ``None`` (the whole row belongs to
+    the checkpoint image) or ``(byte_offset, byte_count)`` within each of its
+    rows (only that part is stored and restored). Rows must be contiguous.
+    Relocations and group copies move whole slots; PAGE images move the image.
+    """
+
+    def __init__(self, tensors, slot_dim=1, image_ranges=None):
+        self._table = _RowTable(tensors, slot_dim, "state tensors", "slot")
+        ranges = _per_tensor(image_ranges, len(self._table.tensors), "image_ranges")
+        self.image_ranges = []
+        for i, r in enumerate(ranges):
+            row = next(s.bytes for s, t in zip(self._table.rows, self._table.row_tensor) if t == i)
+            if r is None:
+                r = (0, row)
+            if (not isinstance(r, (tuple, list)) or len(r) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in r)):
+                raise TypeError(f"image_ranges[{i}] must be None or (byte_offset, byte_count), got {r!r}")
+            off, n = r
+            if off < 0 or n <= 0 or off + n > row:
+                raise ValueError(f"image_ranges[{i}]={tuple(r)!r} does not fit in a {row}-byte row")
+            self.image_ranges.append((off, n))
+        self.image_segments = [
+            Segment(s.base + self.image_ranges[t][0], s.stride, self.image_ranges[t][1])
+            for s, t in zip(self._table.rows, self._table.row_tensor)
+        ]
+
+    tensors = property(lambda self: self._table.tensors)
+    slot_dims = property(lambda self: self._table.dims)
+    device = property(lambda self: self._table.device)
+    num_slots = property(lambda self: self._table.count)
+    segments = property(lambda self: list(self._table.rows), doc="whole-slot rows")
+    slot_bytes = property(lambda self: self._table.row_bytes)
+    image_bytes = property(lambda self: sum(s.bytes for s in self.image_segments))
+
+    def geometry(self) -> tuple:
+        return ("state", tuple(self._table.geometry), tuple(self.image_ranges))
+
+    def segment_table(self) -> list[int]:
+        return _flat(self._table.rows)
+
+    def image_segment_table(self) -> list[int]:
+        return _flat(self.image_segments)
+
+
+class PageLayout:
+    """Where one page unit's bytes live across the KV cache tensors.
+
+    ``tensors``: one or more tensors indexed by block along ``unit_dim`` (0 for
+    ``[blocks, ...]``, 1 for ``[2, blocks, ...]`` or ``[layers, blocks, ...]``).
+    Unit ``u`` is block ``u`` of every tensor, in order: a unit may span the K
+    and V blocks of every attention layer.
+    """
+
+    def __init__(self, tensors, unit_dim=0):
+        self._table = _RowTable(tensors, unit_dim, "page tensors", "unit")
+
+    tensors = property(lambda self: self._table.tensors)
+    unit_dims = property(lambda self: self._table.dims)
+    device = property(lambda self: self._table.device)
+    num_units = property(lambda self: self._table.count)
+    segments = property(lambda self: list(self._table.rows))
+    unit_bytes = property(lambda self: self._table.row_bytes)
+
+    def geometry(self) -> tuple:
+        return ("page", tuple(self._table.geometry))
+
+    def segment_table(self) -> list[int]:
+        return _flat(self._table.rows)
+
+
+def layout_id(state_layout: StateLayout, page_layout: PageLayout) -> str:
+    """A short digest of both geometries and dtypes (addresses excluded)."""
+    text = repr((state_layout.geometry(), page_layout.geometry())).encode()
+    return "sc-" + hashlib.blake2b(text, digest_size=8).hexdigest()
+
+
+def paged_checkpoint_spec(state_layout: StateLayout, page_layout: PageLayout):
+    """The ``PagedStateCheckpointSpec`` the two layouts imply."""
+    from statecache import PagedStateCheckpointSpec
+
+    return PagedStateCheckpointSpec(
+        page_unit_bytes=page_layout.unit_bytes,
+        slot_bytes=state_layout.slot_bytes,
+        layout_id=layout_id(state_layout, page_layout),
+        image_bytes=state_layout.image_bytes,
+    )
