@@ -15,9 +15,10 @@ and no more), which makes "the end of the request" resumable only at the
 prompt's last full block. A policy that checkpoints "at finish" or "at the
 last decoded token" is therefore given that position, the one its real
 counterpart's checkpoint would serve in this trace. Decode-time positions
-(vLLM ``all``, SGLang) are named through ``decode_boundary`` but cost
-nothing here: fork checkpoints are prompt-only and the engine does not ask
-for decode boundaries; generated text is never shared in a trace anyway.
+(vLLM ``all``, SGLang) are named through ``decode_boundary``: with PAGE
+images (a shared ``memory`` budget) they are kept and cost memory, never
+read, as generated text is not shared in a trace; a fork cannot be taken
+at decode, so under separate budgets the engine skips them.
 
 Peers mark every position but the prompt end as a guess and pair it with
 ``PlainLRU``, which files guesses like anything else: pure recency, as
