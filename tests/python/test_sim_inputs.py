@@ -146,3 +146,14 @@ def test_workload_spec_validation():
         workload.WorkloadSpec(sessions=0)
     with pytest.raises(ValueError, match="branch_prob"):
         workload.WorkloadSpec(branch_prob=1.5)
+
+
+def test_workload_command_writes_a_trace(tmp_path, capsys):
+    out = tmp_path / "agents.jsonl"
+    assert workload.main([str(out), "--kind", "agentic", "--sessions", "5", "--seed", "7"]) == 0
+    reqs = trace.load_trace(out)
+    assert reqs and "requests" in capsys.readouterr().out
+    assert [r.hash_ids for r in reqs] == [r.hash_ids for r in workload.generate(
+        workload.WorkloadSpec(kind="agentic", sessions=5, seed=7))]
+    with pytest.raises(SystemExit):
+        workload.main([str(out), "--sessions", "0"])

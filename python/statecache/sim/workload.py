@@ -187,3 +187,31 @@ def generate(spec: WorkloadSpec) -> list[TraceRequest]:
     out.sort(key=lambda r: (r[0], r[1]))
     return [TraceRequest(i, round(at, 3), n_in, n_out, ids)
             for i, (at, _, n_in, n_out, ids) in enumerate(out)]
+
+
+def main(argv=None) -> int:
+    """``python -m statecache.sim.workload OUT.jsonl [--kind agentic] [--sessions N] ...``:
+    every ``WorkloadSpec`` field is an option."""
+    import argparse
+    import dataclasses
+
+    from statecache.sim.trace import write_trace
+
+    p = argparse.ArgumentParser(description=WorkloadSpec.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", help="JSONL file to write")
+    for f in dataclasses.fields(WorkloadSpec):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    args = vars(p.parse_args(argv))
+    out = args.pop("out")
+    try:
+        reqs = generate(WorkloadSpec(**args))
+    except ValueError as e:
+        p.error(str(e))
+    write_trace(reqs, out)
+    print(f"{out}: {len(reqs)} requests")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
