@@ -51,7 +51,9 @@ COLUMNS = (
 
 def table(results: Iterable[dict], columns=COLUMNS) -> str:
     """A fixed-width text table, one row per result, in the given order."""
-    rows = [[name for name, _ in columns]]
+    results = list(results)
+    shared = any(r["config"].get("memory") is not None for r in results)
+    rows = [["memory" if shared and name == "state mem" else name for name, _ in columns]]
     rows += [[get(r) for _, get in columns] for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = []
