@@ -33,7 +33,7 @@ class HashIndex {
     if (filter_[filter_slot(m)] == 0) return nullptr;
     return probe(key, m);
   }
-  bool contains(int64_t key) const { return find(key) != nullptr; }
+  [[gnu::always_inline]] bool contains(int64_t key) const { return find(key) != nullptr; }
   int64_t get(int64_t key, int64_t fallback) const {
     const int64_t* v = find(key);
     return v ? *v : fallback;
