@@ -5,6 +5,7 @@
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "bindings/fast_call.h"
 #include "core/errors.h"
 #include "core/sequence.h"
 #include "core/state_transfer.h"
@@ -196,22 +197,28 @@ void bind_int_list(py::module_& m) {
       .def("__repr__", [](const IntListView& s) { return py_repr(to_list(s.v())); });
 }
 
+// Sequence's attributes are read and written by the engine for every request
+// every pass, so they are getset descriptors (fast_call.h) rather than
+// pybind11 properties.
 template <std::vector<int64_t> Sequence::*Field>
-void def_int_list(py::classh<Sequence>& cls, const char* name) {
-  cls.def_property(
-      name,
-      [](const std::shared_ptr<Sequence>& s) { return IntListView{s, Field}; },
-      [name](Sequence& s, py::handle xs) {
+void def_int_list(py::handle cls, const char* name) {
+  fast::def_property<Sequence>(
+      cls, name,
+      [](Sequence&, PyObject* self) {
+        auto s = py::cast<std::shared_ptr<Sequence>>(py::handle(self));
+        return py::cast(IntListView{std::move(s), Field}).release().ptr();
+      },
+      [](Sequence& s, PyObject* xs, const char* name) {
         std::vector<int64_t> v = as_int_list(xs, name);
         (s.*Field).swap(v);
       });
 }
 
 template <int64_t Sequence::*Field>
-void def_int(py::classh<Sequence>& cls, const char* name) {
-  cls.def_property(
-      name, [](const Sequence& s) { return s.*Field; },
-      [name](Sequence& s, py::handle x) { s.*Field = as_int(x, name); });
+void def_int(py::handle cls, const char* name) {
+  fast::def_property<Sequence>(
+      cls, name, [](const Sequence& s) { return fast::to_py(s.*Field); },
+      [](Sequence& s, PyObject* x, const char* name) { s.*Field = as_int(x, name); });
 }
 
 void bind_sequence(py::module_& m) {
@@ -234,28 +241,25 @@ views: in-place edits reach the pools, and plain assignment replaces them.)doc")
           }),
           py::arg("seq_id") = py::none(), py::arg("num_tokens") = 0, py::arg("num_prompt_tokens") = 0,
           py::arg("has_per_req_cache") = true);
-  cls.def_property(
-      "seq_id",
-      [](const Sequence& s) -> py::object {
-        if (!s.seq_id) return py::none();
-        return py::int_(*s.seq_id);
-      },
-      [](Sequence& s, py::handle x) {
-        if (x.is_none())
+  fast::def_property<Sequence>(
+      cls, "seq_id",
+      [](const Sequence& s) { return s.seq_id ? fast::to_py(*s.seq_id) : fast::none(); },
+      [](Sequence& s, PyObject* x, const char* name) {
+        if (x == Py_None)
           s.seq_id.reset();
         else
-          s.seq_id = as_int(x, "seq_id");
+          s.seq_id = as_int(x, name);
       });
   def_int<&Sequence::num_tokens>(cls, "num_tokens");
   def_int<&Sequence::num_prompt_tokens>(cls, "num_prompt_tokens");
-  cls.def_property(
-      "has_per_req_cache", [](const Sequence& s) { return s.has_per_req_cache; },
-      [](Sequence& s, py::handle x) { s.has_per_req_cache = as_bool(x, "has_per_req_cache"); });
+  fast::def_property<Sequence>(
+      cls, "has_per_req_cache", [](const Sequence& s) { return fast::to_py(s.has_per_req_cache); },
+      [](Sequence& s, PyObject* x, const char* name) { s.has_per_req_cache = as_bool(x, name); });
   def_int_list<&Sequence::state_slots>(cls, "state_slots");
   def_int_list<&Sequence::block_hashes>(cls, "block_hashes");
-  cls.def_property(
-      "state_slot", [](const Sequence& s) { return s.state_slot(); },
-      [](Sequence& s, py::handle x) { s.set_state_slot(as_int(x, "state_slot")); });
+  fast::def_property<Sequence>(
+      cls, "state_slot", [](const Sequence& s) { return fast::to_py(s.state_slot()); },
+      [](Sequence& s, PyObject* x, const char* name) { s.set_state_slot(as_int(x, name)); });
   def_int<&Sequence::state_fork_src>(cls, "state_fork_src");
   def_int<&Sequence::per_req_cache_group>(cls, "per_req_cache_group");
   def_int<&Sequence::pending_checkpoint>(cls, "pending_checkpoint");

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/errors.h"
@@ -184,24 +185,65 @@ void def(py::handle cls, const char* name, F, std::initializer_list<const char*>
   py::setattr(cls, name, descr);
 }
 
+// The instance behind `self`; a TypeError when its __init__ did not run.
+template <class T>
+T& self_of(PyObject* self) {
+  T* t = instance_ptr<T>(self);
+  if (!t) throw py::type_error(std::string(Py_TYPE(self)->tp_name) + " instance whose __init__ did not run");
+  return *t;
+}
+
 template <class T, class F>
 PyObject* getter(PyObject* self, void*) {
   try {
-    return F{}(*instance_ptr<T>(self));
+    if constexpr (std::is_invocable_v<F, T&, PyObject*>)
+      return F{}(self_of<T>(self), self);  // wants the Python object too
+    else
+      return F{}(self_of<T>(self));
   } catch (...) {
     set_error_from_current();
     return nullptr;
   }
 }
 
-// A read-only attribute computed by `F` (captureless, PyObject*(const T&)).
+// `closure` is the attribute's name, for the setter's error messages.
 template <class T, class F>
-void def_readonly(py::handle cls, const char* name, F, const char* doc = nullptr) {
-  auto* gs = new PyGetSetDef{name, &getter<T, F>, nullptr, doc, nullptr};
+int setter(PyObject* self, PyObject* value, void* closure) {
+  const char* name = static_cast<const char*>(closure);
+  if (!value) {
+    PyErr_Format(PyExc_AttributeError, "can't delete attribute '%s'", name);
+    return -1;
+  }
+  try {
+    F{}(self_of<T>(self), value, name);
+    return 0;
+  } catch (...) {
+    set_error_from_current();
+    return -1;
+  }
+}
+
+inline void add_getset(py::handle cls, PyGetSetDef* gs) {
   py::object descr =
       py::reinterpret_steal<py::object>(PyDescr_NewGetSet(reinterpret_cast<PyTypeObject*>(cls.ptr()), gs));
   if (!descr) throw py::error_already_set();
-  py::setattr(cls, name, descr);
+  py::setattr(cls, gs->name, descr);
+}
+
+// A read-only attribute computed by `F` (captureless, PyObject*(const T&), or
+// PyObject*(const T&, PyObject* self)).
+// Getset descriptors live as long as the type: never freed.
+template <class T, class F>
+void def_readonly(py::handle cls, const char* name, F, const char* doc = nullptr) {
+  add_getset(cls, new PyGetSetDef{name, &getter<T, F>, nullptr, doc, nullptr});
+}
+
+// A read-write attribute: `Get` as for def_readonly, `Set` captureless
+// void(T&, PyObject* value, const char* name), raising before it changes anything.
+template <class T, class Get, class Set>
+void def_property(py::handle cls, const char* name, Get, Set, const char* doc = nullptr) {
+  add_getset(cls, new PyGetSetDef{name, &getter<T, Get>, &setter<T, Set>, doc,
+                                  const_cast<char*>(name)});
 }
 
 }  // namespace statecache::bindings::fast

@@ -34,7 +34,20 @@ StateTransfer transfer_arg(py::handle obj) {
                        Py_TYPE(item.ptr())->tp_name + " " + py_repr(item));
 }
 
-inline int64_t hash_item(PyObject* item, const char* name, int64_t i) {
+// Hashes that are not small exact ints: the general conversion, kept out of
+// the scan loop.
+[[gnu::noinline]] int64_t hash_item_slow(PyObject* item, const char* name, int64_t i) {
+  if (PyLong_CheckExact(item)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (overflow == 0) return v;
+  }
+  if (PyLong_Check(item) && !PyBool_Check(item)) return as_int(item, name);
+  if (!PyBool_Check(item) && !PyFloat_Check(item) && PyIndex_Check(item)) return as_int(item, name);
+  bad_hash(name, i, item);
+}
+
+[[gnu::always_inline]] inline int64_t hash_item(PyObject* item, const char* name, int64_t i) {
 #if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
   // CPython 3.11 ints: read up to three 30-bit digits directly; the scan does
   // this once per block it looks at.
@@ -49,14 +62,7 @@ inline int64_t hash_item(PyObject* item, const char* name, int64_t i) {
     }
   }
 #endif
-  if (PyLong_CheckExact(item)) {
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-    if (overflow == 0) return v;
-  }
-  if (PyLong_Check(item) && !PyBool_Check(item)) return as_int(item, name);
-  if (!PyBool_Check(item) && !PyFloat_Check(item) && PyIndex_Check(item)) return as_int(item, name);
-  bad_hash(name, i, item);
+  return hash_item_slow(item, name, i);
 }
 
 // A 1-D C-contiguous int64 buffer (NumPy int64 array, array('q')), or none.
