@@ -75,13 +75,12 @@ int32_t PageUnitCheckpointStore::new_slot(int64_t checkpoint_id, int64_t prefix_
   return idx;
 }
 
-void PageUnitCheckpointStore::free_slot(int64_t checkpoint_id) {
-  const int32_t idx = slot_index(checkpoint_id);
+void PageUnitCheckpointStore::free_slot(int32_t idx) {
   Slot& s = slab_[idx];
   set_state(s, CheckpointState::kEvicting);  // leaves the evictable total
+  slot_of_.erase(s.id);
   s.id = -1;
   free_slots_.push_back(idx);
-  slot_of_.erase(checkpoint_id);
 }
 
 void PageUnitCheckpointStore::set_state(Slot& s, CheckpointState state) {
@@ -146,9 +145,9 @@ bool PageUnitCheckpointStore::contains_or_pending(int64_t prefix_hash) const {
 
 // --------------------------------------------------------------- capacity --
 
-int64_t PageUnitCheckpointStore::next_victim(int64_t protected_id) const {
+int32_t PageUnitCheckpointStore::next_victim(int64_t protected_id) const {
   for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next)
-    if (is_evictable(slab_[idx], protected_id)) return slab_[idx].id;
+    if (is_evictable(slab_[idx], protected_id)) return idx;
   return -1;
 }
 
@@ -160,8 +159,9 @@ bool PageUnitCheckpointStore::has_available_units(int64_t count, std::optional<i
   // checkpoints make it up is the policy's business and cannot change that.
   int64_t reachable = evictable_units_;
   if (protected_hash) {
-    const Slot* p = find(lookup(*protected_hash));
-    if (p != nullptr && is_evictable(*p, -1)) reachable -= static_cast<int64_t>(p->rec.unit_ids.size());
+    const int32_t* idx = hash_to_checkpoint_.find(*protected_hash);
+    if (idx != nullptr && is_evictable(slab_[*idx], -1))
+      reachable -= static_cast<int64_t>(slab_[*idx].rec.unit_ids.size());
   }
   return count - free <= reachable;
 }
@@ -170,7 +170,7 @@ bool PageUnitCheckpointStore::ensure_free_units(int64_t count) {
   if (count < 0) bad_argument("count", count, "must be >= 0");
   if (!has_available_units(count)) return false;
   while (pool_->num_free() < count) {
-    const int64_t victim = next_victim();
+    const int32_t victim = next_victim();
     if (victim < 0) return false;
     evict(victim);
   }
@@ -205,10 +205,11 @@ bool PageUnitCheckpointStore::restore_queued_for(int64_t dst_slot) const {
 
 std::optional<CheckpointRestoreOp> PageUnitCheckpointStore::begin_restore(int64_t prefix_hash, int64_t dst_slot) {
   if (dst_slot < 0) bad_argument("dst_slot", dst_slot, "must be >= 0");
-  const int64_t checkpoint_id = lookup(prefix_hash);
-  if (checkpoint_id < 0) return std::nullopt;
-  const int32_t idx = slot_index(checkpoint_id);
+  const int32_t* found = hash_to_checkpoint_.find(prefix_hash);
+  if (found == nullptr || slab_[*found].rec.state != CheckpointState::kReady) return std::nullopt;
+  const int32_t idx = *found;
   Slot& s = slab_[idx];
+  const int64_t checkpoint_id = s.id;
   add_pins(s, 1);
   lru_unlink(idx);
   lru_push_back(idx);
@@ -380,21 +381,21 @@ void PageUnitCheckpointStore::clear() {
   }
 }
 
-void PageUnitCheckpointStore::evict(int64_t checkpoint_id) {
-  Slot& s = *find(checkpoint_id);
+void PageUnitCheckpointStore::evict(int32_t idx) {
+  Slot& s = slab_[idx];
   if (s.rec.state != CheckpointState::kReady || s.rec.pin_count != 0)
     throw InvariantError("only an unpinned READY checkpoint is evictable");
   note_change(s.rec.prefix_hash);
-  erase_if_names(hash_to_checkpoint_, s.rec.prefix_hash, static_cast<int32_t>(&s - slab_.data()));
+  erase_if_names(hash_to_checkpoint_, s.rec.prefix_hash, idx);
   set_state(s, CheckpointState::kEvicting);
-  lru_unlink(slot_index(checkpoint_id));
-  release_record(checkpoint_id);
+  lru_unlink(idx);
+  release_slot(idx);
   ++evictions_;
 }
 
-void PageUnitCheckpointStore::release_record(int64_t checkpoint_id) {
-  const int32_t idx = slot_index(checkpoint_id);
+void PageUnitCheckpointStore::release_slot(int32_t idx) {
   Slot& s = slab_[idx];
+  const int64_t checkpoint_id = s.id;
   if (!watched_.empty()) {
     auto w = watched_.find(checkpoint_id);
     if (w != watched_.end()) w->second.released = s.rec;
@@ -408,7 +409,7 @@ void PageUnitCheckpointStore::release_record(int64_t checkpoint_id) {
   // the pool hands them out again.
   set_state(s, CheckpointState::kEvicting);
   UnitIds units = std::move(s.rec.unit_ids);
-  free_slot(checkpoint_id);
+  free_slot(idx);
   pool_->release_units(units, checkpoint_owner(checkpoint_id));
   units.clear();
   slab_[idx].rec.unit_ids = std::move(units);  // keep the capacity for reuse
