@@ -188,8 +188,14 @@ std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t pr
   // The pool may run on_evict handlers (which may unindex here) before
   // returning; the units are ours by then.
   UnitIds units;
-  if (!pool_->reserve_units(needed, checkpoint_owner(checkpoint_id), units)) return std::nullopt;
-  const int32_t idx = new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying);
+  units.swap(reserve_buf_);  // a reentrant call would find it empty, and allocate
+  const bool reserved = pool_->reserve_units(needed, checkpoint_owner(checkpoint_id), units);
+  int32_t idx = -1;
+  if (reserved) idx = new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying);
+  reserve_buf_.swap(units);
+  if (!reserved) return std::nullopt;
+  // The next store under pressure spends the LRU head: start loading it.
+  if (lru_head_ >= 0) __builtin_prefetch(&slab_[lru_head_]);
   Slot& s = slab_[idx];
   s.store_inflight = true;
   pending_by_hash_[prefix_hash] = idx;
@@ -209,6 +215,10 @@ std::optional<CheckpointRestoreOp> PageUnitCheckpointStore::begin_restore(int64_
   if (found == nullptr || slab_[*found].rec.state != CheckpointState::kReady) return std::nullopt;
   const int32_t idx = *found;
   Slot& s = slab_[idx];
+  // Start the misses this needs together rather than one after another.
+  if (s.prev >= 0) __builtin_prefetch(&slab_[s.prev]);
+  if (s.next >= 0) __builtin_prefetch(&slab_[s.next]);
+  __builtin_prefetch(s.rec.unit_ids.data());
   const int64_t checkpoint_id = s.id;
   add_pins(s, 1);
   lru_unlink(idx);
@@ -385,6 +395,11 @@ void PageUnitCheckpointStore::evict(int32_t idx) {
   Slot& s = slab_[idx];
   if (s.rec.state != CheckpointState::kReady || s.rec.pin_count != 0)
     throw InvariantError("only an unpinned READY checkpoint is evictable");
+  // A victim is cold: start its misses together rather than one after another.
+  __builtin_prefetch(s.rec.unit_ids.data());
+  hash_to_checkpoint_.prefetch(s.rec.prefix_hash);
+  slot_of_.prefetch(s.id);
+  if (s.next >= 0) __builtin_prefetch(&slab_[s.next]);
   note_change(s.rec.prefix_hash);
   erase_if_names(hash_to_checkpoint_, s.rec.prefix_hash, idx);
   set_state(s, CheckpointState::kEvicting);

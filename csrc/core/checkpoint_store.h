@@ -191,6 +191,7 @@ class PageUnitCheckpointStore {
   FlatInt64Map<int32_t> hash_to_checkpoint_;
   FlatInt64Map<int32_t> pending_by_hash_;
   std::vector<int64_t> inflight_stores_;
+  UnitIds reserve_buf_;  // begin_store's reservation, reused across calls
   std::vector<std::pair<int64_t, CheckpointRestoreOp>> queued_restores_;
   std::vector<int64_t> inflight_restores_;
   int64_t next_checkpoint_id_ = 0;
