@@ -402,6 +402,7 @@ void PageUnitCheckpointStore::evict(int32_t idx) {
   if (s.next >= 0) __builtin_prefetch(&slab_[s.next]);
   note_change(s.rec.prefix_hash);
   erase_if_names(hash_to_checkpoint_, s.rec.prefix_hash, idx);
+  pool_->prefetch_units(s.rec.unit_ids);
   set_state(s, CheckpointState::kEvicting);
   lru_unlink(idx);
   release_slot(idx);
