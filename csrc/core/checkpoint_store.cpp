@@ -194,8 +194,10 @@ std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t pr
   if (reserved) idx = new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying);
   reserve_buf_.swap(units);
   if (!reserved) return std::nullopt;
-  // The next store under pressure spends the LRU head: start loading it.
+  // The next store under pressure spends the LRU head and files the next id:
+  // start loading both.
   if (lru_head_ >= 0) __builtin_prefetch(&slab_[lru_head_]);
+  slot_of_.prefetch(next_checkpoint_id_);
   Slot& s = slab_[idx];
   s.store_inflight = true;
   pending_by_hash_[prefix_hash] = idx;
@@ -296,8 +298,12 @@ void PageUnitCheckpointStore::index_ready(Slot& s) {
 void PageUnitCheckpointStore::complete_inflight() {
   std::vector<int64_t> stores;
   stores.swap(inflight_stores_);
-  for (int64_t checkpoint_id : stores)
-    if (Slot* s = find(checkpoint_id)) s->store_inflight = false;
+  for (int64_t checkpoint_id : stores) {
+    if (Slot* s = find(checkpoint_id)) {
+      s->store_inflight = false;
+      hash_to_checkpoint_.prefetch(s->rec.prefix_hash);  // published below
+    }
+  }
   for (int64_t checkpoint_id : stores) {
     Slot* s = find(checkpoint_id);
     if (s == nullptr) continue;
