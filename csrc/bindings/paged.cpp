@@ -413,7 +413,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
       .def_property_readonly("records", [](const std::shared_ptr<Store>& s) { return RecordsView{s}; })
       .def_property_readonly("hash_to_checkpoint", [](const std::shared_ptr<Store>& s) { return HashIndexView{s}; })
       .def_property_readonly("store_backlog", [](const std::shared_ptr<Store>& s) { return BacklogView{s}; })
-      .def("take_restore_ops", [](Store& s) { return py::tuple(py::cast(s.take_restore_ops())); })
+      .def("take_restore_ops", [](Store& s) { return to_py_tuple(s.take_restore_ops()); })
       .def("cancel_queued_restore",
            [](Store& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"))
       .def("changed_since", &changed_since_py, py::arg("generation"),

@@ -231,7 +231,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def("take_checkpoint_ops",
            [](PyCoordinator& c) {
              auto [stores, restores] = c.take_checkpoint_ops();
-             return py::make_tuple(py::tuple(py::cast(std::move(stores))), py::tuple(py::cast(std::move(restores))));
+             return py::make_tuple(to_py_tuple(std::move(stores)), to_py_tuple(std::move(restores)));
            })
       .def("complete_previous_batch", &Coordinator::complete_previous_batch)
       .def(

@@ -98,4 +98,13 @@ py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units);
 
 PagedStateCheckpointSpec as_spec(py::handle obj, const char* name);
 
+// A tuple of bound values, moved in one by one (no intermediate list).
+template <class T>
+py::tuple to_py_tuple(std::vector<T>&& values) {
+  py::tuple out(values.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    PyTuple_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), py::cast(std::move(values[i])).release().ptr());
+  return out;
+}
+
 }  // namespace statecache::bindings

@@ -61,6 +61,12 @@ class BlockPool {
   // change, std::invalid_argument / std::out_of_range otherwise.
   void release_units(const std::vector<int64_t>& units, int64_t owner);
   void rekey_units(const std::vector<int64_t>& units, int64_t old_owner, int64_t new_owner);
+  // Starts loading the listed blocks' records ahead of a release (a hint;
+  // ids out of range are skipped).
+  void prefetch_units(const std::vector<int64_t>& units) const {
+    for (int64_t u : units)
+      if (u >= 0 && u < num_blocks()) __builtin_prefetch(&blocks_[static_cast<size_t>(u)]);
+  }
   // owner_token::kFree, kKv or the unit owner's token.
   int64_t owner_of(int64_t block) const;
   // Units `owner` holds now; 0 for checkpoint owners, whose store counts them.

@@ -81,19 +81,19 @@ bool PagedStateCheckpointCoordinator::reachable(int64_t prefix_hash) const {
 // ------------------------------------------------------------- boundaries --
 
 void PagedStateCheckpointCoordinator::drop_pending_of(const Sequence* seq) {
-  auto it = pending_index_.find(seq);
-  if (it == pending_index_.end()) return;
-  Pending& p = pending_[it->second];
+  const int64_t* at = pending_index_.find(key_of(seq));
+  if (at == nullptr) return;
+  Pending& p = pending_[static_cast<size_t>(*at)];
   if (--pending_hashes_[p.prefix_hash] == 0) pending_hashes_.erase(p.prefix_hash);
   p.live = false;
   p.seq.reset();
-  pending_index_.erase(it);
+  pending_index_.erase(key_of(seq));
 }
 
 void PagedStateCheckpointCoordinator::supersede(const Sequence* seq) {
   // The slot has moved past the earlier boundary: storing it now would file
   // the newer state under the older hash.
-  if (pending_index_.count(seq) == 0) return;
+  if (!pending_index_.contains(key_of(seq))) return;
   drop_pending_of(seq);
   ++dropped_;
 }
@@ -102,7 +102,7 @@ void PagedStateCheckpointCoordinator::checkpoint(const std::shared_ptr<Sequence>
                                                  int64_t prefix_hash) {
   if (!applies(*seq) || seq->state_slot() < 0) return;
   supersede(seq.get());
-  pending_index_[seq.get()] = pending_.size();
+  pending_index_[key_of(seq.get())] = static_cast<int64_t>(pending_.size());
   pending_.push_back(Pending{seq, prefix_hash, true});
   ++pending_hashes_[prefix_hash];
 }
@@ -119,6 +119,7 @@ PagedStateCheckpointCoordinator::take_checkpoint_ops() {
   pending_index_.clear();
   pending_hashes_.clear();
   std::vector<CheckpointStoreOp> stores;
+  stores.reserve(pending.size());
   for (Pending& p : pending) {
     if (!p.live) continue;
     // The slot holds the state as of this boundary and no other (supersede).
@@ -188,7 +189,7 @@ void PagedStateCheckpointCoordinator::attach_offload(std::shared_ptr<const Offlo
 void PagedStateCheckpointCoordinator::unindex(int64_t prefix_hash) {
   // One hash may be pending for several sequences; all of them lose it.
   bool stale = false;
-  if (pending_hashes_.count(prefix_hash) != 0) {
+  if (pending_hashes_.contains(prefix_hash)) {
     for (Pending& p : pending_) {
       if (!p.live || p.prefix_hash != prefix_hash) continue;
       drop_pending_of(p.seq.get());

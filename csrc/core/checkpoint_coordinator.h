@@ -91,6 +91,7 @@ class PagedStateCheckpointCoordinator {
     int64_t prefix_hash;
     bool live;
   };
+  static int64_t key_of(const Sequence* seq) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(seq)); }
   void supersede(const Sequence* seq);
   void drop_pending_of(const Sequence* seq);
   void take_scratch_stores(int64_t budget, std::vector<CheckpointStoreOp>& stores);
@@ -109,8 +110,10 @@ class PagedStateCheckpointCoordinator {
   // One live entry per sequence (a newer boundary supersedes), in the order
   // the boundaries were filed.
   std::vector<Pending> pending_;
-  std::unordered_map<const Sequence*, size_t> pending_index_;
-  std::unordered_map<int64_t, int64_t> pending_hashes_;  // hash -> live entries
+  // Flat maps: a boundary is filed per sequence per pass, and a node map
+  // allocates for each. pending_index_ is keyed by the Sequence's address.
+  FlatInt64Map<int64_t> pending_index_;
+  FlatInt64Map<int64_t> pending_hashes_;  // hash -> live entries
   std::unordered_map<int64_t, UnitIds> transfer_units_;
   int64_t kept_ = 0, dropped_ = 0, orphaned_ = 0;
 };

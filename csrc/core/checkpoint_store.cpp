@@ -75,13 +75,12 @@ int32_t PageUnitCheckpointStore::new_slot(int64_t checkpoint_id, int64_t prefix_
   return idx;
 }
 
-void PageUnitCheckpointStore::free_slot(int64_t checkpoint_id) {
-  const int32_t idx = slot_index(checkpoint_id);
+void PageUnitCheckpointStore::free_slot(int32_t idx) {
   Slot& s = slab_[idx];
   set_state(s, CheckpointState::kEvicting);  // leaves the evictable total
+  slot_of_.erase(s.id);
   s.id = -1;
   free_slots_.push_back(idx);
-  slot_of_.erase(checkpoint_id);
 }
 
 void PageUnitCheckpointStore::set_state(Slot& s, CheckpointState state) {
@@ -146,9 +145,9 @@ bool PageUnitCheckpointStore::contains_or_pending(int64_t prefix_hash) const {
 
 // --------------------------------------------------------------- capacity --
 
-int64_t PageUnitCheckpointStore::next_victim(int64_t protected_id) const {
+int32_t PageUnitCheckpointStore::next_victim(int64_t protected_id) const {
   for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next)
-    if (is_evictable(slab_[idx], protected_id)) return slab_[idx].id;
+    if (is_evictable(slab_[idx], protected_id)) return idx;
   return -1;
 }
 
@@ -160,8 +159,9 @@ bool PageUnitCheckpointStore::has_available_units(int64_t count, std::optional<i
   // checkpoints make it up is the policy's business and cannot change that.
   int64_t reachable = evictable_units_;
   if (protected_hash) {
-    const Slot* p = find(lookup(*protected_hash));
-    if (p != nullptr && is_evictable(*p, -1)) reachable -= static_cast<int64_t>(p->rec.unit_ids.size());
+    const int32_t* idx = hash_to_checkpoint_.find(*protected_hash);
+    if (idx != nullptr && is_evictable(slab_[*idx], -1))
+      reachable -= static_cast<int64_t>(slab_[*idx].rec.unit_ids.size());
   }
   return count - free <= reachable;
 }
@@ -170,7 +170,7 @@ bool PageUnitCheckpointStore::ensure_free_units(int64_t count) {
   if (count < 0) bad_argument("count", count, "must be >= 0");
   if (!has_available_units(count)) return false;
   while (pool_->num_free() < count) {
-    const int64_t victim = next_victim();
+    const int32_t victim = next_victim();
     if (victim < 0) return false;
     evict(victim);
   }
@@ -188,8 +188,16 @@ std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t pr
   // The pool may run on_evict handlers (which may unindex here) before
   // returning; the units are ours by then.
   UnitIds units;
-  if (!pool_->reserve_units(needed, checkpoint_owner(checkpoint_id), units)) return std::nullopt;
-  const int32_t idx = new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying);
+  units.swap(reserve_buf_);  // a reentrant call would find it empty, and allocate
+  const bool reserved = pool_->reserve_units(needed, checkpoint_owner(checkpoint_id), units);
+  int32_t idx = -1;
+  if (reserved) idx = new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying);
+  reserve_buf_.swap(units);
+  if (!reserved) return std::nullopt;
+  // The next store under pressure spends the LRU head and files the next id:
+  // start loading both.
+  if (lru_head_ >= 0) __builtin_prefetch(&slab_[lru_head_]);
+  slot_of_.prefetch(next_checkpoint_id_);
   Slot& s = slab_[idx];
   s.store_inflight = true;
   pending_by_hash_[prefix_hash] = idx;
@@ -205,10 +213,15 @@ bool PageUnitCheckpointStore::restore_queued_for(int64_t dst_slot) const {
 
 std::optional<CheckpointRestoreOp> PageUnitCheckpointStore::begin_restore(int64_t prefix_hash, int64_t dst_slot) {
   if (dst_slot < 0) bad_argument("dst_slot", dst_slot, "must be >= 0");
-  const int64_t checkpoint_id = lookup(prefix_hash);
-  if (checkpoint_id < 0) return std::nullopt;
-  const int32_t idx = slot_index(checkpoint_id);
+  const int32_t* found = hash_to_checkpoint_.find(prefix_hash);
+  if (found == nullptr || slab_[*found].rec.state != CheckpointState::kReady) return std::nullopt;
+  const int32_t idx = *found;
   Slot& s = slab_[idx];
+  // Start the misses this needs together rather than one after another.
+  if (s.prev >= 0) __builtin_prefetch(&slab_[s.prev]);
+  if (s.next >= 0) __builtin_prefetch(&slab_[s.next]);
+  __builtin_prefetch(s.rec.unit_ids.data());
+  const int64_t checkpoint_id = s.id;
   add_pins(s, 1);
   lru_unlink(idx);
   lru_push_back(idx);
@@ -285,8 +298,12 @@ void PageUnitCheckpointStore::index_ready(Slot& s) {
 void PageUnitCheckpointStore::complete_inflight() {
   std::vector<int64_t> stores;
   stores.swap(inflight_stores_);
-  for (int64_t checkpoint_id : stores)
-    if (Slot* s = find(checkpoint_id)) s->store_inflight = false;
+  for (int64_t checkpoint_id : stores) {
+    if (Slot* s = find(checkpoint_id)) {
+      s->store_inflight = false;
+      hash_to_checkpoint_.prefetch(s->rec.prefix_hash);  // published below
+    }
+  }
   for (int64_t checkpoint_id : stores) {
     Slot* s = find(checkpoint_id);
     if (s == nullptr) continue;
@@ -380,21 +397,27 @@ void PageUnitCheckpointStore::clear() {
   }
 }
 
-void PageUnitCheckpointStore::evict(int64_t checkpoint_id) {
-  Slot& s = *find(checkpoint_id);
+void PageUnitCheckpointStore::evict(int32_t idx) {
+  Slot& s = slab_[idx];
   if (s.rec.state != CheckpointState::kReady || s.rec.pin_count != 0)
     throw InvariantError("only an unpinned READY checkpoint is evictable");
+  // A victim is cold: start its misses together rather than one after another.
+  __builtin_prefetch(s.rec.unit_ids.data());
+  hash_to_checkpoint_.prefetch(s.rec.prefix_hash);
+  slot_of_.prefetch(s.id);
+  if (s.next >= 0) __builtin_prefetch(&slab_[s.next]);
   note_change(s.rec.prefix_hash);
-  erase_if_names(hash_to_checkpoint_, s.rec.prefix_hash, static_cast<int32_t>(&s - slab_.data()));
+  erase_if_names(hash_to_checkpoint_, s.rec.prefix_hash, idx);
+  pool_->prefetch_units(s.rec.unit_ids);
   set_state(s, CheckpointState::kEvicting);
-  lru_unlink(slot_index(checkpoint_id));
-  release_record(checkpoint_id);
+  lru_unlink(idx);
+  release_slot(idx);
   ++evictions_;
 }
 
-void PageUnitCheckpointStore::release_record(int64_t checkpoint_id) {
-  const int32_t idx = slot_index(checkpoint_id);
+void PageUnitCheckpointStore::release_slot(int32_t idx) {
   Slot& s = slab_[idx];
+  const int64_t checkpoint_id = s.id;
   if (!watched_.empty()) {
     auto w = watched_.find(checkpoint_id);
     if (w != watched_.end()) w->second.released = s.rec;
@@ -408,7 +431,7 @@ void PageUnitCheckpointStore::release_record(int64_t checkpoint_id) {
   // the pool hands them out again.
   set_state(s, CheckpointState::kEvicting);
   UnitIds units = std::move(s.rec.unit_ids);
-  free_slot(checkpoint_id);
+  free_slot(idx);
   pool_->release_units(units, checkpoint_owner(checkpoint_id));
   units.clear();
   slab_[idx].rec.unit_ids = std::move(units);  // keep the capacity for reuse

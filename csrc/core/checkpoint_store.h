@@ -46,7 +46,9 @@ class PageUnitCheckpointStore {
 
   // ---- lookup ----
   int64_t lookup(int64_t prefix_hash) const;  // READY checkpoint id or -1
-  bool contains(int64_t prefix_hash) const { return lookup(prefix_hash) >= 0; }
+  // The index holds READY records only (check_consistency), so membership
+  // needs no visit to the record.
+  bool contains(int64_t prefix_hash) const { return hash_to_checkpoint_.contains(prefix_hash); }
   bool contains_or_pending(int64_t prefix_hash) const;
 
   // ---- capacity ----
@@ -144,14 +146,15 @@ class PageUnitCheckpointStore {
   int32_t slot_index(int64_t checkpoint_id) const;  // of a live record
   const Slot* find(int64_t checkpoint_id) const;
   int32_t new_slot(int64_t checkpoint_id, int64_t prefix_hash, const UnitIds& units, CheckpointState state);
-  void free_slot(int64_t checkpoint_id);
+  void free_slot(int32_t idx);
 
   // Eligibility: the one rule for what may be spent.
   static bool is_evictable(const Slot& s, int64_t protected_id) {
     return s.id != protected_id && s.rec.state == CheckpointState::kReady && s.rec.pin_count == 0;
   }
   // Policy: which eligible checkpoint to spend first (least recently used).
-  int64_t next_victim(int64_t protected_id = -1) const;
+  // Returns its slab index, or -1.
+  int32_t next_victim(int64_t protected_id = -1) const;
 
   // Every change of state or pins goes through these two, which keep the
   // evictable-unit total in step with `is_evictable`.
@@ -165,8 +168,11 @@ class PageUnitCheckpointStore {
   void queue_offload_store(int64_t checkpoint_id);
   Source pin_offload_source(int64_t checkpoint_id, bool timeout_reclaimable);
   void release_offload_pin(int64_t checkpoint_id, const char* what);
-  void evict(int64_t checkpoint_id);
-  void release_record(int64_t checkpoint_id);
+  // Both take a slab index: the eviction path already holds it, and a
+  // probe of the id table would cost a cache miss per victim.
+  void evict(int32_t idx);
+  void release_slot(int32_t idx);
+  void release_record(int64_t checkpoint_id) { release_slot(slot_index(checkpoint_id)); }
   int64_t new_identity() { return next_checkpoint_id_++; }
 
   std::shared_ptr<BlockPool> pool_;
@@ -185,6 +191,7 @@ class PageUnitCheckpointStore {
   FlatInt64Map<int32_t> hash_to_checkpoint_;
   FlatInt64Map<int32_t> pending_by_hash_;
   std::vector<int64_t> inflight_stores_;
+  UnitIds reserve_buf_;  // begin_store's reservation, reused across calls
   std::vector<std::pair<int64_t, CheckpointRestoreOp>> queued_restores_;
   std::vector<int64_t> inflight_restores_;
   int64_t next_checkpoint_id_ = 0;
