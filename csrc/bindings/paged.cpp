@@ -417,7 +417,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
       .def("cancel_queued_restore",
            [](Store& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"))
       .def("changed_since", &changed_since_py, py::arg("generation"),
-           "Hashes whose READY state may have changed after ``generation``; None when the log cannot tell.")
+           "Hashes whose READY standing could differ from what it was at ``generation``; None once the log no longer reaches back that far.")
       .def(
           "adopt_units",
           [](Store& s, py::handle unit_ids, py::handle owner, py::handle h) {

@@ -143,8 +143,8 @@ PagedStateCheckpointCoordinator::take_checkpoint_ops() {
 
 void PagedStateCheckpointCoordinator::complete_previous_batch() {
   store_->complete_inflight();
-  // The batch carrying these scratch stores has been issued; a later writer
-  // of the slot runs after it on the same stream.
+  // The stores reading these scratch slots went out with the last batch, and
+  // stream order puts any new tenant's writes behind them: safe to free now.
   std::vector<int64_t> issued;
   issued.swap(scratch_issued_);
   for (int64_t slot : issued) release_scratch(slot);
