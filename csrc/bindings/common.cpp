@@ -53,7 +53,7 @@ void bind_state_transfer(py::module_& m) {
   m.attr("COPY") = "copy";
   m.attr("REPLAY") = "replay";
 
-  py::class_<StateTransfer> cls(m, "StateTransfer", R"doc(
+  py::classh<StateTransfer> cls(m, "StateTransfer", py::is_final(), STATECACHE_GUARDED(StateTransfer), R"doc(
 How a backend hands one request's state to a checkpoint.
 
 ``none``: nothing can be handed over, hits shrink to 0. ``fork``: the owner
@@ -146,16 +146,18 @@ Frozen; equality and hash by value.)doc");
                py_repr(layout_or_none(t)) + ", readable_midstep=" +
                (t.readable_midstep ? "True" : "False") + ")";
       })
-      .def(py::pickle(
-          [](const StateTransfer& t) {
-            return py::make_tuple(transfer_kind_name(t.kind), t.fork_tokens, layout_or_none(t),
-                                  t.readable_midstep);
-          },
-          [](py::tuple s) { return make_transfer(s[0], s[1], s[2], s[3]); }));
+      .def("__reduce__", [](py::handle self) {
+        const StateTransfer& t = fast::self_of<StateTransfer>(self.ptr());
+        return py::make_tuple(py::type::of(self), py::make_tuple(transfer_kind_name(t.kind), t.fork_tokens,
+                                                                   layout_or_none(t), t.readable_midstep));
+      });
 }
 
 void bind_int_list(py::module_& m) {
-  py::class_<IntListView>(m, "IntListView", "A live list view over a Sequence's int field.")
+  py::classh<IntListView> cls(m, "IntListView", py::is_final(), STATECACHE_GUARDED(IntListView),
+                               "A live list view over a Sequence's int field.");
+  fast::refuse_copy(cls);
+  cls
       .def("__len__", [](const IntListView& s) { return s.v().size(); })
       .def("__getitem__", [](const IntListView& s, int64_t i) { return s.v()[s.norm(i)]; })
       .def("__getitem__",
@@ -222,7 +224,7 @@ void def_int(py::handle cls, const char* name) {
 }
 
 void bind_sequence(py::module_& m) {
-  py::classh<Sequence> cls(m, "Sequence", py::dynamic_attr(), R"doc(
+  py::classh<Sequence> cls(m, "Sequence", py::dynamic_attr(), STATECACHE_GUARDED(Sequence), R"doc(
 The per-request fields the state caches read and write.
 
 Subclass it in the engine (call ``super().__init__``); extra attributes are
@@ -230,6 +232,7 @@ allowed. ``state_slots[0]`` is the committed state, the rest are speculative
 rollback slots; ``state_slot`` reads element 0 (or -1) and assigning it
 replaces element 0 only. ``state_slots`` and ``block_hashes`` are live list
 views: in-place edits reach the pools, and plain assignment replaces them.)doc");
+  fast::refuse_copy(cls);
   cls.def(py::init([](py::handle seq_id, py::handle num_tokens, py::handle num_prompt_tokens,
                       py::handle has_cache) {
             auto s = std::make_shared<Sequence>();
@@ -266,7 +269,7 @@ views: in-place edits reach the pools, and plain assignment replaces them.)doc")
   def_int<&Sequence::checkpoint_end_pos>(cls, "checkpoint_end_pos");
   def_int<&Sequence::midstep_anchor_pos>(cls, "midstep_anchor_pos");
   cls.def("__repr__", [](py::handle self) {
-    const Sequence& s = self.cast<const Sequence&>();
+    const Sequence& s = fast::self_of<Sequence>(self.ptr());
     std::string name = py::type::of(self).attr("__name__").cast<std::string>();
     return name + "(seq_id=" + (s.seq_id ? std::to_string(*s.seq_id) : "None") +
            ", num_tokens=" + std::to_string(s.num_tokens) +
@@ -282,7 +285,31 @@ std::shared_ptr<Sequence> as_sequence(py::handle obj, const char* name) {
   return obj.cast<std::shared_ptr<Sequence>>();
 }
 
+namespace {
+
+struct MetaclassProbe {};
+
+// Creates fast::guarded_meta: pybind11's default metaclass (read off a
+// throwaway class) with guarded_meta_call as its call.
+void init_guard(py::module_& m) {
+  if (fast::guarded_meta) return;
+  py::class_<MetaclassProbe> probe(m, "_MetaclassProbe");
+  PyTypeObject* base = Py_TYPE(probe.ptr());
+  py::delattr(m, "_MetaclassProbe");
+  fast::base_meta_call = base->tp_call;
+  static PyType_Slot slots[] = {{Py_tp_call, reinterpret_cast<void*>(&fast::guarded_meta_call)}, {0, nullptr}};
+  static PyType_Spec spec = {"statecache._C.pybind11_guarded_type", 0, 0,
+                             Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, slots};
+  py::tuple bases = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(base)));
+  PyObject* meta = PyType_FromSpecWithBases(&spec, bases.ptr());
+  if (!meta) throw py::error_already_set();
+  fast::guarded_meta = meta;  // lives as long as the process
+}
+
+}  // namespace
+
 void bind_common(py::module_& m) {
+  init_guard(m);
   py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

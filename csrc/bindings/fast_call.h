@@ -10,7 +10,10 @@
 
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <initializer_list>
+#include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -45,6 +48,16 @@ inline void set_error_from_current() {
   } catch (const std::out_of_range& e) {
     PyErr_SetString(PyExc_IndexError, e.what());
   } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::overflow_error& e) {
+    PyErr_SetString(PyExc_OverflowError, e.what());
+  } catch (const std::domain_error& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::length_error& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::range_error& e) {
     PyErr_SetString(PyExc_ValueError, e.what());
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -91,32 +104,133 @@ inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyOb
   return true;
 }
 
-// The C++ object behind a pybind11 instance of T (or of a Python subclass).
-// Reads the instance's first value slot directly once its type is known to
-// carry exactly one pybind11 base (checked once per type; the last type seen
-// is kept alive so its address cannot be reused). Anything unusual, and an
-// instance whose __init__ has not run, goes through pybind11's caster, which
-// raises the proper error.
+// ---- instances: found without pybind11 internals, never uninitialized ----
+//
+// Every class that uses these helpers is declared with
+//   py::metaclass(fast::guarded_metaclass()), py::custom_type_setup(&fast::instance_setup<T>)
+// which (1) refuses `cls.__new__(cls)` outside a call of the class, so an
+// instance whose __init__ never ran cannot be made by ordinary code (pybind11's
+// own dispatcher would hand such an instance raw storage), and (2) appends one
+// pointer-sized field of ours to the instance layout, caching the C++ object
+// once pybind11's public caster has produced it. The cache is valid for the
+// instance's life: its holder is never replaced (a second __init__ is a
+// no-op) or released (nothing disowns these types).
+
+// The class being called (set by the metaclass, consumed by tp_new).
+inline PyObject* constructing = nullptr;
+
+inline PyObject* guarded_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  if (constructing != reinterpret_cast<PyObject*>(type)) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s objects are created by calling the class; %s.__new__() alone would leave one "
+                 "uninitialized (and cannot be pickled or copied)",
+                 type->tp_name, type->tp_name);
+    return nullptr;
+  }
+  constructing = nullptr;
+  PyTypeObject* base = type->tp_base;
+  while (base && base->tp_new == &guarded_new) base = base->tp_base;
+  return base->tp_new(type, args, kwargs);
+}
+
+// The metaclass: pybind11's default with a call that marks the class being
+// constructed. Created by init_guard (common.cpp) before any class is bound.
+inline PyObject* guarded_meta = nullptr;
+inline ternaryfunc base_meta_call = nullptr;
+
+inline PyObject* guarded_meta_call(PyObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject* saved = constructing;
+  constructing = type;
+  PyObject* r = base_meta_call(type, args, kwargs);
+  constructing = saved;
+  return r;
+}
+
+inline py::handle guarded_metaclass() { return py::handle(guarded_meta); }
+
 template <class T>
-T* instance_ptr(PyObject* obj) {
-  static PyObject* verified = nullptr;  // guarded by the GIL
-  PyTypeObject* type = Py_TYPE(obj);
-  if (reinterpret_cast<PyObject*>(type) != verified) {
-    if (py::detail::all_type_info(type).size() != 1) return py::cast<T*>(py::handle(obj));
-    Py_XSETREF(verified, Py_NewRef(reinterpret_cast<PyObject*>(type)));
+inline Py_ssize_t cache_offset = 0;  // 0: T's class carries no cache field
+
+template <class T>
+void instance_setup(PyHeapTypeObject* heap_type) {
+  PyTypeObject* t = &heap_type->ht_type;
+  cache_offset<T> = t->tp_basicsize;
+  t->tp_basicsize += static_cast<Py_ssize_t>(sizeof(void*));
+  t->tp_new = &guarded_new;
+}
+
+// The class_ extras that give T's class the guard and the cache field.
+#define STATECACHE_GUARDED(T)                                                  \
+  ::pybind11::metaclass(::statecache::bindings::fast::guarded_metaclass()), \
+      ::pybind11::custom_type_setup(&::statecache::bindings::fast::instance_setup<T>)
+
+// Pickling and copying would go through cls.__new__: refuse them up front
+// with TypeError (value types define __reduce__ instead).
+inline void refuse_copy(py::handle cls) {
+  static PyMethodDef defs[] = {
+      {"__reduce_ex__",
+       [](PyObject* self, PyObject*) -> PyObject* {
+         PyErr_Format(PyExc_TypeError, "cannot pickle '%s' object", Py_TYPE(self)->tp_name);
+         return nullptr;
+       },
+       METH_O, nullptr},
+      {"__copy__",
+       [](PyObject* self, PyObject*) -> PyObject* {
+         PyErr_Format(PyExc_TypeError, "cannot copy '%s' object", Py_TYPE(self)->tp_name);
+         return nullptr;
+       },
+       METH_NOARGS, nullptr},
+      {"__deepcopy__",
+       [](PyObject* self, PyObject*) -> PyObject* {
+         PyErr_Format(PyExc_TypeError, "cannot copy '%s' object", Py_TYPE(self)->tp_name);
+         return nullptr;
+       },
+       METH_O, nullptr},
+  };
+  for (PyMethodDef& d : defs) {
+    py::object descr =
+        py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), &d));
+    if (!descr) throw py::error_already_set();
+    py::setattr(cls, d.ml_name, descr);
   }
-  auto* inst = reinterpret_cast<py::detail::instance*>(obj);
-  void* value = nullptr;
-  bool constructed = false;
-  if (inst->simple_layout) {
-    value = inst->simple_value_holder[0];
-    constructed = inst->simple_holder_constructed;
-  } else {
-    value = inst->nonsimple.values_and_holders[0];
-    constructed = (inst->nonsimple.status[0] & py::detail::instance::status_holder_constructed) != 0;
+}
+
+// The C++ object behind an instance of T's class (or a Python subclass), or
+// nullptr when its __init__ has not run. The slow path is pybind11's public
+// shared_ptr caster, the one form that reports an unconstructed holder.
+template <class T>
+[[gnu::noinline]] T* instance_ptr_slow(PyObject* obj) {
+  T* p = nullptr;
+  try {
+    p = py::cast<std::shared_ptr<T>>(py::handle(obj)).get();
+  } catch (const py::cast_error&) {
+    return nullptr;
+  } catch (const py::value_error&) {
+    return nullptr;
   }
-  if (!constructed || value == nullptr) return py::cast<T*>(py::handle(obj));
-  return static_cast<T*>(value);
+  if (p && cache_offset<T> != 0) *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>) = p;
+  return p;
+}
+
+// `obj` must be an instance of T's class (method descriptors and getsets
+// check that before calling us).
+template <class T>
+inline T* instance_ptr(PyObject* obj) {
+  if (cache_offset<T> != 0) {
+    T* p = *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>);
+    if (p) return p;
+  }
+  return instance_ptr_slow<T>(obj);
+}
+
+// The instance behind `self`; a TypeError when its __init__ did not run.
+template <class T>
+T& self_of(PyObject* self) {
+  T* t = instance_ptr<T>(self);
+  if (!t)
+    throw py::type_error(std::string(Py_TYPE(self)->tp_name) +
+                         " instance is not initialized (its __init__ did not run)");
+  return *t;
 }
 
 // A statecache.Sequence argument (or subclass instance); TypeError naming it.
@@ -142,9 +256,7 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
   PyObject* a[kMaxParams] = {};
   if (!parse(params_of<F>, args, nargs, kwnames, a)) return nullptr;
   try {
-    T* t = instance_ptr<T>(self);
-    if (!t) throw py::type_error("the pool's __init__ did not run");
-    return F{}(*t, a);
+    return F{}(self_of<T>(self), a);
   } catch (...) {
     set_error_from_current();
     return nullptr;
@@ -183,14 +295,6 @@ void def(py::handle cls, const char* name, F, std::initializer_list<const char*>
       py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), md));
   if (!descr) throw py::error_already_set();
   py::setattr(cls, name, descr);
-}
-
-// The instance behind `self`; a TypeError when its __init__ did not run.
-template <class T>
-T& self_of(PyObject* self) {
-  T* t = instance_ptr<T>(self);
-  if (!t) throw py::type_error(std::string(Py_TYPE(self)->tp_name) + " instance whose __init__ did not run");
-  return *t;
 }
 
 template <class T, class F>
@@ -247,3 +351,61 @@ void def_property(py::handle cls, const char* name, Get, Set, const char* doc = 
 }
 
 }  // namespace statecache::bindings::fast
+
+namespace statecache::bindings {
+
+namespace py = pybind11;
+
+// Hand-written METH_FASTCALL functions (the PAGE side's hot methods) use the
+// same helpers: fast_args parses, fast_self finds the instance, fast_call
+// maps exceptions, add_fast_method installs the descriptor.
+
+// Matches (args, nargs, kwnames) to `names`; the first `required` must be
+// given, all may be positional. Missing optional arguments are nullptr.
+template <size_t N>
+std::array<PyObject*, N> fast_args(const char* fn, const std::array<const char*, N>& names, size_t required,
+                                   PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static_assert(N <= fast::kMaxParams, "too many parameters for a fast method");
+  fast::Params p;
+  p.func = fn;
+  for (const char* n : names) p.names.emplace_back(n);
+  p.required = static_cast<int>(required);
+  p.positional = static_cast<int>(N);
+  PyObject* out[fast::kMaxParams] = {};
+  if (!fast::parse(p, args, nargs, kwnames, out)) throw py::error_already_set();
+  std::array<PyObject*, N> a{};
+  for (size_t i = 0; i < N; ++i) a[i] = out[i];
+  return a;
+}
+
+// The C++ object behind `self`; TypeError when its __init__ did not run.
+template <class T>
+T& fast_self(PyObject* self) {
+  return fast::self_of<T>(self);
+}
+
+// Runs `body` (returning py::object) and maps C++ exceptions to Python ones.
+template <class Body>
+PyObject* fast_call(Body&& body) {
+  try {
+    return body().release().ptr();
+  } catch (...) {
+    fast::set_error_from_current();
+    return nullptr;
+  }
+}
+
+// Installs `def` (static storage) on the bound class as a method descriptor.
+inline void add_fast_method(py::handle cls, PyMethodDef* def) {
+  py::object descr =
+      py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), def));
+  if (!descr) throw py::error_already_set();
+  py::setattr(cls, def->ml_name, descr);
+}
+
+#define STATECACHE_FAST_METHOD(name, fn, doc)                                                       \
+  PyMethodDef {                                                                                     \
+    name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fn)), METH_FASTCALL | METH_KEYWORDS, doc \
+  }
+
+}  // namespace statecache::bindings

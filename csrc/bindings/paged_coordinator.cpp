@@ -2,7 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
-#include "bindings/fastcall.h"
+#include "bindings/fast_call.h"
 #include "bindings/paged_store_methods.h"
 #include "bindings/paged_values.h"
 #include "core/checkpoint_coordinator.h"

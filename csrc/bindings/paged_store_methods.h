@@ -4,7 +4,7 @@
 
 #include <pybind11/stl.h>
 
-#include "bindings/fastcall.h"
+#include "bindings/fast_call.h"
 #include "bindings/paged_values.h"
 #include "core/checkpoint_store.h"
 

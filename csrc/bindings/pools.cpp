@@ -230,8 +230,11 @@ struct UnitHashView {
 };
 
 void bind_views(py::module_& m) {
-  py::class_<CheckpointIndexView>(m, "CheckpointIndexView",
-                                  "Read-only live mapping: prefix hash -> index holding its checkpoint.")
+  py::classh<CheckpointIndexView> index_view(m, "CheckpointIndexView", py::is_final(),
+                                             STATECACHE_GUARDED(CheckpointIndexView),
+                                             "Read-only live mapping: prefix hash -> index holding its checkpoint.");
+  fast::refuse_copy(index_view);
+  index_view
       .def("__len__", [](const CheckpointIndexView& s) { return s.pool->index().size(); })
       .def("__contains__", [](const CheckpointIndexView& s, py::handle k) { return s.find(k) != nullptr; })
       .def("__getitem__",
@@ -270,8 +273,10 @@ void bind_views(py::module_& m) {
       .def("__repr__", [](const CheckpointIndexView& s) { return py_repr(s.snapshot()); });
   m.attr("CheckpointIndexView").attr("__hash__") = py::none();
 
-  py::class_<UnitHashView>(m, "UnitHashView",
-                           "Read-only live sequence: the prefix hash each index carries, -1 for none.")
+  py::classh<UnitHashView> hash_view(m, "UnitHashView", py::is_final(), STATECACHE_GUARDED(UnitHashView),
+                                     "Read-only live sequence: the prefix hash each index carries, -1 for none.");
+  fast::refuse_copy(hash_view);
+  hash_view
       .def("__len__", [](const UnitHashView& s) { return s.size(); })
       .def("__getitem__",
            [](const UnitHashView& s, py::handle i) -> py::object {
@@ -313,7 +318,7 @@ void bind_views(py::module_& m) {
 
 template <class R>
 void bind_retirement(py::module_& m, const char* name, const char* doc) {
-  py::class_<R> cls(m, name, doc);
+  py::classh<R> cls(m, name, py::is_final(), STATECACHE_GUARDED(R), doc);
   cls.def(py::init([](py::handle retired, py::handle relocated_to, py::handle held) {
             R r;
             r.retired = as_int(retired, "retired");
@@ -343,15 +348,10 @@ void bind_retirement(py::module_& m, const char* name, const char* doc) {
                     ", relocated_to=" + std::to_string(r.relocated_to) +
                     ", held_checkpoint=" + (r.held_checkpoint ? "True" : "False") + ")";
            })
-      .def(py::pickle(
-          [](const R& r) { return py::make_tuple(r.retired, r.relocated_to, r.held_checkpoint); },
-          [](py::tuple t) {
-            R r;
-            r.retired = t[0].cast<int64_t>();
-            r.relocated_to = t[1].cast<int64_t>();
-            r.held_checkpoint = t[2].cast<bool>();
-            return r;
-          }));
+      .def("__reduce__", [](py::handle self) {
+        const R& r = fast::self_of<R>(self.ptr());
+        return py::make_tuple(py::type::of(self), py::make_tuple(r.retired, r.relocated_to, r.held_checkpoint));
+      });
   cls.attr("__match_args__") = py::make_tuple("retired", "relocated_to", "held_checkpoint");
 }
 
@@ -372,6 +372,7 @@ template <class Pool, class Retire>
 void bind_free_list_api(py::classh<Pool>& cls) {
   constexpr const char* U = kUnit<Pool>;
   using fast::to_py;
+  fast::refuse_copy(cls);
   fast::def<Pool>(cls, "num_free", [](Pool& p, PyObject**) { return to_py(p.num_free()); }, {}, 0,
                   "How many indices are free (vacant or checkpointed).");
   fast::def<Pool>(cls, "is_free", [](Pool& p, PyObject** a) { return to_py(p.is_free(int_arg(a[0], U))); },
@@ -513,7 +514,7 @@ void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* ha
 }
 
 void bind_slot_pool(py::module_& m) {
-  py::classh<StateSlotPool> cls(m, "StateSlotPool", R"doc(
+  py::classh<StateSlotPool> cls(m, "StateSlotPool", py::is_final(), STATECACHE_GUARDED(StateSlotPool), R"doc(
 Hands out per-need state slots and keeps fork checkpoints.
 
 A slot is one complete recurrent state. A live request holds 1 + num_spec
@@ -639,7 +640,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
 }
 
 void bind_group_pool(py::module_& m) {
-  py::classh<StateGroupPool> cls(m, "StateGroupPool", R"doc(
+  py::classh<StateGroupPool> cls(m, "StateGroupPool", py::is_final(), STATECACHE_GUARDED(StateGroupPool), R"doc(
 Per-request state groups plus the checkpoint index over the free ones.
 
 ``fork``: the owner's group becomes the checkpoint and the owner moves on.
