@@ -310,6 +310,14 @@ void init_guard(py::module_& m) {
 
 void bind_common(py::module_& m) {
   init_guard(m);
+  {
+    py::object err = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+        "statecache._C.IntRangeError", "An int argument that does not fit in a signed 64-bit int.",
+        py::make_tuple(py::handle(PyExc_OverflowError), py::handle(PyExc_ValueError)).ptr(), nullptr));
+    if (!err) throw py::error_already_set();
+    m.attr("IntRangeError") = err;
+    int_range_error = err.release().ptr();  // lives as long as the process
+  }
   py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

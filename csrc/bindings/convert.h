@@ -43,9 +43,13 @@ inline std::string py_repr(py::handle obj) {
                        py_repr(got));
 }
 
+// An int that does not fit: OverflowError as SPEC §3 says, and a ValueError
+// too, since it is a bad value (set up by bind_common; OverflowError before).
+inline PyObject* int_range_error = PyExc_OverflowError;
+
 [[noreturn]] inline void raise_overflow(const char* name, py::handle got) {
   PyErr_Clear();
-  PyErr_SetString(PyExc_OverflowError,
+  PyErr_SetString(int_range_error,
                   (std::string(name) + "=" + py_repr(got) + " does not fit in a signed 64-bit int").c_str());
   throw py::error_already_set();
 }
@@ -169,7 +173,7 @@ class IntBuffer {
       return static_cast<int64_t>(u);
     }
     if (u > static_cast<uint64_t>(INT64_MAX)) {
-      PyErr_SetString(PyExc_OverflowError, (std::string(name_) + "[" + std::to_string(i) + "]=" +
+      PyErr_SetString(int_range_error, (std::string(name_) + "[" + std::to_string(i) + "]=" +
                                             std::to_string(u) + " does not fit in a signed 64-bit int")
                                                .c_str());
       throw py::error_already_set();

@@ -389,7 +389,7 @@ PyObject* store_begin_restore(PyObject* self, PyObject* const* args, Py_ssize_t 
 std::shared_ptr<PyBlockPool> py_pool(const Store& s) { return std::dynamic_pointer_cast<PyBlockPool>(s.pool_ptr()); }
 
 void bind_store(py::module_& m) {
-  py::classh<Store> cls(m, "PageUnitCheckpointStore", R"doc(
+  py::classh<Store> cls(m, "PageUnitCheckpointStore", STATECACHE_GUARDED(Store), R"doc(
 Content index and unit ownership for PAGE checkpoint images.
 
 ``begin_store`` files a COPYING record whose units the next batch scatters

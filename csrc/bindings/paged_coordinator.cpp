@@ -173,7 +173,7 @@ py::dict fates(const PyCoordinator& c) {
 }
 
 void bind_coordinator(py::module_& m) {
-  py::classh<PyCoordinator> cls(m, "PagedStateCheckpointCoordinator", R"doc(
+  py::classh<PyCoordinator> cls(m, "PagedStateCheckpointCoordinator", STATECACHE_GUARDED(PyCoordinator), R"doc(
 Schedules PAGE checkpoints for per-request state.
 
 ``checkpoint(seq, blocks, h)`` files a boundary (a newer one from the same
