@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bindings/convert.h"
 #include "core/errors.h"
 #include "core/sequence.h"
 
@@ -212,6 +213,14 @@ template <class T>
   return p;
 }
 
+// The cached pointer only (nullptr when never looked up): for tp_traverse /
+// tp_clear, which must not run casts.
+template <class T>
+inline T* cached_instance(PyObject* obj) {
+  if (cache_offset<T> == 0) return nullptr;
+  return *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>);
+}
+
 // `obj` must be an instance of T's class (method descriptors and getsets
 // check that before calling us).
 template <class T>
@@ -242,6 +251,136 @@ inline Sequence& sequence_arg(PyObject* obj, const char* name) {
   if (!s) throw py::type_error(std::string(name) + " is a Sequence whose __init__ did not run");
   return *s;
 }
+
+// ---- any object as `seq` (SPEC §6) --------------------------------------
+//
+// A `seq` argument is a statecache.Sequence (fast path: the C++ object, read
+// and written in place by the core) or any object with the sequence
+// attributes, e.g. an engine's own request class (generic path). The generic
+// path works in three steps, so that the pool and the object never disagree:
+//   1. read: the constructor reads and validates every attribute the call
+//      needs into a Sequence snapshot (get()), before anything changes;
+//   2. write back: the caller computes what the pool will do without doing it
+//      (core plan_* methods) and writes the fields that change to the object
+//      (write_back); a failing write restores the fields already written and
+//      raises, the pool untouched;
+//   3. apply: the core runs on the snapshot (no Python code runs there), after
+//      the caller re-checked that the plan still holds (a setter may re-enter).
+// A pool that keeps a sequence across calls keeps ref() (a strong reference)
+// and tells sequences apart by object() identity.
+enum SeqField : unsigned {
+  kHasCache = 1u << 0,    // has_per_req_cache (truth value)
+  kNumTokens = 1u << 1,   // num_tokens
+  kStateSlot = 1u << 2,   // state_slot (element 0 of state_slots, or -1)
+  kForkSrc = 1u << 3,     // state_fork_src
+  kGroup = 1u << 4,       // per_req_cache_group
+  kPending = 1u << 5,     // pending_checkpoint
+  kAnchors = 1u << 6,     // midstep_anchor_pos, checkpoint_end_pos (0 when absent)
+};
+
+class SeqArg {
+ public:
+  SeqArg(PyObject* obj, const char* name, unsigned reads) : obj_(py::reinterpret_borrow<py::object>(obj)) {
+    static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<Sequence>().ptr());
+    if (PyObject_TypeCheck(obj, type)) {
+      native_ = instance_ptr<Sequence>(obj);
+      if (!native_) throw py::type_error(std::string(name) + " is a Sequence whose __init__ did not run");
+      return;
+    }
+    if (obj == Py_None || PyLong_Check(obj) || PyUnicode_Check(obj))
+      raise_type(name, "a statecache.Sequence or an object with its attributes", obj);
+    if (reads & kHasCache) {
+      const int t = PyObject_IsTrue(attr(name, "has_per_req_cache").ptr());
+      if (t < 0) throw py::error_already_set();
+      snap_.has_per_req_cache = t != 0;
+    }
+    if (reads & kNumTokens) snap_.num_tokens = int_attr(name, "num_tokens");
+    if (reads & kStateSlot) snap_.state_slots = {int_attr(name, "state_slot")};
+    if (reads & kForkSrc) snap_.state_fork_src = int_attr(name, "state_fork_src");
+    if (reads & kGroup) snap_.per_req_cache_group = int_attr(name, "per_req_cache_group");
+    if (reads & kPending) snap_.pending_checkpoint = int_attr(name, "pending_checkpoint");
+    if (reads & kAnchors) {
+      snap_.midstep_anchor_pos = int_attr(name, "midstep_anchor_pos", /*optional=*/true);
+      snap_.checkpoint_end_pos = int_attr(name, "checkpoint_end_pos", /*optional=*/true);
+    }
+    read_ = snap_;
+  }
+
+  bool native() const { return native_ != nullptr; }
+  Sequence& get() { return native_ ? *native_ : snap_; }
+  PyObject* object() const { return obj_.ptr(); }
+  const py::object& ref() const { return obj_; }
+
+  // Generic path: sets each (field, value) on the object, in the order
+  // given (state_slot, state_fork_src, per_req_cache_group or
+  // pending_checkpoint). If one raises, the fields already written get the
+  // values read at construction back (best effort) and the error propagates.
+  // No-op on the fast path (the core writes the C++ object itself).
+  void write_back(std::initializer_list<std::pair<SeqField, int64_t>> values) {
+    if (native_) return;
+    size_t done = 0;
+    try {
+      for (const auto& [f, v] : values) {
+        set(f, v);
+        ++done;
+      }
+    } catch (...) {
+      // The error is held by the exception in flight (pybind11 fetched it).
+      for (const auto& [f, v] : values) {
+        if (done-- == 0) break;
+        try {
+          set(f, value(read_, f));
+        } catch (...) {
+          PyErr_Clear();
+        }
+      }
+      throw;
+    }
+  }
+
+ private:
+  static const char* attr_name(SeqField f) {
+    switch (f) {
+      case kStateSlot: return "state_slot";
+      case kForkSrc: return "state_fork_src";
+      case kGroup: return "per_req_cache_group";
+      case kPending: return "pending_checkpoint";
+      default: return "?";
+    }
+  }
+  static int64_t value(const Sequence& s, SeqField f) {
+    switch (f) {
+      case kStateSlot: return s.state_slot();
+      case kForkSrc: return s.state_fork_src;
+      case kGroup: return s.per_req_cache_group;
+      case kPending: return s.pending_checkpoint;
+      default: return 0;
+    }
+  }
+  void set(SeqField f, int64_t v) {
+    py::object x = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
+    if (!x || PyObject_SetAttrString(obj_.ptr(), attr_name(f), x.ptr()) != 0) throw py::error_already_set();
+  }
+  py::object attr(const char* name, const char* field, bool optional = false) {
+    PyObject* v = PyObject_GetAttrString(obj_.ptr(), field);
+    if (v) return py::reinterpret_steal<py::object>(v);
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw py::error_already_set();
+    PyErr_Clear();
+    if (optional) return py::int_(0);
+    throw py::type_error(std::string(name) + " must be a statecache.Sequence or have the sequence attributes; " +
+                         Py_TYPE(obj_.ptr())->tp_name + " has no attribute '" + field + "'");
+  }
+  int64_t int_attr(const char* name, const char* field, bool optional = false) {
+    py::object v = attr(name, field, optional);
+    const std::string label = std::string(name) + "." + field;
+    return as_int(v, label.c_str());
+  }
+
+  py::object obj_;
+  Sequence* native_ = nullptr;
+  Sequence snap_;
+  Sequence read_;
+};
 
 inline PyObject* to_py(bool v) { return Py_NewRef(v ? Py_True : Py_False); }
 inline PyObject* to_py(int64_t v) { return PyLong_FromLongLong(v); }

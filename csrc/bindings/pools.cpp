@@ -21,7 +21,7 @@ namespace {
 
 // ---- argument conversion ----------------------------------------------------
 
-const Sequence& seq_arg(py::handle obj, const char* name) { return fast::sequence_arg(obj.ptr(), name); }
+using fast::SeqArg;
 
 StateTransfer transfer_arg(py::handle obj) {
   if (obj.is_none()) return StateTransfer();
@@ -29,115 +29,97 @@ StateTransfer transfer_arg(py::handle obj) {
   return obj.cast<StateTransfer>();
 }
 
-[[noreturn]] void bad_hash(const char* name, int64_t i, py::handle item) {
-  throw py::type_error(std::string(name) + "[" + std::to_string(i) + "] must be an int, got " +
-                       Py_TYPE(item.ptr())->tp_name + " " + py_repr(item));
-}
-
-// Hashes that are not small exact ints: the general conversion, kept out of
-// the scan loop.
-[[gnu::noinline]] int64_t hash_item_slow(PyObject* item, const char* name, int64_t i) {
-  if (PyLong_CheckExact(item)) {
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-    if (overflow == 0) return v;
-  }
-  if (PyLong_Check(item) && !PyBool_Check(item)) return as_int(item, name);
-  if (!PyBool_Check(item) && !PyFloat_Check(item) && PyIndex_Check(item)) return as_int(item, name);
-  bad_hash(name, i, item);
-}
-
-[[gnu::always_inline]] inline int64_t hash_item(PyObject* item, const char* name, int64_t i) {
+// An exact int's value read in place (CPython 3.11: up to three 30-bit
+// digits directly, the scan does this once per block it looks at); false for
+// anything else, including exact ints past int64. Runs no Python code.
+[[gnu::always_inline]] inline bool exact_hash(PyObject* item, int64_t& out) {
+  if (!PyLong_CheckExact(item)) return false;
 #if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
-  // CPython 3.11 ints: read up to three 30-bit digits directly; the scan does
-  // this once per block it looks at.
-  if (PyLong_CheckExact(item)) {
-    const auto* v = reinterpret_cast<const PyLongObject*>(item);
-    const Py_ssize_t n = Py_SIZE(v);
-    const Py_ssize_t an = n < 0 ? -n : n;
-    if (an <= 3 && (an < 3 || v->ob_digit[2] < 8)) {
-      uint64_t x = 0;
-      for (Py_ssize_t k = an; k-- > 0;) x = (x << PyLong_SHIFT) | v->ob_digit[k];
-      return n < 0 ? -static_cast<int64_t>(x) : static_cast<int64_t>(x);
-    }
+  const auto* v = reinterpret_cast<const PyLongObject*>(item);
+  const Py_ssize_t n = Py_SIZE(v);
+  const Py_ssize_t an = n < 0 ? -n : n;
+  if (an <= 3 && (an < 3 || v->ob_digit[2] < 8)) {
+    uint64_t x = 0;
+    for (Py_ssize_t k = an; k-- > 0;) x = (x << PyLong_SHIFT) | v->ob_digit[k];
+    out = n < 0 ? -static_cast<int64_t>(x) : static_cast<int64_t>(x);
+    return true;
   }
 #endif
-  return hash_item_slow(item, name, i);
+  return exact_int_value(item, out);
 }
 
-// A 1-D C-contiguous int64 buffer (NumPy int64 array, array('q')), or none.
-struct Int64Buffer {
-  Py_buffer view{};
-  bool ok = false;
-  explicit Int64Buffer(PyObject* obj) {
-    if (!PyObject_CheckBuffer(obj)) return;
-    if (PyObject_GetBuffer(obj, &view, PyBUF_ND | PyBUF_FORMAT) != 0) {
-      PyErr_Clear();
-      return;
-    }
-    const char* f = view.format ? view.format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') ++f;
-    ok = view.ndim == 1 && view.itemsize == 8 && (f[0] == 'q' || f[0] == 'l') && f[1] == '\0';
-    if (!ok) PyBuffer_Release(&view);
-  }
-  ~Int64Buffer() {
-    if (ok) PyBuffer_Release(&view);
-  }
-  Int64Buffer(const Int64Buffer&) = delete;
-  Int64Buffer& operator=(const Int64Buffer&) = delete;
-  int64_t size() const { return static_cast<int64_t>(view.shape[0]); }
-  const int64_t* data() const { return static_cast<const int64_t*>(view.buf); }
-};
+// Thrown out of the in-place scan at the first element that is not an exact
+// int, so that the scan restarts on converted values.
+struct NotExactInt {};
 
 // Runs the pool's resumable_hit over `block_hashes` without converting the
-// list up front: the scan reads right to left and usually stops early.
+// list up front: the scan reads right to left and usually stops early. A list
+// or tuple is read in place only while the elements it reaches are exact ints
+// (no Python code runs, so nothing can change under the scan; the list is
+// held by a strong reference); otherwise the hashes the scan may read are
+// converted from an owned snapshot first.
 template <class Pool>
 int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, py::handle hashes,
                           py::handle assume_obj) {
-  const Sequence& s = seq_arg(seq, "seq");
+  SeqArg seq_arg(seq.ptr(), "seq", fast::kHasCache | fast::kNumTokens);
+  const Sequence& s = seq_arg.get();
   const int64_t hit = as_int(hit_obj, "hit");
   const bool assume = as_bool(assume_obj, "assume_checkpointed");
   PyObject* p = hashes.ptr();
-  if (PyList_CheckExact(p)) {
-    return pool.resumable_hit(
-        s, hit, PyList_GET_SIZE(p),
-        [p](int64_t i) {
-          // The scan walks down the list; fetch the next int's object early.
-          if (i > 0) __builtin_prefetch(PyList_GET_ITEM(p, i - 1));
-          return hash_item(PyList_GET_ITEM(p, i), "block_hashes", i);
-        },
-        assume);
-  }
-  if (PyTuple_CheckExact(p)) {
-    return pool.resumable_hit(
-        s, hit, PyTuple_GET_SIZE(p),
-        [p](int64_t i) { return hash_item(PyTuple_GET_ITEM(p, i), "block_hashes", i); }, assume);
-  }
-  {
-    Int64Buffer buf(p);
-    if (buf.ok) {
-      const int64_t* d = buf.data();
-      return pool.resumable_hit(s, hit, buf.size(), [d](int64_t i) { return d[i]; }, assume);
+  const bool is_list = PyList_CheckExact(p);
+  if (is_list || PyTuple_CheckExact(p)) {
+    py::object keep = py::reinterpret_borrow<py::object>(hashes);
+    const Py_ssize_t n = is_list ? PyList_GET_SIZE(p) : PyTuple_GET_SIZE(p);
+    try {
+      if (is_list)
+        return pool.resumable_hit(
+            s, hit, n,
+            [p](int64_t i) {
+              // The scan walks down the list; fetch the next int's object early.
+              if (i > 0) __builtin_prefetch(PyList_GET_ITEM(p, i - 1));
+              int64_t v = 0;
+              if (!exact_hash(PyList_GET_ITEM(p, i), v)) throw NotExactInt{};
+              return v;
+            },
+            assume);
+      return pool.resumable_hit(
+          s, hit, n,
+          [p](int64_t i) {
+            int64_t v = 0;
+            if (!exact_hash(PyTuple_GET_ITEM(p, i), v)) throw NotExactInt{};
+            return v;
+          },
+          assume);
+    } catch (const NotExactInt&) {
     }
+    // Only the first `hit` hashes can be read; converting them may run
+    // __index__, which sees (and may change) only the caller's list.
+    py::tuple snap = sequence_snapshot(hashes, "block_hashes");
+    std::vector<int64_t> v;
+    detail::append_tuple(snap.ptr(), "block_hashes", v, std::max<int64_t>(0, std::min<int64_t>(hit, n)));
+    return pool.resumable_hit(s, hit, n, [&v](int64_t i) { return v[static_cast<size_t>(i)]; }, assume);
   }
-  const std::vector<int64_t> v = as_int_list(hashes, "block_hashes");
-  return pool.resumable_hit(s, hit, std::span<const int64_t>(v), assume);
+  const IntSpan span(hashes, "block_hashes");
+  return pool.resumable_hit(s, hit, span.span(), assume);
 }
 
-// Items of a list / tuple / other iterable, each an int sequence of `arity`.
+// Items of a list / tuple / other iterable, each an int sequence of `arity`,
+// read from owned snapshots (an element's __index__ may change the caller's
+// containers, never what is being read).
 template <size_t Arity>
-std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* name,
-                                                 const char* shape) {
-  std::vector<std::array<int64_t, Arity>> rows;
-  if (PyUnicode_Check(obj.ptr()) || !PyObject_HasAttrString(obj.ptr(), "__iter__"))
+std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* name, const char* shape) {
+  PyObject* p = obj.ptr();
+  if (PyUnicode_Check(p) || PyBytes_Check(p) || PyDict_Check(p) || !PyObject_HasAttrString(p, "__iter__"))
     raise_type(name, shape, obj);
-  for (py::handle item : py::reinterpret_borrow<py::iterable>(obj)) {
-    PyObject* it = item.ptr();
-    if (!(PyTuple_Check(it) || PyList_Check(it)) || PySequence_Fast_GET_SIZE(it) != Arity)
-      raise_type(name, shape, obj);
-    std::array<int64_t, Arity> row{};
-    for (size_t k = 0; k < Arity; ++k) row[k] = as_int(PySequence_Fast_GET_ITEM(it, k), name);
-    rows.push_back(row);
+  py::tuple rows_in = sequence_snapshot(obj, name);
+  std::vector<std::array<int64_t, Arity>> rows;
+  rows.reserve(static_cast<size_t>(PyTuple_GET_SIZE(rows_in.ptr())));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(rows_in.ptr()); ++i) {
+    int64_t row[Arity] = {};
+    if (!int_row(PyTuple_GET_ITEM(rows_in.ptr(), i), name, row)) raise_type(name, shape, obj);
+    std::array<int64_t, Arity> r{};
+    for (size_t k = 0; k < Arity; ++k) r[k] = row[k];
+    rows.push_back(r);
   }
   return rows;
 }
@@ -157,7 +139,7 @@ std::vector<int64_t> slots_arg(PyObject* obj) {
   if (truth == 0) return v;
   if (PyUnicode_Check(obj) || !PyObject_HasAttrString(obj, "__iter__"))
     raise_type("slots", "an iterable of ints", h);
-  append_ints(py::list(py::reinterpret_borrow<py::object>(h)), "slots", v);  // sets, generators
+  append_ints(h, "slots", v);  // sets, generators: read whole first
   return v;
 }
 
@@ -408,7 +390,8 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       },
       {"count"}, 1, "Add `count` indices at the top; the caller freed their bytes.");
   fast::def<Pool>(
-      cls, "applies", [](Pool& p, PyObject** a) { return to_py(p.applies(fast::sequence_arg(a[0], "seq"))); },
+      cls, "applies",
+      [](Pool& p, PyObject** a) { return to_py(p.applies(SeqArg(a[0], "seq", fast::kHasCache).get())); },
       {"seq"}, 1, "Whether this pool gates or checkpoints anything for seq.");
   fast::def<Pool>(
       cls, "resumable_hit",
@@ -567,8 +550,24 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
   fast::def<P>(
       cls, "checkpoint",
       [](P& p, PyObject** a) {
-        Sequence& s = fast::sequence_arg(a[0], "seq");
-        p.checkpoint(s, int_arg(a[1], "boundary_blocks"), int_arg(a[2], "h"));
+        SeqArg s(a[0], "seq", fast::kHasCache | fast::kStateSlot | fast::kAnchors);
+        const int64_t blocks = int_arg(a[1], "boundary_blocks");
+        const int64_t h = int_arg(a[2], "h");
+        if (s.native()) {
+          p.checkpoint(s.get(), blocks, h);
+          return fast::none();
+        }
+        // Generic sequence: decide, write the owner's new slot back, re-check
+        // (a setter may have re-entered the pool), then commit.
+        const ForkPlan plan = p.plan_checkpoint(s.get(), h);
+        if (plan.forks) {
+          s.write_back({{fast::kStateSlot, plan.fresh}, {fast::kForkSrc, plan.old}});
+          if (!(p.plan_checkpoint(s.get(), h) == plan)) {
+            s.write_back({{fast::kStateSlot, plan.old}, {fast::kForkSrc, s.get().state_fork_src}});
+            throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
+          }
+        }
+        p.apply_checkpoint(s.get(), plan, blocks, h);
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
@@ -584,7 +583,8 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
   cls      .def(
           "reserve_midstep",
           [](StateSlotPool& p, py::handle seq, py::handle positions) {
-            const Sequence& s = seq_arg(seq, "seq");
+            SeqArg seq_arg(seq.ptr(), "seq", fast::kHasCache);
+            const Sequence& s = seq_arg.get();
             std::vector<std::pair<int64_t, int64_t>> pos;
             for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs"))
               pos.emplace_back(r[0], r[1]);
@@ -599,8 +599,9 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
           "publish_midstep",
           [](StateSlotPool& p, py::handle reservations, py::handle seq) {
             const std::vector<MidstepReservation> res = reservations_arg(reservations);
-            const Sequence* s = seq.is_none() ? nullptr : &seq_arg(seq, "seq");
-            p.publish_midstep(res, s);
+            std::optional<SeqArg> s;
+            if (!seq.is_none()) s.emplace(seq.ptr(), "seq", fast::kAnchors);
+            p.publish_midstep(res, s ? &s->get() : nullptr);
           },
           py::arg("reservations"), py::arg("seq") = py::none(),
           "File each reserved slot under its hash once the forward wrote it.")
@@ -639,34 +640,104 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
   });
 }
 
+// The group pool as Python sees it: the core plus the sequences behind its
+// pending copy intents (strong references, entry for entry with the core's
+// pending list), which take part in garbage collection.
+struct PyGroupPool : StateGroupPool {
+  using StateGroupPool::StateGroupPool;
+  std::vector<py::object> pending_seqs;
+
+  // The fields take_copies reads from each pending sequence; entries of one
+  // object (by identity) share a `seq` number.
+  std::vector<PendingSeq> read_pending(const std::vector<py::object>& seqs) const {
+    std::vector<PendingSeq> out(seqs.size());
+    for (size_t k = 0; k < seqs.size(); ++k) {
+      size_t first = k;
+      for (size_t j = 0; j < k; ++j)
+        if (seqs[j].ptr() == seqs[k].ptr()) {
+          first = j;
+          break;
+        }
+      if (first != k) {
+        out[k] = out[first];
+        continue;
+      }
+      SeqArg s(seqs[k].ptr(), "pending seq", fast::kPending | fast::kGroup);
+      out[k] = {s.get().pending_checkpoint, s.get().per_req_cache_group, k};
+    }
+    return out;
+  }
+};
+
 void bind_group_pool(py::module_& m) {
-  py::classh<StateGroupPool> cls(m, "StateGroupPool", py::is_final(), STATECACHE_GUARDED(StateGroupPool), R"doc(
+  py::classh<PyGroupPool> cls(
+      m, "StateGroupPool", py::is_final(), py::metaclass(fast::guarded_metaclass()),
+      py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+        fast::instance_setup<PyGroupPool>(heap_type);
+        PyTypeObject* type = &heap_type->ht_type;
+        type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+        // Only the cached pointer is read here (no casts while the collector
+        // runs); every pending sequence was added by a fast method, which set it.
+        type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
+          Py_VISIT(Py_TYPE(self));
+          if (PyGroupPool* p = fast::cached_instance<PyGroupPool>(self))
+            for (const py::object& o : p->pending_seqs) Py_VISIT(o.ptr());
+          return 0;
+        };
+        type->tp_clear = [](PyObject* self) -> int {
+          if (PyGroupPool* p = fast::cached_instance<PyGroupPool>(self)) {
+            p->drop_pending();
+            std::vector<py::object> gone;
+            gone.swap(p->pending_seqs);  // released after the pool is consistent
+          }
+          return 0;
+        };
+      }),
+      R"doc(
 Per-request state groups plus the checkpoint index over the free ones.
 
 ``fork``: the owner's group becomes the checkpoint and the owner moves on.
 ``copy``: ``checkpoint`` records the intent; ``take_copies`` (called as the next
 batch is built) picks the destination, files it, and returns the (src, dst)
-pairs the batch must copy before its forward. Under ``none()`` and ``replay()``
+pairs the batch must copy before its forward. An intent describes its group's
+bytes: it dies when that group is released. Under ``none()`` and ``replay()``
 ``checkpoint`` changes nothing.)doc");
   cls.def(py::init([](py::handle n, py::handle transfer, py::handle hbs, py::handle enabled) {
-            return std::make_shared<StateGroupPool>(as_int(n, "num_groups"), transfer_arg(transfer),
-                                                    as_int(hbs, "hash_block_size"),
-                                                    as_bool(enabled, "enabled"));
+            return std::make_shared<PyGroupPool>(as_int(n, "num_groups"), transfer_arg(transfer),
+                                                 as_int(hbs, "hash_block_size"), as_bool(enabled, "enabled"));
           }),
           py::arg("num_groups"), py::arg("transfer") = py::none(), py::arg("hash_block_size") = 1,
           py::arg("enabled") = true);
-  bind_free_list_api<StateGroupPool, GroupRetirement>(cls);
+  bind_free_list_api<PyGroupPool, GroupRetirement>(cls);
   bind_views_of(cls, "hash_to_group", "group_hash");
   using fast::to_py;
-  using G = StateGroupPool;
+  using G = PyGroupPool;
   fast::def_readonly<G>(cls, "num_groups", [](const G& p) { return to_py(p.size()); });
   fast::def<G>(cls, "has_free", [](G& p, PyObject**) { return to_py(p.num_free() > 0); }, {}, 0,
                "Whether a group can be handed out.");
   fast::def<G>(
       cls, "checkpoint",
       [](G& p, PyObject** a) {
-        std::shared_ptr<Sequence> s = as_sequence(py::handle(a[0]), "seq");
-        p.checkpoint(s, int_arg(a[1], "boundary_blocks"), int_arg(a[2], "h"));
+        SeqArg s(a[0], "seq", fast::kHasCache | fast::kGroup | fast::kPending);
+        const int64_t blocks = int_arg(a[1], "boundary_blocks");
+        const int64_t h = int_arg(a[2], "h");
+        if (!s.native()) {
+          // Generic sequence: write back what checkpoint will set, then
+          // commit; a re-entrant setter is caught by the re-check.
+          const ForkPlan plan = p.plan_checkpoint(s.get(), h);
+          if (plan.forks) {
+            s.write_back({{fast::kGroup, plan.fresh}, {fast::kForkSrc, plan.old}});
+            if (!(p.plan_checkpoint(s.get(), h) == plan)) {
+              s.write_back({{fast::kGroup, plan.old}, {fast::kForkSrc, s.get().state_fork_src}});
+              throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
+            }
+          } else if (p.plan_intent(s.get(), h)) {
+            s.write_back({{fast::kPending, h}});
+          }
+        }
+        // The intent list and its mirror change together, with no Python
+        // code in between.
+        if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
@@ -675,7 +746,11 @@ pairs the batch must copy before its forward. Under ``none()`` and ``replay()``
   fast::def<G>(
       cls, "forget_pending",
       [](G& p, PyObject** a) {
-        p.forget_pending(fast::sequence_arg(a[0], "seq"));
+        SeqArg s(a[0], "seq", 0);
+        if (s.native())
+          p.forget_pending(s.get());
+        else
+          s.write_back({{fast::kPending, -1}});
         return fast::none();
       },
       {"seq"}, 1, "Drop seq's uncommitted copy checkpoint (its group is being released).");
@@ -689,23 +764,62 @@ pairs the batch must copy before its forward. Under ``none()`` and ``replay()``
   fast::def<G>(
       cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(int_arg(a[0], "h"))); }, {"h"}, 1,
       "Drop the checkpoint filed under h; returns the group freed, or -1.");
-  cls.def("take_copies",
-           [](StateGroupPool& p) {
-             const auto pairs = p.take_copies();
-             py::list out(pairs.size());
-             for (size_t i = 0; i < pairs.size(); ++i) out[i] = pair_tuple(pairs[i]);
-             return out;
-           },
-           "Commit last pass's copy intents and return every (src, dst) pair the batch "
-           "being built must copy before its forward.");
-  cls.def("_debug_copies", [](const StateGroupPool& p) {
+  fast::def<G>(
+      cls, "take_copies",
+      [](G& p, PyObject**) {
+        // Read every pending sequence, then clear their pending_checkpoint
+        // (a generic one's setter may fail: those already cleared get their
+        // value back and nothing is committed), then commit in C++.
+        const std::vector<py::object> seqs = p.pending_seqs;
+        const std::vector<StateGroupPool::PendingSeq> state = p.read_pending(seqs);
+        for (size_t k = 0; k < seqs.size(); ++k) {
+          if (state[k].seq != k) continue;
+          SeqArg s(seqs[k].ptr(), "pending seq", 0);
+          if (s.native()) {
+            s.get().pending_checkpoint = -1;
+            continue;
+          }
+          try {
+            s.write_back({{fast::kPending, -1}});
+          } catch (...) {
+            for (size_t j = 0; j < k; ++j)
+              if (state[j].seq == j) {
+                SeqArg back(seqs[j].ptr(), "pending seq", 0);
+                if (back.native()) {
+                  back.get().pending_checkpoint = state[j].pending_checkpoint;
+                  continue;
+                }
+                try {
+                  back.write_back({{fast::kPending, state[j].pending_checkpoint}});
+                } catch (...) {
+                  PyErr_Clear();
+                }
+              }
+            throw;
+          }
+        }
+        if (p.pending_seqs.size() != seqs.size() || p.pending_count() != seqs.size())
+          throw std::runtime_error("the pool changed while pending sequences were written back");
+        const auto pairs = p.take_copies(state);
+        std::vector<py::object> done;
+        done.swap(p.pending_seqs);  // released once the pool is consistent
+        py::list out(pairs.size());
+        for (size_t i = 0; i < pairs.size(); ++i) out[i] = pair_tuple(pairs[i]);
+        return out.release().ptr();
+      },
+      {}, 0,
+      "Commit last pass's copy intents and return every (src, dst) pair the batch "
+      "being built must copy before its forward.");
+  cls.def("_debug_copies", [](py::handle self) {
+    const G& p = fast::self_of<G>(self.ptr());
     py::list out;
     for (const auto& r : p.pending_copies()) out.append(pair_tuple(r));
     return out;
   });
-  cls.def("_debug_pending", [](const StateGroupPool& p) {
+  cls.def("_debug_pending", [](py::handle self) {
+    const G& p = fast::self_of<G>(self.ptr());
     py::list out;
-    for (const auto& s : p.pending_sequences()) out.append(py::cast(s));
+    for (const auto& s : p.pending_seqs) out.append(s);
     return out;
   });
 }

@@ -14,6 +14,17 @@
 
 namespace statecache {
 
+// What a fork checkpoint will do, decided before anything changes, so that a
+// caller writing the sequence's fields back to a Python object can do so
+// before the pool commits (bindings, generic sequences).
+struct ForkPlan {
+  bool forks = false;    // the owner moves from `old` to `fresh`
+  bool dropped = false;  // nothing free: counted, nothing else changes
+  int64_t old = -1;
+  int64_t fresh = -1;
+  bool operator==(const ForkPlan&) const = default;
+};
+
 template <class Retire>
 class CheckpointPool : public StateFreeList {
  public:
@@ -54,6 +65,39 @@ class CheckpointPool : public StateFreeList {
   }
 
  protected:
+  // The fork decision for an owner now holding `old` (owned, in range).
+  ForkPlan plan_fork(int64_t old) {
+    ForkPlan p;
+    if (!has_free()) {
+      p.dropped = true;
+      return p;
+    }
+    p.forks = true;
+    p.old = old;
+    p.fresh = peek_pop();
+    return p;
+  }
+  // Carries out a plan_fork: returns the fresh unit, files `old` under h.
+  int64_t apply_fork(const ForkPlan& p, int64_t h) {
+    if (p.dropped) ++fates_.dropped;
+    if (!p.forks) return -1;
+    const int64_t fresh = pop();
+    check_invariant(fresh == p.fresh, "a fork plan went stale before it was applied");
+    file_checkpoint(h, p.old);
+    return fresh;
+  }
+
+  // -1 means "no hash" everywhere: never a content hash (SPEC §3).
+  static void check_hash(const char* name, int64_t h) {
+    if (h == -1) bad_argument(name, h, "is -1, which means \"no hash\"; it cannot name a checkpoint");
+  }
+  // Whether `boundary_blocks` ends exactly at token position `known`
+  // (without overflowing on absurd block counts).
+  bool boundary_is(int64_t boundary_blocks, int64_t known) const {
+    int64_t pos = 0;
+    return !__builtin_mul_overflow(boundary_blocks, hash_block_size_, &pos) && pos == known;
+  }
+
   // `reads_assumed_hashes`: whether `hit` must stay within the hash list even
   // when checkpoints are assumed (the slot pool's reference reads the list
   // either way, the group pool's does not).

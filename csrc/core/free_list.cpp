@@ -160,6 +160,17 @@ int64_t StateFreeList::pop() {
   return u;
 }
 
+int64_t StateFreeList::peek_pop() {
+  if (free_count_ == 0) return -1;
+  while (!vacant_heap_.empty()) {
+    const int64_t u = vacant_heap_.front();
+    if (units_[idx(u)].free && units_[idx(u)].hash == -1) return u;
+    std::pop_heap(vacant_heap_.begin(), vacant_heap_.end(), std::greater<>());
+    vacant_heap_.pop_back();
+  }
+  return head_;
+}
+
 void StateFreeList::claim(int64_t u) {
   check_unit(u);
   if (!units_[idx(u)].free) bad_argument(unit_.c_str(), u, "is not free, so it cannot be claimed");
@@ -177,6 +188,7 @@ void StateFreeList::release(int64_t u) {
 }
 
 void StateFreeList::put_back(int64_t u) {
+  ++units_[idx(u)].epoch;
   set_free(u, true);
   if (units_[idx(u)].hash != -1) {
     if (units_[idx(u)].spec)
@@ -204,11 +216,14 @@ void StateFreeList::set_hash(int64_t u, int64_t h) {
 
 void StateFreeList::extend(int64_t count) {
   check_count("count", count);
+  // Indices are int32 in the unit records; checked before the add can overflow.
+  if (count > static_cast<int64_t>(INT32_MAX) - num_)
+    bad_argument("count", count, ("would take the pool past 2**31 - 1 " + unit_ + "s").c_str());
   grow_to(static_cast<size_t>(num_ + count));
   for (int64_t u = num_; u < num_ + count; ++u) {
-    // A re-added index forgets its hash directly, as the reference does; an
-    // index entry still naming it stays (see index_is_exact).
-    units_[idx(u)].hash = -1;
+    // retire_top left the index without a hash; a retired index filed
+    // elsewhere since cannot be named by the index either.
+    check_invariant(units_[idx(u)].hash == -1, "a retired index still carries a hash");
     put_back(u);
   }
   num_ += count;
@@ -232,6 +247,11 @@ std::optional<Retirement> StateFreeList::retire_top() {
     drop_hash(top);
   } else if (held) {
     rehome_checkpoint(top, dst);
+  } else {
+    // An owned top that still carries a hash (a claimed checkpoint): its
+    // owner moves to dst, the index entry would outlive the index. The
+    // reference keeps it and a later extend revives it (README, divergences).
+    drop_hash(top);
   }
   --num_;
   return Retirement{top, dst, held};
@@ -454,8 +474,13 @@ void StateFreeList::check_invariants() const {
     pinned_seen += bit;
   }
   check_invariant(pinned_seen == pinned_count_, "pin count total out of step");
-  index_.for_each([&](int64_t, int64_t u) {
+  // Index side: hash_to_unit[h] == u <=> unit_hash[u] == h, no -1 key, and
+  // nothing at or past the top.
+  index_.for_each([&](int64_t h, int64_t u) {
+    check_invariant(h != -1, "the index files -1 (no hash) as a content hash");
     check_invariant(in_capacity(u), "the index names a unit outside the pool");
+    check_invariant(u < num_, "the index names a retired unit");
+    check_invariant(units_[idx(u)].hash == h, "hash_to_unit names a unit that carries another hash");
   });
 }
 

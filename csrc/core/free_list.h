@@ -73,12 +73,17 @@ class StateFreeList {
   // Vacant lowest-index first, else the LRU checkpoint (counted as evicted).
   // std::out_of_range when nothing is free.
   int64_t pop();
+  // The unit pop() would hand out now, or -1; changes nothing observable
+  // (it only drops stale entries off the vacant heap).
+  int64_t peek_pop();
   // Takes one specific free unit off the list, hash and all.
   void claim(int64_t u);
   // Back to the half its hash puts it in; speculative checkpoints to the head.
   void release(int64_t u);
   void extend(int64_t count);
-  // Gives up the top index; std::nullopt when it cannot go this pass.
+  // Gives up the top index; std::nullopt when it cannot go this pass. The
+  // retired index keeps no hash and no index entry, so a later extend cannot
+  // revive a stale hash -> index mapping.
   std::optional<Retirement> retire_top();
 
   // ---- checkpoint index -------------------------------------------------
@@ -147,7 +152,14 @@ class StateFreeList {
   // The reverse direction always holds; this one can break the way the
   // reference breaks it (extend re-adding a retired index that was live
   // with a hash), which the pools reproduce.
+  // Always true since retire_top drops the retired index's entry (the
+  // reference keeps it; see README, divergences); kept for the tests.
   bool index_is_exact() const;
+
+  // Bumped each time the unit goes back on the free list: something that
+  // describes a unit's bytes (a copy intent, a midstep reservation) records
+  // it and is stale once it changed.
+  uint32_t release_epoch(int64_t u) const { return units_[idx(u)].epoch; }
 
  protected:
   static size_t idx(int64_t u) { return static_cast<size_t>(u); }
@@ -194,6 +206,7 @@ class StateFreeList {
     int32_t prev = -1;       // checkpointed-LRU links
     int32_t next = -1;
     int32_t pins = 0;        // readers holding it pinned
+    uint32_t epoch = 0;      // release_epoch
     uint8_t free = 0;
     uint8_t spec = 0;        // a guess: filed at the LRU head
     uint8_t in_lru = 0;

@@ -7,44 +7,93 @@ StateGroupPool::StateGroupPool(int64_t num_groups, StateTransfer transfer, int64
     : CheckpointPool(num_groups, std::move(transfer), hash_block_size, enabled, "group",
                      /*reads_assumed_hashes=*/false) {}
 
-void StateGroupPool::checkpoint(const std::shared_ptr<Sequence>& seq_ptr, int64_t boundary_blocks,
-                                int64_t h) {
+bool StateGroupPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h) {
   (void)boundary_blocks;  // a group is one entry, not a span ending at the boundary
-  Sequence& seq = *seq_ptr;
-  if (!applies(seq)) return;
+  check_hash("h", h);
+  if (!applies(seq)) return false;
   // SPEC.md §4: none() and replay() keep nothing, not even a dropped count.
-  if (!transfer().forks() && !transfer().copies()) return;
+  if (!transfer().forks() && !transfer().copies()) return false;
   const int64_t old = seq.per_req_cache_group;
-  if (old < 0) return;
+  if (old < 0) return false;
   check_index("seq.per_req_cache_group", old, size());
   if (transfer().copies()) {
-    if (seq.pending_checkpoint == -1) pending_.push_back(seq_ptr);
-    // A later boundary supersedes an earlier one: only the last is true.
+    // A later boundary supersedes an earlier one: only the last is true. A
+    // sequence whose earlier intent died with its group joins again.
+    bool joined = false;
+    if (seq.pending_checkpoint == -1 || !group_has_intent(old)) {
+      pending_.push_back({old, release_epoch(old)});
+      joined = true;
+    }
     seq.pending_checkpoint = h;
-    return;
+    return joined;
   }
-  if (is_free(old))
-    bad_argument("seq.per_req_cache_group", old, "is free, so the sequence does not own it");
-  if (!has_free()) {
-    ++fates_.dropped;
-    return;
+  const ForkPlan plan = plan_checkpoint(seq, h);
+  if (!plan.forks) {
+    apply_fork(plan, h);
+    return false;
   }
-  seq.per_req_cache_group = pop();
+  seq.per_req_cache_group = apply_fork(plan, h);
   seq.state_fork_src = old;
-  file_checkpoint(h, old);
   pin(old, /*reader_is_next_batch=*/true);
   ++fates_.kept;
+  return false;
 }
 
-void StateGroupPool::commit_pending() {
+ForkPlan StateGroupPool::plan_checkpoint(const Sequence& seq, int64_t h) {
+  check_hash("h", h);
+  if (!applies(seq) || !transfer().forks()) return {};
+  const int64_t old = seq.per_req_cache_group;
+  if (old < 0) return {};
+  check_index("seq.per_req_cache_group", old, size());
+  if (is_free(old))
+    bad_argument("seq.per_req_cache_group", old, "is free, so the sequence does not own it");
+  return plan_fork(old);
+}
+
+bool StateGroupPool::plan_intent(const Sequence& seq, int64_t h) const {
+  check_hash("h", h);
+  if (!applies(seq) || !transfer().copies()) return false;
+  const int64_t old = seq.per_req_cache_group;
+  if (old < 0) return false;
+  check_index("seq.per_req_cache_group", old, size());
+  return true;
+}
+
+bool StateGroupPool::group_has_intent(int64_t g) const {
+  for (const Intent& i : pending_)
+    if (i.group == g && intent_alive(i)) return true;
+  return false;
+}
+
+std::optional<GroupRetirement> StateGroupPool::retire_top() {
+  const int64_t top = size() - 1;
+  auto r = CheckpointPool::retire_top();
+  if (r && r->relocated_to >= 0 && !r->held_checkpoint) {
+    // The caller re-points the owner at relocated_to and the relocation runs
+    // before the batch's group copies, so the intent follows the bytes.
+    for (Intent& i : pending_)
+      if (i.group == top && release_epoch(top) == i.epoch) i = {r->relocated_to, release_epoch(r->relocated_to)};
+  }
+  return r;
+}
+
+std::vector<std::pair<int64_t, int64_t>> StateGroupPool::take_copies(std::span<const PendingSeq> seqs) {
+  if (seqs.size() != pending_.size())
+    bad_argument("seqs", static_cast<long long>(seqs.size()), "must give one entry per pending intent");
   // Each destination goes straight back to the free list as a checkpoint:
-  // capacity-neutral, spent lazily by whoever pops it next. A sequence that
-  // lost its group since (preempted, finished) is skipped.
-  for (const auto& seq : pending_) {
-    const int64_t h = seq->pending_checkpoint;
-    seq->pending_checkpoint = -1;
-    const int64_t src = seq->per_req_cache_group;
-    if (h == -1 || src < 0) continue;
+  // capacity-neutral, spent lazily by whoever pops it next. An intent whose
+  // group was released since (its sequence preempted or finished, whether or
+  // not forget_pending was called) or whose sequence moved is skipped.
+  std::vector<uint8_t> consumed(pending_.size(), 0);
+  for (const PendingSeq& p : seqs)
+    if (p.seq >= pending_.size()) bad_argument("seqs seq", static_cast<long long>(p.seq), "out of range");
+  for (size_t k = 0; k < pending_.size(); ++k) {
+    const Intent& intent = pending_[k];
+    const int64_t h = seqs[k].pending_checkpoint;
+    const int64_t src = seqs[k].group;
+    if (!intent_alive(intent) || consumed[seqs[k].seq]) continue;
+    consumed[seqs[k].seq] = 1;
+    if (h == -1 || src < 0 || src != intent.group) continue;
     if (!has_free()) {
       ++fates_.dropped;
       continue;
@@ -56,19 +105,15 @@ void StateGroupPool::commit_pending() {
     ++fates_.kept;
   }
   pending_.clear();
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.swap(copies_);
+  return out;
 }
 
 void StateGroupPool::record_copy(int64_t src, int64_t dst) {
   check_index("src", src, capacity());
   check_index("dst", dst, capacity());
   copies_.emplace_back(src, dst);
-}
-
-std::vector<std::pair<int64_t, int64_t>> StateGroupPool::take_copies() {
-  commit_pending();
-  std::vector<std::pair<int64_t, int64_t>> out;
-  out.swap(copies_);
-  return out;
 }
 
 }  // namespace statecache

@@ -28,24 +28,59 @@ struct GroupRetirement : Retirement {};
 
 class StateGroupPool : public CheckpointPool<GroupRetirement> {
  public:
+  // What take_copies needs from a sequence that joined the pending list, read
+  // by the caller as of the take_copies call.
+  struct PendingSeq {
+    int64_t pending_checkpoint = -1;
+    int64_t group = -1;  // per_req_cache_group
+    size_t seq = 0;      // which sequence: entries of one sequence share it
+  };
+
   explicit StateGroupPool(int64_t num_groups, StateTransfer transfer = StateTransfer(),
                           int64_t hash_block_size = 1, bool enabled = true);
 
-  // The pool keeps a strong reference to a sequence with a pending copy
-  // checkpoint until the next take_copies.
-  void checkpoint(const std::shared_ptr<Sequence>& seq, int64_t boundary_blocks, int64_t h);
+  // fork: seq moves to a fresh group, the old one is filed and pinned.
+  // copy: records an intent for seq's current group; returns true when seq
+  // joined the pending list, which the caller (who keeps the sequence alive)
+  // mirrors entry for entry. The intent describes that group's bytes, so it
+  // dies when the group is released (a reference divergence: there it follows
+  // the sequence, and a group handed to another request is filed under the
+  // first one's hash).
+  bool checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h);
+  // The fork case in two steps (as StateSlotPool's); an empty plan for copy
+  // and the cases that keep nothing.
+  ForkPlan plan_checkpoint(const Sequence& seq, int64_t h);
+  // Whether checkpoint would record a copy intent (and so set the sequence's
+  // pending_checkpoint to h); validates as checkpoint does, changes nothing.
+  bool plan_intent(const Sequence& seq, int64_t h) const;
+  // Forgets every pending intent (the caller drops its mirror too).
+  void drop_pending() { pending_.clear(); }
   void forget_pending(Sequence& seq) { seq.pending_checkpoint = -1; }
   void record_copy(int64_t src, int64_t dst);
-  // Commits last pass's copy intents, then hands over every pending pair.
-  std::vector<std::pair<int64_t, int64_t>> take_copies();
+  // Commits the pending intents, then hands over every pending pair.
+  // `seqs[i]` are the fields of pending entry i's sequence (pending_count()
+  // of them, `seq` < pending_count()); the first live entry of a sequence
+  // consumes its pending checkpoint, as the reference's clearing does. The
+  // caller sets each pending sequence's pending_checkpoint to -1.
+  std::vector<std::pair<int64_t, int64_t>> take_copies(std::span<const PendingSeq> seqs);
+  size_t pending_count() const { return pending_.size(); }
+
+  // As the free list's; an intent on a relocated owned top moves with it.
+  std::optional<GroupRetirement> retire_top();
 
   const std::vector<std::pair<int64_t, int64_t>>& pending_copies() const { return copies_; }
-  const std::vector<std::shared_ptr<Sequence>>& pending_sequences() const { return pending_; }
 
  private:
-  void commit_pending();
+  struct Intent {
+    int64_t group;
+    uint32_t epoch;  // the group's release_epoch when recorded
+  };
+  bool intent_alive(const Intent& i) const {
+    return i.group >= 0 && i.group < size() && !is_free(i.group) && release_epoch(i.group) == i.epoch;
+  }
+  bool group_has_intent(int64_t g) const;
 
-  std::vector<std::shared_ptr<Sequence>> pending_;
+  std::vector<Intent> pending_;
   std::vector<std::pair<int64_t, int64_t>> copies_;
 };
 

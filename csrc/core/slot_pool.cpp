@@ -48,29 +48,39 @@ void StateSlotPool::release_many(std::span<const int64_t> slots) {
 }
 
 void StateSlotPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h) {
-  if (!applies(seq) || !transfer().forks()) return;
+  const ForkPlan plan = plan_checkpoint(seq, h);
+  apply_checkpoint(seq, plan, boundary_blocks, h);
+}
+
+ForkPlan StateSlotPool::plan_checkpoint(const Sequence& seq, int64_t h) {
+  check_hash("h", h);
+  if (!applies(seq) || !transfer().forks()) return {};
   const int64_t old = seq.state_slot();
-  if (old < 0) return;
+  if (old < 0) return {};
   check_index("seq.state_slot", old, size());
   if (is_free(old)) bad_argument("seq.state_slot", old, "is free, so the sequence does not own it");
-  if (!has_free()) {
-    ++fates_.dropped;
+  return plan_fork(old);
+}
+
+void StateSlotPool::apply_checkpoint(Sequence& seq, const ForkPlan& plan, int64_t boundary_blocks, int64_t h) {
+  if (!plan.forks) {
+    apply_fork(plan, h);
     return;
   }
   const int64_t known = anchor_of(seq);
-  const bool guess = known == 0 || boundary_blocks * hash_block_size() != known;
-  seq.set_state_slot(pop());
-  seq.state_fork_src = old;
+  const bool guess = known == 0 || !boundary_is(boundary_blocks, known);
+  seq.set_state_slot(apply_fork(plan, h));
+  seq.state_fork_src = plan.old;
   // `old` is not released: the forward that reads it is the one the next pass
   // builds, so it stays pinned through that pass.
-  file_checkpoint(h, old);
-  if (guess) mark_speculative(old);
-  pin(old, /*reader_is_next_batch=*/true);
+  if (guess) mark_speculative(plan.old);
+  pin(plan.old, /*reader_is_next_batch=*/true);
   ++fates_.kept;
 }
 
 std::vector<MidstepReservation> StateSlotPool::reserve_midstep(
     const Sequence& seq, std::span<const std::pair<int64_t, int64_t>> positions) {
+  for (const auto& [pos, h] : positions) check_hash("positions hash", h);
   std::vector<MidstepReservation> out;
   if (!applies(seq) || !readable_midstep()) return out;
   for (const auto& [pos, h] : positions) {
@@ -80,8 +90,31 @@ std::vector<MidstepReservation> StateSlotPool::reserve_midstep(
       break;
     }
     out.push_back({pop(), pos, h});
+    set_reserved(out.back().slot, true);
   }
   return out;
+}
+
+bool StateSlotPool::is_reserved(int64_t slot) const {
+  return slot >= 0 && slot < size() && static_cast<size_t>(slot) < reserved_at_.size() && !is_free(slot) &&
+         reserved_at_[static_cast<size_t>(slot)] == release_epoch(slot) + 1;
+}
+
+void StateSlotPool::set_reserved(int64_t slot, bool reserved) {
+  if (static_cast<size_t>(slot) >= reserved_at_.size()) reserved_at_.resize(static_cast<size_t>(capacity()), 0);
+  reserved_at_[static_cast<size_t>(slot)] = reserved ? release_epoch(slot) + 1 : 0;
+}
+
+std::optional<SlotRetirement> StateSlotPool::retire_top() {
+  const int64_t top = size() - 1;
+  const bool reserved = is_reserved(top);
+  auto r = CheckpointPool::retire_top();
+  if (r && reserved) {
+    set_reserved(top, false);
+    // The caller re-points the reservation at the relocation target.
+    if (r->relocated_to >= 0 && !r->held_checkpoint) set_reserved(r->relocated_to, true);
+  }
+  return r;
 }
 
 void StateSlotPool::check_returnable(std::span<const MidstepReservation> reservations) const {
@@ -89,6 +122,9 @@ void StateSlotPool::check_returnable(std::span<const MidstepReservation> reserva
   slots.reserve(reservations.size());
   for (const auto& r : reservations) {
     check_owned(r.slot);
+    if (!is_reserved(r.slot))
+      bad_argument("reservations slot", r.slot, "is not a live midstep reservation of this pool");
+    check_hash("reservations hash", r.hash);
     slots.push_back(r.slot);
   }
   check_distinct(std::move(slots), "slot");
@@ -102,6 +138,7 @@ void StateSlotPool::publish_midstep(std::span<const MidstepReservation> reservat
   const int64_t known = seq ? anchor_of(*seq) : 0;
   for (const auto& r : reservations) {
     if (seq && (known == 0 || r.position != known)) mark_speculative(r.slot);
+    set_reserved(r.slot, false);
     file_checkpoint(r.hash, r.slot);
     put_back(r.slot);
     ++fates_.kept;
@@ -111,7 +148,10 @@ void StateSlotPool::publish_midstep(std::span<const MidstepReservation> reservat
 void StateSlotPool::cancel_midstep(std::span<const MidstepReservation> reservations) {
   check_returnable(reservations);
   // Never written, so released vacant and never indexed.
-  for (const auto& r : reservations) put_back(r.slot);
+  for (const auto& r : reservations) {
+    set_reserved(r.slot, false);
+    put_back(r.slot);
+  }
 }
 
 void StateSlotPool::record_relocation(int64_t src, int64_t dst) {

@@ -52,12 +52,22 @@ class StateSlotPool : public CheckpointPool<SlotRetirement>, public ScratchSlotS
   // Fork checkpoint: the owner moves to a fresh slot, the old one is filed
   // under `h` and pinned until the batch the next pass builds has read it.
   void checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h);
+  // checkpoint in two steps: the decision (validates, changes nothing) and
+  // its execution on the same sequence fields.
+  ForkPlan plan_checkpoint(const Sequence& seq, int64_t h);
+  void apply_checkpoint(Sequence& seq, const ForkPlan& plan, int64_t boundary_blocks, int64_t h);
 
   std::vector<MidstepReservation> reserve_midstep(
       const Sequence& seq, std::span<const std::pair<int64_t, int64_t>> positions);
-  // `seq` may be null: then nothing is demoted.
+  // Both take only rows that are live reservations of this pool (handed out
+  // by reserve_midstep, not published, cancelled or released since), all
+  // checked before anything changes. `seq` may be null: nothing is demoted.
   void publish_midstep(std::span<const MidstepReservation> reservations, const Sequence* seq);
   void cancel_midstep(std::span<const MidstepReservation> reservations);
+  bool is_reserved(int64_t slot) const;
+
+  // As the free list's, and a reservation on a relocated top moves with it.
+  std::optional<SlotRetirement> retire_top();
 
   void record_relocation(int64_t src, int64_t dst);
   std::vector<std::pair<int64_t, int64_t>> take_relocations();
@@ -69,8 +79,11 @@ class StateSlotPool : public CheckpointPool<SlotRetirement>, public ScratchSlotS
     return seq.midstep_anchor_pos != 0 ? seq.midstep_anchor_pos : seq.checkpoint_end_pos;
   }
   void check_returnable(std::span<const MidstepReservation> reservations) const;
+  void set_reserved(int64_t slot, bool reserved);
 
   std::vector<std::pair<int64_t, int64_t>> relocations_;
+  // release_epoch + 1 of each slot when reserve_midstep handed it out, else 0.
+  std::vector<uint32_t> reserved_at_;
 };
 
 }  // namespace statecache

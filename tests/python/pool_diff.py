@@ -3,8 +3,13 @@ operation sequence, every result and all public (and mirrored private) state
 compared after every step. Used by test_slot_pool.py and test_group_pool.py.
 
 Arguments are drawn from the reference's state, so every call is one the
-protocol allows; cases where SPEC.md deliberately differs from the reference
-(group checkpoint under none()/replay()) are checked against SPEC instead.
+protocol allows. Where SPEC.md deliberately differs from the reference the
+driver models the difference explicitly (README, "Divergences"):
+* group checkpoint under none()/replay() keeps nothing: checked against SPEC;
+* -1 as a content hash (checkpoint, reserve_midstep positions) raises
+  ValueError on ours and changes nothing; the reference is not called;
+* retire_top drops the retired index's index entry: the reference is given
+  the same `invalidate` right after its retire_top.
 """
 
 from __future__ import annotations
@@ -50,6 +55,19 @@ def same(a, b, what):
         f"{what}: {a!r} vs {b!r}"
     )
     same(a.held_checkpoint, b.held_checkpoint, f"{what}.held_checkpoint")
+
+
+def refused(ours, name, *args, **kwargs):
+    """A call SPEC refuses where the reference accepts it: ours raises
+    ValueError (and changes nothing, which the next compare() checks against
+    the reference, which is not called)."""
+    o_args = [a.ours if isinstance(a, Both) else a for a in args]
+    o_kw = {k: (v.ours if isinstance(v, Both) else v) for k, v in kwargs.items()}
+    try:
+        getattr(ours, name)(*o_args, **o_kw)
+    except ValueError:
+        return
+    raise AssertionError(f"{name}{tuple(o_args)}: -1 as a content hash was accepted")
 
 
 def call(ref, ours, name, *args, **kwargs):
@@ -203,9 +221,7 @@ class _Driver:
             s.check()
         # SPEC §11 on ours; where the reference's own index stays exact, ours must too.
         ours._check_invariants()
-        ref_exact = all(getattr(ref, f"{u}_hash")[x] == h for h, x in ref_idx.items())
-        if ref_exact:
-            assert ours._index_is_exact()
+        assert ours._index_is_exact()
         assert ours.num_free() == sum(1 for x in range(cap) if ours.is_free(x))
         assert set(ref._free) == {x for x in range(cap) if ours.is_free(x)}
         self.check_spec()
@@ -235,6 +251,17 @@ class _Driver:
 
     def ref_index(self):
         return getattr(self.ref, f"hash_to_{self.unit}")
+
+    def retire_top(self):
+        """retire_top on both; then the divergence: an index entry naming the
+        retired index is dropped on ours, so the reference gets the same
+        `invalidate` (it would otherwise revive on extend)."""
+        res = call(self.ref, self.ours, "retire_top")
+        if res is not None:
+            for h, x in list(self.ref_index().items()):
+                if x == res.retired:
+                    self.ref.invalidate(x)
+        return res
 
     def run(self, steps):
         ops = self.ops()
@@ -405,10 +432,13 @@ class SlotDriver(_Driver):
         bb = self.rng.randint(0, 12)
         if self.rng.random() < 0.3:
             s.set("checkpoint_end_pos", bb * self.hbs)
-        if self.rng.random() < 0.3:
-            call(self.ref, self.ours, "checkpoint", seq=s.both, boundary_blocks=bb, h=self.some_hash())
+        h = self.some_hash()
+        if h == -1:
+            refused(self.ours, "checkpoint", s.both, bb, h)
+        elif self.rng.random() < 0.3:
+            call(self.ref, self.ours, "checkpoint", seq=s.both, boundary_blocks=bb, h=h)
         else:
-            call(self.ref, self.ours, "checkpoint", s.both, bb, self.some_hash())
+            call(self.ref, self.ours, "checkpoint", s.both, bb, h)
 
     def op_resumable_hit(self):
         s = self.pick(self.seqs) or SeqPair(self.rng.randint(0, 40))
@@ -434,6 +464,9 @@ class SlotDriver(_Driver):
         if s is None:
             return
         positions = [(self.rng.randint(1, 12) * self.hbs, self.some_hash()) for _ in range(self.rng.randint(0, 3))]
+        if any(h == -1 for _p, h in positions):
+            refused(self.ours, "reserve_midstep", s.both, positions)
+            return
         r = self.ref.reserve_midstep(s.ref, positions)
         o = self.ours.reserve_midstep(s.ours, positions)
         same(r, o, "reserve_midstep")
@@ -474,7 +507,7 @@ class SlotDriver(_Driver):
         for i, (r, _o, _s) in enumerate(self.reservations):
             if any(x[0] == top for x in r):
                 owner = ("res", i)
-        res = call(self.ref, self.ours, "retire_top")
+        res = self.retire_top()
         if res is None or res.relocated_to < 0 or res.held_checkpoint or owner is None:
             return
         # The caller re-points the owner of a live top slot.
@@ -617,6 +650,9 @@ class GroupDriver(_Driver):
         if s is None:
             return
         bb, h = self.rng.randint(0, 12), self.some_hash()
+        if h == -1:
+            refused(self.ours, "checkpoint", s.both, bb, h)
+            return
         if self.keeps_nothing:
             before = self.snapshot_ours(s)
             self.ours.checkpoint(s.ours, bb, h)
@@ -662,7 +698,7 @@ class GroupDriver(_Driver):
     def op_retire_top(self):
         top = self.n - 1
         owner = next((s for s in self.seqs if s.ref.per_req_cache_group == top), None)
-        res = call(self.ref, self.ours, "retire_top")
+        res = self.retire_top()
         if res is None or res.relocated_to < 0 or res.held_checkpoint or owner is None:
             return
         owner.set("per_req_cache_group", res.relocated_to)
