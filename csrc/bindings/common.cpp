@@ -223,8 +223,28 @@ void def_int(py::handle cls, const char* name) {
       [](Sequence& s, PyObject* x, const char* name) { s.*Field = as_int(x, name); });
 }
 
+traverseproc dict_traverse = nullptr;  // pybind11's, for the dynamic attributes
+PyTypeObject* sequence_type = nullptr;
+
+// A Python subclass's own traverse (CPython's subtype_traverse) already visits
+// its instance dict and then calls this one: visiting the dict again would
+// count it twice and keep every cycle through a subclass instance alive.
+int sequence_traverse(PyObject* self, visitproc visit, void* arg) {
+  if (Py_TYPE(self) == sequence_type) return dict_traverse(self, visit, arg);
+  Py_VISIT(Py_TYPE(self));
+  return 0;
+}
+
+void sequence_type_setup(PyHeapTypeObject* heap_type) {
+  fast::instance_setup<Sequence>(heap_type);
+  sequence_type = &heap_type->ht_type;
+  dict_traverse = heap_type->ht_type.tp_traverse;
+  heap_type->ht_type.tp_traverse = &sequence_traverse;
+}
+
 void bind_sequence(py::module_& m) {
-  py::classh<Sequence> cls(m, "Sequence", py::dynamic_attr(), STATECACHE_GUARDED(Sequence), R"doc(
+  py::classh<Sequence> cls(m, "Sequence", py::dynamic_attr(), py::metaclass(fast::guarded_metaclass()),
+                           py::custom_type_setup(&sequence_type_setup), R"doc(
 The per-request fields the state caches read and write.
 
 Subclass it in the engine (call ``super().__init__``); extra attributes are

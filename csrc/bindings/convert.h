@@ -112,6 +112,8 @@ class IntBuffer {
   enum Kind { kNone, kInt64, kOther };
   IntBuffer(PyObject* obj, const char* name) : name_(name) {
     if (!PyObject_CheckBuffer(obj) || PyUnicode_Check(obj)) return;
+    if (PyBytes_Check(obj) || PyByteArray_Check(obj))  // text by intent, not a list of ints
+      throw py::type_error(std::string(name) + " must be a sequence of ints, got " + Py_TYPE(obj)->tp_name);
     if (PyObject_GetBuffer(obj, &view_, PyBUF_RECORDS_RO) != 0) {
       PyErr_Clear();
       if (PyObject_GetBuffer(obj, &view_, PyBUF_FULL_RO) != 0) {

@@ -142,6 +142,34 @@ TEST(FreeList, RetireTopRehomesKeepingLruPosition) {
   l.check_invariants();
 }
 
+TEST(FreeList, RetiredOwnedTopDropsItsIndexEntry) {
+  // A claimed checkpoint on the top is owned and still carries its hash; the
+  // owner moves to the relocation target. The entry must go with the index,
+  // or extend would revive it on a vacant (later someone else's) index.
+  TestList l(3, true, "slot");
+  make_checkpoint(l, 2, 22);
+  l.claim(2);
+  auto r = l.retire_top();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(*r, (Retirement{2, 0, false}));
+  EXPECT_EQ(l.lookup(22), -1);
+  l.check_invariants();
+  l.extend(1);
+  EXPECT_EQ(l.lookup(22), -1);
+  EXPECT_FALSE(l.holds_checkpoint(2));
+  EXPECT_TRUE(l.index_is_exact());
+  l.check_invariants();
+}
+
+TEST(FreeList, HugeCountsDoNotOverflow) {
+  TestList l(3, true, "slot");
+  EXPECT_THROW(l.extend(INT64_MAX), std::invalid_argument);
+  EXPECT_THROW(l.extend(int64_t{1} << 62), std::invalid_argument);
+  EXPECT_FALSE(l.has_free(int64_t{1} << 62));
+  EXPECT_EQ(l.size(), 3);
+  l.check_invariants();
+}
+
 TEST(FreeList, RetireTopRefusesPinnedAndStrandedTop) {
   TestList l(2, true, "slot");
   l.pop();
