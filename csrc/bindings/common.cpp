@@ -159,32 +159,43 @@ void bind_int_list(py::module_& m) {
   fast::refuse_copy(cls);
   cls
       .def("__len__", [](const IntListView& s) { return s.v().size(); })
-      .def("__getitem__", [](const IntListView& s, int64_t i) { return s.v()[s.norm(i)]; })
       .def("__getitem__",
-           [](const IntListView& s, py::slice sl) {
-             // Materialize before returning: an accessor into a temporary list dangles.
-             py::list all = to_list(s.v());
-             return py::object(all[sl]);
+           [](const IntListView& s, py::handle i) -> py::object {
+             if (PySlice_Check(i.ptr())) {
+               // Materialize before slicing: an accessor into a temporary list dangles.
+               py::list all = to_list(s.v());
+               return all[py::reinterpret_borrow<py::slice>(i)];
+             }
+             const int64_t k = as_int(i, "index");
+             return py::int_(s.v()[s.norm(k)]);
            })
       .def("__setitem__",
-           [](IntListView& s, int64_t i, py::handle x) { s.v()[s.norm(i)] = as_int(x, "value"); })
+           [](IntListView& s, py::handle i, py::handle x) {
+             const int64_t k = as_int(i, "index");
+             const int64_t v = as_int(x, "value");  // may run __index__: index checked after
+             s.v()[s.norm(k)] = v;
+           })
       .def("__iter__", [](const IntListView& s) { return py::iter(to_list(s.v())); })
       .def("__contains__",
            [](const IntListView& s, py::handle x) {
-             if (!PyLong_Check(x.ptr())) return false;
-             int64_t v = as_int(x, "value");
+             int64_t v = 0;
+             if (!PyLong_Check(x.ptr()) || PyBool_Check(x.ptr()) || !exact_int_value(x.ptr(), v)) return false;
              for (int64_t e : s.v())
                if (e == v) return true;
              return false;
            })
       .def("append", [](IntListView& s, py::handle x) { s.v().push_back(as_int(x, "value")); })
-      .def("extend", [](IntListView& s, py::handle xs) { append_ints(xs, "values", s.v()); })
+      .def("extend",
+           [](IntListView& s, py::handle xs) {
+             const std::vector<int64_t> add = as_int_list(xs, "values");  // all or nothing
+             s.v().insert(s.v().end(), add.begin(), add.end());
+           })
       .def("clear", [](IntListView& s) { s.v().clear(); })
       .def(
           "pop",
-          [](IntListView& s, int64_t i) {
-            size_t k = s.norm(i);
-            int64_t x = s.v()[k];
+          [](IntListView& s, py::handle i) {
+            const size_t k = s.norm(as_int(i, "index"));
+            const int64_t x = s.v()[k];
             s.v().erase(s.v().begin() + static_cast<ptrdiff_t>(k));
             return x;
           },

@@ -12,8 +12,10 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -318,6 +320,78 @@ class IntSpan {
   IntBuffer buf_;
   std::vector<int64_t> owned_;
 };
+
+namespace detail {
+
+// An exact int's value read in place (CPython 3.11: up to three 30-bit digits
+// directly; a prefix scan does this once per block it looks at); false for
+// anything else, including exact ints past int64. Runs no Python code.
+[[gnu::always_inline]] inline bool exact_int_fast(PyObject* item, int64_t& out) {
+  if (!PyLong_CheckExact(item)) return false;
+#if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+  const auto* v = reinterpret_cast<const PyLongObject*>(item);
+  const Py_ssize_t n = Py_SIZE(v);
+  const Py_ssize_t an = n < 0 ? -n : n;
+  if (an <= 3 && (an < 3 || v->ob_digit[2] < 8)) {
+    uint64_t x = 0;
+    for (Py_ssize_t k = an; k-- > 0;) x = (x << PyLong_SHIFT) | v->ob_digit[k];
+    out = n < 0 ? -static_cast<int64_t>(x) : static_cast<int64_t>(x);
+    return true;
+  }
+#endif
+  return exact_int_value(item, out);
+}
+
+// Thrown out of an in-place scan at the first element that is not an exact int.
+struct NotExactInt {};
+
+}  // namespace detail
+
+// Runs `scan(n, at)` over an int list argument read lazily: `at(i)` yields
+// element i (i < n), and a scan that stops early reads only what it needs.
+// A list or tuple is read in place only while the elements reached are exact
+// ints (no Python code runs meanwhile, so nothing can change under the scan;
+// the container is held by a strong reference); at the first other element
+// the scan restarts on ints converted from an owned snapshot of the first
+// `limit` elements (converting may run __index__, which then sees only the
+// caller's list). An int64 buffer is read in place; anything else is
+// converted whole. `scan` must not call into Python.
+template <class Scan>
+int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, Scan&& scan) {
+  PyObject* p = obj.ptr();
+  const bool is_list = PyList_CheckExact(p);
+  if (is_list || PyTuple_CheckExact(p)) {
+    py::object keep = py::reinterpret_borrow<py::object>(obj);
+    const Py_ssize_t n = is_list ? PyList_GET_SIZE(p) : PyTuple_GET_SIZE(p);
+    try {
+      if (is_list)
+        return scan(static_cast<int64_t>(n), [p](int64_t i) {
+          // Scans walk down the list; fetch the next int's object early.
+          if (i > 0) __builtin_prefetch(PyList_GET_ITEM(p, i - 1));
+          int64_t v = 0;
+          if (!detail::exact_int_fast(PyList_GET_ITEM(p, i), v)) throw detail::NotExactInt{};
+          return v;
+        });
+      return scan(static_cast<int64_t>(n), [p](int64_t i) {
+        int64_t v = 0;
+        if (!detail::exact_int_fast(PyTuple_GET_ITEM(p, i), v)) throw detail::NotExactInt{};
+        return v;
+      });
+    } catch (const detail::NotExactInt&) {
+    }
+    py::tuple snap = sequence_snapshot(obj, name);
+    std::vector<int64_t> v;
+    detail::append_tuple(snap.ptr(), name, v, std::max<int64_t>(0, std::min<int64_t>(limit, n)));
+    return scan(static_cast<int64_t>(n), [&v, name](int64_t i) {
+      if (static_cast<size_t>(i) >= v.size())  // a scan reading past `limit`: a caller bug, not UB
+        throw std::out_of_range(std::string(name) + ": read past the converted prefix");
+      return v[static_cast<size_t>(i)];
+    });
+  }
+  const IntSpan span(obj, name);
+  const std::span<const int64_t> d = span.span();
+  return scan(static_cast<int64_t>(d.size()), [d](int64_t i) { return d[static_cast<size_t>(i)]; });
+}
 
 // A fixed-arity row of ints (a (slot, position, hash) tuple and the like),
 // read from an owned snapshot of the row.

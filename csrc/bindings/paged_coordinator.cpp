@@ -108,14 +108,9 @@ std::vector<std::pair<int64_t, int64_t>> as_positions(py::handle obj) {
 }
 
 int64_t hit_for(const Coordinator& c, const Sequence& seq, int64_t hit, py::handle hashes, bool assume) {
-  PyObject* p = hashes.ptr();
-  if (PyList_Check(p) || PyTuple_Check(p)) {
-    PyObject** items = PySequence_Fast_ITEMS(p);
-    return c.resumable_hit(seq, hit, PySequence_Fast_GET_SIZE(p),
-                           [items](int64_t i) { return as_int(items[i], "block_hashes"); }, assume);
-  }
-  std::vector<int64_t> v = as_int_list(hashes, "block_hashes");
-  return c.resumable_hit(seq, hit, static_cast<int64_t>(v.size()), [&v](int64_t i) { return v[i]; }, assume);
+  return scan_int_list(hashes, "block_hashes", hit, [&](int64_t n, auto&& hash_at) {
+    return c.resumable_hit(seq, hit, n, hash_at, assume);
+  });
 }
 
 // ---- hot methods (fastcall) ----

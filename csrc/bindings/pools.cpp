@@ -29,35 +29,9 @@ StateTransfer transfer_arg(py::handle obj) {
   return obj.cast<StateTransfer>();
 }
 
-// An exact int's value read in place (CPython 3.11: up to three 30-bit
-// digits directly, the scan does this once per block it looks at); false for
-// anything else, including exact ints past int64. Runs no Python code.
-[[gnu::always_inline]] inline bool exact_hash(PyObject* item, int64_t& out) {
-  if (!PyLong_CheckExact(item)) return false;
-#if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
-  const auto* v = reinterpret_cast<const PyLongObject*>(item);
-  const Py_ssize_t n = Py_SIZE(v);
-  const Py_ssize_t an = n < 0 ? -n : n;
-  if (an <= 3 && (an < 3 || v->ob_digit[2] < 8)) {
-    uint64_t x = 0;
-    for (Py_ssize_t k = an; k-- > 0;) x = (x << PyLong_SHIFT) | v->ob_digit[k];
-    out = n < 0 ? -static_cast<int64_t>(x) : static_cast<int64_t>(x);
-    return true;
-  }
-#endif
-  return exact_int_value(item, out);
-}
-
-// Thrown out of the in-place scan at the first element that is not an exact
-// int, so that the scan restarts on converted values.
-struct NotExactInt {};
-
 // Runs the pool's resumable_hit over `block_hashes` without converting the
-// list up front: the scan reads right to left and usually stops early. A list
-// or tuple is read in place only while the elements it reaches are exact ints
-// (no Python code runs, so nothing can change under the scan; the list is
-// held by a strong reference); otherwise the hashes the scan may read are
-// converted from an owned snapshot first.
+// list up front (scan_int_list: the scan reads right to left and usually stops
+// early).
 template <class Pool>
 int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, py::handle hashes,
                           py::handle assume_obj) {
@@ -65,42 +39,9 @@ int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, 
   const Sequence& s = seq_arg.get();
   const int64_t hit = as_int(hit_obj, "hit");
   const bool assume = as_bool(assume_obj, "assume_checkpointed");
-  PyObject* p = hashes.ptr();
-  const bool is_list = PyList_CheckExact(p);
-  if (is_list || PyTuple_CheckExact(p)) {
-    py::object keep = py::reinterpret_borrow<py::object>(hashes);
-    const Py_ssize_t n = is_list ? PyList_GET_SIZE(p) : PyTuple_GET_SIZE(p);
-    try {
-      if (is_list)
-        return pool.resumable_hit(
-            s, hit, n,
-            [p](int64_t i) {
-              // The scan walks down the list; fetch the next int's object early.
-              if (i > 0) __builtin_prefetch(PyList_GET_ITEM(p, i - 1));
-              int64_t v = 0;
-              if (!exact_hash(PyList_GET_ITEM(p, i), v)) throw NotExactInt{};
-              return v;
-            },
-            assume);
-      return pool.resumable_hit(
-          s, hit, n,
-          [p](int64_t i) {
-            int64_t v = 0;
-            if (!exact_hash(PyTuple_GET_ITEM(p, i), v)) throw NotExactInt{};
-            return v;
-          },
-          assume);
-    } catch (const NotExactInt&) {
-    }
-    // Only the first `hit` hashes can be read; converting them may run
-    // __index__, which sees (and may change) only the caller's list.
-    py::tuple snap = sequence_snapshot(hashes, "block_hashes");
-    std::vector<int64_t> v;
-    detail::append_tuple(snap.ptr(), "block_hashes", v, std::max<int64_t>(0, std::min<int64_t>(hit, n)));
-    return pool.resumable_hit(s, hit, n, [&v](int64_t i) { return v[static_cast<size_t>(i)]; }, assume);
-  }
-  const IntSpan span(hashes, "block_hashes");
-  return pool.resumable_hit(s, hit, span.span(), assume);
+  return scan_int_list(hashes, "block_hashes", hit, [&](int64_t n, auto&& hash_at) {
+    return pool.resumable_hit(s, hit, n, hash_at, assume);
+  });
 }
 
 // Items of a list / tuple / other iterable, each an int sequence of `arity`,
