@@ -242,16 +242,6 @@ T& self_of(PyObject* self) {
   return *t;
 }
 
-// A statecache.Sequence argument (or subclass instance); TypeError naming it.
-inline Sequence& sequence_arg(PyObject* obj, const char* name) {
-  static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<Sequence>().ptr());
-  if (!PyObject_TypeCheck(obj, type))
-    throw py::type_error(std::string(name) + " must be a statecache.Sequence, got " + Py_TYPE(obj)->tp_name);
-  Sequence* s = instance_ptr<Sequence>(obj);
-  if (!s) throw py::type_error(std::string(name) + " is a Sequence whose __init__ did not run");
-  return *s;
-}
-
 // ---- any object as `seq` (SPEC §6) --------------------------------------
 //
 // A `seq` argument is a statecache.Sequence (fast path: the C++ object, read

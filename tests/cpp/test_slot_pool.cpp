@@ -122,3 +122,27 @@ TEST(StateSlotPool, RelocationsAreTakenOnce) {
   EXPECT_EQ(moves.size(), 1u);
   EXPECT_TRUE(p.take_relocations().empty());
 }
+
+TEST(StateSlotPool, MidstepTakesLiveReservationsOnly) {
+  StateSlotPool p(6, StateTransfer(TransferKind::kFork, 1, std::nullopt, /*readable_midstep=*/true), 2);
+  Sequence s = owner_of(p.pop());
+  const std::vector<std::pair<int64_t, int64_t>> pos{{2, 21}, {4, 22}};
+  auto res = p.reserve_midstep(s, pos);
+  ASSERT_EQ(res.size(), 2u);
+  // A live request's slot is not a reservation: refused, nothing changes.
+  const std::vector<MidstepReservation> live{{s.state_slot(), 2, 23}};
+  EXPECT_THROW(p.publish_midstep(live, &s), std::invalid_argument);
+  // One bad row: nothing released.
+  const std::vector<MidstepReservation> mixed{res[0], {s.state_slot(), 0, 24}};
+  EXPECT_THROW(p.cancel_midstep(mixed), std::invalid_argument);
+  EXPECT_TRUE(p.is_reserved(res[0].slot));
+  const int64_t free_before = p.num_free();
+  p.publish_midstep(std::span(res).first(1), &s);
+  EXPECT_EQ(p.lookup(21), res[0].slot);
+  EXPECT_THROW(p.publish_midstep(std::span(res).first(1), &s), std::invalid_argument);
+  p.release(res[1].slot);  // released by hand: no longer a reservation
+  EXPECT_FALSE(p.is_reserved(res[1].slot));
+  EXPECT_EQ(p.num_free(), free_before + 2);
+  EXPECT_THROW(p.reserve_midstep(s, std::vector<std::pair<int64_t, int64_t>>{{2, -1}}), std::invalid_argument);
+  p.check_invariants();
+}
