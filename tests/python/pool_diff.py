@@ -100,16 +100,37 @@ class Both:
         self.ref, self.ours = ref, ours
 
 
+class PlainSeq:
+    """An engine's own request class: the sequence attributes, no statecache
+    base class (SPEC §6: the pools take it through their generic path)."""
+
+    def __init__(self, seq_id=None, num_tokens=0, num_prompt_tokens=0, has_per_req_cache=True):
+        self.seq_id, self.num_tokens, self.num_prompt_tokens = seq_id, num_tokens, num_prompt_tokens
+        self.has_per_req_cache = has_per_req_cache
+        self.state_slots = []
+        self.state_fork_src = self.per_req_cache_group = self.pending_checkpoint = -1
+        self.checkpoint_end_pos = self.midstep_anchor_pos = 0
+        self.block_hashes = []
+
+    @property
+    def state_slot(self):
+        return self.state_slots[0] if self.state_slots else -1
+
+    @state_slot.setter
+    def state_slot(self, slot):
+        self.state_slots = [slot] + list(self.state_slots[1:])
+
+
 class SeqPair:
     _next = 0
 
-    def __init__(self, num_tokens, has_cache=True):
+    def __init__(self, num_tokens, has_cache=True, ours_cls=sc.Sequence):
         SeqPair._next += 1
         self.id = SeqPair._next
         self.ref = sc.Sequence(seq_id=self.id, num_tokens=num_tokens, num_prompt_tokens=num_tokens,
                                has_per_req_cache=has_cache)
-        self.ours = sc.Sequence(seq_id=self.id, num_tokens=num_tokens, num_prompt_tokens=num_tokens,
-                                has_per_req_cache=has_cache)
+        self.ours = ours_cls(seq_id=self.id, num_tokens=num_tokens, num_prompt_tokens=num_tokens,
+                             has_per_req_cache=has_cache)
 
     @property
     def both(self):
@@ -140,8 +161,9 @@ class _Driver:
         "shrink": {"retire_top": 3, "extend": 3, "checkpoint": 2, "release_pins": 2, "admit": 1.5, "finish": 1.5},
     }
 
-    def __init__(self, seed, transfer_name, enabled=True, size=8, hbs=2, profile="mixed"):
+    def __init__(self, seed, transfer_name, enabled=True, size=8, hbs=2, profile="mixed", plain_seqs=False):
         self.rng = random.Random(seed)
+        self.ours_seq_cls = PlainSeq if plain_seqs else sc.Sequence
         self.profile = self.PROFILES[profile]
         t = self.transfers[transfer_name]()
         ref_cls = getattr(load(self.ref_module), self.class_name)
@@ -170,6 +192,9 @@ class _Driver:
         """Owned by the test: not free, not pinned, not held by a sequence."""
         held = self.held_by_seqs()
         return [u for u in self.units() if not self.ref.is_free(u) and not self.ref.is_pinned(u) and u not in held]
+
+    def new_seq(self, num_tokens, has_cache=True):
+        return SeqPair(num_tokens, has_cache, self.ours_seq_cls)
 
     def pick(self, xs):
         return self.rng.choice(xs) if xs else None
@@ -383,7 +408,7 @@ class SlotDriver(_Driver):
         if not self.ref.has_free(width):
             same(self.ref.has_free(width), self.ours.has_free(width), "has_free")
             return
-        s = SeqPair(self.rng.randint(1, 40), has_cache=self.rng.random() < 0.9)
+        s = self.new_seq(self.rng.randint(1, 40), has_cache=self.rng.random() < 0.9)
         got = call(self.ref, self.ours, "pop_many", width)
         s.set("state_slots", list(got))
         self.seqs.append(s)
@@ -418,7 +443,7 @@ class SlotDriver(_Driver):
             if not self.ref.is_pinned(src):
                 call(self.ref, self.ours, "release", src)
             return
-        s = SeqPair(self.rng.randint(1, 40))
+        s = self.new_seq(self.rng.randint(1, 40))
         slot = call(self.ref, self.ours, "pop")
         s.set("state_slots", [slot])
         s.set("state_fork_src", src)
@@ -441,7 +466,7 @@ class SlotDriver(_Driver):
             call(self.ref, self.ours, "checkpoint", s.both, bb, h)
 
     def op_resumable_hit(self):
-        s = self.pick(self.seqs) or SeqPair(self.rng.randint(0, 40))
+        s = self.pick(self.seqs) or self.new_seq(self.rng.randint(0, 40))
         length = self.rng.randint(0, 10)
         hs = self.hash_list(length)
         hit = self.rng.randint(0, length)
@@ -603,7 +628,7 @@ class GroupDriver(_Driver):
         if not self.ref.has_free():
             same(self.ref.has_free(), self.ours.has_free(), "has_free")
             return
-        s = SeqPair(self.rng.randint(1, 40), has_cache=self.rng.random() < 0.9)
+        s = self.new_seq(self.rng.randint(1, 40), has_cache=self.rng.random() < 0.9)
         g = call(self.ref, self.ours, "pop")
         s.set("per_req_cache_group", g)
         self.seqs.append(s)
@@ -634,7 +659,7 @@ class GroupDriver(_Driver):
             if not self.ref.is_pinned(src):
                 call(self.ref, self.ours, "release", src)
             return
-        s = SeqPair(self.rng.randint(1, 40))
+        s = self.new_seq(self.rng.randint(1, 40))
         g = call(self.ref, self.ours, "pop")
         s.set("per_req_cache_group", g)
         if self.transfer_name == "copy":
@@ -682,7 +707,7 @@ class GroupDriver(_Driver):
             call(self.ref, self.ours, "forget_pending", s.both)
 
     def op_resumable_hit(self):
-        s = self.pick(self.seqs) or SeqPair(self.rng.randint(0, 40))
+        s = self.pick(self.seqs) or self.new_seq(self.rng.randint(0, 40))
         length = self.rng.randint(0, 10)
         hs = self.hash_list(length)
         hit = self.rng.randint(0, length)

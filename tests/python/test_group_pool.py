@@ -273,3 +273,13 @@ def test_assumed_hit_is_constant_time_and_overflow_safe():
     assert p.resumable_hit(s, 2**62, [], assume_checkpointed=True) == 0
     s.num_tokens = 2**63 - 1
     assert p.resumable_hit(s, 3, [1, 2, 3], True) == 3
+
+
+@needs_ref
+@pytest.mark.parametrize("transfer", sorted(GROUP_TRANSFERS))
+@pytest.mark.parametrize("seed", range(3))
+def test_differential_engine_request_class(seed, transfer):
+    """Ours driven with a plain request class (no statecache base), the
+    reference with statecache.Sequence: same results and fields (SPEC §6)."""
+    GroupDriver(3000 + seed, transfer, size=(5, 8, 11)[seed], hbs=1 + seed % 2, profile=("mixed", "idle", "shrink")[seed],
+        plain_seqs=True).run(400)

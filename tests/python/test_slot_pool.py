@@ -564,3 +564,13 @@ def test_public_api_matches_reference(module, cls_name):
         assert ours_params == ref_params, f"{cls_name}.{name}: {ours_params} != {ref_params}"
         compared += 1
     assert compared >= 15
+
+
+@needs_ref
+@pytest.mark.parametrize("transfer", sorted(SLOT_TRANSFERS))
+@pytest.mark.parametrize("seed", range(3))
+def test_differential_engine_request_class(seed, transfer):
+    """Ours driven with a plain request class (no statecache base), the
+    reference with statecache.Sequence: same results and fields (SPEC §6)."""
+    SlotDriver(3000 + seed, transfer, size=(5, 8, 11)[seed], hbs=1 + seed % 2, profile=("mixed", "idle", "shrink")[seed],
+        plain_seqs=True).run(400)
