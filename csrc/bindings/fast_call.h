@@ -32,6 +32,7 @@ inline constexpr int kMaxParams = 6;
 struct Params {
   std::string func;
   std::vector<std::string> names;
+  std::vector<const char*> cnames;  // names[i].c_str(), filled once names is complete
   int required = 0;     // leading parameters without a default
   int positional = 0;   // how many may be given positionally (rest keyword-only)
 };
@@ -69,12 +70,14 @@ inline void set_error_from_current() {
 
 // Fills out[i] for each parameter; optional ones not given stay nullptr.
 // Returns false with a TypeError set, the way CPython words it.
-inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
-                  PyObject** out) {
-  const int n = static_cast<int>(p.names.size());
-  if (nargs > p.positional) {
-    PyErr_Format(PyExc_TypeError, "%s() takes %d positional argument%s but %zd were given", p.func.c_str(),
-                 p.positional, p.positional == 1 ? "" : "s", nargs);
+// Fills out[i] for each of the `n` parameters `names` of `func`; optional ones
+// not given stay nullptr. Returns false with a TypeError set, the way CPython
+// words it. Allocates nothing.
+inline bool parse_args(const char* func, const char* const* names, int n, int required, int positional,
+                       PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) {
+  if (nargs > positional) {
+    PyErr_Format(PyExc_TypeError, "%s() takes %d positional argument%s but %zd were given", func, positional,
+                 positional == 1 ? "" : "s", nargs);
     return false;
   }
   for (Py_ssize_t i = 0; i < nargs; ++i) out[i] = args[i];
@@ -84,25 +87,30 @@ inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyOb
       PyObject* key = PyTuple_GET_ITEM(kwnames, k);
       int slot = -1;
       for (int i = 0; i < n; ++i)
-        if (PyUnicode_CompareWithASCIIString(key, p.names[static_cast<size_t>(i)].c_str()) == 0) slot = i;
+        if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) slot = i;
       if (slot < 0) {
-        PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", p.func.c_str(), key);
+        PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", func, key);
         return false;
       }
       if (out[slot]) {
-        PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%U'", p.func.c_str(), key);
+        PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%U'", func, key);
         return false;
       }
       out[slot] = args[nargs + k];
     }
   }
-  for (int i = 0; i < p.required; ++i)
+  for (int i = 0; i < required; ++i)
     if (!out[i]) {
-      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", p.func.c_str(),
-                   p.names[static_cast<size_t>(i)].c_str());
+      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", func, names[i]);
       return false;
     }
   return true;
+}
+
+inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                  PyObject** out) {
+  return parse_args(p.func.c_str(), p.cnames.data(), static_cast<int>(p.cnames.size()), p.required, p.positional,
+                    args, nargs, kwnames, out);
 }
 
 // ---- instances: found without pybind11 internals, never uninitialized ----
@@ -414,6 +422,7 @@ void def(py::handle cls, const char* name, F, std::initializer_list<const char*>
     p.names.push_back(n.substr(0, n.find('=')));
     ++i;
   }
+  for (const std::string& n : p.names) p.cnames.push_back(n.c_str());
   sig += ")\n--\n\n";
   // Method definitions and their docs live as long as the type: never freed.
   const std::string d(doc ? doc : "");
@@ -495,13 +504,10 @@ template <size_t N>
 std::array<PyObject*, N> fast_args(const char* fn, const std::array<const char*, N>& names, size_t required,
                                    PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   static_assert(N <= fast::kMaxParams, "too many parameters for a fast method");
-  fast::Params p;
-  p.func = fn;
-  for (const char* n : names) p.names.emplace_back(n);
-  p.required = static_cast<int>(required);
-  p.positional = static_cast<int>(N);
   PyObject* out[fast::kMaxParams] = {};
-  if (!fast::parse(p, args, nargs, kwnames, out)) throw py::error_already_set();
+  if (!fast::parse_args(fn, names.data(), static_cast<int>(N), static_cast<int>(required), static_cast<int>(N), args,
+                        nargs, kwnames, out))
+    throw py::error_already_set();
   std::array<PyObject*, N> a{};
   for (size_t i = 0; i < N; ++i) a[i] = out[i];
   return a;

@@ -11,7 +11,8 @@ void bind_hashing(pybind11::module_& m) {
   m.def(
       "chain_block_hashes",
       [](py::handle token_ids, py::handle block_size, py::handle parent_hash,
-         bool as_numpy) -> py::object {
+         py::handle numpy_obj) -> py::object {
+        const bool as_numpy = as_bool(numpy_obj, "as_numpy");
         const int64_t bs = as_int(block_size, "block_size");
         if (bs <= 0)
           throw py::value_error("block_size=" + std::to_string(bs) + " must be > 0");
@@ -25,7 +26,7 @@ void bind_hashing(pybind11::module_& m) {
         if (!as_numpy) return to_list(hashes);
         py::array_t<int64_t> arr(static_cast<py::ssize_t>(hashes.size()));
         std::copy(hashes.begin(), hashes.end(), arr.mutable_data());
-        return std::move(arr);
+        return arr;
       },
       py::arg("token_ids"), py::arg("block_size"), py::arg("parent_hash") = -1,
       py::arg("as_numpy") = false,
