@@ -222,7 +222,14 @@ void def_int_list(py::handle cls, const char* name) {
         return py::cast(IntListView{std::move(s), Field}).release().ptr();
       },
       [](Sequence& s, PyObject* xs, const char* name) {
-        std::vector<int64_t> v = as_int_list(xs, name);
+        // Another Sequence's live view (`b.block_hashes = a.block_hashes`):
+        // copied as a vector, no Python iteration.
+        static PyTypeObject* const view_type = reinterpret_cast<PyTypeObject*>(py::type::of<IntListView>().ptr());
+        std::vector<int64_t> v;
+        if (Py_TYPE(xs) == view_type)
+          v = fast::self_of<IntListView>(xs).v();
+        else
+          v = as_int_list(xs, name);
         (s.*Field).swap(v);
       });
 }
