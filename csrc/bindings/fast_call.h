@@ -278,7 +278,7 @@ enum SeqField : unsigned {
 
 class SeqArg {
  public:
-  SeqArg(PyObject* obj, const char* name, unsigned reads) : obj_(py::reinterpret_borrow<py::object>(obj)) {
+  SeqArg(PyObject* obj, const char* name, unsigned reads) : obj_(obj) {
     static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<Sequence>().ptr());
     if (PyObject_TypeCheck(obj, type)) {
       native_ = instance_ptr<Sequence>(obj);
@@ -306,8 +306,8 @@ class SeqArg {
 
   bool native() const { return native_ != nullptr; }
   Sequence& get() { return native_ ? *native_ : snap_; }
-  PyObject* object() const { return obj_.ptr(); }
-  const py::object& ref() const { return obj_; }
+  PyObject* object() const { return obj_; }
+  py::object ref() const { return py::reinterpret_borrow<py::object>(obj_); }
 
   // Generic path: sets each (field, value) on the object, in the order
   // given (state_slot, state_fork_src, per_req_cache_group or
@@ -357,16 +357,16 @@ class SeqArg {
   }
   void set(SeqField f, int64_t v) {
     py::object x = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
-    if (!x || PyObject_SetAttrString(obj_.ptr(), attr_name(f), x.ptr()) != 0) throw py::error_already_set();
+    if (!x || PyObject_SetAttrString(obj_, attr_name(f), x.ptr()) != 0) throw py::error_already_set();
   }
   py::object attr(const char* name, const char* field, bool optional = false) {
-    PyObject* v = PyObject_GetAttrString(obj_.ptr(), field);
+    PyObject* v = PyObject_GetAttrString(obj_, field);
     if (v) return py::reinterpret_steal<py::object>(v);
     if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw py::error_already_set();
     PyErr_Clear();
     if (optional) return py::int_(0);
     throw py::type_error(std::string(name) + " must be a statecache.Sequence or have the sequence attributes; " +
-                         Py_TYPE(obj_.ptr())->tp_name + " has no attribute '" + field + "'");
+                         Py_TYPE(obj_)->tp_name + " has no attribute '" + field + "'");
   }
   int64_t int_attr(const char* name, const char* field, bool optional = false) {
     py::object v = attr(name, field, optional);
@@ -374,7 +374,7 @@ class SeqArg {
     return as_int(v, label.c_str());
   }
 
-  py::object obj_;
+  PyObject* obj_;  // borrowed: the caller's argument, alive for the call
   Sequence* native_ = nullptr;
   Sequence snap_;
   Sequence read_;
