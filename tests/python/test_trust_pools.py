@@ -585,3 +585,119 @@ def test_engine_pools_do_not_accumulate():
 
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
+
+
+# ---- SPEC §11, last item: the index never names bytes of another prefix ----
+
+
+class ContentModel:
+    """What each slot / group holds, driven pass by pass in protocol order
+    (release_pins; admissions, finishes, resizes; take_copies; forward;
+    checkpoints), with protocol slips mixed in: a group released without
+    forget_pending, -1 as a hash, retire_top with claimed checkpoints on top.
+    After every call: every hash the index names sits on a unit whose bytes are
+    the state of exactly that prefix."""
+
+    def __init__(self, seed, kind):
+        import random
+
+        self.rng = random.Random(seed)
+        self.kind = kind
+        if kind == "slot":
+            self.pool = sc.StateSlotPool(6, sc.StateTransfer.fork(1))
+        else:
+            self.pool = sc.StateGroupPool(6, sc.StateTransfer.copy())
+        self.content = {}  # unit -> ("h", prefix hash) | ("junk", n)
+        self.seqs = []  # [Sequence, last prefix hash or None]
+        self.serial = 0
+
+    def unit_of(self, s):
+        return s.state_slot if self.kind == "slot" else s.per_req_cache_group
+
+    def set_unit(self, s, u):
+        if self.kind == "slot":
+            s.state_slots = [u]
+        else:
+            s.per_req_cache_group = u
+
+    def junk(self):
+        self.serial += 1
+        return ("junk", self.serial)
+
+    def check(self):
+        index = self.pool.hash_to_slot if self.kind == "slot" else self.pool.hash_to_group
+        for h, u in index.items():
+            assert h != -1
+            assert self.content.get(u) == ("h", h), f"index names {u} for {h}, it holds {self.content.get(u)}"
+        self.pool._check_invariants()
+
+    def step(self):
+        p, rng = self.pool, self.rng
+        p.release_pins()
+        self.check()
+        for _ in range(rng.randint(0, 3)):
+            r = rng.random()
+            if r < 0.4 and p.num_free():
+                s = sc.Sequence(seq_id=self.serial, num_tokens=1000)
+                u = p.pop()
+                self.content[u] = self.junk()  # a new owner's bytes, soon overwritten
+                self.set_unit(s, u)
+                self.seqs.append([s, None])
+            elif r < 0.7 and self.seqs:
+                s, _ = self.seqs.pop(rng.randrange(len(self.seqs)))
+                if self.kind == "group" and rng.random() < 0.5:
+                    p.forget_pending(s)  # sometimes forgotten: the intent must die anyway
+                p.release(self.unit_of(s))
+                p.drop_reader(s.state_fork_src)
+            elif r < 0.8:
+                top = self.pool.num_slots - 1 if self.kind == "slot" else self.pool.num_groups - 1
+                if top >= 0 and p.holds_checkpoint(top) and rng.random() < 0.5:
+                    p.claim(top)  # a resumer holds the checkpoint: owned, still hashed
+                    held = top
+                else:
+                    held = None
+                res = p.retire_top()
+                if res is not None and res.relocated_to >= 0:
+                    self.content[res.relocated_to] = self.content.get(res.retired)
+                    for entry in self.seqs:
+                        if self.unit_of(entry[0]) == res.retired:
+                            self.set_unit(entry[0], res.relocated_to)
+                if res is not None and held == res.retired and res.relocated_to >= 0:
+                    p.release(res.relocated_to)  # the resumer is gone
+                elif held is not None and res is None:
+                    p.release(held)
+            elif r < 0.9:
+                p.extend(rng.randint(0, 2))
+            else:
+                with pytest.raises(ValueError):
+                    if self.seqs:
+                        p.checkpoint(self.seqs[0][0], 1, -1)
+                    else:
+                        raise ValueError
+            self.check()
+        if self.kind == "group":
+            for src, dst in p.take_copies():
+                self.content[dst] = self.content.get(src)
+            self.check()
+        for entry in self.seqs:  # the forward: each sequence reaches a new boundary
+            self.serial += 1
+            entry[1] = 10_000 + self.serial
+            self.content[self.unit_of(entry[0])] = ("h", entry[1])
+        self.check()
+        for entry in self.seqs:  # postprocess: keep some boundaries
+            if rng.random() < 0.6:
+                s, h = entry
+                before = self.unit_of(s)
+                p.checkpoint(s, 1, h)
+                after = self.unit_of(s)
+                if after != before:
+                    self.content[after] = self.junk()  # fork: the next forward writes it
+                self.check()
+
+
+@pytest.mark.parametrize("kind", ["slot", "group"])
+@pytest.mark.parametrize("seed", range(6))
+def test_index_never_names_another_prefix(kind, seed):
+    m = ContentModel(seed, kind)
+    for _ in range(150):
+        m.step()
