@@ -342,9 +342,6 @@ namespace detail {
   return exact_int_value(item, out);
 }
 
-// Thrown out of an in-place scan at the first element that is not an exact int.
-struct NotExactInt {};
-
 }  // namespace detail
 
 // Runs `scan(n, at)` over an int list argument read lazily: `at(i)` yields
@@ -363,22 +360,31 @@ int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, Scan&& sc
   if (is_list || PyTuple_CheckExact(p)) {
     py::object keep = py::reinterpret_borrow<py::object>(obj);
     const Py_ssize_t n = is_list ? PyList_GET_SIZE(p) : PyTuple_GET_SIZE(p);
-    try {
-      if (is_list)
-        return scan(static_cast<int64_t>(n), [p](int64_t i) {
-          // Scans walk down the list; fetch the next int's object early.
-          if (i > 0) __builtin_prefetch(PyList_GET_ITEM(p, i - 1));
-          int64_t v = 0;
-          if (!detail::exact_int_fast(PyList_GET_ITEM(p, i), v)) throw detail::NotExactInt{};
-          return v;
-        });
-      return scan(static_cast<int64_t>(n), [p](int64_t i) {
-        int64_t v = 0;
-        if (!detail::exact_int_fast(PyTuple_GET_ITEM(p, i), v)) throw detail::NotExactInt{};
+    // An element that is not an exact int reads as -1 (no hash: never found)
+    // and flags the result, which is then recomputed from converted values.
+    bool not_exact = false;
+    int64_t r = 0;
+    if (is_list)
+      r = scan(static_cast<int64_t>(n), [p, &not_exact](int64_t i) {
+        // Scans walk down the list; fetch the next int's object early.
+        if (i > 0) __builtin_prefetch(PyList_GET_ITEM(p, i - 1));
+        int64_t v = -1;
+        if (!detail::exact_int_fast(PyList_GET_ITEM(p, i), v)) [[unlikely]] {
+          not_exact = true;
+          v = -1;
+        }
         return v;
       });
-    } catch (const detail::NotExactInt&) {
-    }
+    else
+      r = scan(static_cast<int64_t>(n), [p, &not_exact](int64_t i) {
+        int64_t v = -1;
+        if (!detail::exact_int_fast(PyTuple_GET_ITEM(p, i), v)) [[unlikely]] {
+          not_exact = true;
+          v = -1;
+        }
+        return v;
+      });
+    if (!not_exact) return r;
     py::tuple snap = sequence_snapshot(obj, name);
     std::vector<int64_t> v;
     detail::append_tuple(snap.ptr(), name, v, std::max<int64_t>(0, std::min<int64_t>(limit, n)));

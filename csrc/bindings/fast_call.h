@@ -13,6 +13,7 @@
 #include <array>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -287,25 +288,26 @@ class SeqArg {
     }
     if (obj == Py_None || PyLong_Check(obj) || PyUnicode_Check(obj))
       raise_type(name, "a statecache.Sequence or an object with its attributes", obj);
+    Sequence& snap = generic_.emplace().snap;
     if (reads & kHasCache) {
       const int t = PyObject_IsTrue(attr(name, "has_per_req_cache").ptr());
       if (t < 0) throw py::error_already_set();
-      snap_.has_per_req_cache = t != 0;
+      snap.has_per_req_cache = t != 0;
     }
-    if (reads & kNumTokens) snap_.num_tokens = int_attr(name, "num_tokens");
-    if (reads & kStateSlot) snap_.state_slots = {int_attr(name, "state_slot")};
-    if (reads & kForkSrc) snap_.state_fork_src = int_attr(name, "state_fork_src");
-    if (reads & kGroup) snap_.per_req_cache_group = int_attr(name, "per_req_cache_group");
-    if (reads & kPending) snap_.pending_checkpoint = int_attr(name, "pending_checkpoint");
+    if (reads & kNumTokens) snap.num_tokens = int_attr(name, "num_tokens");
+    if (reads & kStateSlot) snap.state_slots = {int_attr(name, "state_slot")};
+    if (reads & kForkSrc) snap.state_fork_src = int_attr(name, "state_fork_src");
+    if (reads & kGroup) snap.per_req_cache_group = int_attr(name, "per_req_cache_group");
+    if (reads & kPending) snap.pending_checkpoint = int_attr(name, "pending_checkpoint");
     if (reads & kAnchors) {
-      snap_.midstep_anchor_pos = int_attr(name, "midstep_anchor_pos", /*optional=*/true);
-      snap_.checkpoint_end_pos = int_attr(name, "checkpoint_end_pos", /*optional=*/true);
+      snap.midstep_anchor_pos = int_attr(name, "midstep_anchor_pos", /*optional=*/true);
+      snap.checkpoint_end_pos = int_attr(name, "checkpoint_end_pos", /*optional=*/true);
     }
-    read_ = snap_;
+    generic_->read = snap;
   }
 
   bool native() const { return native_ != nullptr; }
-  Sequence& get() { return native_ ? *native_ : snap_; }
+  Sequence& get() { return native_ ? *native_ : generic_->snap; }
   PyObject* object() const { return obj_; }
   py::object ref() const { return py::reinterpret_borrow<py::object>(obj_); }
 
@@ -327,7 +329,7 @@ class SeqArg {
       for (const auto& [f, v] : values) {
         if (done-- == 0) break;
         try {
-          set(f, value(read_, f));
+          set(f, value(generic_->read, f));
         } catch (...) {
           PyErr_Clear();
         }
@@ -376,8 +378,11 @@ class SeqArg {
 
   PyObject* obj_;  // borrowed: the caller's argument, alive for the call
   Sequence* native_ = nullptr;
-  Sequence snap_;
-  Sequence read_;
+  struct Generic {
+    Sequence snap;  // what the call works on
+    Sequence read;  // as read, for restoring a failed write-back
+  };
+  std::optional<Generic> generic_;  // engaged on the generic path only
 };
 
 inline PyObject* to_py(bool v) { return Py_NewRef(v ? Py_True : Py_False); }

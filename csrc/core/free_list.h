@@ -206,12 +206,16 @@ class StateFreeList {
     int32_t prev = -1;       // checkpointed-LRU links
     int32_t next = -1;
     int32_t pins = 0;        // readers holding it pinned
-    uint32_t epoch = 0;      // release_epoch
-    uint8_t free = 0;
-    uint8_t spec = 0;        // a guess: filed at the LRU head
-    uint8_t in_lru = 0;
-    uint8_t deferred = 0;    // pinned for the batch the next pass builds
+    // Flags and the release epoch share a word, keeping a record at 24 bytes.
+    uint32_t free : 1 = 0;
+    uint32_t spec : 1 = 0;      // a guess: filed at the LRU head
+    uint32_t in_lru : 1 = 0;
+    uint32_t deferred : 1 = 0;  // pinned for the batch the next pass builds
+    // release_epoch, modulo 2**28: a record outlives at most a pass or two of
+    // its unit's releases, far fewer than a wrap.
+    uint32_t epoch : 28 = 0;
   };
+  static_assert(sizeof(Unit) == 24);
   std::vector<Unit> units_;
   HashIndex index_;
 
