@@ -153,6 +153,12 @@ void PagedStateCheckpointCoordinator::forget_pending(const Sequence& seq) {
 
 std::pair<std::vector<CheckpointStoreOp>, std::vector<CheckpointRestoreOp>>
 PagedStateCheckpointCoordinator::take_checkpoint_ops() {
+  if (draining_) throw std::runtime_error("take_checkpoint_ops: called from inside take_checkpoint_ops (an eviction handler)");
+  draining_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{draining_};
   std::vector<Pending> pending;
   pending.swap(pending_);
   pending_index_.clear();
@@ -181,6 +187,9 @@ PagedStateCheckpointCoordinator::take_checkpoint_ops() {
 }
 
 void PagedStateCheckpointCoordinator::complete_previous_batch() {
+  if (draining_)
+    throw std::runtime_error("complete_previous_batch: called from inside take_checkpoint_ops (an eviction handler); "
+                             "the stores being begun are not written yet");
   store_->complete_inflight();
   // The stores reading these scratch slots went out with the last batch, and
   // stream order puts any new tenant's writes behind them: safe to free now.

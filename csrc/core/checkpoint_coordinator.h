@@ -75,6 +75,8 @@ class PagedStateCheckpointCoordinator {
   bool begin_restore(int64_t prefix_hash, int64_t dst_slot) {
     return store_->begin_restore(prefix_hash, dst_slot).has_value();
   }
+  // Neither may run from an eviction handler inside take_checkpoint_ops
+  // (std::runtime_error): the stores it is beginning are not handed out yet.
   std::pair<std::vector<CheckpointStoreOp>, std::vector<CheckpointRestoreOp>> take_checkpoint_ops();
   void complete_previous_batch();
 
@@ -129,6 +131,7 @@ class PagedStateCheckpointCoordinator {
   FlatInt64Map<int64_t> pending_hashes_;  // hash -> live entries
   std::unordered_map<int64_t, UnitIds> transfer_units_;
   int64_t kept_ = 0, dropped_ = 0, orphaned_ = 0;
+  bool draining_ = false;  // inside take_checkpoint_ops
 };
 
 }  // namespace statecache

@@ -192,9 +192,12 @@ std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t pr
   UnitIds units;
   units.swap(reserve_buf_);  // a reentrant call would find it empty, and allocate
   bool reserved;
+  ++filing_;
   try {
     reserved = pool_->reserve_units(needed, checkpoint_owner(checkpoint_id), units);
+    --filing_;
   } catch (...) {
+    --filing_;
     // An eviction handler threw after the units were taken: nobody would
     // ever learn of them, so they go straight back.
     if (static_cast<int64_t>(units.size()) == needed) pool_->release_units(units, checkpoint_owner(checkpoint_id));
@@ -320,6 +323,9 @@ void PageUnitCheckpointStore::index_ready(Slot& s) {
 }
 
 void PageUnitCheckpointStore::complete_inflight() {
+  if (filing_ > 0)
+    throw std::runtime_error("complete_inflight: called while begin_store files a store (from an eviction handler); "
+                             "that store is not written yet");
   std::vector<int64_t> stores;
   stores.swap(inflight_stores_);
   for (int64_t checkpoint_id : stores) {

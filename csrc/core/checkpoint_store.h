@@ -75,7 +75,9 @@ class PageUnitCheckpointStore {
   void resume_suspended_restore(const SuspendedCheckpointRestore& restore);
   void release_suspended_restore(const SuspendedCheckpointRestore& restore);
   // The batch that carried last pass's copies was issued: stores become READY,
-  // restores unpin.
+  // restores unpin. Refused (std::runtime_error) from an eviction handler
+  // run by begin_store: the store being filed has not been handed out, let
+  // alone written.
   void complete_inflight();
   // Publishes units held by `owner` as a READY checkpoint without a copy;
   // releases them and returns false when the hash is already held. The
@@ -201,6 +203,7 @@ class PageUnitCheckpointStore {
   FlatInt64Map<int32_t> pending_by_hash_;
   std::vector<int64_t> inflight_stores_;
   UnitIds reserve_buf_;  // begin_store's reservation, reused across calls
+  int filing_ = 0;       // begin_store calls waiting for their reservation
   std::vector<std::pair<int64_t, CheckpointRestoreOp>> queued_restores_;
   std::vector<int64_t> inflight_restores_;
   std::vector<SuspendedCheckpointRestore> suspended_;  // handed out, not yet resumed or released

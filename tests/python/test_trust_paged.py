@@ -820,3 +820,24 @@ def test_checkers_hold_across_random_valid_and_invalid_calls():
             after = snapshot(pool, store)
             assert after == before, f"step {step}: a refused call changed something"
         consistent(pool, store, coord)
+
+
+def test_on_evict_cannot_complete_stores_that_are_not_written(unraisable):
+    # From inside take_checkpoint_ops (or begin_store) a handler that
+    # completes the batch would make unwritten stores READY: refused.
+    pool = sc.BlockPool(2 * UNITS)
+    coord = sc.PagedStateCheckpointCoordinator(pool, SPEC, True)
+    store = coord.store
+    cached_kv(pool, list(range(1, 2 * UNITS + 1)))
+    pool.on_evict = lambda h: (coord.complete_previous_batch(), coord.take_checkpoint_ops())
+    coord.checkpoint(seq_in(0), 1, 77)
+    stores, _ = coord.take_checkpoint_ops()
+    assert len(stores) == 1 and not coord.contains(77)
+    assert unraisable and all(isinstance(e, RuntimeError) for e in unraisable)
+    pool.on_evict = lambda h: store.complete_inflight()
+    unraisable.clear()
+    assert store.begin_store(78, 1) is not None and not store.contains(78)
+    assert unraisable and all(isinstance(e, RuntimeError) for e in unraisable)
+    coord.complete_previous_batch()
+    assert coord.contains(77) and coord.contains(78)
+    consistent(pool, store, coord)
