@@ -524,9 +524,11 @@ void bind_store_views(py::module_& m) {
              return q[static_cast<size_t>(i)];
            })
       .def("__eq__",
-           [](const BacklogView& v, py::handle other) {
+           [](const BacklogView& v, py::handle other) -> py::object {
+             if (!py::isinstance<py::iterable>(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
              const auto& q = v.store->store_backlog();
-             return to_list(std::vector<int64_t>(q.begin(), q.end())).equal(py::list(py::reinterpret_borrow<py::object>(other)));
+             py::list mine = to_list(std::vector<int64_t>(q.begin(), q.end()));
+             return py::bool_(mine.equal(py::list(py::reinterpret_borrow<py::object>(other))));
            })
       .def("__repr__", [](const BacklogView& v) {
         const auto& q = v.store->store_backlog();

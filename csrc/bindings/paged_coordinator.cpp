@@ -247,7 +247,10 @@ py::dict fates(const PyCoordinator& c) {
   d["offload_pins_reclaimed"] = s.offload_pins_reclaimed();
   d["checkpoints_orphaned"] = c.checkpoints_orphaned();
   const py::object& tier = c.offload();
-  if (tier.is_none() || !PyObject_IsTrue(tier.ptr())) return d;
+  if (tier.is_none()) return d;
+  const int truth = PyObject_IsTrue(tier.ptr());
+  if (truth < 0) throw py::error_already_set();
+  if (truth == 0) return d;
   py::object stats = py::getattr(tier, "stats", py::none());
   if (!PyCallable_Check(stats.ptr())) return d;
   for (auto kv : py::dict(stats()))
