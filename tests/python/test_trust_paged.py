@@ -739,17 +739,23 @@ def test_coordinator_tier_and_scratch_cycles_are_collected():
 
 def test_engines_built_and_dropped_leave_no_pools_alive():
     from engine_support import engine
+    from statecache.engine import Request
 
     def pools_alive():
-        return sum(1 for o in gc.get_objects() if isinstance(o, sc.BlockPool))
+        return sum(1 for o in gc.get_objects() if type(o) is sc.BlockPool)
 
     gc.collect()
     baseline = pools_alive()
     refs = []
     for i in range(100):
-        e = engine("copy" if i % 2 else "fork")
-        refs.append(weakref.ref(e.block_manager.pool if hasattr(e, "block_manager") else e))
-        del e
+        e = engine("page" if i % 2 else "fork")  # the block manager sets pool.on_evict
+        e.add_request(Request(list(range(1, 26)), 3, scripted_output=[900, 901, 902]))
+        e.run_until_done()
+        coord = e.block_manager.caches.coordinator
+        refs += [weakref.ref(e.block_manager.pool), weakref.ref(e)]
+        if coord is not None:
+            refs.append(weakref.ref(coord))
+        del e, coord
     gc.collect()
     assert pools_alive() == baseline
     assert all(r() is None for r in refs)
