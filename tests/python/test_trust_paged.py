@@ -847,3 +847,129 @@ def test_on_evict_cannot_complete_stores_that_are_not_written(unraisable):
     coord.complete_previous_batch()
     assert coord.contains(77) and coord.contains(78)
     consistent(pool, store, coord)
+
+
+# ------------------------------------------------- the wrong-state property --
+
+
+class DeviceModel:
+    """What each slot and page unit holds, as the runner would leave them.
+
+    A slot holds the prefix hash its state belongs to; a unit holds
+    ``(hash, position in the image)`` after a store scatters into it, and
+    ``None`` once anything else (KV data, another owner) may have written it.
+    """
+
+    def __init__(self, num_slots, num_blocks):
+        self.slot = [None] * num_slots
+        self.unit = [None] * num_blocks
+
+    def run(self, stores, restores):
+        # Stores read slots before restores overwrite them (one batch).
+        for op in stores:
+            for i, u in enumerate(op.unit_ids):
+                self.unit[u] = (self.slot[op.src_slot], i)
+        for op in restores:
+            images = {self.unit[u][0] if self.unit[u] else None for u in op.unit_ids}
+            positions = [self.unit[u][1] if self.unit[u] else None for u in op.unit_ids]
+            assert len(images) == 1 and positions == list(range(len(op.unit_ids))), (
+                f"restore into slot {op.dst_slot} gathers units {op.unit_ids} holding {[self.unit[u] for u in op.unit_ids]}")
+            self.slot[op.dst_slot] = images.pop()
+
+    def scribble(self, blocks):
+        for b in blocks:
+            self.unit[b] = None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_hit_never_names_bytes_of_another_prefix(seed, unraisable):
+    """SPEC.md §11: whatever valid and invalid calls came before, a READY
+    checkpoint found by ``lookup`` / ``resumable_hit`` restores exactly the
+    state filed under its hash."""
+    rng = random.Random(seed)
+    num_slots, num_blocks = 6, rng.choice([3, 5, 8]) * UNITS
+    pool = sc.BlockPool(num_blocks)
+    coord = sc.PagedStateCheckpointCoordinator(pool, SPEC, True)
+    store = coord.store
+    dev = DeviceModel(num_slots, num_blocks)
+    hashes = list(range(1, 13))
+    pool.on_evict = coord.unindex
+    if seed % 2:
+        flaky_evictions = []
+
+        def flaky(h):  # unindexes, then raises: reported, the call completes
+            coord.unindex(h)
+            flaky_evictions.append(h)
+            raise RuntimeError("flaky on_evict")
+
+        pool.on_evict = flaky
+    seqs = []
+    for i in range(num_slots):
+        s = seq_in(i, seq_id=i)
+        seqs.append(s)
+    kv, suspended, pending_slots = [], [], set()
+    restored = 0
+    for step in range(1200):
+        kind = rng.choice(["advance", "advance", "checkpoint", "checkpoint", "drain", "hit", "hit", "kv", "kv_free",
+                           "unindex", "suspend", "owner", "bad", "clear"])
+        s = rng.choice(seqs)
+        slot = s.state_slots[0]
+        # The pass protocol: a forward runs after the batch that carries the
+        # slot's pending store or restore, never before it.
+        if kind == "advance" and slot not in pending_slots and not coord.restore_queued_for(slot):
+            dev.slot[slot] = rng.choice(hashes)
+        elif kind == "checkpoint" and dev.slot[slot] is not None:
+            coord.checkpoint(s, 1, dev.slot[slot])
+            pending_slots.add(slot)
+        elif kind == "drain":
+            coord.complete_previous_batch()
+            stores, restores = coord.take_checkpoint_ops()
+            dev.run(stores, restores)
+            restored += len(restores)
+            pending_slots.clear()
+        elif kind == "hit":
+            chain = rng.sample(hashes, 4)
+            hit = coord.resumable_hit(s, 4, chain)
+            if hit and not coord.restore_queued_for(slot):
+                coord.begin_restore(chain[hit - 1], slot)
+        elif kind == "kv":
+            got = pool.allocate(rng.choice([1, 2, 3]))
+            if got:
+                dev.scribble(got)
+                for b in got:
+                    if rng.random() < 0.5:
+                        pool.publish(b, rng.choice(hashes))
+                kv.append(got)
+        elif kind == "kv_free" and kv:
+            pool.free(kv.pop(rng.randrange(len(kv))))
+        elif kind == "unindex":
+            coord.unindex(rng.choice(hashes))
+        elif kind == "suspend":
+            r = coord.suspend_queued_restore(slot)
+            if r is not None:
+                suspended.append(r)
+            if suspended and rng.random() < 0.5:
+                r = suspended.pop()
+                coord.release_suspended_restore(r)
+                with pytest.raises(ValueError):
+                    coord.release_suspended_restore(r)  # would take another restore's pin
+        elif kind == "owner":
+            got = pool.reserve_units(rng.choice([1, UNITS]), ("other", step))
+            if got:
+                dev.scribble(got)
+                pool.release_units(got, ("other", step))
+        elif kind == "bad":
+            for call in (lambda: coord.checkpoint(s, 1, -1), lambda: store.begin_store(-1, slot),
+                         lambda: coord.publish_midstep([(slot, 1, 2)])):
+                with pytest.raises(ValueError):
+                    call()
+        elif kind == "clear" and rng.random() < 0.2:
+            coord.clear_index()
+        for h in hashes:  # every findable image holds exactly that prefix, unit by unit
+            cid = store.lookup(h)
+            if cid >= 0:
+                units = store.records[cid].unit_ids
+                assert [dev.unit[u] for u in units] == [(h, i) for i in range(len(units))], (
+                    f"step {step}: READY {h} names units holding {[dev.unit[u] for u in units]}")
+        consistent(pool, store, coord)
+    assert restored > 10 and coord.checkpoints_kept > 30  # the property was exercised
