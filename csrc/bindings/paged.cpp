@@ -235,6 +235,10 @@ void refuse_uninitialized(py::handle cls) {
   // slot, which the class's own constructor still needs.
   auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
   if (PyDict_SetItemString(type->tp_dict, "__new__", fn.ptr()) != 0) throw py::error_already_set();
+  // A slot of its own, so that the base's __new__ (pybind11_object.__new__(cls))
+  // refuses this class as "not safe" instead of allocating a bare instance.
+  static newfunc allocate = type->tp_new;
+  type->tp_new = [](PyTypeObject* t, PyObject* args, PyObject* kwargs) { return allocate(t, args, kwargs); };
   PyType_Modified(type);
 }
 
