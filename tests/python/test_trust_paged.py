@@ -31,7 +31,8 @@ def isolated(body: str) -> str:
     """Runs ``body`` in a fresh interpreter; a crash fails the calling test."""
     src = "import statecache as sc\n" + textwrap.dedent(body)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(PYTHON_DIR), os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    # The caller's path first (a sanitizer build, say), then this checkout's.
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [os.path.abspath(PYTHON_DIR), os.path.dirname(__file__)])
     r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", src], capture_output=True, text=True, env=env,
                        timeout=120)
     assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
