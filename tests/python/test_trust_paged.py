@@ -27,10 +27,13 @@ UNITS = SPEC.units_per_checkpoint  # 4
 PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
 
 
-def isolated(body: str) -> str:
-    """Runs ``body`` in a fresh interpreter; a crash fails the calling test."""
+def isolated(body: str, malloc_debug: bool = False) -> str:
+    """Runs ``body`` in a fresh interpreter; a crash fails the calling test.
+    ``malloc_debug`` turns a read of freed memory into a crash."""
     src = "import statecache as sc\n" + textwrap.dedent(body)
     env = dict(os.environ)
+    if malloc_debug:
+        env["PYTHONMALLOC"] = "debug"
     # The caller's path first (a sanitizer build, say), then this checkout's.
     env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [os.path.abspath(PYTHON_DIR), os.path.dirname(__file__)])
     r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", src], capture_output=True, text=True, env=env,
@@ -497,54 +500,71 @@ def test_int_arguments_are_range_checked_and_change_nothing():
     consistent(pool, store, coord)
 
 
-def test_list_arguments_mutated_by_index_are_safe():
-    out = isolated("""
-        from paged_harness import FakeScratch
-        spec = sc.PagedStateCheckpointSpec(page_unit_bytes=100, slot_bytes=400, layout_id="L", image_bytes=400)
-        pool = sc.BlockPool(64)
-        coord = sc.PagedStateCheckpointCoordinator(pool, spec, True, readable_midstep=True)
-        coord.attach_midstep_scratch(FakeScratch(4), 4)
-        store = coord.store
-        seq = sc.Sequence(seq_id=1); seq.state_slots = [0]
+MUTATING_SETUP = """
+    from paged_harness import FakeScratch
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=100, slot_bytes=400, layout_id="L", image_bytes=400)
+    pool = sc.BlockPool(64)
+    coord = sc.PagedStateCheckpointCoordinator(pool, spec, True, readable_midstep=True)
+    coord.attach_midstep_scratch(FakeScratch(4), 4)
+    store = coord.store
+    seq = sc.Sequence(seq_id=1); seq.state_slots = [0]
 
-        class Clearer:
-            def __init__(self, target, value):
-                self.target, self.value = target, value
-            def __index__(self):
-                self.target.clear()
-                self.target.extend(object() for _ in range(3))
-                return self.value
+    class Clearer:
+        def __init__(self, target, value):
+            self.target, self.value = target, value
+        def __index__(self):
+            self.target.clear()
+            self.target.extend(object() for _ in range(3))
+            return self.value
+"""
 
-        results = []
-        for n in range(1, 6):
+
+def test_resumable_hit_hash_list_mutated_by_index_is_safe():
+    out = isolated(MUTATING_SETUP + """
+    results = []
+    for n in range(1, 6):
+        for make in (list, tuple):
             hashes = [1, 2, 3, 4, 5]
             hashes[n - 1] = Clearer(hashes, 3)
+            hashes = make(hashes) if make is tuple else hashes
             try:
                 results.append(coord.resumable_hit(seq, 5, hashes))
             except (ValueError, TypeError) as e:
                 results.append(type(e).__name__)
-        got = pool.reserve_units(3, "me")
-        ids = list(got)
-        ids[1] = Clearer(ids, got[1])
-        try:
-            pool.release_units(ids, "me")
-        except (ValueError, TypeError) as e:
-            results.append(type(e).__name__)
-        res = coord.reserve_midstep(seq, [(16, 11), (32, 12)])
-        rows = [list(r) for r in res]
-        rows[0][0] = Clearer(rows[0], res[0][0])
-        try:
-            coord.cancel_midstep(rows)
-        except (ValueError, TypeError) as e:
-            results.append(type(e).__name__)
-        try:
-            coord.cancel_midstep(res)
-        except ValueError:
-            pass  # the mutated call already cancelled them
-        coord.check_consistency()
-        print("ok", len(results))
-    """)
-    assert out.startswith("ok")
+    coord.check_consistency()
+    print("ok", len(results))
+    """, malloc_debug=True)
+    assert out.split() == ["ok", "10"]
+
+
+@pytest.mark.xfail(strict=True, reason="convert.h's as_int_list keeps borrowed list items across __index__ "
+                                       "(the pools helper's convert.h fix makes this pass; then drop this mark)")
+def test_unit_and_reservation_lists_mutated_by_index_are_safe():
+    out = isolated(MUTATING_SETUP + """
+    results = []
+    got = pool.reserve_units(3, "me")
+    ids = list(got)
+    ids[1] = Clearer(ids, got[1])
+    try:
+        pool.release_units(ids, "me")
+    except (ValueError, TypeError) as e:
+        results.append(type(e).__name__)
+    res = coord.reserve_midstep(seq, [(16, 11), (32, 12)])
+    rows = [list(r) for r in res]
+    rows[0][0] = Clearer(rows[0], res[0][0])
+    try:
+        coord.cancel_midstep(rows)
+    except (ValueError, TypeError) as e:
+        results.append(type(e).__name__)
+    try:
+        coord.cancel_midstep(res)
+    except ValueError:
+        pass  # the mutated call already cancelled them
+    pool.check_consistency()
+    coord.check_consistency()
+    print("ok")
+    """, malloc_debug=True)
+    assert out.split() == ["ok"]
 
 
 def test_resumable_hit_with_a_tier_mutating_the_hash_list():
