@@ -1000,3 +1000,21 @@ def test_a_hit_never_names_bytes_of_another_prefix(seed, unraisable):
                     f"step {step}: READY {h} names units holding {[dev.unit[u] for u in units]}")
         consistent(pool, store, coord)
     assert restored > 10 and coord.checkpoints_kept > 30  # the property was exercised
+
+
+def test_reclaim_timeout_accepts_any_real_number_and_refuses_the_rest():
+    np = pytest.importorskip("numpy")
+    pool = sc.BlockPool(2 * UNITS)
+    store = sc.PageUnitCheckpointStore(pool, SPEC, offload_sink=True)
+    store.use_clock(lambda: 0.0)
+    ready(store, 1)
+    store.take_offload_stores(1)
+    for t in (10**400, -(10**400), np.int64(3), np.float32(0.5), 3, 2.5, float("nan"), float("inf")):
+        assert store.reclaim_stale_offload_pins(t) == 0  # nothing is older than t (or t <= 0)
+    for t in (True, "1", None, [1]):
+        with pytest.raises(TypeError, match="timeout_s"):
+            store.reclaim_stale_offload_pins(t)
+    assert store.has_offload_pins()
+    store.use_clock(lambda: 10.0)
+    assert store.reclaim_stale_offload_pins(np.float32(5.0)) == 1
+    consistent(pool, store)
