@@ -1,6 +1,8 @@
 // BlockPool and PageUnitCheckpointStore (SPEC.md §3, §5), with the owner
 // table that turns Python owners into core tokens.
 #include <pybind11/functional.h>
+
+#include <algorithm>
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
@@ -180,6 +182,25 @@ void PyBlockPool::evicted(int64_t hash) {
   }
 }
 
+void PyBlockPool::add_store(const std::shared_ptr<const PageUnitCheckpointStore>& store) {
+  stores_.erase(std::remove_if(stores_.begin(), stores_.end(), [](const auto& w) { return w.expired(); }),
+                stores_.end());
+  stores_.push_back(store);
+}
+
+void PyBlockPool::refuse_store_units(const std::vector<int64_t>& units, int64_t token) const {
+  if (ot::kind(token) != ot::kCheckpoint) return;
+  for (const auto& weak : stores_) {
+    auto store = weak.lock();
+    const CheckpointRecord* rec = store ? store->record(ot::id(token)) : nullptr;
+    if (rec == nullptr) continue;
+    for (int64_t u : units)
+      if (std::find(rec->unit_ids.begin(), rec->unit_ids.end(), u) != rec->unit_ids.end())
+        throw py::value_error("unit_ids: unit " + std::to_string(u) + " belongs to checkpoint " +
+                              std::to_string(ot::id(token)) + " of a PageUnitCheckpointStore; only that store releases it");
+  }
+}
+
 PyStore::PyStore(py::object pool_object, std::shared_ptr<PyBlockPool> pool, PagedStateCheckpointSpec spec, bool sink)
     : PageUnitCheckpointStore(std::move(pool), std::move(spec), sink), pool_obj(std::move(pool_object)) {
   // Installed once: the clock may be replaced while it runs.
@@ -337,7 +358,9 @@ that evicted completes normally.)doc");
           "release_units",
           [](PyBlockPool& p, py::handle unit_ids, py::handle owner) {
             std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
-            p.release_units(units, p.owners.token(owner, p));
+            const int64_t token = p.owners.token(owner, p);
+            p.refuse_store_units(units, token);
+            p.release_units(units, token);
           },
           py::arg("unit_ids"), py::arg("owner"))
       .def(
@@ -354,6 +377,7 @@ that evicted completes normally.)doc");
               throw;
             }
             p.owners.unretain(old_token);
+            p.refuse_store_units(units, old_token);
             p.rekey_units(units, old_token, new_token);
           },
           py::arg("unit_ids"), py::arg("old_owner"), py::arg("new_owner"))
@@ -625,7 +649,9 @@ nominated to a tier (``offload_sink``), handed out pinned by
             auto p = as_block_pool(pool, "pool");
             const PagedStateCheckpointSpec sp = as_spec(spec, "spec");
             const bool offload_sink = as_bool(sink, "offload_sink");
-            return std::make_shared<PyStore>(py::reinterpret_borrow<py::object>(pool), std::move(p), sp, offload_sink);
+            auto store = std::make_shared<PyStore>(py::reinterpret_borrow<py::object>(pool), p, sp, offload_sink);
+            p->add_store(store);
+            return store;
           }),
           py::arg("pool"), py::arg("spec"), py::arg("offload_sink") = false)
       .def_property_readonly("pool", [](const PyStore& s) { return pool_object(s); })

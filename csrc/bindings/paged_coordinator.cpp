@@ -61,7 +61,9 @@ class PyOffloadVote : public OffloadVote {
 
 std::shared_ptr<PyStore> make_store(py::handle pool_obj, const std::shared_ptr<PyBlockPool>& pool,
                                     PagedStateCheckpointSpec spec, bool sink) {
-  return std::make_shared<PyStore>(py::reinterpret_borrow<py::object>(pool_obj), pool, std::move(spec), sink);
+  auto store = std::make_shared<PyStore>(py::reinterpret_borrow<py::object>(pool_obj), pool, std::move(spec), sink);
+  pool->add_store(store);
+  return store;
 }
 
 // The coordinator plus the Python objects it was handed, so `offload` reads

@@ -58,9 +58,15 @@ class PyBlockPool : public BlockPool {
   explicit PyBlockPool(int64_t num_blocks);
   OwnerTable owners;
   py::object on_evict = py::none();
+  // Stores on this pool: a unit of one of their images is released or
+  // rekeyed only by its store, never from Python under its owner's name
+  // (the units could be handed out while a READY record still names them).
+  void add_store(const std::shared_ptr<const PageUnitCheckpointStore>& store);
+  void refuse_store_units(const std::vector<int64_t>& units, int64_t token) const;
 
  private:
   void evicted(int64_t hash);
+  std::vector<std::weak_ptr<const PageUnitCheckpointStore>> stores_;
 };
 
 std::shared_ptr<PyBlockPool> as_block_pool(py::handle obj, const char* name);

@@ -1018,3 +1018,25 @@ def test_reclaim_timeout_accepts_any_real_number_and_refuses_the_rest():
     store.use_clock(lambda: 10.0)
     assert store.reclaim_stale_offload_pins(np.float32(5.0)) == 1
     consistent(pool, store)
+
+
+def test_python_cannot_release_or_rekey_a_stores_image_units():
+    # Releasing a READY image's units under the store's owner name would let
+    # the pool hand them out while lookup still finds the image.
+    pool = sc.BlockPool(4 * UNITS)
+    coord = sc.PagedStateCheckpointCoordinator(pool, SPEC, True)
+    for store in (coord.store, sc.PageUnitCheckpointStore(pool, SPEC)):
+        ready(store, 7)
+        cid = store.lookup(7)
+        units = list(store.records[cid].unit_ids)
+        before = snapshot(pool, store)
+        with pytest.raises(ValueError, match="unit_ids"):
+            pool.release_units(units[:1], ("state-checkpoint", cid))
+        with pytest.raises(ValueError, match="unit_ids"):
+            pool.rekey_units(units, ("state-checkpoint", cid), "thief")
+        assert snapshot(pool, store) == before
+        store.check_consistency()
+    # Units a caller reserved under a checkpoint-style name are its own.
+    mine = pool.reserve_units(2, ("state-checkpoint", 123))
+    pool.release_units(mine, ("state-checkpoint", 123))
+    consistent(pool)
