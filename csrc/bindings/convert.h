@@ -365,7 +365,10 @@ int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, Scan&& sc
     bool not_exact = false;
     int64_t r = 0;
     if (is_list)
-      r = scan(static_cast<int64_t>(n), [p, &not_exact](int64_t i) {
+      r = scan(static_cast<int64_t>(n), [p, name, &not_exact](int64_t i) {
+        // A scan may call into Python (a tier's vote) which may shrink the list.
+        if (i >= PyList_GET_SIZE(p)) [[unlikely]]
+          throw py::value_error(std::string(name) + " changed size while it was read");
         // Scans walk down the list; fetch the next int's object early.
         if (i > 0) __builtin_prefetch(PyList_GET_ITEM(p, i - 1));
         int64_t v = -1;

@@ -1,6 +1,8 @@
 // BlockPool and PageUnitCheckpointStore (SPEC.md §3, §5), with the owner
 // table that turns Python owners into core tokens.
 #include <pybind11/functional.h>
+
+#include <algorithm>
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
@@ -14,29 +16,90 @@ namespace ot = owner_token;
 
 // ------------------------------------------------------------ owner table --
 
+namespace {
+
+// Set while an owner's __hash__ / __eq__ may run: the table is consistent
+// then, and a nested owner operation is refused rather than interleaved.
+class BusyScope {
+ public:
+  explicit BusyScope(bool& busy) : busy_(busy) {
+    if (busy_) throw std::runtime_error("BlockPool: an owner's __hash__ or __eq__ called back into the pool's owner table");
+    busy_ = true;
+  }
+  ~BusyScope() { busy_ = false; }
+  BusyScope(const BusyScope&) = delete;
+  BusyScope& operator=(const BusyScope&) = delete;
+
+ private:
+  bool& busy_;
+};
+
+// The checkpoint id an owner's second field stands for: an int, or a value
+// equal to one (7.0, numpy.int64(7)), as a dict would match it.
+std::optional<int64_t> checkpoint_id_of(PyObject* inner) {
+  auto in_range = [](long long v) { return v >= 0 && v < ot::kMaxId; };
+  if (PyLong_Check(inner)) {
+    int overflow = 0;
+    const long long id = PyLong_AsLongLongAndOverflow(inner, &overflow);
+    if (overflow == 0 && in_range(id)) return id;
+    return std::nullopt;
+  }
+  if (PyFloat_Check(inner)) {
+    const double d = PyFloat_AS_DOUBLE(inner);
+    if (d >= 0 && d < static_cast<double>(ot::kMaxId) && d == static_cast<double>(static_cast<int64_t>(d)))
+      return static_cast<int64_t>(d);
+    return std::nullopt;
+  }
+  if (PyIndex_Check(inner)) {
+    py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(inner));
+    if (!idx) throw py::error_already_set();
+    const int eq = PyObject_RichCompareBool(inner, idx.ptr(), Py_EQ);
+    if (eq < 0) throw py::error_already_set();
+    if (eq == 1) return checkpoint_id_of(idx.ptr());
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 int64_t OwnerTable::intern(py::dict& ids, int kind, py::handle key, const BlockPool& pool) {
-  PyObject* found = PyDict_GetItemWithError(ids.ptr(), key.ptr());  // TypeError if unhashable
-  if (found != nullptr) return ot::make(kind, PyLong_AsLongLong(found));
-  if (PyErr_Occurred()) throw py::error_already_set();
+  BusyScope scope(busy_);
   if (entries_.size() >= sweep_at_) sweep(pool);
-  const int64_t id = next_id_++;
-  ids[key] = id;
+  PyObject* found = PyDict_GetItemWithError(ids.ptr(), key.ptr());  // TypeError if unhashable
+  if (found != nullptr) {
+    const int64_t token = ot::make(kind, PyLong_AsLongLong(found));
+    auto it = entries_.find(token);
+    if (it != entries_.end()) return token;
+    // A sweep could not delete the key: the id is still the owner's.
+    entries_.emplace(token, Entry{py::reinterpret_borrow<py::object>(key), 0});
+    return token;
+  }
+  if (PyErr_Occurred()) throw py::error_already_set();
+  const int64_t id = next_id_;
+  py::object value = py::reinterpret_steal<py::object>(PyLong_FromLongLong(id));
+  if (!value || PyDict_SetItem(ids.ptr(), key.ptr(), value.ptr()) != 0) throw py::error_already_set();
+  ++next_id_;
   const int64_t token = ot::make(kind, id);
   entries_.emplace(token, Entry{py::reinterpret_borrow<py::object>(key), 0});
   return token;
 }
 
 void OwnerTable::sweep(const BlockPool& pool) {
+  // Entries go first, dict keys after: deleting a key runs its __eq__.
+  std::vector<std::pair<int64_t, py::object>> dropped;
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->second.retained == 0 && pool.units_held(it->first) == 0) {
-      py::dict& ids = ot::kind(it->first) == ot::kTransfer ? transfer_ids_ : other_ids_;
-      PyDict_DelItem(ids.ptr(), it->second.key.ptr());
+      dropped.emplace_back(it->first, std::move(it->second.key));
       it = entries_.erase(it);
     } else {
       ++it;
     }
   }
   sweep_at_ = std::max<size_t>(256, 2 * entries_.size());
+  for (auto& [token, key] : dropped) {
+    py::dict& ids = ot::kind(token) == ot::kTransfer ? transfer_ids_ : other_ids_;
+    if (PyDict_DelItem(ids.ptr(), key.ptr()) != 0) report_callback_error("BlockPool owner __hash__/__eq__");
+  }
 }
 
 int64_t OwnerTable::transfer_token(py::handle inner, const BlockPool& pool) {
@@ -45,30 +108,26 @@ int64_t OwnerTable::transfer_token(py::handle inner, const BlockPool& pool) {
 
 int64_t OwnerTable::token(py::handle owner, const BlockPool& pool) {
   PyObject* p = owner.ptr();
+  if (p == Py_None) throw py::value_error("owner=None: a unit owner must be a hashable value other than None");
   if (PyTuple_Check(p) && PyTuple_GET_SIZE(p) == 2 && PyUnicode_Check(PyTuple_GET_ITEM(p, 0))) {
     PyObject* tag = PyTuple_GET_ITEM(p, 0);
-    PyObject* inner = PyTuple_GET_ITEM(p, 1);
-    if (PyUnicode_CompareWithASCIIString(tag, "state-checkpoint") == 0 && PyLong_Check(inner)) {
-      int overflow = 0;
-      const long long id = PyLong_AsLongLongAndOverflow(inner, &overflow);
-      if (overflow == 0 && id >= 0 && id < ot::kMaxId) return ot::make(ot::kCheckpoint, id);
-    }
-    if (PyUnicode_CompareWithASCIIString(tag, "state-transfer") == 0)
+    py::object inner = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(p, 1));
+    if (PyUnicode_CompareWithASCIIString(tag, "state-checkpoint") == 0) {
+      if (auto id = checkpoint_id_of(inner.ptr())) return ot::make(ot::kCheckpoint, *id);
+    } else if (PyUnicode_CompareWithASCIIString(tag, "state-transfer") == 0) {
       return intern(transfer_ids_, ot::kTransfer, inner, pool);
+    }
   }
   return intern(other_ids_, ot::kOther, owner, pool);
 }
 
 py::object OwnerTable::owner(int64_t token) const {
   if (token < 0) return py::none();
-  switch (ot::kind(token)) {
-    case ot::kCheckpoint:
-      return py::make_tuple("state-checkpoint", ot::id(token));
-    case ot::kTransfer:
-      return py::make_tuple("state-transfer", entries_.at(token).key);
-    default:
-      return entries_.at(token).key;
-  }
+  if (ot::kind(token) == ot::kCheckpoint) return py::make_tuple("state-checkpoint", ot::id(token));
+  auto it = entries_.find(token);
+  if (it == entries_.end()) throw std::logic_error("BlockPool: a unit's owner is not in the owner table");
+  if (ot::kind(token) == ot::kTransfer) return py::make_tuple("state-transfer", it->second.key);
+  return it->second.key;
 }
 
 void OwnerTable::retain(int64_t token) {
@@ -79,6 +138,140 @@ void OwnerTable::retain(int64_t token) {
 void OwnerTable::unretain(int64_t token) {
   auto it = entries_.find(token);
   if (it != entries_.end() && it->second.retained > 0) --it->second.retained;
+}
+
+int OwnerTable::traverse(visitproc visit, void* arg) const {
+  Py_VISIT(transfer_ids_.ptr());
+  Py_VISIT(other_ids_.ptr());
+  for (const auto& kv : entries_) Py_VISIT(kv.second.key.ptr());
+  return 0;
+}
+
+void OwnerTable::clear() {
+  // Dropped after the table is empty: a key's __del__ may use the pool.
+  py::dict transfer = std::move(transfer_ids_), other = std::move(other_ids_);
+  std::unordered_map<int64_t, Entry> entries;
+  entries.swap(entries_);
+  transfer_ids_ = py::dict();
+  other_ids_ = py::dict();
+}
+
+// -------------------------------------------------------------- callbacks --
+
+void report_callback_error(const char* where) {
+  if (!PyErr_Occurred()) return;
+  py::object context = py::str(where);
+  PyErr_WriteUnraisable(context.ptr());
+}
+
+PyBlockPool::PyBlockPool(int64_t num_blocks) : BlockPool(num_blocks) {
+  set_on_evict([this](int64_t h) { evicted(h); });
+}
+
+void PyBlockPool::evicted(int64_t hash) {
+  if (on_evict.is_none()) return;
+  py::object fn = on_evict;  // the handler may replace or detach itself
+  try {
+    fn(hash);
+  } catch (py::error_already_set& e) {
+    e.restore();
+    report_callback_error("BlockPool.on_evict");
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+    report_callback_error("BlockPool.on_evict");
+  }
+}
+
+void PyBlockPool::add_store(const std::shared_ptr<const PageUnitCheckpointStore>& store) {
+  stores_.erase(std::remove_if(stores_.begin(), stores_.end(), [](const auto& w) { return w.expired(); }),
+                stores_.end());
+  stores_.push_back(store);
+}
+
+void PyBlockPool::refuse_store_units(const std::vector<int64_t>& units, int64_t token) const {
+  if (ot::kind(token) != ot::kCheckpoint) return;
+  for (const auto& weak : stores_) {
+    auto store = weak.lock();
+    const CheckpointRecord* rec = store ? store->record(ot::id(token)) : nullptr;
+    if (rec == nullptr) continue;
+    for (int64_t u : units)
+      if (std::find(rec->unit_ids.begin(), rec->unit_ids.end(), u) != rec->unit_ids.end())
+        throw py::value_error("unit_ids: unit " + std::to_string(u) + " belongs to checkpoint " +
+                              std::to_string(ot::id(token)) + " of a PageUnitCheckpointStore; only that store releases it");
+  }
+}
+
+PyStore::PyStore(py::object pool_object, std::shared_ptr<PyBlockPool> pool, PagedStateCheckpointSpec spec, bool sink)
+    : PageUnitCheckpointStore(std::move(pool), std::move(spec), sink), pool_obj(std::move(pool_object)) {
+  // Installed once: the clock may be replaced while it runs.
+  set_clock([this]() -> double {
+    if (clock.is_none()) return monotonic_seconds();
+    py::object fn = clock;
+    py::object v = fn();
+    if (PyFloat_Check(v.ptr())) return PyFloat_AS_DOUBLE(v.ptr());
+    if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
+      const double d = PyLong_AsDouble(v.ptr());
+      if (d == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+      return d;
+    }
+    raise_type("clock()", "a number of seconds", v);
+  });
+}
+
+void PyStore::use_clock(py::object fn) {
+  if (!fn.is_none() && !PyCallable_Check(fn.ptr())) raise_type("clock", "a callable or None", fn);
+  clock = std::move(fn);
+}
+
+// ------------------------------------------------- uninitialised / pickle --
+
+namespace {
+
+PyObject* bare_new(PyObject* cls, PyObject* args, PyObject* kwargs) {
+  PyObject* type = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : nullptr;
+  if (type == nullptr || !PyType_Check(type) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type),
+                                                                 reinterpret_cast<PyTypeObject*>(cls))) {
+    PyErr_Format(PyExc_TypeError, "%s.__new__(X): X must be a subtype of %s", reinterpret_cast<PyTypeObject*>(cls)->tp_name,
+                 reinterpret_cast<PyTypeObject*>(cls)->tp_name);
+    return nullptr;
+  }
+  if (type == cls) {
+    PyErr_Format(PyExc_TypeError, "%s cannot be created without __init__; call %s(...)",
+                 reinterpret_cast<PyTypeObject*>(cls)->tp_name, reinterpret_cast<PyTypeObject*>(cls)->tp_name);
+    return nullptr;
+  }
+  py::tuple rest = py::reinterpret_steal<py::tuple>(PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args)));
+  if (!rest) return nullptr;
+  return reinterpret_cast<PyTypeObject*>(cls)->tp_new(reinterpret_cast<PyTypeObject*>(type), rest.ptr(), kwargs);
+}
+
+}  // namespace
+
+void refuse_uninitialized(py::handle cls) {
+  static PyMethodDef def = {"__new__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&bare_new)),
+                            METH_VARARGS | METH_KEYWORDS, "Refuses a bare instance; call the class instead."};
+  py::object fn = py::reinterpret_steal<py::object>(PyCFunction_New(&def, cls.ptr()));
+  if (!fn) throw py::error_already_set();
+  // Straight into the type's dict: setattr would also replace the tp_new
+  // slot, which the class's own constructor still needs.
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  if (PyDict_SetItemString(type->tp_dict, "__new__", fn.ptr()) != 0) throw py::error_already_set();
+  // A slot of its own, so that the base's __new__ (pybind11_object.__new__(cls))
+  // refuses this class as "not safe" instead of allocating a bare instance.
+  static newfunc allocate = type->tp_new;
+  type->tp_new = [](PyTypeObject* t, PyObject* args, PyObject* kwargs) { return allocate(t, args, kwargs); };
+  PyType_Modified(type);
+}
+
+void refuse_pickling(py::handle cls) {
+  auto refuse = [](py::handle self, py::args) {
+    throw py::type_error(std::string("cannot pickle or copy a ") + Py_TYPE(self.ptr())->tp_name +
+                         " (it is a live object, not a value)");
+  };
+  py::setattr(cls, "__reduce_ex__", py::cpp_function(refuse, py::is_method(cls), py::name("__reduce_ex__")));
+  py::setattr(cls, "__reduce__", py::cpp_function(refuse, py::is_method(cls), py::name("__reduce__")));
+  py::setattr(cls, "__copy__", py::cpp_function(refuse, py::is_method(cls), py::name("__copy__")));
+  py::setattr(cls, "__deepcopy__", py::cpp_function(refuse, py::is_method(cls), py::name("__deepcopy__")));
 }
 
 std::shared_ptr<PyBlockPool> as_block_pool(py::handle obj, const char* name) {
@@ -97,8 +290,19 @@ py::object list_or_none(bool ok, const std::vector<int64_t>& ids) {
 
 // ------------------------------------------------------------- BlockPool --
 
+int traverse_pool(PyBlockPool& p, visitproc visit, void* arg) {
+  Py_VISIT(p.on_evict.ptr());
+  return p.owners.traverse(visit, arg);
+}
+
+void clear_pool(PyBlockPool& p) {
+  py::object old = std::move(p.on_evict);
+  p.on_evict = py::none();
+  p.owners.clear();
+}
+
 void bind_block_pool(py::module_& m) {
-  py::classh<PyBlockPool> cls(m, "BlockPool", R"doc(
+  py::classh<PyBlockPool> cls(m, "BlockPool", gc_setup<PyBlockPool, &traverse_pool, &clear_pool>(), R"doc(
 One pool of ``num_blocks`` blocks shared by the KV prefix cache and PAGE
 checkpoint units.
 
@@ -113,15 +317,16 @@ more (also revives a free block found by ``lookup``); ``publish(block, hash)``
 files a full block under its content hash. A block whose last reference goes
 keeps its hash and stays findable until the pool hands it out again (least
 recently freed first, and only once no never-hashed block is free); then
-``on_evict(hash)`` is called, after the pool is consistent again.)doc");
+``on_evict(hash)`` is called, after the pool is consistent again; an
+exception it raises is reported through ``sys.unraisablehook`` and the call
+that evicted completes normally.)doc");
+  refuse_uninitialized(cls);
+  refuse_pickling(cls);
   cls.def(py::init([](py::handle num_blocks, py::handle on_evict) {
+            if (!on_evict.is_none() && !PyCallable_Check(on_evict.ptr()))
+              raise_type("on_evict", "a callable or None", on_evict);
             auto pool = std::make_shared<PyBlockPool>(as_nonneg_int(num_blocks, "num_blocks"));
-            if (!on_evict.is_none()) {
-              if (!PyCallable_Check(on_evict.ptr())) raise_type("on_evict", "a callable or None", on_evict);
-              pool->on_evict = py::reinterpret_borrow<py::object>(on_evict);
-              PyBlockPool* raw = pool.get();
-              pool->set_on_evict([raw](int64_t h) { raw->on_evict(h); });
-            }
+            pool->on_evict = py::reinterpret_borrow<py::object>(on_evict);
             return pool;
           }),
           py::arg("num_blocks"), py::arg("on_evict") = py::none())
@@ -135,13 +340,8 @@ recently freed first, and only once no never-hashed block is free); then
           "on_evict", [](const PyBlockPool& p) { return p.on_evict; },
           [](PyBlockPool& p, py::handle fn) {
             if (!fn.is_none() && !PyCallable_Check(fn.ptr())) raise_type("on_evict", "a callable or None", fn);
+            py::object old = std::move(p.on_evict);  // released after the swap: its __del__ may use the pool
             p.on_evict = py::reinterpret_borrow<py::object>(fn);
-            if (fn.is_none()) {
-              p.set_on_evict(nullptr);
-            } else {
-              PyBlockPool* raw = &p;
-              p.set_on_evict([raw](int64_t h) { raw->on_evict(h); });
-            }
           },
           "Called with a hash when its block leaves the index (or None).")
       .def(
@@ -158,7 +358,9 @@ recently freed first, and only once no never-hashed block is free); then
           "release_units",
           [](PyBlockPool& p, py::handle unit_ids, py::handle owner) {
             std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
-            p.release_units(units, p.owners.token(owner, p));
+            const int64_t token = p.owners.token(owner, p);
+            p.refuse_store_units(units, token);
+            p.release_units(units, token);
           },
           py::arg("unit_ids"), py::arg("owner"))
       .def(
@@ -175,6 +377,7 @@ recently freed first, and only once no never-hashed block is free); then
               throw;
             }
             p.owners.unretain(old_token);
+            p.refuse_store_units(units, old_token);
             p.rekey_units(units, old_token, new_token);
           },
           py::arg("unit_ids"), py::arg("old_owner"), py::arg("new_owner"))
@@ -219,15 +422,34 @@ recently freed first, and only once no never-hashed block is free); then
 
 // ------------------------------------------------------------ store views --
 
-struct RecordsView {
+// A live view holds its store's Python object (so the store, and whatever
+// holds it, stays alive and collectable) and the C++ store it reads.
+struct StoreView {
+  py::object owner;
   std::shared_ptr<Store> store;
 };
-struct HashIndexView {
-  std::shared_ptr<Store> store;
-};
-struct BacklogView {
-  std::shared_ptr<Store> store;
-};
+struct RecordsView : StoreView {};
+struct HashIndexView : StoreView {};
+struct BacklogView : StoreView {};
+
+template <class View>
+int traverse_view(View& v, visitproc visit, void* arg) {
+  Py_VISIT(v.owner.ptr());
+  return 0;
+}
+template <class View>
+void clear_view(View& v) {
+  py::object old = std::move(v.owner);
+  v.owner = py::none();
+}
+
+template <class View>
+View make_view(py::handle store_obj) {
+  View v;
+  v.owner = py::reinterpret_borrow<py::object>(store_obj);
+  v.store = store_obj.cast<std::shared_ptr<PyStore>>();
+  return v;
+}
 
 py::object record_or_none(const std::shared_ptr<Store>& s, py::handle key) {
   if (!PyLong_Check(key.ptr())) return py::none();
@@ -271,6 +493,8 @@ template <class View>
 void def_mapping(py::class_<View>& cls, py::object (*get)(const std::shared_ptr<Store>&, py::handle),
                  py::list (*keys)(const std::shared_ptr<Store>&), py::dict (*as_dict)(const std::shared_ptr<Store>&),
                  int64_t (*size)(const Store&)) {
+  refuse_uninitialized(cls);
+  refuse_pickling(cls);
   cls.def("__len__", [size](const View& v) { return size(*v.store); })
       .def("__getitem__",
            [get](const View& v, py::handle k) {
@@ -300,14 +524,18 @@ int64_t num_records(const Store& s) { return s.num_records(); }
 int64_t num_indexed(const Store& s) { return s.hash_index_size(); }
 
 void bind_store_views(py::module_& m) {
-  py::class_<RecordsView> records(m, "CheckpointRecordsView",
+  py::class_<RecordsView> records(m, "CheckpointRecordsView", gc_setup<RecordsView, &traverse_view<RecordsView>, &clear_view<RecordsView>>(),
                                   "Live read-only mapping checkpoint id -> CheckpointRecord (live, read-only), oldest first.");
   def_mapping(records, &record_or_none, &record_keys, &records_dict, &num_records);
-  py::class_<HashIndexView> index(m, "CheckpointHashIndexView",
+  py::class_<HashIndexView> index(m, "CheckpointHashIndexView", gc_setup<HashIndexView, &traverse_view<HashIndexView>, &clear_view<HashIndexView>>(),
                                   "Live read-only mapping hash -> READY checkpoint id, in the order they became READY.");
   def_mapping(index, &index_or_none, &index_keys, &index_dict, &num_indexed);
 
-  py::class_<BacklogView>(m, "OffloadBacklogView", "Live view of the checkpoint ids nominated for offload, oldest first.")
+  py::class_<BacklogView> backlog(m, "OffloadBacklogView", gc_setup<BacklogView, &traverse_view<BacklogView>, &clear_view<BacklogView>>(),
+                                  "Live view of the checkpoint ids nominated for offload, oldest first.");
+  refuse_uninitialized(backlog);
+  refuse_pickling(backlog);
+  backlog
       .def("__len__", [](const BacklogView& v) { return v.store->store_backlog().size(); })
       .def("__bool__", [](const BacklogView& v) { return !v.store->store_backlog().empty(); })
       .def("__iter__",
@@ -324,9 +552,11 @@ void bind_store_views(py::module_& m) {
              return q[static_cast<size_t>(i)];
            })
       .def("__eq__",
-           [](const BacklogView& v, py::handle other) {
+           [](const BacklogView& v, py::handle other) -> py::object {
+             if (!py::isinstance<py::iterable>(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
              const auto& q = v.store->store_backlog();
-             return to_list(std::vector<int64_t>(q.begin(), q.end())).equal(py::list(py::reinterpret_borrow<py::object>(other)));
+             py::list mine = to_list(std::vector<int64_t>(q.begin(), q.end()));
+             return py::bool_(mine.equal(py::list(py::reinterpret_borrow<py::object>(other))));
            })
       .def("__repr__", [](const BacklogView& v) {
         const auto& q = v.store->store_backlog();
@@ -355,7 +585,7 @@ namespace {
 PyObject* store_lookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   return fast_call([&] {
     auto a = fast_args<1>("lookup", {"prefix_hash"}, 1, args, nargs, kwnames);
-    const Store& s = fast_self<Store>(self);
+    const Store& s = fast_self<PyStore>(self);
     return py::reinterpret_steal<py::object>(PyLong_FromLongLong(s.lookup(as_int(a[0], "prefix_hash"))));
   });
 }
@@ -363,7 +593,7 @@ PyObject* store_lookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, 
 PyObject* store_contains_or_pending(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   return fast_call([&] {
     auto a = fast_args<1>("contains_or_pending", {"prefix_hash"}, 1, args, nargs, kwnames);
-    const Store& s = fast_self<Store>(self);
+    const Store& s = fast_self<PyStore>(self);
     return py::reinterpret_steal<py::object>(PyBool_FromLong(s.contains_or_pending(as_int(a[0], "prefix_hash"))));
   });
 }
@@ -371,7 +601,7 @@ PyObject* store_contains_or_pending(PyObject* self, PyObject* const* args, Py_ss
 PyObject* store_begin_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   return fast_call([&]() -> py::object {
     auto a = fast_args<2>("begin_store", {"prefix_hash", "src_slot"}, 2, args, nargs, kwnames);
-    Store& s = fast_self<Store>(self);
+    Store& s = fast_self<PyStore>(self);
     auto op = s.begin_store(as_int(a[0], "prefix_hash"), as_int(a[1], "src_slot"));
     return op ? py::cast(std::move(*op)) : py::none();
   });
@@ -380,16 +610,32 @@ PyObject* store_begin_store(PyObject* self, PyObject* const* args, Py_ssize_t na
 PyObject* store_begin_restore(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   return fast_call([&]() -> py::object {
     auto a = fast_args<2>("begin_restore", {"prefix_hash", "dst_slot"}, 2, args, nargs, kwnames);
-    Store& s = fast_self<Store>(self);
+    Store& s = fast_self<PyStore>(self);
     auto op = s.begin_restore(as_int(a[0], "prefix_hash"), as_int(a[1], "dst_slot"));
     return op ? py::cast(std::move(*op)) : py::none();
   });
 }
 
-std::shared_ptr<PyBlockPool> py_pool(const Store& s) { return std::dynamic_pointer_cast<PyBlockPool>(s.pool_ptr()); }
+py::object pool_object(const PyStore& s) {
+  if (!s.pool_obj.is_none()) return s.pool_obj;
+  return py::cast(s.py_pool());
+}
+
+int traverse_store(PyStore& s, visitproc visit, void* arg) {
+  Py_VISIT(s.pool_obj.ptr());
+  Py_VISIT(s.clock.ptr());
+  return 0;
+}
+
+void clear_store(PyStore& s) {
+  py::object pool = std::move(s.pool_obj), clock = std::move(s.clock);
+  s.pool_obj = py::none();
+  s.clock = py::none();
+}
 
 void bind_store(py::module_& m) {
-  py::classh<Store> cls(m, "PageUnitCheckpointStore", STATECACHE_GUARDED(Store), R"doc(
+  py::classh<PyStore> cls(m, "PageUnitCheckpointStore", py::metaclass(fast::guarded_metaclass()),
+                          guarded_gc_setup<PyStore, &traverse_store, &clear_store>(), R"doc(
 Content index and unit ownership for PAGE checkpoint images.
 
 ``begin_store`` files a COPYING record whose units the next batch scatters
@@ -398,55 +644,51 @@ only state ``lookup`` finds. READY unpinned checkpoints are spent least
 recently used first when units run short. Offload: READY checkpoints are
 nominated to a tier (``offload_sink``), handed out pinned by
 ``take_offload_stores`` and unpinned in two phases.)doc");
+  refuse_pickling(cls);
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle sink) {
-            return std::make_shared<Store>(as_block_pool(pool, "pool"), as_spec(spec, "spec"),
-                                           as_bool(sink, "offload_sink"));
+            auto p = as_block_pool(pool, "pool");
+            const PagedStateCheckpointSpec sp = as_spec(spec, "spec");
+            const bool offload_sink = as_bool(sink, "offload_sink");
+            auto store = std::make_shared<PyStore>(py::reinterpret_borrow<py::object>(pool), p, sp, offload_sink);
+            p->add_store(store);
+            return store;
           }),
           py::arg("pool"), py::arg("spec"), py::arg("offload_sink") = false)
-      .def_property_readonly("pool", [](const Store& s) { return py_pool(s); })
-      .def_property_readonly("spec", [](const Store& s) { return s.spec(); })
+      .def_property_readonly("pool", [](const PyStore& s) { return pool_object(s); })
+      .def_property_readonly("spec", [](const PyStore& s) { return s.spec(); })
       .def_property_readonly("units_per_checkpoint", &Store::units_per_checkpoint)
       .def_property_readonly("generation", &Store::generation)
       .def_property_readonly("evictions", &Store::evictions)
       .def_property_readonly("offload_pins_reclaimed", &Store::offload_pins_reclaimed)
       .def_property_readonly("offload_nominations_dropped", &Store::offload_nominations_dropped)
-      .def_property_readonly("records", [](const std::shared_ptr<Store>& s) { return RecordsView{s}; })
-      .def_property_readonly("hash_to_checkpoint", [](const std::shared_ptr<Store>& s) { return HashIndexView{s}; })
-      .def_property_readonly("store_backlog", [](const std::shared_ptr<Store>& s) { return BacklogView{s}; })
-      .def("take_restore_ops", [](Store& s) { return to_py_tuple(s.take_restore_ops()); })
+      .def_property_readonly("records", [](py::handle self) { return make_view<RecordsView>(self); })
+      .def_property_readonly("hash_to_checkpoint", [](py::handle self) { return make_view<HashIndexView>(self); })
+      .def_property_readonly("store_backlog", [](py::handle self) { return make_view<BacklogView>(self); })
+      .def("take_restore_ops", [](PyStore& s) { return to_py_tuple(s.take_restore_ops()); })
       .def("cancel_queued_restore",
-           [](Store& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"))
-      .def("changed_since", &changed_since_py, py::arg("generation"),
+           [](PyStore& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"))
+      .def("changed_since", [](const PyStore& s, py::handle g) { return changed_since_py(s, g); }, py::arg("generation"),
            "Hashes whose READY standing could differ from what it was at ``generation``; None once the log no longer reaches back that far.")
       .def(
           "adopt_units",
-          [](Store& s, py::handle unit_ids, py::handle owner, py::handle h) {
+          [](PyStore& s, py::handle unit_ids, py::handle owner, py::handle h) {
             std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
             const int64_t prefix_hash = as_int(h, "prefix_hash");
-            auto pool = py_pool(s);
+            auto pool = s.py_pool();
             return s.adopt_units(units, pool->owners.token(owner, *pool), prefix_hash);
           },
           py::arg("unit_ids"), py::arg("owner"), py::arg("prefix_hash"))
       .def("complete_inflight", &Store::complete_inflight)
-      .def("unindex", [](Store& s, py::handle h) { return s.unindex(as_int(h, "prefix_hash")); },
+      .def("unindex", [](PyStore& s, py::handle h) { return s.unindex(as_int(h, "prefix_hash")); },
            py::arg("prefix_hash"))
 
       .def("clear", &Store::clear)
       .def(
-          "use_clock",
-          [](Store& s, py::object clock) {
-            if (clock.is_none()) {
-              s.set_clock(nullptr);
-              return;
-            }
-            if (!PyCallable_Check(clock.ptr())) raise_type("clock", "a callable or None", clock);
-            s.set_clock([clock]() { return clock().cast<double>(); });
-          },
-          py::arg("clock"),
+          "use_clock", [](PyStore& s, py::object clock) { s.use_clock(std::move(clock)); }, py::arg("clock"),
           "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores it. For tests.")
       .def("check_consistency", &Store::check_consistency,
            "Raises AssertionError when an internal invariant is broken (for tests).");
-  def_store_methods(cls, [](Store& s) -> Store& { return s; });
+  def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
   static PyMethodDef fast[] = {
       STATECACHE_FAST_METHOD("lookup", &store_lookup, "lookup(prefix_hash)\n--\n\nThe READY checkpoint id filed under the hash, or -1."),
       STATECACHE_FAST_METHOD("contains_or_pending", &store_contains_or_pending,

@@ -15,63 +15,105 @@ using Coordinator = PagedStateCheckpointCoordinator;
 
 // A scratch slot pool given from Python that is not a statecache.StateSlotPool:
 // anything with has_free(), pop() and release(slot) (a reference pool, a test
-// stand-in), called through Python.
+// stand-in), called through Python. has_free and pop are asked before the
+// coordinator changes anything; release only notifies, so an exception from
+// it is reported as unraisable.
 class PyScratchSource : public ScratchSlotSource {
  public:
-  explicit PyScratchSource(py::object pool) : pool_(std::move(pool)) {}
+  explicit PyScratchSource(py::object pool) : pool(std::move(pool)) {}
   bool has_free(int64_t count) const override {
-    return count == 1 ? pool_.attr("has_free")().cast<bool>() : pool_.attr("has_free")(count).cast<bool>();
+    py::object p = pool;
+    py::object r = count == 1 ? p.attr("has_free")() : p.attr("has_free")(count);
+    const int truth = PyObject_IsTrue(r.ptr());
+    if (truth < 0) throw py::error_already_set();
+    return truth == 1;
   }
-  int64_t pop() override { return as_int(pool_.attr("pop")(), "slot"); }
-  void release(int64_t slot) override { pool_.attr("release")(slot); }
-
- private:
-  py::object pool_;
+  int64_t pop() override {
+    py::object p = pool;
+    return as_nonneg_int(p.attr("pop")(), "slot_pool.pop()");
+  }
+  void release(int64_t slot) override {
+    py::object p = pool;
+    try {
+      p.attr("release")(slot);
+    } catch (py::error_already_set& e) {
+      e.restore();
+      report_callback_error("slot_pool.release");
+    }
+  }
+  py::object pool;
 };
 
 // A tier given from Python that is not a StateOffloadIndex: asked through
 // its could_serve method.
 class PyOffloadVote : public OffloadVote {
  public:
-  explicit PyOffloadVote(py::object tier) : tier_(std::move(tier)) {}
-  bool could_serve(int64_t h) const override { return py::bool_(tier_.attr("could_serve")(h)); }
-
- private:
-  py::object tier_;
+  explicit PyOffloadVote(py::object tier) : tier(std::move(tier)) {}
+  bool could_serve(int64_t h) const override {
+    py::object t = tier;
+    py::object r = t.attr("could_serve")(h);
+    const int truth = PyObject_IsTrue(r.ptr());
+    if (truth < 0) throw py::error_already_set();
+    return truth == 1;
+  }
+  py::object tier;
 };
+
+std::shared_ptr<PyStore> make_store(py::handle pool_obj, const std::shared_ptr<PyBlockPool>& pool,
+                                    PagedStateCheckpointSpec spec, bool sink) {
+  auto store = std::make_shared<PyStore>(py::reinterpret_borrow<py::object>(pool_obj), pool, std::move(spec), sink);
+  pool->add_store(store);
+  return store;
+}
 
 // The coordinator plus the Python objects it was handed, so `offload` reads
 // back the very object attached and transfer owners keep their identity.
+// Every Python reference it holds is reported to the collector here, once:
+// the store's Python object (which reports the pool's), the tier and the
+// scratch pool, and the copies the vote and scratch adapters hold.
 class PyCoordinator : public Coordinator {
  public:
-  PyCoordinator(std::shared_ptr<PyBlockPool> pool, PagedStateCheckpointSpec spec, bool enabled, py::object offload,
-                bool readable_midstep)
-      : Coordinator(pool, std::move(spec), enabled, !offload.is_none(), readable_midstep), pool_(std::move(pool)) {
+  PyCoordinator(py::handle pool_obj, std::shared_ptr<PyBlockPool> pool, PagedStateCheckpointSpec spec, bool enabled,
+                py::object offload, bool readable_midstep)
+      : Coordinator(make_store(pool_obj, pool, std::move(spec), !offload.is_none()), enabled, readable_midstep),
+        pool_(std::move(pool)) {
+    store_obj = py::cast(std::static_pointer_cast<PyStore>(store_ptr()));
     set_offload(std::move(offload), true);
   }
 
   void set_offload(py::object tier, bool sink) {
     std::shared_ptr<const OffloadVote> vote;
-    if (py::isinstance<StateOffloadIndex>(tier))
+    std::shared_ptr<PyOffloadVote> py_vote;
+    if (py::isinstance<StateOffloadIndex>(tier)) {
       vote = tier.cast<std::shared_ptr<StateOffloadIndex>>();
-    else if (!tier.is_none())
-      vote = std::make_shared<PyOffloadVote>(tier);
+    } else if (!tier.is_none()) {
+      py_vote = std::make_shared<PyOffloadVote>(tier);
+      vote = py_vote;
+    }
     const bool attached = !tier.is_none();
+    py::object old = std::move(offload_);  // dropped last
+    std::shared_ptr<PyOffloadVote> old_vote = std::move(py_vote_);
     offload_ = std::move(tier);
+    py_vote_ = std::move(py_vote);
     attach_offload(std::move(vote), attached, sink);
   }
   const py::object& offload() const { return offload_; }
 
   void set_scratch(py::object pool, int64_t max_ops) {
     std::shared_ptr<ScratchSlotSource> source;
+    std::shared_ptr<PyScratchSource> py_source;
     if (!pool.is_none()) {
       try {
         source = as_scratch_source(pool, "slot_pool");  // a statecache.StateSlotPool, in C++
       } catch (const py::type_error&) {
-        source = std::make_shared<PyScratchSource>(pool);  // any pool with has_free / pop / release
+        py_source = std::make_shared<PyScratchSource>(pool);  // any pool with has_free / pop / release
+        source = py_source;
       }
     }
+    py::object old = std::move(scratch_obj_);
+    std::shared_ptr<PyScratchSource> old_source = std::move(py_scratch_);
     scratch_obj_ = std::move(pool);
+    py_scratch_ = std::move(py_source);
     attach_midstep_scratch(std::move(source), max_ops);
   }
 
@@ -80,12 +122,43 @@ class PyCoordinator : public Coordinator {
     return pool_->owners.transfer_token(owner, *pool_);
   }
   PyBlockPool& pool() { return *pool_; }
+  py::object store_object() const {
+    if (!store_obj.is_none()) return store_obj;
+    return py::cast(std::static_pointer_cast<PyStore>(store_ptr()));
+  }
+
+  int traverse(visitproc visit, void* arg) const {
+    Py_VISIT(store_obj.ptr());
+    Py_VISIT(offload_.ptr());
+    Py_VISIT(scratch_obj_.ptr());
+    if (py_vote_) Py_VISIT(py_vote_->tier.ptr());
+    if (py_scratch_) Py_VISIT(py_scratch_->pool.ptr());
+    return 0;
+  }
+  void clear_python() {
+    // Detached first, released when this returns: a __del__ run by the
+    // release finds a coordinator without a tier or scratch pool.
+    py::object store = std::move(store_obj), tier = std::move(offload_), scratch = std::move(scratch_obj_);
+    std::shared_ptr<PyOffloadVote> vote = std::move(py_vote_);
+    std::shared_ptr<PyScratchSource> source = std::move(py_scratch_);
+    store_obj = py::none();
+    offload_ = py::none();
+    scratch_obj_ = py::none();
+    attach_offload(nullptr, false, false);
+    attach_midstep_scratch(nullptr, 0);
+  }
 
  private:
   std::shared_ptr<PyBlockPool> pool_;
+  py::object store_obj = py::none();
   py::object offload_ = py::none();
   py::object scratch_obj_ = py::none();
+  std::shared_ptr<PyOffloadVote> py_vote_;
+  std::shared_ptr<PyScratchSource> py_scratch_;
 };
+
+int traverse_coordinator(PyCoordinator& c, visitproc visit, void* arg) { return c.traverse(visit, arg); }
+void clear_coordinator(PyCoordinator& c) { c.clear_python(); }
 
 std::vector<MidstepReservation> as_reservations(py::handle obj) {
   std::vector<MidstepReservation> out;
@@ -107,6 +180,10 @@ std::vector<std::pair<int64_t, int64_t>> as_positions(py::handle obj) {
   return out;
 }
 
+// resumable_hit over block_hashes. A list or tuple is read in place, one
+// item at a time and never held across a call into Python (an item's
+// __index__ or the tier's could_serve may change the list); anything else
+// is converted first.
 int64_t hit_for(const Coordinator& c, const Sequence& seq, int64_t hit, py::handle hashes, bool assume) {
   return scan_int_list(hashes, "block_hashes", hit, [&](int64_t n, auto&& hash_at) {
     return c.resumable_hit(seq, hit, n, hash_at, assume);
@@ -157,7 +234,10 @@ py::dict fates(const PyCoordinator& c) {
   d["offload_pins_reclaimed"] = s.offload_pins_reclaimed();
   d["checkpoints_orphaned"] = c.checkpoints_orphaned();
   const py::object& tier = c.offload();
-  if (tier.is_none() || !PyObject_IsTrue(tier.ptr())) return d;
+  if (tier.is_none()) return d;
+  const int truth = PyObject_IsTrue(tier.ptr());
+  if (truth < 0) throw py::error_already_set();
+  if (truth == 0) return d;
   py::object stats = py::getattr(tier, "stats", py::none());
   if (!PyCallable_Check(stats.ptr())) return d;
   for (auto kv : py::dict(stats()))
@@ -168,7 +248,8 @@ py::dict fates(const PyCoordinator& c) {
 }
 
 void bind_coordinator(py::module_& m) {
-  py::classh<PyCoordinator> cls(m, "PagedStateCheckpointCoordinator", STATECACHE_GUARDED(PyCoordinator), R"doc(
+  py::classh<PyCoordinator> cls(m, "PagedStateCheckpointCoordinator", py::metaclass(fast::guarded_metaclass()),
+                                guarded_gc_setup<PyCoordinator, &traverse_coordinator, &clear_coordinator>(), R"doc(
 Schedules PAGE checkpoints for per-request state.
 
 ``checkpoint(seq, blocks, h)`` files a boundary (a newer one from the same
@@ -177,18 +258,21 @@ out this batch's ``(stores, restores)``; ``complete_previous_batch()`` at the
 top of the next pass makes them READY. Midstep positions borrow scratch slots
 from the pool given to ``attach_midstep_scratch``. ``resumable_hit`` also
 accepts boundaries the attached tier ``could_serve``.)doc");
+  refuse_pickling(cls);
   cls.attr("successor_room") = 0.0;
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle enabled, py::object offload,
                       py::handle readable_midstep) {
-            return std::make_shared<PyCoordinator>(as_block_pool(pool, "pool"), as_spec(spec, "spec"),
-                                                   as_bool(enabled, "enabled"), std::move(offload),
-                                                   as_bool(readable_midstep, "readable_midstep"));
+            auto p = as_block_pool(pool, "pool");
+            PagedStateCheckpointSpec sp = as_spec(spec, "spec");
+            const bool on = as_bool(enabled, "enabled");
+            const bool readable = as_bool(readable_midstep, "readable_midstep");
+            return std::make_shared<PyCoordinator>(pool, std::move(p), std::move(sp), on, std::move(offload), readable);
           }),
           py::arg("pool"), py::arg("spec"), py::arg("enabled"), py::arg("offload") = py::none(),
           py::arg("readable_midstep") = false)
       .def_property_readonly("enabled", &Coordinator::enabled)
       .def_property_readonly("readable_midstep", &Coordinator::readable_midstep)
-      .def_property_readonly("store", [](const PyCoordinator& c) { return c.store_ptr(); })
+      .def_property_readonly("store", [](const PyCoordinator& c) { return c.store_object(); })
       .def_property_readonly("offload", [](const PyCoordinator& c) { return c.offload(); })
       .def_property_readonly("checkpoints_kept", &Coordinator::checkpoints_kept)
       .def_property_readonly("checkpoints_dropped", &Coordinator::checkpoints_dropped)
@@ -268,6 +352,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           "Attaches a tier (its vote, and as a sink unless ``sink=False``), or detaches with None.")
       .def("unindex", [](PyCoordinator& c, py::handle h) { c.unindex(as_int(h, "h")); }, py::arg("h"))
       .def("clear_index", &Coordinator::clear_index)
+      .def("check_consistency", &Coordinator::check_consistency,
+           "Raises AssertionError when an internal invariant of the coordinator, its store or its pool is broken (for tests).")
       .def("checkpoint_fates", &fates);
   def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
   static PyMethodDef fast[] = {
@@ -290,7 +376,10 @@ struct OffloadHashesView {
 };
 
 void bind_offload_index(py::module_& m) {
-  py::class_<OffloadHashesView>(m, "OffloadHashesView", "Hashes a tier holds, least recently used first.")
+  py::class_<OffloadHashesView> hashes(m, "OffloadHashesView", "Hashes a tier holds, least recently used first.");
+  refuse_uninitialized(hashes);
+  refuse_pickling(hashes);
+  hashes
       .def("__len__", [](const OffloadHashesView& v) { return v.index->size(); })
       .def("__contains__",
            [](const OffloadHashesView& v, py::handle h) {
@@ -299,10 +388,13 @@ void bind_offload_index(py::module_& m) {
       .def("__iter__", [](const OffloadHashesView& v) { return py::iter(to_list(v.index->hashes())); })
       .def("__repr__", [](const OffloadHashesView& v) { return py_repr(to_list(v.index->hashes())); });
 
-  py::classh<StateOffloadIndex>(m, "StateOffloadIndex", R"doc(
+  py::classh<StateOffloadIndex> index(m, "StateOffloadIndex", R"doc(
 Which hashes a tier below GPU memory holds (a capped LRU), and its load
 bookkeeping. Membership is optimistic: a hash once stored counts until it is
-forgotten, pushed out by ``capacity``, or a load finds it missing.)doc")
+forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
+  refuse_uninitialized(index);
+  refuse_pickling(index);
+  index
       .def(py::init([](py::handle can_store, py::handle can_load, py::handle capacity) {
              std::optional<int64_t> cap;
              if (!capacity.is_none()) cap = as_nonneg_int(capacity, "capacity");

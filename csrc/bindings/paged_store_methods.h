@@ -4,6 +4,8 @@
 
 #include <pybind11/stl.h>
 
+#include <cmath>
+
 #include "bindings/fast_call.h"
 #include "bindings/paged_values.h"
 #include "core/checkpoint_store.h"
@@ -13,6 +15,30 @@ namespace statecache::bindings {
 inline std::optional<int64_t> optional_int(py::handle obj, const char* name) {
   if (obj.is_none()) return std::nullopt;
   return as_int(obj, name);
+}
+
+// A number of seconds: an int (any size; beyond a double it is +-inf, as
+// Python's own comparisons would treat it) or a float, not a bool.
+inline double as_seconds(py::handle obj, const char* name) {
+  PyObject* p = obj.ptr();
+  if (PyFloat_Check(p)) return PyFloat_AS_DOUBLE(p);
+  if (PyBool_Check(p)) raise_type(name, "a number of seconds", obj);
+  if (!PyLong_Check(p) && !PyIndex_Check(p)) {
+    // Other real numbers (numpy.float32, Fraction) through __float__.
+    if (Py_TYPE(p)->tp_as_number == nullptr || Py_TYPE(p)->tp_as_number->nb_float == nullptr)
+      raise_type(name, "a number of seconds", obj);
+    const double d = PyFloat_AsDouble(p);
+    if (d == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+    return d;
+  }
+  py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(p));
+  if (!i) throw py::error_already_set();
+  const double d = PyLong_AsDouble(i.ptr());
+  if (d == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return _PyLong_Sign(i.ptr()) > 0 ? HUGE_VAL : -HUGE_VAL;
+  }
+  return d;
 }
 
 inline py::object source_or_none(const std::optional<PageUnitCheckpointStore::Source>& src) {
@@ -116,9 +142,7 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
       .def(
           "reclaim_stale_offload_pins",
           [store_of](T& self, py::handle timeout) {
-            if (PyBool_Check(timeout.ptr()) || (!PyFloat_Check(timeout.ptr()) && !PyLong_Check(timeout.ptr())))
-              raise_type("timeout_s", "a number of seconds", timeout);
-            return store_of(self).reclaim_stale_offload_pins(timeout.cast<double>());
+            return store_of(self).reclaim_stale_offload_pins(as_seconds(timeout, "timeout_s"));
           },
           py::arg("timeout_s"), "Takes back pins older than ``timeout_s`` seconds; ``<= 0`` reclaims nothing.")
       .def(

@@ -61,6 +61,7 @@ template <class T, class Fields>
 void def_value(py::class_<T>& cls, Fields fields, std::initializer_list<const char*> names,
                bool frozen) {
   std::vector<std::string> keys(names.begin(), names.end());
+  refuse_uninitialized(cls);
   cls.def("__eq__", [](const T& a, py::handle b) -> py::object {
     if (!py::isinstance<T>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
     return py::bool_(a == b.cast<const T&>());

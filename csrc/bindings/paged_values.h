@@ -2,11 +2,14 @@
 // Python-facing BlockPool.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 
 #include "bindings/convert.h"
+#include "bindings/fast_call.h"
 #include "core/block_pool.h"
 #include "core/checkpoint_store.h"
 #include "core/paged_types.h"
@@ -15,8 +18,11 @@ namespace statecache::bindings {
 
 // Maps Python owners to the core's owner tokens and back. Owners the store
 // and coordinator build, ("state-checkpoint", id) and ("state-transfer", x),
-// map to their own token kinds; anything else hashable is interned. Interned
-// owners that hold no units and are not retained are swept lazily.
+// map to their own token kinds; anything else hashable is interned (dict
+// semantics: equal owners are one owner). Interned owners that hold no units
+// and are not retained are swept lazily. An owner's __hash__ / __eq__ runs
+// Python code: the table is never mid-change while it does, and an owner
+// operation started from inside one raises RuntimeError.
 class OwnerTable {
  public:
   int64_t token(py::handle owner, const BlockPool& pool);
@@ -26,6 +32,9 @@ class OwnerTable {
   // Keeps an interned owner alive while something outside the pool names it.
   void retain(int64_t token);
   void unretain(int64_t token);
+  // GC support: every Python reference the table holds, and dropping them.
+  int traverse(visitproc visit, void* arg) const;
+  void clear();
 
  private:
   struct Entry {
@@ -39,18 +48,103 @@ class OwnerTable {
   std::unordered_map<int64_t, Entry> entries_;
   int64_t next_id_ = 0;
   size_t sweep_at_ = 256;
+  bool busy_ = false;  // inside an owner's __hash__ / __eq__
 };
 
 // The BlockPool Python sees: the core pool plus its owner table and the
-// Python on_evict handler.
+// Python on_evict handler. The core calls `evicted` (installed once, so a
+// handler may replace or detach itself while a report runs).
 class PyBlockPool : public BlockPool {
  public:
-  using BlockPool::BlockPool;
+  explicit PyBlockPool(int64_t num_blocks);
   OwnerTable owners;
   py::object on_evict = py::none();
+  // Stores on this pool: a unit of one of their images is released or
+  // rekeyed only by its store, never from Python under its owner's name
+  // (the units could be handed out while a READY record still names them).
+  void add_store(const std::shared_ptr<const PageUnitCheckpointStore>& store);
+  void refuse_store_units(const std::vector<int64_t>& units, int64_t token) const;
+
+ private:
+  void evicted(int64_t hash);
+  std::vector<std::weak_ptr<const PageUnitCheckpointStore>> stores_;
 };
 
 std::shared_ptr<PyBlockPool> as_block_pool(py::handle obj, const char* name);
+
+// The store Python sees: the core store plus the Python objects it uses, so
+// that they take part in garbage collection. `pool_obj` is the BlockPool
+// wrapper (kept alive, so a C++ pool has exactly one wrapper, which alone
+// reports its on_evict to the collector); `clock` is use_clock's callable.
+class PyStore : public PageUnitCheckpointStore {
+ public:
+  PyStore(py::object pool_obj, std::shared_ptr<PyBlockPool> pool, PagedStateCheckpointSpec spec, bool sink);
+  py::object pool_obj;
+  py::object clock = py::none();
+  void use_clock(py::object fn);
+  std::shared_ptr<PyBlockPool> py_pool() const { return std::static_pointer_cast<PyBlockPool>(pool_ptr()); }
+};
+
+// Reports a callback's exception through sys.unraisablehook (the caller's
+// call completes); `where` names the callback.
+void report_callback_error(const char* where);
+
+// The C++ object behind a bound instance, or nullptr when it was never
+// initialised (cls.__new__(cls)) or already cleared.
+template <class T>
+T* bound_value(PyObject* self) {
+  auto v_h = reinterpret_cast<py::detail::instance*>(self)->get_value_and_holder();
+  if (!v_h.holder_constructed()) return nullptr;
+  return static_cast<T*>(v_h.value_ptr());
+}
+
+// Registers tp_traverse / tp_clear for a bound class that holds Python
+// objects: `visit_all(T&, visitproc, arg)` visits each reference the object
+// owns exactly once, `clear_all(T&)` drops them (the C++ object stays usable).
+template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
+py::custom_type_setup gc_setup() {
+  return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+    PyTypeObject* type = &heap_type->ht_type;
+    type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+    type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
+      Py_VISIT(Py_TYPE(self));
+      if (T* v = bound_value<T>(self)) return Traverse(*v, visit, arg);
+      return 0;
+    };
+    type->tp_clear = [](PyObject* self) -> int {
+      if (T* v = bound_value<T>(self)) Clear(*v);
+      return 0;
+    };
+  });
+}
+
+// gc_setup for a class that also takes the fast-call creation guard and its
+// pointer cache (pybind11 takes one custom_type_setup per class).
+template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
+py::custom_type_setup guarded_gc_setup() {
+  return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+    fast::instance_setup<T>(heap_type);
+    PyTypeObject* type = &heap_type->ht_type;
+    type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+    type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
+      Py_VISIT(Py_TYPE(self));
+      if (T* v = bound_value<T>(self)) return Traverse(*v, visit, arg);
+      return 0;
+    };
+    type->tp_clear = [](PyObject* self) -> int {
+      if (T* v = bound_value<T>(self)) Clear(*v);
+      return 0;
+    };
+  });
+}
+
+// For a bound class: `cls.__new__(cls)` raises TypeError (an instance
+// without its C++ value would crash the first method), and pickling or
+// copying raises TypeError unless the class defines its own __reduce__.
+// type(...) still allocates through the tp_new slot; a Python subclass is
+// allocated as before (pybind11 checks that its __init__ ran).
+void refuse_uninitialized(py::handle cls);
+void refuse_pickling(py::handle cls);
 
 // What Python's CheckpointRecord holds: a value of its own (constructed from
 // Python), or a live handle on one of a store's records, which reads the

@@ -1,5 +1,7 @@
 #include "core/checkpoint_coordinator.h"
 
+#include <algorithm>
+#include <string>
 #include <unordered_set>
 
 namespace statecache {
@@ -10,6 +12,12 @@ PagedStateCheckpointCoordinator::PagedStateCheckpointCoordinator(std::shared_ptr
     : enabled_(enabled),
       readable_midstep_(readable_midstep),
       store_(std::make_shared<PageUnitCheckpointStore>(std::move(pool), std::move(spec), offload_sink)) {}
+
+PagedStateCheckpointCoordinator::PagedStateCheckpointCoordinator(std::shared_ptr<PageUnitCheckpointStore> store,
+                                                                 bool enabled, bool readable_midstep)
+    : enabled_(enabled), readable_midstep_(readable_midstep), store_(std::move(store)) {
+  if (!store_) throw std::invalid_argument("store: a coordinator needs a PageUnitCheckpointStore");
+}
 
 // ---------------------------------------------------------------- midstep --
 
@@ -25,23 +33,52 @@ std::vector<MidstepReservation> PagedStateCheckpointCoordinator::reserve_midstep
   if (!(readable_midstep_ && applies(seq)) || !scratch_) return out;
   std::unordered_set<int64_t> queued;
   for (const auto& q : scratch_queued_) queued.insert(q.first);
-  for (const auto& [pos, h] : positions) {
-    // Already stored or on its way: a second image would be refused anyway.
-    if (queued.count(h) != 0 || store_->contains_or_pending(h)) continue;
-    if (!scratch_->has_free(1)) {
-      ++dropped_;
-      break;
+  for (const auto& [pos, h] : positions)
+    if (h == -1) bad_argument("positions", h, "-1 means no hash");
+  // A scratch pool that throws part way gives back what it handed out.
+  try {
+    for (const auto& [pos, h] : positions) {
+      // Already stored or on its way: a second image would be refused anyway.
+      if (queued.count(h) != 0 || store_->contains_or_pending(h)) continue;
+      if (!scratch_->has_free(1)) {
+        ++dropped_;
+        break;
+      }
+      out.emplace_back(scratch_->pop(), pos, h);
     }
-    out.emplace_back(scratch_->pop(), pos, h);
+  } catch (...) {
+    for (const auto& r : out) scratch_->release(std::get<0>(r));
+    throw;
   }
+  reserved_.insert(reserved_.end(), out.begin(), out.end());
   return out;
 }
 
+void PagedStateCheckpointCoordinator::check_reservations(const std::vector<MidstepReservation>& reservations) const {
+  std::vector<MidstepReservation> open = reserved_;
+  for (const auto& r : reservations) {
+    auto it = std::find(open.begin(), open.end(), r);
+    if (it == open.end())
+      bad_argument("reservations", "(" + std::to_string(std::get<0>(r)) + ", " + std::to_string(std::get<1>(r)) + ", " +
+                                       std::to_string(std::get<2>(r)) + ")",
+                   "is not an open midstep reservation of this coordinator (published, cancelled or never reserved)");
+    open.erase(it);
+  }
+}
+
+void PagedStateCheckpointCoordinator::forget_reservations(const std::vector<MidstepReservation>& reservations) {
+  for (const auto& r : reservations) reserved_.erase(std::find(reserved_.begin(), reserved_.end(), r));
+}
+
 void PagedStateCheckpointCoordinator::publish_midstep(const std::vector<MidstepReservation>& reservations) {
+  check_reservations(reservations);
+  forget_reservations(reservations);
   for (const auto& [slot, pos, h] : reservations) scratch_queued_.emplace_back(h, slot);
 }
 
 void PagedStateCheckpointCoordinator::cancel_midstep(const std::vector<MidstepReservation>& reservations) {
+  check_reservations(reservations);
+  forget_reservations(reservations);
   for (const auto& r : reservations) release_scratch(std::get<0>(r));
 }
 
@@ -98,8 +135,10 @@ void PagedStateCheckpointCoordinator::supersede(const Sequence* seq) {
   ++dropped_;
 }
 
-void PagedStateCheckpointCoordinator::checkpoint(const std::shared_ptr<Sequence>& seq, int64_t,
+void PagedStateCheckpointCoordinator::checkpoint(const std::shared_ptr<Sequence>& seq, int64_t boundary_blocks,
                                                  int64_t prefix_hash) {
+  if (boundary_blocks < 0) bad_argument("boundary_blocks", boundary_blocks, "must be >= 0");
+  if (prefix_hash == -1) bad_argument("h", prefix_hash, "-1 means no hash");
   if (!applies(*seq) || seq->state_slot() < 0) return;
   supersede(seq.get());
   pending_index_[key_of(seq.get())] = static_cast<int64_t>(pending_.size());
@@ -114,6 +153,12 @@ void PagedStateCheckpointCoordinator::forget_pending(const Sequence& seq) {
 
 std::pair<std::vector<CheckpointStoreOp>, std::vector<CheckpointRestoreOp>>
 PagedStateCheckpointCoordinator::take_checkpoint_ops() {
+  if (draining_) throw std::runtime_error("take_checkpoint_ops: called from inside take_checkpoint_ops (an eviction handler)");
+  draining_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{draining_};
   std::vector<Pending> pending;
   pending.swap(pending_);
   pending_index_.clear();
@@ -142,6 +187,9 @@ PagedStateCheckpointCoordinator::take_checkpoint_ops() {
 }
 
 void PagedStateCheckpointCoordinator::complete_previous_batch() {
+  if (draining_)
+    throw std::runtime_error("complete_previous_batch: called from inside take_checkpoint_ops (an eviction handler); "
+                             "the stores being begun are not written yet");
   store_->complete_inflight();
   // The stores reading these scratch slots went out with the last batch, and
   // stream order puts any new tenant's writes behind them: safe to free now.
@@ -170,6 +218,7 @@ void PagedStateCheckpointCoordinator::release_transfer_units(int64_t owner) {
 }
 
 bool PagedStateCheckpointCoordinator::adopt_transfer_units(int64_t owner, int64_t prefix_hash) {
+  if (prefix_hash == -1) bad_argument("prefix_hash", prefix_hash, "-1 means no hash");
   auto it = transfer_units_.find(owner);
   if (it == transfer_units_.end()) return false;
   const bool adopted = store_->adopt_units(it->second, owner, prefix_hash);
@@ -198,6 +247,29 @@ void PagedStateCheckpointCoordinator::unindex(int64_t prefix_hash) {
   }
   const bool removed = store_->unindex(prefix_hash);
   if (stale || removed) ++orphaned_;
+}
+
+void PagedStateCheckpointCoordinator::check_consistency() const {
+  store_->check_consistency();
+  int64_t live = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    const Pending& p = pending_[i];
+    if (!p.live) continue;
+    ++live;
+    check_invariant(p.prefix_hash != -1, "coordinator: a boundary pending under -1");
+    const int64_t* at = pending_index_.find(key_of(p.seq.get()));
+    check_invariant(at != nullptr && *at == static_cast<int64_t>(i), "coordinator: pending index disagrees");
+  }
+  check_invariant(live == static_cast<int64_t>(pending_index_.size()), "coordinator: pending index has stale entries");
+  int64_t counted = 0;
+  pending_hashes_.for_each([&](int64_t, int64_t n) { counted += n; });
+  check_invariant(counted == live, "coordinator: pending hash counts drifted");
+  for (const auto& [owner, units] : transfer_units_) {
+    check_invariant(static_cast<int64_t>(units.size()) == store_->units_per_checkpoint(),
+                    "coordinator: a transfer holds the wrong number of units");
+    for (int64_t u : units) check_invariant(store_->pool().owner_of(u) == owner, "coordinator: a transfer unit is not its own");
+  }
+  for (const auto& [h, slot] : scratch_queued_) check_invariant(h != -1, "coordinator: a scratch store queued under -1");
 }
 
 void PagedStateCheckpointCoordinator::clear_index() {

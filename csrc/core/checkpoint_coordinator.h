@@ -26,6 +26,9 @@ class PagedStateCheckpointCoordinator {
  public:
   PagedStateCheckpointCoordinator(std::shared_ptr<BlockPool> pool, PagedStateCheckpointSpec spec,
                                   bool enabled, bool offload_sink = false, bool readable_midstep = false);
+  // Around a store built by the caller (the bindings' store carries Python state).
+  PagedStateCheckpointCoordinator(std::shared_ptr<PageUnitCheckpointStore> store, bool enabled,
+                                  bool readable_midstep = false);
 
   PageUnitCheckpointStore& store() const { return *store_; }
   const std::shared_ptr<PageUnitCheckpointStore>& store_ptr() const { return store_; }
@@ -41,6 +44,9 @@ class PagedStateCheckpointCoordinator {
   void attach_midstep_scratch(std::shared_ptr<ScratchSlotSource> scratch, int64_t max_ops_per_batch);
   std::vector<MidstepReservation> reserve_midstep(const Sequence& seq,
                                                   const std::vector<std::pair<int64_t, int64_t>>& positions);
+  // Both take rows reserve_midstep handed out and not yet published or
+  // cancelled, each once; std::invalid_argument for any other row, before
+  // anything changes.
   void publish_midstep(const std::vector<MidstepReservation>& reservations);
   void cancel_midstep(const std::vector<MidstepReservation>& reservations);
 
@@ -69,6 +75,8 @@ class PagedStateCheckpointCoordinator {
   bool begin_restore(int64_t prefix_hash, int64_t dst_slot) {
     return store_->begin_restore(prefix_hash, dst_slot).has_value();
   }
+  // Neither may run from an eviction handler inside take_checkpoint_ops
+  // (std::runtime_error): the stores it is beginning are not handed out yet.
   std::pair<std::vector<CheckpointStoreOp>, std::vector<CheckpointRestoreOp>> take_checkpoint_ops();
   void complete_previous_batch();
 
@@ -85,6 +93,10 @@ class PagedStateCheckpointCoordinator {
   void unindex(int64_t prefix_hash);
   void clear_index();
 
+  // The store's and pool's checks plus the coordinator's own bookkeeping;
+  // InvariantError on the first broken invariant.
+  void check_consistency() const;
+
  private:
   struct Pending {
     std::shared_ptr<Sequence> seq;  // kept alive until drained
@@ -95,6 +107,8 @@ class PagedStateCheckpointCoordinator {
   void supersede(const Sequence* seq);
   void drop_pending_of(const Sequence* seq);
   void take_scratch_stores(int64_t budget, std::vector<CheckpointStoreOp>& stores);
+  void check_reservations(const std::vector<MidstepReservation>& reservations) const;
+  void forget_reservations(const std::vector<MidstepReservation>& reservations);
   void release_scratch(int64_t slot) {
     if (scratch_) scratch_->release(slot);
   }
@@ -107,6 +121,7 @@ class PagedStateCheckpointCoordinator {
   int64_t max_ops_per_batch_ = 0;
   std::vector<std::pair<int64_t, int64_t>> scratch_queued_;  // (hash, slot), oldest first
   std::vector<int64_t> scratch_issued_;
+  std::vector<MidstepReservation> reserved_;  // handed out by reserve_midstep, not yet published or cancelled
   // One live entry per sequence (a newer boundary supersedes), in the order
   // the boundaries were filed.
   std::vector<Pending> pending_;
@@ -116,6 +131,7 @@ class PagedStateCheckpointCoordinator {
   FlatInt64Map<int64_t> pending_hashes_;  // hash -> live entries
   std::unordered_map<int64_t, UnitIds> transfer_units_;
   int64_t kept_ = 0, dropped_ = 0, orphaned_ = 0;
+  bool draining_ = false;  // inside take_checkpoint_ops
 };
 
 }  // namespace statecache

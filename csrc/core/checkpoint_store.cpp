@@ -8,10 +8,6 @@
 namespace statecache {
 
 namespace {
-double steady_seconds() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 int64_t checkpoint_owner(int64_t checkpoint_id) {
   return owner_token::make(owner_token::kCheckpoint, checkpoint_id);
 }
@@ -19,11 +15,16 @@ int64_t checkpoint_owner(int64_t checkpoint_id) {
 
 PageUnitCheckpointStore::PageUnitCheckpointStore(std::shared_ptr<BlockPool> pool,
                                                  PagedStateCheckpointSpec spec, bool offload_sink)
-    : pool_(std::move(pool)), spec_(std::move(spec)), offload_sink_(offload_sink), clock_(steady_seconds) {
+    : pool_(std::move(pool)), spec_(std::move(spec)), offload_sink_(offload_sink), clock_(monotonic_seconds) {
   if (!pool_) throw std::invalid_argument("pool: a PageUnitCheckpointStore needs a BlockPool");
 }
 
-void PageUnitCheckpointStore::set_clock(Clock clock) { clock_ = clock ? std::move(clock) : Clock(steady_seconds); }
+void PageUnitCheckpointStore::set_clock(Clock clock) { clock_ = clock ? std::move(clock) : Clock(monotonic_seconds); }
+
+double PageUnitCheckpointStore::monotonic_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
 
 // ---------------------------------------------------------------- records --
 
@@ -180,6 +181,7 @@ bool PageUnitCheckpointStore::ensure_free_units(int64_t count) {
 // ---------------------------------------------------------- store/restore --
 
 std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t prefix_hash, int64_t src_slot) {
+  if (prefix_hash == -1) bad_argument("prefix_hash", prefix_hash, "-1 means no hash");
   if (src_slot < 0) bad_argument("src_slot", src_slot, "must be >= 0");
   if (contains_or_pending(prefix_hash)) return std::nullopt;
   const int64_t needed = units_per_checkpoint();
@@ -189,7 +191,20 @@ std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t pr
   // returning; the units are ours by then.
   UnitIds units;
   units.swap(reserve_buf_);  // a reentrant call would find it empty, and allocate
-  const bool reserved = pool_->reserve_units(needed, checkpoint_owner(checkpoint_id), units);
+  bool reserved;
+  ++filing_;
+  try {
+    reserved = pool_->reserve_units(needed, checkpoint_owner(checkpoint_id), units);
+    --filing_;
+  } catch (...) {
+    --filing_;
+    // An eviction handler threw after the units were taken: nobody would
+    // ever learn of them, so they go straight back.
+    if (static_cast<int64_t>(units.size()) == needed) pool_->release_units(units, checkpoint_owner(checkpoint_id));
+    units.clear();
+    reserve_buf_.swap(units);
+    throw;
+  }
   int32_t idx = -1;
   if (reserved) idx = new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying);
   reserve_buf_.swap(units);
@@ -273,17 +288,29 @@ std::optional<SuspendedCheckpointRestore> PageUnitCheckpointStore::suspend_queue
   if (found == queued_restores_.size()) return std::nullopt;
   SuspendedCheckpointRestore out{queued_restores_[found].first, std::move(queued_restores_[found].second)};
   queued_restores_.erase(queued_restores_.begin() + static_cast<ptrdiff_t>(found));
+  suspended_.push_back(out);
   return out;
 }
 
+size_t PageUnitCheckpointStore::find_suspended(const SuspendedCheckpointRestore& restore) const {
+  for (size_t i = 0; i < suspended_.size(); ++i)
+    if (suspended_[i] == restore) return i;
+  bad_argument("restore", "checkpoint " + std::to_string(restore.checkpoint_id),
+               "is not a suspended restore of this store (already resumed or released?)");
+}
+
 void PageUnitCheckpointStore::resume_suspended_restore(const SuspendedCheckpointRestore& restore) {
+  const size_t i = find_suspended(restore);
   const Slot* s = find(restore.checkpoint_id);
   if (s == nullptr || s->rec.pin_count <= 0)
     throw InvariantError("suspended checkpoint restore lost its source pin");
+  suspended_.erase(suspended_.begin() + static_cast<ptrdiff_t>(i));
   queued_restores_.emplace_back(restore.checkpoint_id, restore.operation);
 }
 
 void PageUnitCheckpointStore::release_suspended_restore(const SuspendedCheckpointRestore& restore) {
+  const size_t i = find_suspended(restore);
+  suspended_.erase(suspended_.begin() + static_cast<ptrdiff_t>(i));
   release_offload_pin(restore.checkpoint_id, "checkpoint restore pin underflow");
 }
 
@@ -296,6 +323,9 @@ void PageUnitCheckpointStore::index_ready(Slot& s) {
 }
 
 void PageUnitCheckpointStore::complete_inflight() {
+  if (filing_ > 0)
+    throw std::runtime_error("complete_inflight: called while begin_store files a store (from an eviction handler); "
+                             "that store is not written yet");
   std::vector<int64_t> stores;
   stores.swap(inflight_stores_);
   for (int64_t checkpoint_id : stores) {
@@ -330,6 +360,10 @@ void PageUnitCheckpointStore::complete_inflight() {
 }
 
 bool PageUnitCheckpointStore::adopt_units(const UnitIds& unit_ids, int64_t owner, int64_t prefix_hash) {
+  if (static_cast<int64_t>(unit_ids.size()) != units_per_checkpoint())
+    bad_argument("unit_ids", static_cast<long long>(unit_ids.size()),
+                 ("units given; an image needs units_per_checkpoint=" + std::to_string(units_per_checkpoint())).c_str());
+  if (prefix_hash == -1) bad_argument("prefix_hash", prefix_hash, "-1 means no hash");
   if (contains_or_pending(prefix_hash)) {
     pool_->release_units(unit_ids, owner);
     return false;
@@ -453,6 +487,8 @@ void PageUnitCheckpointStore::queue_offload_store(int64_t checkpoint_id) {
 std::vector<PageUnitCheckpointStore::Source> PageUnitCheckpointStore::take_offload_stores(int64_t max_inflight) {
   std::vector<Source> out;
   std::vector<int64_t> deferred;
+  if (offload_ready_.empty() || static_cast<int64_t>(offload_pins_.size()) >= max_inflight) return out;
+  const double now = clock_();  // before any change
   while (!offload_ready_.empty() && static_cast<int64_t>(offload_pins_.size()) < max_inflight) {
     const int64_t checkpoint_id = offload_ready_.front();
     offload_ready_.pop_front();
@@ -463,7 +499,7 @@ std::vector<PageUnitCheckpointStore::Source> PageUnitCheckpointStore::take_offlo
       deferred.push_back(checkpoint_id);
       continue;
     }
-    out.push_back(pin_offload_source(checkpoint_id, true));
+    out.push_back(pin_offload_source(checkpoint_id, true, now));
   }
   offload_ready_.insert(offload_ready_.begin(), deferred.begin(), deferred.end());
   return out;
@@ -474,15 +510,15 @@ std::optional<PageUnitCheckpointStore::Source> PageUnitCheckpointStore::acquire_
   if (max_inflight && static_cast<int64_t>(offload_pins_.size()) >= *max_inflight) return std::nullopt;
   const int64_t checkpoint_id = lookup(prefix_hash);
   if (checkpoint_id < 0 || pins_per_hash_.count(prefix_hash) != 0) return std::nullopt;
-  return pin_offload_source(checkpoint_id, false);
+  return pin_offload_source(checkpoint_id, false, clock_());
 }
 
 PageUnitCheckpointStore::Source PageUnitCheckpointStore::pin_offload_source(int64_t checkpoint_id,
-                                                                            bool timeout_reclaimable) {
+                                                                            bool timeout_reclaimable, double now) {
   Slot& s = *find(checkpoint_id);
   const StateStoreOperationId op{s.rec.prefix_hash, ++offload_generation_};
   add_pins(s, 1);
-  offload_pins_.emplace(op, OffloadPin{checkpoint_id, clock_(), false, timeout_reclaimable, ++pin_seq_});
+  offload_pins_.emplace(op, OffloadPin{checkpoint_id, now, false, timeout_reclaimable, ++pin_seq_});
   ++pins_per_hash_[op.prefix_hash];
   return {op, s.rec.unit_ids};
 }
@@ -601,10 +637,23 @@ void PageUnitCheckpointStore::check_consistency() const {
     if (ready) {
       check_invariant(hash_index_get(s.rec.prefix_hash) == checkpoint_id, "store: READY record not indexed");
     }
+    check_invariant(s.rec.prefix_hash != -1, "store: a record filed under -1");
+    check_invariant(static_cast<int64_t>(s.rec.unit_ids.size()) == units_per_checkpoint(),
+                    "store: a record does not hold units_per_checkpoint units");
     if (is_evictable(s, -1)) evictable += static_cast<int64_t>(s.rec.unit_ids.size());
     for (int64_t u : s.rec.unit_ids)
       check_invariant(pool_->owner_of(u) == checkpoint_owner(checkpoint_id), "store: a record's unit is not its own");
   });
+  check_invariant(!hash_to_checkpoint_.contains(-1) && !pending_by_hash_.contains(-1), "store: -1 is indexed");
+  pending_by_hash_.for_each([&](int64_t h, int32_t idx) {
+    const Slot& s = slab_[idx];
+    check_invariant(s.id >= 0 && s.rec.prefix_hash == h && s.rec.state == CheckpointState::kCopying,
+                    "store: a pending hash names no COPYING record under it");
+  });
+  for (const auto& r : suspended_) {
+    const Slot* s = find(r.checkpoint_id);
+    check_invariant(s != nullptr && s->rec.pin_count > 0, "store: a suspended restore's checkpoint is unpinned");
+  }
   hash_to_checkpoint_.for_each([&](int64_t h, int32_t idx) {
     const int64_t checkpoint_id = slab_[idx].id;
     const Slot* s = find(checkpoint_id);
@@ -618,6 +667,7 @@ void PageUnitCheckpointStore::check_consistency() const {
   int64_t pins = 0;
   for (const auto& kv : pins_per_hash_) pins += kv.second;
   check_invariant(pins == static_cast<int64_t>(offload_pins_.size()), "store: per-hash pin counts drifted");
+  pool_->check_consistency();  // units conserved: free + reserved + KV-held == num_blocks
 }
 
 }  // namespace statecache

@@ -42,7 +42,10 @@ class PageUnitCheckpointStore {
   bool offload_sink() const { return offload_sink_; }
   void set_offload_sink(bool sink) { offload_sink_ = sink; }
   // Where pin ages are read from; an empty clock restores the monotonic one.
+  // The clock is read before anything changes, so one that throws leaves
+  // the store as it was.
   void set_clock(Clock clock);
+  static double monotonic_seconds();
 
   // ---- lookup ----
   int64_t lookup(int64_t prefix_hash) const;  // READY checkpoint id or -1
@@ -66,13 +69,19 @@ class PageUnitCheckpointStore {
   std::vector<CheckpointRestoreOp> take_restore_ops();
   void cancel_queued_restore(int64_t dst_slot);
   std::optional<SuspendedCheckpointRestore> suspend_queued_restore(int64_t dst_slot);
+  // Each takes back a restore suspend_queued_restore handed out, once:
+  // std::invalid_argument for any other (a second release would otherwise
+  // take another restore's pin).
   void resume_suspended_restore(const SuspendedCheckpointRestore& restore);
   void release_suspended_restore(const SuspendedCheckpointRestore& restore);
   // The batch that carried last pass's copies was issued: stores become READY,
-  // restores unpin.
+  // restores unpin. Refused (std::runtime_error) from an eviction handler
+  // run by begin_store: the store being filed has not been handed out, let
+  // alone written.
   void complete_inflight();
   // Publishes units held by `owner` as a READY checkpoint without a copy;
-  // releases them and returns false when the hash is already held.
+  // releases them and returns false when the hash is already held. The
+  // units must be exactly units_per_checkpoint, all held by `owner`.
   bool adopt_units(const UnitIds& unit_ids, int64_t owner, int64_t prefix_hash);
 
   // ---- change log ----
@@ -166,7 +175,9 @@ class PageUnitCheckpointStore {
   void note_change(std::optional<int64_t> prefix_hash);
   void index_ready(Slot& s);
   void queue_offload_store(int64_t checkpoint_id);
-  Source pin_offload_source(int64_t checkpoint_id, bool timeout_reclaimable);
+  Source pin_offload_source(int64_t checkpoint_id, bool timeout_reclaimable, double now);
+  // Index of the outstanding suspended restore equal to `restore`, or throws.
+  size_t find_suspended(const SuspendedCheckpointRestore& restore) const;
   void release_offload_pin(int64_t checkpoint_id, const char* what);
   // Both take a slab index: the eviction path already holds it, and a
   // probe of the id table would cost a cache miss per victim.
@@ -192,8 +203,10 @@ class PageUnitCheckpointStore {
   FlatInt64Map<int32_t> pending_by_hash_;
   std::vector<int64_t> inflight_stores_;
   UnitIds reserve_buf_;  // begin_store's reservation, reused across calls
+  int filing_ = 0;       // begin_store calls waiting for their reservation
   std::vector<std::pair<int64_t, CheckpointRestoreOp>> queued_restores_;
   std::vector<int64_t> inflight_restores_;
+  std::vector<SuspendedCheckpointRestore> suspended_;  // handed out, not yet resumed or released
   int64_t next_checkpoint_id_ = 0;
   int64_t generation_ = 0;
   int64_t evictions_ = 0;

@@ -218,8 +218,9 @@ TEST(Coordinator, NoScratchAttachedNeverCrashes) {
   Sequence seq;
   seq.state_slots = {0};
   EXPECT_TRUE(c.reserve_midstep(seq, {{16, 1}}).empty());
-  c.cancel_midstep({{0, 16, 1}});
-  c.publish_midstep({{0, 16, 1}});
+  // Rows never reserved are refused, changing nothing.
+  EXPECT_THROW(c.cancel_midstep({{0, 16, 1}}), std::invalid_argument);
+  EXPECT_THROW(c.publish_midstep({{0, 16, 1}}), std::invalid_argument);
   c.take_checkpoint_ops();
   c.complete_previous_batch();
 }
@@ -332,4 +333,113 @@ TEST(FlatInt64Map, MatchesUnorderedMapUnderRandomChurn) {
     EXPECT_EQ(ref.at(k), v);
   });
   EXPECT_EQ(seen, ref.size());
+}
+
+TEST(Store, SuspendedRestoreIsTakenBackOnce) {
+  auto pool = make_pool(16);
+  PageUnitCheckpointStore store(pool, kSpec);
+  make_ready(store, 1);
+  store.begin_restore(1, 3);
+  auto s = store.suspend_queued_restore(3);
+  ASSERT_TRUE(s.has_value());
+  store.begin_restore(1, 4);  // a second reader of the same image
+  store.release_suspended_restore(*s);
+  EXPECT_THROW(store.release_suspended_restore(*s), std::invalid_argument);
+  EXPECT_THROW(store.resume_suspended_restore(*s), std::invalid_argument);
+  EXPECT_EQ(store.record(0)->pin_count, 1);  // the other restore keeps its pin
+  store.check_consistency();
+}
+
+TEST(Store, MinusOneAndWrongUnitCountsAreRefusedBeforeAnyChange) {
+  auto pool = make_pool(16);
+  PageUnitCheckpointStore store(pool, kSpec);
+  EXPECT_THROW(store.begin_store(-1, 0), std::invalid_argument);
+  const int64_t owner = owner_token::make(owner_token::kOther, 0);
+  UnitIds units;
+  ASSERT_TRUE(pool->reserve_units(3, owner, units));
+  EXPECT_THROW(store.adopt_units(units, owner, 5), std::invalid_argument);
+  UnitIds one;
+  ASSERT_TRUE(pool->reserve_units(1, owner, one));
+  units.push_back(one[0]);
+  EXPECT_THROW(store.adopt_units(units, owner, -1), std::invalid_argument);
+  EXPECT_EQ(pool->num_reserved(), 4);
+  EXPECT_EQ(store.num_records(), 0);
+  EXPECT_TRUE(store.adopt_units(units, owner, 5));
+  store.check_consistency();
+}
+
+TEST(Store, ThrowingEvictHandlerLeavesNoOrphanUnits) {
+  auto pool = make_pool(4);
+  PageUnitCheckpointStore store(pool, kSpec);
+  UnitIds kv;
+  ASSERT_TRUE(pool->allocate(4, kv));
+  for (int64_t b : kv) pool->publish(b, 100 + b);
+  pool->free(kv);
+  pool->set_on_evict([](int64_t) { throw std::runtime_error("handler"); });
+  EXPECT_THROW(store.begin_store(7, 0), std::runtime_error);
+  // The reservation went back: no unit owned by a checkpoint without a record.
+  EXPECT_EQ(pool->num_free(), 4);
+  EXPECT_EQ(store.num_records(), 0);
+  store.check_consistency();
+}
+
+TEST(Store, ThrowingClockChangesNothing) {
+  auto pool = make_pool(8);
+  PageUnitCheckpointStore store(pool, kSpec, true);
+  make_ready(store, 1);
+  store.set_clock([]() -> double { throw std::runtime_error("clock"); });
+  EXPECT_THROW(store.take_offload_stores(2), std::runtime_error);
+  EXPECT_THROW(store.acquire_checkpoint_source(1), std::runtime_error);
+  EXPECT_EQ(store.record(0)->pin_count, 0);
+  EXPECT_FALSE(store.has_offload_pins());
+  EXPECT_EQ(store.store_backlog().size(), 1u);
+  store.check_consistency();
+}
+
+TEST(Coordinator, HandlerCannotCompleteStoresBeingBegun) {
+  auto pool = make_pool(4);
+  PagedStateCheckpointCoordinator c(pool, kSpec, true);
+  UnitIds kv;
+  ASSERT_TRUE(pool->allocate(4, kv));
+  for (int64_t b : kv) pool->publish(b, 100 + b);
+  pool->free(kv);
+  int refused = 0;
+  pool->set_on_evict([&](int64_t) {
+    try {
+      c.complete_previous_batch();
+    } catch (const std::runtime_error&) {
+      ++refused;
+    }
+  });
+  auto seq = std::make_shared<Sequence>();
+  seq->state_slots = {2};
+  c.checkpoint(seq, 1, 9);
+  auto [stores, restores] = c.take_checkpoint_ops();
+  EXPECT_EQ(stores.size(), 1u);
+  EXPECT_EQ(refused, 4);
+  EXPECT_FALSE(c.contains(9));
+  c.complete_previous_batch();
+  EXPECT_TRUE(c.contains(9));
+  c.check_consistency();
+}
+
+TEST(Coordinator, ThrowingScratchPopGivesBackItsSlots) {
+  struct Flaky : VectorScratch {
+    using VectorScratch::VectorScratch;
+    int pops = 0;
+    int64_t pop() override {
+      if (++pops == 2) throw std::runtime_error("pop");
+      return VectorScratch::pop();
+    }
+  };
+  auto pool = make_pool(16);
+  PagedStateCheckpointCoordinator c(pool, kSpec, true, false, true);
+  auto scratch = std::make_shared<Flaky>(3);
+  c.attach_midstep_scratch(scratch, 2);
+  Sequence seq;
+  seq.state_slots = {0};
+  EXPECT_THROW(c.reserve_midstep(seq, {{16, 1}, {32, 2}}), std::runtime_error);
+  EXPECT_EQ(scratch->free.size(), 3u);
+  EXPECT_THROW(c.reserve_midstep(seq, {{16, -1}}), std::invalid_argument);
+  c.check_consistency();
 }

@@ -1,6 +1,7 @@
 """BlockPool: page units, the KV prefix cache, on_evict re-entrancy, bad input."""
 
 import random
+import sys
 
 import pytest
 
@@ -148,8 +149,11 @@ def test_on_evict_may_unindex_a_store_on_the_same_pool():
     store.check_consistency()
 
 
-def test_on_evict_error_propagates_after_every_handler_ran():
-    seen = []
+def test_on_evict_error_is_reported_and_the_allocation_delivered(monkeypatch):
+    # README guarantees: a notification callback's exception goes to
+    # sys.unraisablehook; the call completes and hands out its result.
+    seen, reported = [], []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
 
     def boom(h):
         seen.append(h)
@@ -160,9 +164,9 @@ def test_on_evict_error_propagates_after_every_handler_ran():
     pool.publish(blocks[0], 1)
     pool.publish(blocks[1], 2)
     pool.free(blocks)
-    with pytest.raises(RuntimeError, match="handler 1"):
-        pool.allocate(2)
-    assert seen == [1, 2] and pool.num_kv_blocks == 2  # the allocation itself went through
+    assert sorted(pool.allocate(2)) == sorted(blocks)
+    assert seen == [1, 2] and [str(e) for e in reported] == ["handler 1", "handler 2"]
+    assert pool.num_kv_blocks == 2
     check_conservation(pool)
 
 

@@ -51,6 +51,7 @@ class StoreRun:
         self.slots = list(range(6))
         self.ops: list = []  # StateStoreOperationIds seen (same on both sides)
         self.suspended: list = []  # (ours, theirs)
+        self.spent: list = []  # suspended restores already resumed or released (ours)
         self.kv: list = []  # KV block lists, same ids on both pools
         self.owner_seq = 0
         self.steps = 0
@@ -65,6 +66,15 @@ class StoreRun:
         nb = (rb[0], norm(rb[1])) if rb[0] == "ok" else rb
         assert na == nb, f"step {self.steps}: {method}{args}{kw}: ours={na} reference={nb}"
         return ra, rb
+
+    def refused(self, obj, method, *args, **kw):
+        """A deliberate divergence (README): statecache refuses the call with
+        ValueError and changes nothing; the reference, which accepts it, is
+        not called, so the two sides stay comparable."""
+        before = store_state(self.ours)
+        ra = call(obj, method, *args, **kw)
+        assert ra == ("raise", "ValueError"), f"step {self.steps}: {method}{args}: ours={ra}, expected a refusal"
+        assert store_state(self.ours) == before, f"step {self.steps}: refused {method} changed the store"
 
     def check(self):
         sa, sb = store_state(self.ours), store_state(self.theirs)
@@ -97,7 +107,10 @@ class StoreRun:
         )[0]
         self.steps += 1
         if kind == "store":
-            self.both("begin_store", h, slot)
+            if h == -1:
+                self.refused(self.ours, "begin_store", h, slot)  # -1 means no hash
+            else:
+                self.both("begin_store", h, slot)
         elif kind == "restore":
             self.both("begin_restore", h, slot)
         elif kind == "take_restores":
@@ -110,9 +123,13 @@ class StoreRun:
             (sa, a), (sb, b) = self.both("suspend_queued_restore", slot)
             if sa == "ok" and a is not None:
                 self.suspended.append((a, b))
+        elif kind in ("resume", "release_susp") and self.spent and r.random() < 0.3:
+            # Taken back already: a second use would take another restore's pin.
+            method = "resume_suspended_restore" if kind == "resume" else "release_suspended_restore"
+            self.refused(self.ours, method, r.choice(self.spent))
         elif kind in ("resume", "release_susp") and self.suspended:
-            i = r.randrange(len(self.suspended))
-            a, b = self.suspended.pop(i) if kind == "release_susp" or r.random() < 0.7 else self.suspended[i]
+            a, b = self.suspended.pop(r.randrange(len(self.suspended)))
+            self.spent = (self.spent + [a])[-8:]
             method = "resume_suspended_restore" if kind == "resume" else "release_suspended_restore"
             ra, rb = call(self.ours, method, a), call(self.theirs, method, b)
             assert (ra[0], ra[1] if ra[0] == "raise" else None) == (rb[0], rb[1] if rb[0] == "raise" else None)
@@ -138,7 +155,13 @@ class StoreRun:
             owner = ("state-transfer", ("load", self.owner_seq)) if r.random() < 0.5 else f"xfer-{self.owner_seq}"
             n = self.ours.units_per_checkpoint
             (_, ua), (_, ub) = self.both("reserve_units", n, owner, target="pool")
-            if ua is not None:
+            if ua is not None and h == -1:
+                self.refused(self.ours, "adopt_units", tuple(ua), owner, h)  # -1 means no hash
+                self.both("release_units", ua, owner, target="pool")
+            elif ua is not None and r.random() < 0.1:
+                self.refused(self.ours, "adopt_units", tuple(ua[:-1]), owner, h)  # not one image's units
+                self.both("release_units", ua, owner, target="pool")
+            elif ua is not None:
                 self.both("adopt_units", tuple(ua), owner, h)
         elif kind == "take_offload":
             (sa, a), _ = self.both("take_offload_stores", r.choice([0, 1, 2, 4]))
@@ -216,6 +239,7 @@ class CoordinatorRun(StoreRun):
         for s in self.seqs:
             s.state_slots = [rng.choice(self.slots)]
         self.ops, self.suspended, self.kv, self.reservations = [], [], [], []
+        self.spent, self.closed = [], []  # taken-back suspended restores, published / cancelled rows
         self.held = []
         self.owners = []
         self.owner_seq = 0
@@ -252,7 +276,9 @@ class CoordinatorRun(StoreRun):
             weights=[16, 2, 9, 9, 6, 6, 3, 3, 1, 2, 1, 2, 0.5, 2, 2, 1, 2, 2, 1, 3, 0.3, 3, 4, 1, 1, 2, 2, 1],
         )[0]
         self.steps += 1
-        if kind == "checkpoint":
+        if kind == "checkpoint" and r.random() < 0.05:
+            self.refused(self.ours_c, "checkpoint", seq, r.randrange(8), -1)  # -1 means no hash
+        elif kind == "checkpoint":
             self.coord("checkpoint", seq, r.randrange(8), h)
         elif kind == "forget":
             self.coord("forget_pending", seq)
@@ -274,8 +300,13 @@ class CoordinatorRun(StoreRun):
             (_, a), _ = self.coord("reserve_midstep", seq, positions)
             if a:
                 self.reservations.append(a)
+        elif kind in ("publish_mid", "cancel_mid") and self.closed and r.random() < 0.2:
+            # A row already published or cancelled: publishing it again would
+            # free a slot someone else may hold now.
+            self.refused(self.ours_c, "publish_midstep" if kind == "publish_mid" else "cancel_midstep", r.choice(self.closed))
         elif kind in ("publish_mid", "cancel_mid") and self.reservations:
             res = self.reservations.pop(r.randrange(len(self.reservations)))
+            self.closed = (self.closed + [list(res)])[-6:]
             if kind == "publish_mid":
                 self.coord("publish_midstep", res, seq) if r.random() < 0.5 else self.coord("publish_midstep", res)
             else:
@@ -289,6 +320,8 @@ class CoordinatorRun(StoreRun):
             self.owners.append(owner)
         elif kind == "xfer_release" and self.owners:
             self.coord("release_transfer_units", r.choice(self.owners))
+        elif kind == "xfer_adopt" and self.owners and r.random() < 0.1:
+            self.refused(self.ours_c, "adopt_transfer_units", r.choice(self.owners), -1)  # -1 means no hash
         elif kind == "xfer_adopt" and self.owners:
             self.coord("adopt_transfer_units", r.choice(self.owners), h)
         elif kind == "attach":
@@ -331,8 +364,11 @@ class CoordinatorRun(StoreRun):
             (sa, a), (_, b) = self.coord("suspend_queued_restore", slot)
             if sa == "ok" and a is not None:
                 self.suspended.append((a, b))
+        elif kind == "resume" and self.spent and r.random() < 0.3:
+            self.refused(self.ours_c, r.choice(["resume_suspended_restore", "release_suspended_restore"]), r.choice(self.spent))
         elif kind == "resume" and self.suspended:
             a, b = self.suspended.pop(r.randrange(len(self.suspended)))
+            self.spent = (self.spent + [a])[-8:]
             m = r.choice(["resume_suspended_restore", "release_suspended_restore"])
             ra, rb = call(self.ours_c, m, a), call(self.ref_c, m, b)
             assert ra[0] == rb[0] and (ra[0] == "ok" or ra[1] == rb[1])
