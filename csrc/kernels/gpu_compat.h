@@ -31,6 +31,7 @@ using gpuStreamCaptureStatus = SC_GPU(StreamCaptureStatus);
 #define gpuOccupancyMaxActiveBlocksPerMultiprocessor SC_GPU(OccupancyMaxActiveBlocksPerMultiprocessor)
 #define gpuMalloc SC_GPU(Malloc)
 #define gpuFree SC_GPU(Free)
+#define gpuMemcpy SC_GPU(Memcpy)
 #define gpuMemcpyAsync SC_GPU(MemcpyAsync)
 #define gpuMemcpyHostToDevice SC_GPU(MemcpyHostToDevice)
 #define gpuEventCreateWithFlags SC_GPU(EventCreateWithFlags)

@@ -103,6 +103,20 @@ class _RowTable:
             self.geometry.append((str(t.dtype), tuple(shape), dim))
         if not self.count:
             raise ValueError(f"{name} hold no {index_name}s")
+        self.name = name
+        # What the rows' addresses were read from; check() compares it before
+        # every batch, so a replaced or resized storage never receives bytes.
+        self._fingerprint = [(t.data_ptr(), t.shape, t.untyped_storage().nbytes()) for t in self.tensors]
+
+    def check(self, owner: str) -> None:
+        """ValueError unless every tensor still has the storage, address and
+        shape it had when ``owner`` was built."""
+        for i, (t, (ptr, shape, nbytes)) in enumerate(zip(self.tensors, self._fingerprint)):
+            if t.data_ptr() != ptr or t.shape != shape or t.untyped_storage().nbytes() != nbytes:
+                raise ValueError(
+                    f"{self.name}[{i}]: its storage was replaced or resized since the {owner} was built "
+                    f"(data_ptr {ptr:#x} -> {t.data_ptr():#x}, shape {tuple(shape)} -> {tuple(t.shape)}, "
+                    f"storage {nbytes} -> {t.untyped_storage().nbytes()} bytes); build a new layout")
 
     @property
     def row_bytes(self) -> int:
@@ -158,6 +172,10 @@ class StateLayout:
     def segment_table(self) -> list[int]:
         return _flat(self._table.rows)
 
+    def check(self) -> None:
+        """ValueError if a tensor's storage was replaced or resized since this layout was built."""
+        self._table.check("StateLayout")
+
     def image_segment_table(self) -> list[int]:
         return _flat(self.image_segments)
 
@@ -186,6 +204,10 @@ class PageLayout:
 
     def segment_table(self) -> list[int]:
         return _flat(self._table.rows)
+
+    def check(self) -> None:
+        """ValueError if a tensor's storage was replaced or resized since this layout was built."""
+        self._table.check("PageLayout")
 
 
 def layout_id(state_layout: StateLayout, page_layout: PageLayout) -> str:

@@ -61,7 +61,7 @@ def test_layout_geometry_and_spec():
         state.slot_bytes, state.image_bytes, page.unit_bytes)
     ex = sc.StateCopyExecutor(state, page, max_num_seqs=4)
     assert ex.spec == spec and ex.layout_id == spec.layout_id
-    assert ex.planner.units_per_image == spec.units_per_checkpoint
+    assert ex.units_per_image == spec.units_per_checkpoint
     # Segment tables: one row per (tensor, layer), base/stride in bytes.
     seg = state.segments[1]
     assert (seg.base, seg.stride, seg.bytes) == (
@@ -135,7 +135,7 @@ def test_stand_in_ops_and_reference_value_types_plan_alike():
     a = ex.plan(stores=[StandInStore(1, tuple(range(n)), ex.spec.image_bytes, ex.layout_id)])
     b = ex.plan(stores=[sc.CheckpointStoreOp(src_slot=1, unit_ids=tuple(range(n)),
                                              total_bytes=ex.spec.image_bytes, layout_id=ex.layout_id)])
-    assert a.spans() == b.spans() and a.bytes == ex.spec.image_bytes
+    assert ex._planner.spans(a) == ex._planner.spans(b) and a.bytes == ex.spec.image_bytes
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -144,7 +144,7 @@ def test_random_batches_match_the_model(seed):
     rng = random.Random(seed)
     state, page, _, _ = make_world(rng, misaligned=seed % 2 == 0, partial=seed % 3 != 0)
     ex = sc.StateCopyExecutor(state, page, max_num_seqs=8)
-    units_per = ex.planner.units_per_image
+    units_per = ex.units_per_image
     for _ in range(4):
         batch = random_batch(rng, state, page, ex.layout_id, ex.spec.image_bytes, units_per)
         # Model on clones of the same memory.
@@ -159,15 +159,19 @@ def test_random_batches_match_the_model(seed):
         assert same(state.tensors, twin_state) and same(page.tensors, twin_page)
 
 
-def test_spans_merge_across_neighbouring_units():
+def test_template_merges_rows_adjacent_on_both_sides():
+    # K and V of a unit are neighbours in one buffer ([units, 2, 8] bytes): the
+    # template moves each unit's 16 bytes as one piece, not two.
     buf = torch.arange(4 * 64, dtype=torch.int32).to(torch.uint8)
-    state = sc.StateLayout(buf[:4 * 16].view(4, 16), slot_dim=0)
-    kv = torch.zeros(32, 4, dtype=torch.uint8)
-    page = sc.PageLayout(kv)
+    state = sc.StateLayout(buf[:4 * 64].view(4, 64), slot_dim=0)
+    kv = torch.zeros(32, 2, 8, dtype=torch.uint8)
+    page = sc.PageLayout([kv[:, 0], kv[:, 1]])
     ex = sc.StateCopyExecutor(state, page, max_num_seqs=2)
-    lid, n = ex.layout_id, ex.spec.image_bytes
-    assert ex.plan(stores=[StandInStore(1, (4, 5, 6, 7), n, lid)]).num_spans == 1
-    assert ex.plan(stores=[StandInStore(1, (4, 9, 6, 7), n, lid)]).num_spans == 3
+    assert ex.units_per_image == 4 and ex._planner.pieces_per_paged_op == 4
+    split = sc.PageLayout([torch.zeros(32, 8, dtype=torch.uint8), torch.zeros(32, 8, dtype=torch.uint8)])
+    assert sc.StateCopyExecutor(state, split, max_num_seqs=2)._planner.pieces_per_paged_op == 8
+    ex(stores=[StandInStore(1, (4, 9, 6, 7), ex.spec.image_bytes, ex.layout_id)])
+    assert torch.equal(kv[[4, 9, 6, 7]].reshape(-1), state.tensors[0][1])
 
 
 def _bad_batches(ex):

@@ -50,7 +50,7 @@ def test_kernel_matches_cpu_executor(seed, scale):
     moved = 0
     for _ in range(3):
         batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes,
-                             ec.planner.units_per_image)
+                             ec.units_per_image)
         pg, pc = eg(*batch), ec(*batch)
         assert (pg.num_spans, pg.bytes) == (pc.num_spans, pc.bytes)
         moved += pg.bytes
@@ -92,7 +92,7 @@ def test_graph_capture_replays_new_ops(seed):
     assert_same(gpu, cpu)
     for i in range(4):
         batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes,
-                             ec.planner.units_per_image)
+                             ec.units_per_image)
         if i == 2:  # eager batches interleave with replays
             eg(*batch)
         else:
@@ -105,7 +105,7 @@ def test_graph_capture_with_a_small_descriptor_budget():
     gpu, cpu = twins(7, misaligned=True, partial=False, scale=513)
     eg, ec = executors(gpu, cpu)
     batch = random_batch(random.Random(3), cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes,
-                         ec.planner.units_per_image)
+                         ec.units_per_image)
     need = ec.plan(*batch).num_spans
     assert need > 1
     small = eg.capture(max_spans=need)
@@ -123,7 +123,7 @@ def test_graph_capture_with_a_small_descriptor_budget():
 def test_validation_on_gpu_moves_nothing():
     gpu, cpu = twins(11, misaligned=False, partial=False, scale=64)
     eg, _ = executors(gpu, cpu)
-    n, k = eg.spec.image_bytes, eg.planner.units_per_image
+    n, k = eg.spec.image_bytes, eg.units_per_image
     good = sc.CheckpointStoreOp(src_slot=0, unit_ids=tuple(range(k)), total_bytes=n, layout_id=eg.layout_id)
     bad = sc.CheckpointStoreOp(src_slot=1, unit_ids=tuple(range(k)), total_bytes=n, layout_id=eg.layout_id)
     before = gpu[2].clone(), gpu[3].clone()
