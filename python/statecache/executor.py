@@ -127,52 +127,72 @@ class StateCopyExecutor:
     def _stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream
 
-    def capture(self, max_paged_ops: int | None = None, max_slot_copies: int | None = None
-                ) -> "CapturedStateCopy":
+    def capture(self, max_paged_ops: int | None = None, max_slot_copies: int | None = None,
+                buffers: int = 2) -> "CapturedStateCopy":
         """A CUDA/HIP graph of one batch launch, to replay with new ops.
 
         The graph copies room for ``max_paged_ops`` stores + restores and
         ``max_slot_copies`` relocations + copies (default: the executor's) at
         every replay, so keep them near the largest batch it will carry.
+        ``buffers=2`` captures two graphs over two staging buffers, used in
+        turn, so the host stages the next batch while the last one runs.
         """
         if self._engine is None:
             raise ValueError("graph capture needs a GPU executor, this one runs on the CPU")
         paged = self.max_paged_ops if max_paged_ops is None else max_paged_ops
         pairs = self.max_slot_copies if max_slot_copies is None else max_slot_copies
-        return CapturedStateCopy(self, paged, pairs)
+        return CapturedStateCopy(self, paged, pairs, buffers)
 
 
 class CapturedStateCopy:
-    """One descriptor copy + kernel captured in a graph on the executor's
-    device, replayed per batch.
+    """Descriptor copy + kernel captured in a graph on the executor's device,
+    replayed per batch (one graph per staging buffer, used in turn).
 
     ``replay(...)`` validates and stages the batch, replays, and marks the
-    staging as read. To put the launch in a larger graph of your own, call
-    ``record()`` inside that capture (on the executor's device) and
-    ``stage(...)`` / ``consumed()`` around each replay of it.
+    staging as read. To put the launch in a larger graph of your own, capture
+    with ``buffers=1``, call ``record()`` inside your capture (on the
+    executor's device) and ``stage(...)`` / ``consumed()`` around each replay
+    of it.
     """
 
-    def __init__(self, executor: StateCopyExecutor, max_paged_ops: int, max_slot_copies: int):
+    def __init__(self, executor: StateCopyExecutor, max_paged_ops: int, max_slot_copies: int,
+                 buffers: int = 2):
         for name, v, top in (("max_paged_ops", max_paged_ops, executor.max_paged_ops),
-                             ("max_slot_copies", max_slot_copies, executor.max_slot_copies)):
+                             ("max_slot_copies", max_slot_copies, executor.max_slot_copies),
+                             ("buffers", buffers, 2)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > top:
                 raise ValueError(f"{name}={v!r} must be in [0, {top}]")
         if max_paged_ops + max_slot_copies == 0:
             raise ValueError("max_paged_ops + max_slot_copies must be > 0")
+        if buffers == 0:
+            raise ValueError("buffers=0 must be 1 or 2")
         self.executor = executor
         self.device = executor.device
         self.max_paged_ops = max_paged_ops
         self.max_slot_copies = max_slot_copies
+        self._current = 0
         with torch.cuda.device(self.device):
-            self._engine = _C._GpuCopyEngine(self.device.index, executor._planner, max_slot_copies,
-                                             max_paged_ops, 1)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.record()
+            self._engines = [_C._GpuCopyEngine(self.device.index, executor._planner, max_slot_copies,
+                                               max_paged_ops, 1) for _ in range(buffers)]
+            self._graphs = []
+            for b in range(buffers):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self.record(b)
+                self._graphs.append(g)
 
-    def record(self) -> None:
-        """Enqueue the descriptor copy and the kernel (inside a capture)."""
-        self._engine.launch(self.executor._stream(), True)
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph:
+        """The graph that reads the most recently staged batch."""
+        return self._graphs[self._current]
+
+    @property
+    def _engine(self):
+        return self._engines[self._current]
+
+    def record(self, buffer: int = 0) -> None:
+        """Enqueue the descriptor copy of staging ``buffer`` and the kernel (inside a capture)."""
+        self._engines[buffer].launch(self.executor._stream(), True)
 
     def stage(self, relocations=(), copies=(), stores=(), restores=()):
         with self.executor._lock:
@@ -182,7 +202,9 @@ class CapturedStateCopy:
                     f"the batch has {batch.num_paged_ops} stores + restores and {batch.num_slot_copies} "
                     f"relocations + copies, the graph was captured for {self.max_paged_ops} and "
                     f"{self.max_slot_copies}")
-            self._engine.stage(batch)
+            nxt = (self._current + 1) % len(self._engines)
+            self._engines[nxt].stage(batch)  # waits until that buffer's last replay read it
+            self._current = nxt
             return batch
 
     def consumed(self) -> None:
