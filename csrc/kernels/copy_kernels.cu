@@ -148,6 +148,14 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
   }
 }
 
+// Moves the staged descriptors from mapped pinned host memory to the device,
+// 16 bytes a thread: a kernel node rather than a copy-engine memcpy, which
+// measured 3-14 us in a graph on an H200 against ~2 us for this.
+__global__ void fetch_descriptors_kernel(uint4* __restrict__ dst, const uint4* __restrict__ src, uint32_t n) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = src[i];
+}
+
 using KernelFn = void (*)(const TemplatePiece*, uint32_t, uint32_t, const unsigned char*);
 // 4 x 16 B in flight, 4 blocks of 256 an SM (64 registers, no spills), or
 // 8 x 16 B in flight, 2 blocks an SM: the same bytes in flight per SM.
@@ -185,6 +193,7 @@ struct GpuCopyEngine::Impl {
   uint32_t slot_items = 0, paged_items = 0;
   TemplatePiece* chunks = nullptr;
   std::vector<unsigned char*> host;
+  std::vector<unsigned char*> host_mapped;  // the same staging, as the device addresses it
   std::vector<unsigned char*> dev;
   std::vector<gpuEvent_t> consumed;
   std::vector<bool> pending;
@@ -224,6 +233,7 @@ GpuCopyEngine::GpuCopyEngine(int device, const SpanPlanner& planner, size_t max_
   m.max_units = max_paged_ops * static_cast<size_t>(planner.units_per_image());
   m.capacity_bytes = sizeof(BatchHeader) + (max_pair_ops + max_paged_ops) * sizeof(OpDesc) +
                      m.max_units * sizeof(int32_t);
+  m.capacity_bytes = (m.capacity_bytes + 15) / 16 * 16;  // fetched in 16-byte words
   std::vector<TemplatePiece> items;
   append_items(planner.slot_template(), items);
   m.slot_items = static_cast<uint32_t>(items.size());
@@ -240,12 +250,16 @@ GpuCopyEngine::GpuCopyEngine(int device, const SpanPlanner& planner, size_t max_
   check(gpuMemcpy(m.chunks, items.data(), items.size() * sizeof(TemplatePiece), gpuMemcpyHostToDevice),
         "upload the layout's templates");
   m.host.assign(buffers, nullptr);
+  m.host_mapped.assign(buffers, nullptr);
   m.dev.assign(buffers, nullptr);
   m.consumed.assign(buffers, nullptr);
   m.pending.assign(buffers, false);
   for (int b = 0; b < buffers; ++b) {
-    check(gpuHostAlloc(reinterpret_cast<void**>(&m.host[b]), m.capacity_bytes, gpuHostAllocDefault),
+    check(gpuHostAlloc(reinterpret_cast<void**>(&m.host[b]), m.capacity_bytes,
+                       gpuHostAllocMapped | gpuHostAllocPortable),
           "allocate pinned staging");
+    check(gpuHostGetDevicePointer(reinterpret_cast<void**>(&m.host_mapped[b]), m.host[b], 0),
+          "map pinned staging");
     check(gpuMalloc(reinterpret_cast<void**>(&m.dev[b]), m.capacity_bytes), "allocate descriptors");
     check(gpuEventCreateWithFlags(&m.consumed[b], gpuEventDisableTiming), "create event");
     // An empty batch until the first stage: a replay before it moves nothing.
@@ -287,10 +301,13 @@ void GpuCopyEngine::launch(uintptr_t stream_handle, bool full_transfer, bool cop
   if (m.current < 0) m.current = 0, m.staged_bytes = sizeof(BatchHeader);  // the empty batch
   auto stream = reinterpret_cast<gpuStream_t>(stream_handle);
   DeviceGuard guard(m.device);
-  if (copy_descriptors)
-    check(gpuMemcpyAsync(m.dev[m.current], m.host[m.current], full_transfer ? m.capacity_bytes : m.staged_bytes,
-                         gpuMemcpyHostToDevice, stream),
-          "copy descriptors");
+  if (copy_descriptors) {
+    const uint32_t words = static_cast<uint32_t>(((full_transfer ? m.capacity_bytes : m.staged_bytes) + 15) / 16);
+    fetch_descriptors_kernel<<<(words + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+        reinterpret_cast<uint4*>(m.dev[m.current]), reinterpret_cast<const uint4*>(m.host_mapped[m.current]),
+        words);
+    check(gpuGetLastError(), "launch descriptor fetch");
+  }
   m.kernel<<<m.grid, kThreads, 0, stream>>>(m.chunks, m.slot_items, m.paged_items, m.dev[m.current]);
   check(gpuGetLastError(), "launch copy kernel");
   if (!capturing(stream)) {

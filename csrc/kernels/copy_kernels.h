@@ -13,8 +13,8 @@
 //   * no op may write bytes another op of the same batch reads or writes: all
 //     ops run concurrently (SpanPlanner::validate guarantees this);
 //   * work is enqueued on `stream` (a cudaStream_t / hipStream_t passed as an
-//     integer): one host-to-device copy of the descriptors from pinned staging,
-//     then one kernel; both may be captured in a graph. A replay re-reads the
+//     integer): a small kernel fetching the descriptors from mapped pinned
+//     staging, then the copy kernel; both may be captured in a graph. A replay re-reads the
 //     staging the capture used, so stage the new batch before each replay and
 //     call record_consumed() after it.
 // Not thread-safe: callers serialise stage/launch (the Python executor holds
@@ -46,7 +46,7 @@ class GpuCopyEngine {
   // Throws std::invalid_argument for a batch of another planner or one that
   // exceeds the capacity.
   void stage(const CompiledBatch& batch);
-  // Enqueues the H2D copy of the staged descriptors (the whole staging with
+  // Enqueues the fetch of the staged descriptors (the whole staging with
   // `full_transfer`, so a graph captured now serves any later batch) and the
   // kernel on `stream`. Without `copy_descriptors` the kernel re-reads the
   // device copy of an earlier launch (for timing the kernel alone).

@@ -6,14 +6,18 @@
 #include <hip/hip_runtime.h>
 #define SC_GPU(name) hip##name
 #define gpuHostAlloc hipHostMalloc
-#define gpuHostAllocDefault hipHostMallocDefault
+#define gpuHostAllocMapped hipHostMallocMapped
+#define gpuHostAllocPortable hipHostMallocPortable
+#define gpuHostGetDevicePointer hipHostGetDevicePointer
 #define gpuFreeHost hipHostFree
 #define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #else
 #include <cuda_runtime.h>
 #define SC_GPU(name) cuda##name
 #define gpuHostAlloc cudaHostAlloc
-#define gpuHostAllocDefault cudaHostAllocDefault
+#define gpuHostAllocMapped cudaHostAllocMapped
+#define gpuHostAllocPortable cudaHostAllocPortable
+#define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuFreeHost cudaFreeHost
 #define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #endif
