@@ -11,6 +11,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 ROOT=$(pwd)
+TMP=$(mktemp -d)  # build logs and SASS stay here unless something fails
 log() { echo "== $*"; }
 
 log "device"
@@ -23,19 +24,18 @@ log "build (CUDA kernels for sm_90 and sm_80)"
 cmake -S . -B build/gpu -G Ninja -DSTATECACHE_BUILD_PYTHON=ON -DSTATECACHE_BUILD_TESTS=OFF \
   -DSTATECACHE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90;80" -DCMAKE_BUILD_TYPE=Release \
   -DPython_EXECUTABLE="$(command -v $PY)" -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" \
-  -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$ROOT/python/statecache" > "$OUT/cmake.log" 2>&1 || { cat "$OUT/cmake.log"; exit 1; }
-ninja -C build/gpu > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$ROOT/python/statecache" > "$TMP/cmake.log" 2>&1 || { cat "$TMP/cmake.log"; exit 1; }
+ninja -C build/gpu > "$TMP/build.log" 2>&1 || { tail -40 "$TMP/build.log"; exit 1; }
 export PYTHONPATH="$ROOT/python"
 $PY -c "import statecache as sc; print('has_gpu_kernels', sc.has_gpu_kernels)"
 
 log "ptxas -v (sm_90, sm_80)"
 nvcc -std=c++17 -O3 -Icsrc -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
-  -Xptxas -v -c csrc/kernels/copy_kernels.cu -o "$OUT/copy_kernels.o" > "$OUT/ptxas.txt" 2>&1
+  -Xptxas -v -c csrc/kernels/copy_kernels.cu -o "$TMP/copy_kernels.o" > "$OUT/ptxas.txt" 2>&1
 grep -E "registers|spill|Compiling entry" "$OUT/ptxas.txt" | sed 's/_ZN.*copy_ops_kernel[^ ]*/copy_ops_kernel/'
-cuobjdump -sass -arch sm_90 "$OUT/copy_kernels.o" > "$OUT/sass_sm90.txt" 2>&1
+cuobjdump -sass -arch sm_90 "$TMP/copy_kernels.o" > "$TMP/sass_sm90.txt" 2>&1
 echo "sm_90 SASS memory instructions (count):"
-grep -oE '\b(LDG|STG|LD|ST|LDL|STL)\.[A-Z0-9.]*' "$OUT/sass_sm90.txt" | sort | uniq -c | tr '\n' ';'; echo
-rm -f "$OUT/copy_kernels.o"
+grep -oE '\b(LDG|STG|LD|ST|LDL|STL)\.[A-Z0-9.]*' "$TMP/sass_sm90.txt" | sort | uniq -c | tr '\n' ';'; echo
 
 log "tests (GPU + CPU copy engine)"
 (cd tests/python && timeout 400 $PY -m pytest -q -p no:cacheprovider -rs test_copy_gpu.py test_copy.py 2>&1 \
