@@ -246,21 +246,24 @@ def bench_layout(name, args, flush, rng):
         r["sc_vs_torch"] = r["torch_us"] / r["sc_us"]
         del cap
         rows.append(r)
-    # Kernel builds side by side (kernel alone, the 16-op batch or the largest).
-    n = 16 if 16 in args.batches else max(args.batches)
-    stores, _ = w.ops(n, rng)
-    batch = w.ex.plan(stores=stores)
+    # Kernel builds side by side (the kernel alone, interleaved), at 1 and 16 ops.
     variants = {}
-    for v in range(_C._GpuCopyEngine.num_variants):
-        e = _C._GpuCopyEngine(0, w.ex._planner, 0, n, 1, v)
-        e.stage(batch)
-        e.launch(torch.cuda.current_stream().cuda_stream)
-        g = graph_of(lambda: e.launch(torch.cuda.current_stream().cuda_stream, False, False))
-        variants[v] = time_replays(g.replay, args.reps, flush) * 1e6
-        del g, e
+    for n in [b for b in (1, 16) if b in args.batches]:
+        stores, _ = w.ops(n, rng)
+        batch = w.ex.plan(stores=stores)
+        engines, graphs = [], []
+        for v in range(_C._GpuCopyEngine.num_variants):
+            e = _C._GpuCopyEngine(0, w.ex._planner, 0, n, 1, v)
+            e.stage(batch)
+            e.launch(torch.cuda.current_stream().cuda_stream)
+            engines.append(e)
+            graphs.append(graph_of(lambda e=e: e.launch(torch.cuda.current_stream().cuda_stream, False, False)))
+        times = time_many([g.replay for g in graphs], args.reps, flush)
+        variants[n] = {str(v): t * 1e6 for v, t in enumerate(times)}
+        del engines, graphs
     info = dict(pieces_per_op=w.ex._planner.pieces_per_paged_op, items_per_op=w.ex._engine.items_per_paged_op,
                 grid_blocks=w.ex._engine.grid_blocks, image_bytes=w.image, unit_bytes=w.unit,
-                variants_kernel_us={str(k): v for k, v in variants.items()}, variants_ops=n)
+                variants_kernel_us=variants)
     del w
     torch.cuda.empty_cache()
     return rows, info
@@ -355,9 +358,10 @@ def table(r: dict) -> str:
                    f"{x['sc_restore_vs_copy']:>5.3f} {x['kernel_restore_vs_copy']:>7.3f}        | "
                    f"{x['sc_vs_torch']:>7.1f}x | {x['host_us']:>7.1f} {x['host_limit_us']:>5.0f}")
     for name, info in r["layouts"].items():
-        v = ", ".join(f"v{k} {us:.1f} us" for k, us in info["variants_kernel_us"].items())
+        v = "; ".join(f"{n} ops: " + ", ".join(f"v{k} {us:.1f}" for k, us in t.items())
+                      for n, t in info["variants_kernel_us"].items())
         out.append(f"{name}: {LAYOUTS[name][0]}; {info['pieces_per_op']} pieces, {info['items_per_op']} items "
-                   f"an op; grid {info['grid_blocks']}; kernel builds at {info['variants_ops']} ops: {v}")
+                   f"an op; grid {info['grid_blocks']}; kernel builds (us): {v}")
     if "contiguous" in r:
         c = r["contiguous"]
         out.append(f"one contiguous {c['mbytes']:.0f} MB row: kernel {c['kernel_us']:.1f} us, copy_ "

@@ -119,7 +119,7 @@ __device__ __forceinline__ void warp_copy(uint64_t dst_addr, uint64_t src_addr, 
 // Unroll: 16-byte loads in flight per lane; MinBlocks: blocks an SM must
 // hold (caps the registers). Both builds are kept so the benchmark can time
 // them side by side; variant 0 is the default.
-template <int Unroll, int MinBlocks>
+template <int Unroll, int MinBlocks, bool Balanced>
 __global__ void __launch_bounds__(kThreads, MinBlocks)
     copy_ops_kernel(const TemplatePiece* __restrict__ chunks, uint32_t slot_items, uint32_t paged_items,
                     const unsigned char* __restrict__ batch) {
@@ -129,7 +129,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
   const uint64_t pair_items = uint64_t{h.num_pair_ops} * slot_items;
   const uint64_t total = pair_items + uint64_t{h.num_paged_ops} * paged_items;
   const uint32_t lane = threadIdx.x % kWarp;
-  const uint64_t warps = uint64_t{gridDim.x} * (kThreads / kWarp);
+  uint64_t warps = uint64_t{gridDim.x} * (kThreads / kWarp);
+  if (Balanced && total > 0) {
+    // As many warps as give every one the same number of rounds: no last
+    // round with a fraction of the grid busy (matters for one-op batches).
+    const uint64_t rounds = (total + warps - 1) / warps;
+    warps = (total + rounds - 1) / rounds;
+  }
   for (uint64_t item = uint64_t{blockIdx.x} * (kThreads / kWarp) + threadIdx.x / kWarp; item < total;
        item += warps) {
     uint64_t op, chunk;
@@ -158,8 +164,10 @@ __global__ void fetch_descriptors_kernel(uint4* __restrict__ dst, const uint4* _
 
 using KernelFn = void (*)(const TemplatePiece*, uint32_t, uint32_t, const unsigned char*);
 // 4 x 16 B in flight, 4 blocks of 256 an SM (64 registers, no spills), or
-// 8 x 16 B in flight, 2 blocks an SM: the same bytes in flight per SM.
-constexpr KernelFn kVariants[] = {copy_ops_kernel<4, 4>, copy_ops_kernel<8, 2>};
+// 8 x 16 B in flight, 2 blocks an SM: the same bytes in flight per SM;
+// with or without balanced rounds.
+constexpr KernelFn kVariants[] = {copy_ops_kernel<4, 4, true>, copy_ops_kernel<4, 4, false>,
+                                  copy_ops_kernel<8, 2, true>};
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 bool capturing(gpuStream_t stream) {
