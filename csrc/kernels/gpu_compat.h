@@ -47,12 +47,7 @@ using gpuStreamCaptureStatus = SC_GPU(StreamCaptureStatus);
 #define gpuStreamCaptureStatusNone SC_GPU(StreamCaptureStatusNone)
 
 template <typename T> __device__ __forceinline__ T gpu_load(const T* p) { return *p; }
-#if defined(__HIP_PLATFORM_AMD__) || defined(STATECACHE_GPU_HIP)
-__device__ __forceinline__ void gpu_prefetch(const void*) {}  // a hint; none on HIP here
-#else
-// Asks for the line holding p in this SM's L1 (a hint: no register, no wait).
-__device__ __forceinline__ void gpu_prefetch(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-#endif
+
 template <typename T> __device__ __forceinline__ void gpu_store(T* p, T v) { *p = v; }
 #if !defined(__HIP_PLATFORM_AMD__) && !defined(STATECACHE_GPU_HIP)
 // Pointers read from descriptors are generic to the compiler, which would
