@@ -6,7 +6,7 @@ median of --reps):
   copy_        a contiguous ``copy_`` of the batch's bytes (the ceiling)
   torch        per-row ``index_select`` into a padded image, ``index_copy_`` into the
                page rows (stores only; the baseline a user would write)
-  sc           StateCopyExecutor graph: descriptor H2D + one kernel launch
+  sc           StateCopyExecutor graph: descriptor fetch kernel + the copy kernel
   kernel       the kernel alone (descriptors already on the device)
   whole        plan + stage + replay, host-serialized, per batch (wall clock over
                rotating op sets, so consecutive batches touch different memory)
@@ -372,7 +372,7 @@ def table(r: dict) -> str:
         out.append(f"target kernel >= 0.90 of copy_ (batches >= 16 MB): min store {min(x['kernel_vs_copy'] for x in big):.3f}, "
                    f"min restore {min(x['kernel_restore_vs_copy'] for x in big):.3f}")
         out.append(f"target whole batch >= 0.85: min {min(x['whole_vs_copy'] for x in big):.3f}; "
-                   f"graph (H2D + kernel) min {min(x['sc_vs_copy'] for x in big):.3f}")
+                   f"graph (fetch + kernel) min {min(x['sc_vs_copy'] for x in big):.3f}")
     out.append(f"target host <= 1 us/op + 10 us: worst margin "
                f"{max(x['host_us'] - x['host_limit_us'] for x in r['rows']):+.1f} us (negative = met)")
     if one:
