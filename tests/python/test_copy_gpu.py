@@ -180,3 +180,19 @@ def test_validation_on_gpu_moves_nothing():
         eg(stores=[good, bad])
     torch.cuda.synchronize()
     assert torch.equal(before[0], gpu[2]) and torch.equal(before[1], gpu[3])
+
+
+@pytest.mark.parametrize("variant", range(sc._C._GpuCopyEngine.num_variants if sc.has_gpu_kernels else 0))
+def test_every_kernel_build_matches_cpu_executor(variant):
+    """The benchmark times every kernel build; each must be bit-exact too
+    (slot copies included, which the speculating build guesses around)."""
+    gpu, cpu = twins(31 + variant, misaligned=True, partial=True, scale=1013, kv=True)
+    eg, ec = executors(gpu, cpu)
+    eg._engine = sc._C._GpuCopyEngine(eg.device.index, eg._planner, eg.max_slot_copies, eg.max_paged_ops, 2,
+                                      variant)
+    rng = random.Random(variant)
+    for _ in range(4):
+        batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image)
+        eg(*batch)
+        ec(*batch)
+        assert_same(gpu, cpu)
