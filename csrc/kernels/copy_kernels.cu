@@ -119,26 +119,12 @@ __device__ __forceinline__ void warp_copy(uint64_t dst_addr, uint64_t src_addr, 
 // Unroll: 16-byte loads in flight per lane; MinBlocks: blocks an SM must
 // hold (caps the registers). Both builds are kept so the benchmark can time
 // them side by side; variant 0 is the default.
-// Speculate: a warp's first item is located as if the batch held no slot
-// copies, so its descriptor loads go out with the header's instead of after
-// it (reloaded when the guess was wrong); `max_ops` keeps the guess inside
-// the staging.
-template <int Unroll, int MinBlocks, bool Speculate>
+template <int Unroll, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks)
     copy_ops_kernel(const TemplatePiece* __restrict__ chunks, uint32_t slot_items, uint32_t paged_items,
-                    const unsigned char* __restrict__ batch, uint32_t max_ops) {
-  const OpDesc* __restrict__ ops = reinterpret_cast<const OpDesc*>(batch + sizeof(BatchHeader));
-  const uint64_t first = uint64_t{blockIdx.x} * (kThreads / kWarp) + threadIdx.x / kWarp;
-  uint64_t guess_op = 0, guess_chunk = 0;
-  TemplatePiece guess_p;
-  OpDesc guess_o;
-  if (Speculate) {
-    guess_op = min(first / paged_items, uint64_t{max_ops - 1});
-    guess_chunk = slot_items + first % paged_items;
-    guess_p = chunks[guess_chunk];
-    guess_o = ops[guess_op];
-  }
+                    const unsigned char* __restrict__ batch) {
   const BatchHeader h = *reinterpret_cast<const BatchHeader*>(batch);
+  const OpDesc* __restrict__ ops = reinterpret_cast<const OpDesc*>(batch + sizeof(BatchHeader));
   const int32_t* __restrict__ units = reinterpret_cast<const int32_t*>(ops + h.num_pair_ops + h.num_paged_ops);
   const uint64_t pair_items = uint64_t{h.num_pair_ops} * slot_items;
   const uint64_t total = pair_items + uint64_t{h.num_paged_ops} * paged_items;
@@ -155,21 +141,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
       chunk = slot_items + (i - j * paged_items);
     }
   };
-  uint64_t item = first;
-  if (Speculate) {
-    if (item >= total) return;
-    uint64_t op, chunk;
-    locate(item, op, chunk);
-    if (op != guess_op || chunk != guess_chunk) {
-      guess_p = chunks[chunk];
-      guess_o = ops[op];
-    }
-    uint64_t src, dst;
-    resolve(guess_p, guess_o, units, src, dst);
-    warp_copy<Unroll>(dst, src, guess_p.bytes, lane);
-    item += warps;
-  }
-  for (; item < total; item += warps) {
+  for (uint64_t item = uint64_t{blockIdx.x} * (kThreads / kWarp) + threadIdx.x / kWarp; item < total;
+       item += warps) {
     uint64_t op, chunk;
     locate(item, op, chunk);
     const TemplatePiece p = chunks[chunk];
@@ -187,23 +160,15 @@ __global__ void fetch_descriptors_kernel(uint4* __restrict__ dst, const uint4* _
   if (i < n) dst[i] = src[i];
 }
 
-using KernelFn = void (*)(const TemplatePiece*, uint32_t, uint32_t, const unsigned char*, uint32_t);
-struct Variant {
-  KernelFn kernel;
-  uint32_t item_bytes;
-};
+using KernelFn = void (*)(const TemplatePiece*, uint32_t, uint32_t, const unsigned char*);
 // 4 x 16 B in flight, 4 blocks of 256 an SM (64 registers), or 8 x 16 B in
 // flight, 2 blocks an SM: the same bytes in flight per SM, timed alike. Tried
 // on an H200 and dropped (kernel alone, kv16 layout): fewer warps so that
 // every warp gets the same number of items (1 op 29.4 us against 28.3);
 // prefetching the next item's descriptors into L1 (16 ops 336.9 us against
-// 325.4, 1 op 28.7 against 28.2).
-// On trial in the benchmark: variant 2, 2 KiB items (a finer tail); variant
-// 3, variant 1 with the first item's descriptors loaded with the header.
-constexpr Variant kVariants[] = {{copy_ops_kernel<4, 4, false>, kItemBytes},
-                                 {copy_ops_kernel<8, 2, false>, kItemBytes},
-                                 {copy_ops_kernel<4, 4, false>, kItemBytes / 2},
-                                 {copy_ops_kernel<8, 2, true>, kItemBytes}};
+// 325.4, 1 op 28.7 against 28.2); 2 KiB items (16 ops 327.9 against 324.8);
+// loading the first item's descriptors along with the header (no gain).
+constexpr KernelFn kVariants[] = {copy_ops_kernel<4, 4>, copy_ops_kernel<8, 2>};
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 bool capturing(gpuStream_t stream) {
@@ -214,13 +179,13 @@ bool capturing(gpuStream_t stream) {
 
 // A template cut into work items of at most kItemBytes. Cuts keep each
 // side's offset, so their alignment (what picks the word width) is kept too.
-void append_items(const std::vector<TemplatePiece>& pieces, uint32_t item_bytes, std::vector<TemplatePiece>& out) {
+void append_items(const std::vector<TemplatePiece>& pieces, std::vector<TemplatePiece>& out) {
   for (const TemplatePiece& p : pieces)
-    for (uint32_t off = 0; off < p.bytes; off += item_bytes) {
+    for (uint32_t off = 0; off < p.bytes; off += kItemBytes) {
       TemplatePiece c = p;
       c.slot_base += off;
       c.other_base += off;
-      c.bytes = std::min(item_bytes, p.bytes - off);
+      c.bytes = std::min(kItemBytes, p.bytes - off);
       out.push_back(c);
     }
 }
@@ -270,7 +235,7 @@ GpuCopyEngine::GpuCopyEngine(int device, const SpanPlanner& planner, size_t max_
     throw std::invalid_argument("max_pair_ops + max_paged_ops must be in [1, 2**30)");
   Impl& m = *impl_;
   m.device = device;
-  m.kernel = kVariants[variant].kernel;
+  m.kernel = kVariants[variant];
   m.planner_serial = planner.serial();
   m.max_pairs = max_pair_ops;
   m.max_paged = max_paged_ops;
@@ -279,9 +244,9 @@ GpuCopyEngine::GpuCopyEngine(int device, const SpanPlanner& planner, size_t max_
                      m.max_units * sizeof(int32_t);
   m.capacity_bytes = (m.capacity_bytes + 15) / 16 * 16;  // fetched in 16-byte words
   std::vector<TemplatePiece> items;
-  append_items(planner.slot_template(), kVariants[variant].item_bytes, items);
+  append_items(planner.slot_template(), items);
   m.slot_items = static_cast<uint32_t>(items.size());
-  append_items(planner.paged_template(), kVariants[variant].item_bytes, items);
+  append_items(planner.paged_template(), items);
   if (items.size() >= UINT32_MAX) throw std::invalid_argument("the layout's templates are too large");
   m.paged_items = static_cast<uint32_t>(items.size()) - m.slot_items;
   DeviceGuard guard(device);
@@ -352,8 +317,7 @@ void GpuCopyEngine::launch(uintptr_t stream_handle, bool full_transfer, bool cop
         words);
     check(gpuGetLastError(), "launch descriptor fetch");
   }
-  m.kernel<<<m.grid, kThreads, 0, stream>>>(m.chunks, m.slot_items, m.paged_items, m.dev[m.current],
-                                            static_cast<uint32_t>(m.max_pairs + m.max_paged));
+  m.kernel<<<m.grid, kThreads, 0, stream>>>(m.chunks, m.slot_items, m.paged_items, m.dev[m.current]);
   check(gpuGetLastError(), "launch copy kernel");
   if (!capturing(stream)) {
     check(gpuEventRecord(m.consumed[m.current], stream), "record event");
