@@ -1,41 +1,61 @@
 #!/usr/bin/env bash
 # Everything the copy engine needs a GPU for, in one call on the device machine:
 # build the extension with the CUDA kernels, ptxas / SASS facts, the GPU tests
-# (plus the CPU copy tests), the benchmark; a short summary last.
+# (plus the CPU copy tests), compute-sanitizer memcheck and racecheck on the
+# GPU tests, the benchmark; a short summary last.
 # Usage (from the repository root): bash benchmarks/gpu_check.sh [OUTDIR]
+# BENCH_ARGS: extra bench_copy.py arguments; SKIP_SANITIZER=1 skips it.
 set -uo pipefail
 OUT=${1:-${OUT:-/tmp/statecache-gpu}}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 ROOT=$(pwd)
+TMP=$(mktemp -d)  # build logs and SASS stay here unless something fails
 log() { echo "== $*"; }
 
 log "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+nvidia-smi -L
 nvcc --version | tail -1
-$PY -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"
+$PY -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), 'devices', torch.cuda.device_count())"
 
 log "build (CUDA kernels for sm_90 and sm_80)"
 cmake -S . -B build/gpu -G Ninja -DSTATECACHE_BUILD_PYTHON=ON -DSTATECACHE_BUILD_TESTS=OFF \
   -DSTATECACHE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90;80" -DCMAKE_BUILD_TYPE=Release \
   -DPython_EXECUTABLE="$(command -v $PY)" -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" \
-  -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$ROOT/python/statecache" > "$OUT/cmake.log" 2>&1 || { cat "$OUT/cmake.log"; exit 1; }
-ninja -C build/gpu > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$ROOT/python/statecache" > "$TMP/cmake.log" 2>&1 || { cat "$TMP/cmake.log"; exit 1; }
+ninja -C build/gpu > "$TMP/build.log" 2>&1 || { tail -40 "$TMP/build.log"; exit 1; }
 export PYTHONPATH="$ROOT/python"
 $PY -c "import statecache as sc; print('has_gpu_kernels', sc.has_gpu_kernels)"
 
 log "ptxas -v (sm_90, sm_80)"
 nvcc -std=c++17 -O3 -Icsrc -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
-  -Xptxas -v -c csrc/kernels/copy_kernels.cu -o "$OUT/copy_kernels.o" > "$OUT/ptxas.txt" 2>&1
-grep -E "registers|spill|Compiling entry" "$OUT/ptxas.txt" | sed 's/_ZN.*copy_spans_kernel[^ ]*/copy_spans_kernel/'
-cuobjdump -sass -arch sm_90 "$OUT/copy_kernels.o" > "$OUT/sass_sm90.txt" 2>&1
+  -Xptxas -v -c csrc/kernels/copy_kernels.cu -o "$TMP/copy_kernels.o" > "$OUT/ptxas.txt" 2>&1
+grep -E "registers|spill|Compiling entry" "$OUT/ptxas.txt" | sed 's/_ZN.*copy_ops_kernel[^ ]*/copy_ops_kernel/'
+cuobjdump -sass -arch sm_90 "$TMP/copy_kernels.o" > "$TMP/sass_sm90.txt" 2>&1
 echo "sm_90 SASS memory instructions (count):"
-grep -oE '\b(LDG|STG|LD|ST|LDL|STL)\.[A-Z0-9.]*' "$OUT/sass_sm90.txt" | sort | uniq -c | tr '\n' ';'; echo
-rm -f "$OUT/copy_kernels.o"
+grep -oE '\b(LDG|STG|LD|ST|LDL|STL)\.[A-Z0-9.]*' "$TMP/sass_sm90.txt" | sort | uniq -c | tr '\n' ';'; echo
 
 log "tests (GPU + CPU copy engine)"
-(cd tests/python && $PY -m pytest -q -p no:cacheprovider -rs test_copy_gpu.py test_copy.py 2>&1 | tee "$OUT/pytest.txt" | tail -15)
+(cd tests/python && timeout 300 $PY -m pytest -q -p no:cacheprovider -rs test_copy_gpu.py test_copy.py test_copy_tp.py test_copy_ranks.py 2>&1 \
+  | tee "$OUT/pytest.txt" | tail -15)
+
+if [ -z "${SKIP_SANITIZER:-}" ]; then
+  # Exact allocations (no caching allocator), so memcheck sees every byte
+  # past a tensor; the kernel uses no shared memory, racecheck checks anyway.
+  for tool in memcheck racecheck; do
+    log "compute-sanitizer --tool $tool"
+    (cd tests/python && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 200 compute-sanitizer --tool $tool \
+      --print-limit 20 $PY -m pytest -q -p no:cacheprovider -x test_copy_gpu.py -k "not 4096" > "$OUT/sanitizer_$tool.txt" 2>&1;
+     echo "exit $?" >> "$OUT/sanitizer_$tool.txt")
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|exit" "$OUT/sanitizer_$tool.txt" | tail -4
+  done
+fi
 
 log "benchmark"
 $PY benchmarks/bench_copy.py ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+if [ -n "${DEVICES:-}" ]; then
+  log "benchmark --devices $DEVICES"
+  $PY benchmarks/bench_copy.py --devices "$DEVICES" --out "$OUT/bench_devices.json" 2>&1 | tee "$OUT/bench_devices.txt"
+fi

@@ -1,4 +1,9 @@
-// Span planner, CPU span runner and (when built) the GPU copy engine.
+// Span planner, CPU runner and (when built) the GPU copy engine. Every class
+// here takes raw addresses, so all are private (underscore names, not
+// exported by statecache): statecache.executor reaches them only with
+// addresses read off tensors it checks before each batch. The GIL is held
+// throughout every call: the planner's scratch and the engine's staging are
+// shared state.
 #include <pybind11/stl.h>
 
 #include <string>
@@ -111,30 +116,19 @@ void bind_copy(py::module_& m) {
   m.attr("has_gpu_kernels") = false;
 #endif
 
-  py::class_<CopyPlan>(m, "CopyPlan", "The flat (src, dst, bytes) spans of one validated batch.")
-      .def_property_readonly("num_spans", [](const CopyPlan& p) { return p.spans.size(); })
-      .def_property_readonly("bytes", [](const CopyPlan& p) { return p.bytes; })
-      .def("spans",
-           [](const CopyPlan& p) {
-             py::list out;
-             for (const CopySpan& s : p.spans) out.append(py::make_tuple(s.src, s.dst, s.bytes));
-             return out;
-           })
-      .def(
-          "run_on_cpu",
-          [](const CopyPlan& p) {
-            py::gil_scoped_release release;
-            run_spans_on_cpu(p);
-          },
-          "memcpy every span (host memory only).");
+  py::class_<CompiledBatch>(m, "_CopyBatch", "A validated batch: one descriptor per op plus its unit ids.")
+      .def_property_readonly("num_ops", [](const CompiledBatch& b) { return b.ops.size(); })
+      .def_property_readonly("num_slot_copies", [](const CompiledBatch& b) { return b.num_pair_ops; })
+      .def_property_readonly("num_paged_ops", [](const CompiledBatch& b) { return b.num_paged_ops; })
+      .def_property_readonly("bytes", [](const CompiledBatch& b) { return b.bytes; });
 
-  py::class_<SpanPlanner>(m, "SpanPlanner", R"doc(
-Plans batches of state maintenance ops over one layout.
+  py::class_<SpanPlanner>(m, "_SpanPlanner", R"doc(
+Validates and compiles batches of state maintenance ops over one layout.
 
 Segment tables are flat ``[base, stride, bytes, ...]`` int lists: item i of a
-segment (a slot or a page unit) sits at ``base + i * stride``. The intersection
-of the image with the unit stream is computed once here; ``plan`` validates a
-whole batch (raising ValueError naming the first bad op) and only adds bases.)doc")
+segment (a slot or a page unit) sits at ``base + i * stride``. The templates
+(what one PAGE op and one slot copy move) are computed once here; ``compile``
+validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids).)doc")
       .def(py::init([](py::handle image, py::handle slot, py::handle unit, py::handle num_slots,
                        py::handle num_units, py::handle layout_id) {
              if (!PyUnicode_Check(layout_id.ptr())) raise_type("layout_id", "a str", layout_id);
@@ -152,12 +146,12 @@ whole batch (raising ValueError naming the first bad op) and only adds bases.)do
       .def_property_readonly("unit_bytes", &SpanPlanner::unit_bytes)
       .def_property_readonly("units_per_image", &SpanPlanner::units_per_image)
       .def_property_readonly("layout_id", &SpanPlanner::layout_id)
-      .def_property_readonly("spans_per_paged_op", &SpanPlanner::spans_per_paged_op)
-      .def_property_readonly("spans_per_slot_copy", &SpanPlanner::spans_per_slot_copy)
+      .def_property_readonly("pieces_per_paged_op", [](const SpanPlanner& p) { return p.paged_template().size(); })
+      .def_property_readonly("pieces_per_slot_copy", [](const SpanPlanner& p) { return p.slot_template().size(); })
       .def(
-          "plan",
+          "compile",
           [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores,
-             py::handle restores) { return p.plan(as_batch(relocations, copies, stores, restores)); },
+             py::handle restores) { return p.compile(as_batch(relocations, copies, stores, restores)); },
           py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(),
           py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple())
       .def(
@@ -165,50 +159,51 @@ whole batch (raising ValueError naming the first bad op) and only adds bases.)do
           [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores,
              py::handle restores) { p.validate(as_batch(relocations, copies, stores, restores)); },
           py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(),
-          py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple());
+          py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple())
+      // Holds the GIL: another thread could free or resize a tensor mid-copy.
+      .def("run_on_cpu", &SpanPlanner::run_on_cpu, py::arg("batch"))
+      .def(
+          "spans",
+          [](const SpanPlanner& p, const CompiledBatch& b) {
+            py::list out;
+            for (const CopySpan& s : p.spans(b)) out.append(py::make_tuple(s.src, s.dst, s.bytes));
+            return out;
+          },
+          py::arg("batch"));
 
 #ifdef STATECACHE_WITH_GPU
-  py::class_<GpuCopyEngine>(m, "GpuCopyEngine", R"doc(
-Pinned descriptor staging plus the one-launch copy kernel for one device.
+  py::class_<GpuCopyEngine>(m, "_GpuCopyEngine", R"doc(
+Device copy of a planner's templates, pinned descriptor staging and the
+one-launch copy kernel, for one device.
 
-``stage(plan)`` fills the next staging buffer (waiting until the device has
+``stage(batch)`` fills the next staging buffer (waiting until the device has
 read its previous contents); ``launch(stream)`` enqueues the descriptor copy
 and the kernel on a raw stream handle; both may be captured in a graph, whose
 replays read the staging again: stage, replay, then ``record_consumed``.)doc")
-      .def(py::init([](py::handle device, py::handle capacity, py::handle buffers) {
-             int64_t cap = as_int(capacity, "capacity_spans");
-             if (cap < 1) throw py::value_error("capacity_spans=" + std::to_string(cap) + " must be >= 1");
-             return std::make_unique<GpuCopyEngine>(static_cast<int>(as_nonneg_int(device, "device")),
-                                                    static_cast<size_t>(cap),
-                                                    static_cast<int>(as_int(buffers, "buffers")));
+      .def(py::init([](py::handle device, const SpanPlanner& planner, py::handle max_pair_ops,
+                       py::handle max_paged_ops, py::handle buffers, py::handle variant) {
+             return std::make_unique<GpuCopyEngine>(
+                 static_cast<int>(as_nonneg_int(device, "device")), planner,
+                 static_cast<size_t>(as_nonneg_int(max_pair_ops, "max_pair_ops")),
+                 static_cast<size_t>(as_nonneg_int(max_paged_ops, "max_paged_ops")),
+                 static_cast<int>(as_int(buffers, "buffers")), static_cast<int>(as_int(variant, "variant")));
            }),
-           py::arg("device"), py::arg("capacity_spans"), py::arg("buffers") = 2)
+           py::arg("device"), py::arg("planner"), py::arg("max_pair_ops"), py::arg("max_paged_ops"),
+           py::arg("buffers") = 2, py::arg("variant") = 0)
       .def(
           "submit",
-          [](GpuCopyEngine& e, const CopyPlan& plan, py::handle stream) {
-            uintptr_t s = static_cast<uintptr_t>(as_nonneg_int(stream, "stream"));
-            {
-              py::gil_scoped_release release;
-              e.stage(plan);
-            }
-            e.launch(s);
+          [](GpuCopyEngine& e, const CompiledBatch& batch, py::handle stream) {
+            e.submit(batch, static_cast<uintptr_t>(as_nonneg_int(stream, "stream")));
           },
-          py::arg("plan"), py::arg("stream"))
-      .def(
-          "stage",
-          [](GpuCopyEngine& e, const CopyPlan& plan) {
-            py::gil_scoped_release release;
-            e.stage(plan);
-          },
-          py::arg("plan"))
+          py::arg("batch"), py::arg("stream"))
+      .def("stage", &GpuCopyEngine::stage, py::arg("batch"))
       .def(
           "launch",
-          [](GpuCopyEngine& e, py::handle stream, py::handle min_transfer, py::handle copy_descriptors) {
+          [](GpuCopyEngine& e, py::handle stream, py::handle full_transfer, py::handle copy_descriptors) {
             e.launch(static_cast<uintptr_t>(as_nonneg_int(stream, "stream")),
-                     static_cast<size_t>(as_nonneg_int(min_transfer, "min_transfer")),
-                     as_bool(copy_descriptors, "copy_descriptors"));
+                     as_bool(full_transfer, "full_transfer"), as_bool(copy_descriptors, "copy_descriptors"));
           },
-          py::arg("stream"), py::arg("min_transfer") = 0, py::arg("copy_descriptors") = true)
+          py::arg("stream"), py::arg("full_transfer") = false, py::arg("copy_descriptors") = true)
       .def(
           "record_consumed",
           [](GpuCopyEngine& e, py::handle stream) {
@@ -218,8 +213,11 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
       .def_property_readonly("device", &GpuCopyEngine::device)
       .def_property_readonly("num_sms", &GpuCopyEngine::num_sms)
       .def_property_readonly("grid_blocks", &GpuCopyEngine::grid_blocks)
-      .def_property_readonly("capacity_spans", &GpuCopyEngine::capacity_spans)
-      .def_property_readonly_static("chunk_bytes", [](py::handle) { return GpuCopyEngine::chunk_bytes(); });
+      .def_property_readonly("staging_bytes", &GpuCopyEngine::staging_bytes)
+      .def_property_readonly("items_per_paged_op", &GpuCopyEngine::items_per_paged_op)
+      .def_property_readonly("items_per_slot_copy", &GpuCopyEngine::items_per_slot_copy)
+      .def_property_readonly_static("item_bytes", [](py::handle) { return GpuCopyEngine::item_bytes(); })
+      .def_property_readonly_static("num_variants", [](py::handle) { return GpuCopyEngine::num_variants(); });
 #endif
 }
 

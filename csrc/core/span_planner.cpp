@@ -1,7 +1,9 @@
 #include "core/span_planner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 
@@ -43,68 +45,45 @@ int64_t total(const std::vector<Segment>& table) {
   return n;
 }
 
-uint64_t address(const Segment& s, int64_t index, int64_t offset) {
-  return s.base + static_cast<uint64_t>(index) * static_cast<uint64_t>(s.stride) +
-         static_cast<uint64_t>(offset);
-}
-
-// Appends a span, merging it into the previous one when both sides continue
-// it (neighbouring units of one tensor, say).
-void push_span(CopyPlan& plan, uint64_t src, uint64_t dst, uint64_t bytes) {
-  plan.bytes += bytes;
-  if (!plan.spans.empty()) {
-    CopySpan& last = plan.spans.back();
-    if (last.src + last.bytes == src && last.dst + last.bytes == dst &&
-        last.bytes + bytes <= SpanPlanner::kMaxSpanBytes) {
-      last.bytes += bytes;
+// Appends a piece, merging it into the previous one when it continues it on
+// both sides for every slot and unit (equal strides, adjacent bases): rows
+// adjacent in source and destination become one longer piece.
+void push_piece(std::vector<TemplatePiece>& out, const TemplatePiece& p) {
+  if (!out.empty()) {
+    TemplatePiece& last = out.back();
+    if (last.unit_k == p.unit_k && last.slot_stride == p.slot_stride && last.other_stride == p.other_stride &&
+        last.slot_base + last.bytes == p.slot_base && last.other_base + last.bytes == p.other_base &&
+        uint64_t{last.bytes} + p.bytes <= SpanPlanner::kMaxPieceBytes) {
+      last.bytes += p.bytes;
       return;
     }
   }
-  plan.spans.push_back({src, dst, bytes});
+  out.push_back(p);
 }
 
-// An id (slot or unit) and the op that touches it, for the conflict checks;
-// the op is named only when a check fails.
-enum class OpKind : uint8_t { kRelocation, kCopy, kStore, kRestore };
+// Who touches an id, for the conflict checks: the op kind in the top two
+// bits, its index below; the op is named only when a check fails.
+enum OpKind : uint32_t { kRelocation = 0, kCopy = 1, kStore = 2, kRestore = 3 };
+constexpr uint32_t kIndexBits = 30;
+constexpr uint32_t kMaxOps = uint32_t{1} << kIndexBits;
 
-struct Touch {
-  int64_t id;
-  OpKind kind;
-  uint32_t index;
-};
+uint32_t touch(OpKind kind, size_t index) { return (uint32_t{kind} << kIndexBits) | static_cast<uint32_t>(index); }
 
-std::string op_name(const MaintenanceBatch& b, const Touch& t) {
-  switch (t.kind) {
-    case OpKind::kRelocation:
-      return pair_name("relocations", t.index, b.relocations[t.index]);
-    case OpKind::kCopy:
-      return pair_name("copies", t.index, b.copies[t.index]);
-    case OpKind::kStore:
-      return paged_name("stores", t.index, b.stores[t.index]);
+std::string op_name(const MaintenanceBatch& b, uint32_t t) {
+  const size_t i = t & (kMaxOps - 1);
+  switch (t >> kIndexBits) {
+    case kRelocation:
+      return pair_name("relocations", i, b.relocations[i]);
+    case kCopy:
+      return pair_name("copies", i, b.copies[i]);
+    case kStore:
+      return paged_name("stores", i, b.stores[i]);
     default:
-      return paged_name("restores", t.index, b.restores[t.index]);
+      return paged_name("restores", i, b.restores[i]);
   }
 }
 
-// One writer per id, and no id both read and written: a table indexed by id
-// holding the writing touch (linear in the batch, no sorting).
-void check_conflicts(const std::vector<Touch>& reads, const std::vector<Touch>& writes, int64_t count,
-                     const char* what, const MaintenanceBatch& b) {
-  std::vector<int32_t> writer(static_cast<size_t>(count), -1);
-  for (size_t i = 0; i < writes.size(); ++i) {
-    int32_t& w = writer[static_cast<size_t>(writes[i].id)];
-    if (w >= 0)
-      bad_op(op_name(b, writes[i]), std::string("writes ") + what + " " + std::to_string(writes[i].id) +
-                                        ", which " + op_name(b, writes[w]) + " also writes");
-    w = static_cast<int32_t>(i);
-  }
-  for (const Touch& r : reads) {
-    const int32_t w = writer[static_cast<size_t>(r.id)];
-    if (w >= 0)
-      bad_op(op_name(b, r), std::string("reads ") + what + " " + std::to_string(r.id) + ", which " +
-                                op_name(b, writes[w]) + " writes in the same batch (its ops run concurrently)");
-  }
-}
+std::atomic<uint64_t> next_serial{1};
 
 }  // namespace
 
@@ -116,9 +95,11 @@ SpanPlanner::SpanPlanner(std::vector<Segment> image_segments, std::vector<Segmen
       unit_segments_(std::move(unit_segments)),
       num_slots_(num_slots),
       num_units_(num_units),
-      layout_id_(std::move(layout_id)) {
+      layout_id_(std::move(layout_id)),
+      serial_(next_serial.fetch_add(1)) {
   if (num_slots_ <= 0) bad_argument("num_slots", static_cast<long long>(num_slots_), "must be > 0");
-  if (num_units_ <= 0) bad_argument("num_units", static_cast<long long>(num_units_), "must be > 0");
+  if (num_units_ <= 0 || num_units_ > std::numeric_limits<int32_t>::max())
+    bad_argument("num_units", static_cast<long long>(num_units_), "must be in [1, 2**31)");
   if (layout_id_.empty()) bad_argument("layout_id", layout_id_, "must not be empty");
   check_table(image_segments_, "image_segments", num_slots_);
   check_table(slot_segments_, "slot_segments", num_slots_);
@@ -130,26 +111,35 @@ SpanPlanner::SpanPlanner(std::vector<Segment> image_segments, std::vector<Segmen
     bad_argument("image_segments", static_cast<long long>(image_bytes_),
                  "the image holds more bytes than a slot");
   units_per_image_ = (image_bytes_ + unit_bytes_ - 1) / unit_bytes_;
+  if (units_per_image_ >= kMaxOps)
+    bad_argument("unit_segments", static_cast<long long>(unit_bytes_), "units are too small for the image");
 
   // Walk the image and the unit stream side by side; every change of segment
   // on either side starts a new piece.
   size_t is = 0, us = 0;
   int64_t ioff = 0, uoff = 0;
-  uint32_t k = 0;
+  int32_t k = 0;
   while (is < image_segments_.size()) {
-    int64_t n = std::min(image_segments_[is].bytes - ioff, unit_segments_[us].bytes - uoff);
-    n = std::min<int64_t>(n, static_cast<int64_t>(kMaxSpanBytes));
-    pieces_.push_back({static_cast<uint32_t>(is), static_cast<uint32_t>(us), k, ioff, uoff, n});
+    const Segment& img = image_segments_[is];
+    const Segment& unit = unit_segments_[us];
+    int64_t n = std::min(img.bytes - ioff, unit.bytes - uoff);
+    n = std::min<int64_t>(n, static_cast<int64_t>(kMaxPieceBytes));
+    push_piece(paged_, {img.base + static_cast<uint64_t>(ioff), unit.base + static_cast<uint64_t>(uoff),
+                        img.stride, unit.stride, static_cast<uint32_t>(n), k});
     ioff += n;
     uoff += n;
-    if (ioff == image_segments_[is].bytes) ++is, ioff = 0;
-    if (uoff == unit_segments_[us].bytes) {
+    if (ioff == img.bytes) ++is, ioff = 0;
+    if (uoff == unit.bytes) {
       uoff = 0;
       if (++us == unit_segments_.size()) us = 0, ++k;
     }
   }
   for (const Segment& s : slot_segments_)
-    slot_pieces_ += static_cast<size_t>((static_cast<uint64_t>(s.bytes) + kMaxSpanBytes - 1) / kMaxSpanBytes);
+    for (int64_t off = 0; off < s.bytes; off += static_cast<int64_t>(kMaxPieceBytes)) {
+      const uint64_t n = std::min<uint64_t>(kMaxPieceBytes, static_cast<uint64_t>(s.bytes - off));
+      const uint64_t base = s.base + static_cast<uint64_t>(off);
+      push_piece(slot_, {base, base, s.stride, s.stride, static_cast<uint32_t>(n), -1});
+    }
 }
 
 void SpanPlanner::check_paged(const PagedCopyOp& op, const char* kind, size_t index) const {
@@ -172,8 +162,9 @@ void SpanPlanner::check_paged(const PagedCopyOp& op, const char* kind, size_t in
 }
 
 void SpanPlanner::validate(const MaintenanceBatch& batch) const {
-  std::vector<Touch> slot_reads, slot_writes, unit_reads, unit_writes;
-  auto pairs = [&](const std::vector<SlotCopyOp>& ops, const char* kind, OpKind k) {
+  const size_t n = batch.relocations.size() + batch.copies.size() + batch.stores.size() + batch.restores.size();
+  if (n >= kMaxOps) bad_argument("batch", static_cast<long long>(n), "holds too many ops");
+  auto pairs = [&](const std::vector<SlotCopyOp>& ops, const char* kind) {
     for (size_t i = 0; i < ops.size(); ++i) {
       const SlotCopyOp& op = ops[i];
       for (int64_t s : {op.src, op.dst})
@@ -181,66 +172,116 @@ void SpanPlanner::validate(const MaintenanceBatch& batch) const {
           bad_op(pair_name(kind, i, op), "slot " + std::to_string(s) + " is out of range [0, " +
                                              std::to_string(num_slots_) + ")");
       if (op.src == op.dst) bad_op(pair_name(kind, i, op), "copies a slot onto itself");
-      slot_reads.push_back({op.src, k, static_cast<uint32_t>(i)});
-      slot_writes.push_back({op.dst, k, static_cast<uint32_t>(i)});
     }
   };
-  pairs(batch.relocations, "relocations", OpKind::kRelocation);
-  pairs(batch.copies, "copies", OpKind::kCopy);
-  unit_writes.reserve(batch.stores.size() * static_cast<size_t>(units_per_image_));
-  unit_reads.reserve(batch.restores.size() * static_cast<size_t>(units_per_image_));
-  for (size_t i = 0; i < batch.stores.size(); ++i) {
-    const PagedCopyOp& op = batch.stores[i];
-    check_paged(op, "stores", i);
-    slot_reads.push_back({op.slot, OpKind::kStore, static_cast<uint32_t>(i)});
-    for (int64_t u : op.unit_ids) unit_writes.push_back({u, OpKind::kStore, static_cast<uint32_t>(i)});
-  }
-  for (size_t i = 0; i < batch.restores.size(); ++i) {
-    const PagedCopyOp& op = batch.restores[i];
-    check_paged(op, "restores", i);
-    slot_writes.push_back({op.slot, OpKind::kRestore, static_cast<uint32_t>(i)});
-    for (int64_t u : op.unit_ids) unit_reads.push_back({u, OpKind::kRestore, static_cast<uint32_t>(i)});
-  }
-  check_conflicts(slot_reads, slot_writes, num_slots_, "slot", batch);
-  check_conflicts(unit_reads, unit_writes, num_units_, "unit", batch);
+  pairs(batch.relocations, "relocations");
+  pairs(batch.copies, "copies");
+  for (size_t i = 0; i < batch.stores.size(); ++i) check_paged(batch.stores[i], "stores", i);
+  for (size_t i = 0; i < batch.restores.size(); ++i) check_paged(batch.restores[i], "restores", i);
+  // The scratch is shared by every batch of this planner (and every executor
+  // of its layout): one batch at a time.
+  std::lock_guard<std::mutex> lock(scratch_mutex_);
+  validate_locked(batch);
 }
 
-void SpanPlanner::add_paged(const PagedCopyOp& op, bool store, CopyPlan& plan) const {
-  for (const Piece& p : pieces_) {
-    uint64_t slot_side = address(image_segments_[p.image_seg], op.slot, p.image_off);
-    uint64_t unit_side = address(unit_segments_[p.unit_seg], op.unit_ids[p.unit_k], p.unit_off);
-    uint64_t n = static_cast<uint64_t>(p.bytes);
-    if (store)
-      push_span(plan, slot_side, unit_side, n);
-    else
-      push_span(plan, unit_side, slot_side, n);
+void SpanPlanner::validate_locked(const MaintenanceBatch& b) const {
+  Scratch& s = scratch_;
+  if (s.slot_stamp.empty()) {
+    s.slot_stamp.assign(static_cast<size_t>(num_slots_), 0);
+    s.slot_writer.assign(static_cast<size_t>(num_slots_), 0);
+    s.unit_stamp.assign(static_cast<size_t>(num_units_), 0);
+    s.unit_writer.assign(static_cast<size_t>(num_units_), 0);
   }
+  if (++s.epoch == 0) {  // wrapped: old stamps could match again
+    std::fill(s.slot_stamp.begin(), s.slot_stamp.end(), 0);
+    std::fill(s.unit_stamp.begin(), s.unit_stamp.end(), 0);
+    s.epoch = 1;
+  }
+  const uint32_t epoch = s.epoch;
+  // One writer per id: the first write stamps it, a second one fails.
+  auto write = [&](std::vector<uint32_t>& stamp, std::vector<uint32_t>& writer, int64_t id, uint32_t who,
+                   const char* what) {
+    const size_t i = static_cast<size_t>(id);
+    if (stamp[i] == epoch)
+      bad_op(op_name(b, who), std::string("writes ") + what + " " + std::to_string(id) + ", which " +
+                                  op_name(b, writer[i]) + " also writes");
+    stamp[i] = epoch;
+    writer[i] = who;
+  };
+  // No id read by one op and written by another (they run concurrently).
+  auto read = [&](const std::vector<uint32_t>& stamp, const std::vector<uint32_t>& writer, int64_t id,
+                  uint32_t who, const char* what) {
+    const size_t i = static_cast<size_t>(id);
+    if (stamp[i] == epoch)
+      bad_op(op_name(b, who), std::string("reads ") + what + " " + std::to_string(id) + ", which " +
+                                  op_name(b, writer[i]) + " writes in the same batch (its ops run concurrently)");
+  };
+  for (size_t i = 0; i < b.relocations.size(); ++i)
+    write(s.slot_stamp, s.slot_writer, b.relocations[i].dst, touch(kRelocation, i), "slot");
+  for (size_t i = 0; i < b.copies.size(); ++i)
+    write(s.slot_stamp, s.slot_writer, b.copies[i].dst, touch(kCopy, i), "slot");
+  for (size_t i = 0; i < b.restores.size(); ++i)
+    write(s.slot_stamp, s.slot_writer, b.restores[i].slot, touch(kRestore, i), "slot");
+  for (size_t i = 0; i < b.stores.size(); ++i)
+    for (int64_t u : b.stores[i].unit_ids) write(s.unit_stamp, s.unit_writer, u, touch(kStore, i), "unit");
+  for (size_t i = 0; i < b.relocations.size(); ++i)
+    read(s.slot_stamp, s.slot_writer, b.relocations[i].src, touch(kRelocation, i), "slot");
+  for (size_t i = 0; i < b.copies.size(); ++i)
+    read(s.slot_stamp, s.slot_writer, b.copies[i].src, touch(kCopy, i), "slot");
+  for (size_t i = 0; i < b.stores.size(); ++i)
+    read(s.slot_stamp, s.slot_writer, b.stores[i].slot, touch(kStore, i), "slot");
+  for (size_t i = 0; i < b.restores.size(); ++i)
+    for (int64_t u : b.restores[i].unit_ids) read(s.unit_stamp, s.unit_writer, u, touch(kRestore, i), "unit");
 }
 
-void SpanPlanner::add_slot_copy(const SlotCopyOp& op, CopyPlan& plan) const {
-  for (const Segment& s : slot_segments_)
-    for (int64_t off = 0; off < s.bytes; off += static_cast<int64_t>(kMaxSpanBytes)) {
-      uint64_t n = std::min<uint64_t>(kMaxSpanBytes, static_cast<uint64_t>(s.bytes - off));
-      push_span(plan, address(s, op.src, off), address(s, op.dst, off), n);
+CompiledBatch SpanPlanner::compile(const MaintenanceBatch& batch) const {
+  validate(batch);
+  CompiledBatch out;
+  out.planner_serial = serial_;
+  const size_t pairs = batch.relocations.size() + batch.copies.size();
+  const size_t paged = batch.stores.size() + batch.restores.size();
+  out.ops.reserve(pairs + paged);
+  out.unit_ids.reserve(paged * static_cast<size_t>(units_per_image_));
+  for (const auto* list : {&batch.relocations, &batch.copies})
+    for (const SlotCopyOp& op : *list) out.ops.push_back({op.src, op.dst, 0, 0});
+  for (const auto* list : {&batch.stores, &batch.restores})
+    for (const PagedCopyOp& op : *list) {
+      out.ops.push_back({op.slot, static_cast<int64_t>(out.unit_ids.size()), list == &batch.restores, 1});
+      for (int64_t u : op.unit_ids) out.unit_ids.push_back(static_cast<int32_t>(u));
+    }
+  out.num_pair_ops = static_cast<uint32_t>(pairs);
+  out.num_paged_ops = static_cast<uint32_t>(paged);
+  out.bytes = pairs * static_cast<uint64_t>(slot_bytes_) + paged * static_cast<uint64_t>(image_bytes_);
+  return out;
+}
+
+void SpanPlanner::check_owner(const CompiledBatch& batch) const {
+  if (batch.planner_serial != serial_)
+    throw std::invalid_argument("the batch was compiled for another layout");
+}
+
+void SpanPlanner::run_on_cpu(const CompiledBatch& batch) const {
+  check_owner(batch);
+  for (const OpDesc& op : batch.ops)
+    for (const TemplatePiece& p : op.paged ? paged_ : slot_) {
+      uint64_t src, dst;
+      resolve(p, op, batch.unit_ids.data(), src, dst);
+      // memmove: layouts over aliasing tensors must not be undefined behaviour.
+      std::memmove(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)),
+                   reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), p.bytes);
     }
 }
 
-CopyPlan SpanPlanner::plan(const MaintenanceBatch& batch) const {
-  validate(batch);
-  CopyPlan plan;
-  plan.spans.reserve((batch.relocations.size() + batch.copies.size()) * slot_pieces_ +
-                     (batch.stores.size() + batch.restores.size()) * pieces_.size());
-  for (const SlotCopyOp& op : batch.relocations) add_slot_copy(op, plan);
-  for (const SlotCopyOp& op : batch.copies) add_slot_copy(op, plan);
-  for (const PagedCopyOp& op : batch.stores) add_paged(op, true, plan);
-  for (const PagedCopyOp& op : batch.restores) add_paged(op, false, plan);
-  return plan;
-}
-
-void run_spans_on_cpu(const CopyPlan& plan) {
-  for (const CopySpan& s : plan.spans)
-    std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(s.dst)),
-                reinterpret_cast<const void*>(static_cast<uintptr_t>(s.src)), s.bytes);
+std::vector<CopySpan> SpanPlanner::spans(const CompiledBatch& batch) const {
+  check_owner(batch);
+  std::vector<CopySpan> out;
+  for (const OpDesc& op : batch.ops)
+    for (const TemplatePiece& p : op.paged ? paged_ : slot_) {
+      uint64_t src, dst;
+      resolve(p, op, batch.unit_ids.data(), src, dst);
+      out.push_back({src, dst, p.bytes});
+    }
+  return out;
 }
 
 }  // namespace statecache

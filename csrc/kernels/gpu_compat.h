@@ -6,14 +6,18 @@
 #include <hip/hip_runtime.h>
 #define SC_GPU(name) hip##name
 #define gpuHostAlloc hipHostMalloc
-#define gpuHostAllocDefault hipHostMallocDefault
+#define gpuHostAllocMapped hipHostMallocMapped
+#define gpuHostAllocPortable hipHostMallocPortable
+#define gpuHostGetDevicePointer hipHostGetDevicePointer
 #define gpuFreeHost hipHostFree
 #define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #else
 #include <cuda_runtime.h>
 #define SC_GPU(name) cuda##name
 #define gpuHostAlloc cudaHostAlloc
-#define gpuHostAllocDefault cudaHostAllocDefault
+#define gpuHostAllocMapped cudaHostAllocMapped
+#define gpuHostAllocPortable cudaHostAllocPortable
+#define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuFreeHost cudaFreeHost
 #define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #endif
@@ -31,6 +35,7 @@ using gpuStreamCaptureStatus = SC_GPU(StreamCaptureStatus);
 #define gpuOccupancyMaxActiveBlocksPerMultiprocessor SC_GPU(OccupancyMaxActiveBlocksPerMultiprocessor)
 #define gpuMalloc SC_GPU(Malloc)
 #define gpuFree SC_GPU(Free)
+#define gpuMemcpy SC_GPU(Memcpy)
 #define gpuMemcpyAsync SC_GPU(MemcpyAsync)
 #define gpuMemcpyHostToDevice SC_GPU(MemcpyHostToDevice)
 #define gpuEventCreateWithFlags SC_GPU(EventCreateWithFlags)
@@ -42,6 +47,7 @@ using gpuStreamCaptureStatus = SC_GPU(StreamCaptureStatus);
 #define gpuStreamCaptureStatusNone SC_GPU(StreamCaptureStatusNone)
 
 template <typename T> __device__ __forceinline__ T gpu_load(const T* p) { return *p; }
+
 template <typename T> __device__ __forceinline__ void gpu_store(T* p, T v) { *p = v; }
 #if !defined(__HIP_PLATFORM_AMD__) && !defined(STATECACHE_GPU_HIP)
 // Pointers read from descriptors are generic to the compiler, which would

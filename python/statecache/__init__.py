@@ -13,7 +13,7 @@ from statecache import engine  # noqa: E402,F401  (reference engine, torch-free)
 
 
 def __getattr__(name):  # the torch-based layers load on first use only
-    if name in ("StateLayout", "PageLayout", "paged_checkpoint_spec", "layout_id"):
+    if name in ("StateLayout", "PageLayout", "paged_checkpoint_spec", "layout_id", "TPShard", "tp_shard_layouts"):
         from statecache import layout
         return getattr(layout, name)
     if name in ("StateCopyExecutor", "CapturedStateCopy"):

@@ -3,15 +3,21 @@
 A batch is the relocations (``StateSlotPool.take_relocations``), group copies
 (``StateGroupPool.take_copies``), PAGE stores and PAGE restores
 (``take_checkpoint_ops``) the runner must execute before the next forward.
-The C++ span planner validates every op and flattens the batch into
-``(src, dst, bytes)`` spans; a GPU executor moves them with one kernel launch
-on the current stream, a CPU executor with memcpy. Nothing moves unless the
-whole batch is valid.
+The C++ planner validates every op and compiles the batch into one small
+descriptor per op; the layout's templates (which bytes one op moves) were
+built once. A GPU executor moves the batch with one kernel launch on the
+device's current stream, a CPU executor with memcpy. Nothing moves unless the
+whole batch is valid and every tensor still has the storage its layout read.
+
+Threading: an executor (and its captured graphs) may be shared between Python
+threads; each batch runs under the executor's lock, and the C++ side never
+releases the GIL.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
@@ -21,16 +27,31 @@ from statecache.layout import PageLayout, StateLayout, layout_id, paged_checkpoi
 
 @functools.lru_cache(maxsize=32)
 def _planner(image: tuple, slots: tuple, units: tuple, num_slots: int, num_units: int, lid: str):
-    # One plan template per layout: batches only change bases.
-    return _C.SpanPlanner(list(image), list(slots), list(units), num_slots, num_units, lid)
+    # One template per layout (addresses included): batches only name slots and units.
+    return _C._SpanPlanner(list(image), list(slots), list(units), num_slots, num_units, lid)
+
+
+def _resolve_device(device, state_layout: StateLayout, page_layout: PageLayout) -> torch.device:
+    """The executor's device: explicit, never whatever device is current."""
+    dev = torch.device(device) if device is not None else state_layout.device
+    for name, lay in (("state_layout", state_layout), ("page_layout", page_layout)):
+        if lay.device.type != dev.type or (dev.index is not None and lay.device != dev):
+            raise ValueError(f"{name} lives on {lay.device}, the executor runs on {dev}")
+    if dev.type != "cpu" and dev.index is None:
+        dev = state_layout.device  # "cuda" means the layouts' GPU
+    if state_layout.device != page_layout.device:
+        raise ValueError(f"state_layout lives on {state_layout.device}, page_layout on {page_layout.device}")
+    return dev
 
 
 class StateCopyExecutor:
     """Executes maintenance batches over one state layout and one page layout.
 
-    ``device``: ``"cpu"`` (memcpy on CPU tensors) or a CUDA/HIP device; by
-    default the layouts' device. ``max_num_seqs`` sizes the descriptor staging:
-    ``checkpoint_copy_C.checkpoint_copy_ops_per_batch(max_num_seqs)`` PAGE ops plus
+    ``device``: ``"cpu"`` (memcpy on CPU tensors) or the CUDA/HIP device the
+    layouts live on; by default the layouts' device. Every launch happens on
+    that device (current stream of that device), whichever device is current.
+    ``max_num_seqs`` sizes the descriptor staging:
+    ``checkpoint_copy_ops_per_batch(max_num_seqs)`` PAGE ops plus
     ``max_slot_copies`` (default ``max_num_seqs``) relocations and copies.
     """
 
@@ -43,113 +64,155 @@ class StateCopyExecutor:
         for name, v in (("max_num_seqs", max_num_seqs), ("max_slot_copies", max_slot_copies)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise ValueError(f"{name}={v!r} must be a positive int")
-        self.device = torch.device(device) if device is not None else state_layout.device
-        for name, lay in (("state_layout", state_layout), ("page_layout", page_layout)):
-            if lay.device != self.device and not (lay.device.type == self.device.type
-                                                  and self.device.index is None):
-                raise ValueError(f"{name} lives on {lay.device}, the executor runs on {self.device}")
+        self.device = _resolve_device(device, state_layout, page_layout)
         if self.device.type != "cpu" and not _C.has_gpu_kernels:
             raise ValueError(f"device={self.device}: statecache was built without GPU kernels")
         self.state_layout = state_layout
         self.page_layout = page_layout
         self.layout_id = layout_id(state_layout, page_layout)
         self.max_num_seqs = max_num_seqs
-        self.planner = _planner(tuple(state_layout.image_segment_table()),
-                                tuple(state_layout.segment_table()),
-                                tuple(page_layout.segment_table()), state_layout.num_slots,
-                                page_layout.num_units, self.layout_id)
+        self._planner = _planner(tuple(state_layout.image_segment_table()),
+                                 tuple(state_layout.segment_table()),
+                                 tuple(page_layout.segment_table()), state_layout.num_slots,
+                                 page_layout.num_units, self.layout_id)
         self.max_paged_ops = _C.checkpoint_copy_ops_per_batch(max_num_seqs)
         self.max_slot_copies = max_slot_copies if max_slot_copies is not None else max_num_seqs
-        self.capacity_spans = (self.max_paged_ops * self.planner.spans_per_paged_op
-                               + self.max_slot_copies * self.planner.spans_per_slot_copy)
+        self._lock = threading.RLock()
         self._engine = None
         if self.device.type != "cpu":
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            self.device = torch.device(self.device.type, index)
-            self._engine = _C.GpuCopyEngine(index, self.capacity_spans)
+            with torch.cuda.device(self.device):
+                self._engine = _C._GpuCopyEngine(self.device.index, self._planner, self.max_slot_copies,
+                                                 self.max_paged_ops)
 
     @property
     def spec(self):
         """The ``PagedStateCheckpointSpec`` of this layout pair."""
         return paged_checkpoint_spec(self.state_layout, self.page_layout)
 
+    @property
+    def units_per_image(self) -> int:
+        return self._planner.units_per_image
+
     def plan(self, relocations=(), copies=(), stores=(), restores=()):
-        """Validate the batch and flatten it into spans (nothing moves)."""
+        """Validate the batch and compile it (nothing moves). Returns the batch
+        (``num_ops``, ``bytes``)."""
         relocations, copies, stores, restores = (
             () if ops is None else tuple(ops) for ops in (relocations, copies, stores, restores))
-        plan = self.planner.plan(relocations, copies, stores, restores)
         paged, pairs = len(stores) + len(restores), len(relocations) + len(copies)
         if paged > self.max_paged_ops or pairs > self.max_slot_copies:
             raise ValueError(
                 f"the batch has {paged} stores + restores and {pairs} relocations + copies; the "
                 f"staging holds {self.max_paged_ops} (checkpoint_copy_ops_per_batch(max_num_seqs="
                 f"{self.max_num_seqs})) and {self.max_slot_copies} (max_slot_copies)")
-        return plan
+        self.state_layout.check()
+        self.page_layout.check()
+        return self._planner.compile(relocations, copies, stores, restores)
 
     def __call__(self, relocations=(), copies=(), stores=(), restores=()):
-        """Run a batch on the current stream (in SPEC §7 order); returns its plan.
+        """Run a batch on the device's current stream (in SPEC §7 order); returns it.
 
         Raises ValueError naming the first bad op before any byte moves.
         """
-        plan = self.plan(relocations, copies, stores, restores)
-        if plan.num_spans == 0:
-            return plan
-        if self._engine is None:
-            plan.run_on_cpu()
-        else:
-            self._engine.submit(plan, self._stream())
-        return plan
+        with self._lock:
+            batch = self.plan(relocations, copies, stores, restores)
+            if batch.num_ops:
+                if self._engine is None:
+                    self._planner.run_on_cpu(batch)
+                else:
+                    self._engine.submit(batch, self._stream())
+            return batch
 
     run = __call__
 
     def _stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream
 
-    def capture(self, max_spans: int | None = None) -> "CapturedStateCopy":
-        """A CUDA/HIP graph of one batch launch, to replay with new ops."""
+    def capture(self, max_paged_ops: int | None = None, max_slot_copies: int | None = None,
+                buffers: int = 2) -> "CapturedStateCopy":
+        """A CUDA/HIP graph of one batch launch, to replay with new ops.
+
+        The graph copies room for ``max_paged_ops`` stores + restores and
+        ``max_slot_copies`` relocations + copies (default: the executor's) at
+        every replay, so keep them near the largest batch it will carry.
+        ``buffers=2`` captures two graphs over two staging buffers, used in
+        turn, so the host stages the next batch while the last one runs.
+        """
         if self._engine is None:
             raise ValueError("graph capture needs a GPU executor, this one runs on the CPU")
-        return CapturedStateCopy(self, max_spans if max_spans is not None else self.capacity_spans)
+        paged = self.max_paged_ops if max_paged_ops is None else max_paged_ops
+        pairs = self.max_slot_copies if max_slot_copies is None else max_slot_copies
+        return CapturedStateCopy(self, paged, pairs, buffers)
 
 
 class CapturedStateCopy:
-    """One descriptor copy + kernel captured in a graph, replayed per batch.
+    """Descriptor copy + kernel captured in a graph on the executor's device,
+    replayed per batch (one graph per staging buffer, used in turn).
 
-    The graph copies ``max_spans`` descriptors from its own pinned staging at
-    every replay, so keep ``max_spans`` near the largest batch it will carry.
     ``replay(...)`` validates and stages the batch, replays, and marks the
-    staging as read. To put the launch in a larger graph of your own, call
-    ``record()`` inside that capture and ``stage(...)`` / ``consumed()``
-    around each replay of it.
+    staging as read. To put the launch in a larger graph of your own, capture
+    with ``buffers=1``, call ``record()`` inside your capture (on the
+    executor's device) and ``stage(...)`` / ``consumed()`` around each replay
+    of it.
     """
 
-    def __init__(self, executor: StateCopyExecutor, max_spans: int):
-        if not isinstance(max_spans, int) or max_spans <= 0 or max_spans > executor.capacity_spans:
-            raise ValueError(f"max_spans={max_spans!r} must be in [1, {executor.capacity_spans}]")
+    def __init__(self, executor: StateCopyExecutor, max_paged_ops: int, max_slot_copies: int,
+                 buffers: int = 2):
+        for name, v, top in (("max_paged_ops", max_paged_ops, executor.max_paged_ops),
+                             ("max_slot_copies", max_slot_copies, executor.max_slot_copies),
+                             ("buffers", buffers, 2)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > top:
+                raise ValueError(f"{name}={v!r} must be in [0, {top}]")
+        if max_paged_ops + max_slot_copies == 0:
+            raise ValueError("max_paged_ops + max_slot_copies must be > 0")
+        if buffers == 0:
+            raise ValueError("buffers=0 must be 1 or 2")
         self.executor = executor
-        self.max_spans = max_spans
-        self._engine = _C.GpuCopyEngine(executor.device.index, max_spans, 1)
-        self._engine.stage(executor.planner.plan())  # empty: replays before staging move nothing
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(executor.device), torch.cuda.graph(self.graph):
-            self.record()
+        self.device = executor.device
+        self.max_paged_ops = max_paged_ops
+        self.max_slot_copies = max_slot_copies
+        self._current = 0
+        with torch.cuda.device(self.device):
+            self._engines = [_C._GpuCopyEngine(self.device.index, executor._planner, max_slot_copies,
+                                               max_paged_ops, 1) for _ in range(buffers)]
+            self._graphs = []
+            for b in range(buffers):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self.record(b)
+                self._graphs.append(g)
 
-    def record(self) -> None:
-        self._engine.launch(self.executor._stream(), self.max_spans)
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph:
+        """The graph that reads the most recently staged batch."""
+        return self._graphs[self._current]
+
+    @property
+    def _engine(self):
+        return self._engines[self._current]
+
+    def record(self, buffer: int = 0) -> None:
+        """Enqueue the descriptor copy of staging ``buffer`` and the kernel (inside a capture)."""
+        self._engines[buffer].launch(self.executor._stream(), True)
 
     def stage(self, relocations=(), copies=(), stores=(), restores=()):
-        plan = self.executor.plan(relocations, copies, stores, restores)
-        if plan.num_spans > self.max_spans:
-            raise ValueError(f"the batch needs {plan.num_spans} copy spans, the graph was "
-                             f"captured for {self.max_spans}")
-        self._engine.stage(plan)
-        return plan
+        with self.executor._lock:
+            batch = self.executor.plan(relocations, copies, stores, restores)
+            if batch.num_paged_ops > self.max_paged_ops or batch.num_slot_copies > self.max_slot_copies:
+                raise ValueError(
+                    f"the batch has {batch.num_paged_ops} stores + restores and {batch.num_slot_copies} "
+                    f"relocations + copies, the graph was captured for {self.max_paged_ops} and "
+                    f"{self.max_slot_copies}")
+            nxt = (self._current + 1) % len(self._engines)
+            self._engines[nxt].stage(batch)  # waits until that buffer's last replay read it
+            self._current = nxt
+            return batch
 
     def consumed(self) -> None:
         self._engine.record_consumed(self.executor._stream())
 
     def replay(self, relocations=(), copies=(), stores=(), restores=()):
-        plan = self.stage(relocations, copies, stores, restores)
-        self.graph.replay()
-        self.consumed()
-        return plan
+        with self.executor._lock:
+            batch = self.stage(relocations, copies, stores, restores)
+            self.graph.replay()
+            self.consumed()
+            return batch

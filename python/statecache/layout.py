@@ -103,6 +103,23 @@ class _RowTable:
             self.geometry.append((str(t.dtype), tuple(shape), dim))
         if not self.count:
             raise ValueError(f"{name} hold no {index_name}s")
+        self.name = name
+        # What the rows' addresses were read from; check() compares it before
+        # every batch, so a replaced or resized storage never receives bytes.
+        # (Bound methods kept: this runs on the scheduler's critical path.)
+        self._fingerprint = [(t.data_ptr, t.untyped_storage, t.data_ptr(), t.untyped_storage().nbytes(), t.shape)
+                             for t in self.tensors]
+
+    def check(self, owner: str) -> None:
+        """ValueError unless every tensor still has the storage, address and
+        shape it had when ``owner`` was built."""
+        for i, (data_ptr, storage, ptr, nbytes, shape) in enumerate(self._fingerprint):
+            t = self.tensors[i]
+            if data_ptr() != ptr or storage().nbytes() != nbytes or t.shape != shape:
+                raise ValueError(
+                    f"{self.name}[{i}]: its storage was replaced or resized since the {owner} was built "
+                    f"(data_ptr {ptr:#x} -> {t.data_ptr():#x}, shape {tuple(shape)} -> {tuple(t.shape)}, "
+                    f"storage {nbytes} -> {t.untyped_storage().nbytes()} bytes); build a new layout")
 
     @property
     def row_bytes(self) -> int:
@@ -158,6 +175,10 @@ class StateLayout:
     def segment_table(self) -> list[int]:
         return _flat(self._table.rows)
 
+    def check(self) -> None:
+        """ValueError if a tensor's storage was replaced or resized since this layout was built."""
+        self._table.check("StateLayout")
+
     def image_segment_table(self) -> list[int]:
         return _flat(self.image_segments)
 
@@ -187,6 +208,10 @@ class PageLayout:
     def segment_table(self) -> list[int]:
         return _flat(self._table.rows)
 
+    def check(self) -> None:
+        """ValueError if a tensor's storage was replaced or resized since this layout was built."""
+        self._table.check("PageLayout")
+
 
 def layout_id(state_layout: StateLayout, page_layout: PageLayout) -> str:
     """A short digest of both geometries and dtypes (addresses excluded)."""
@@ -204,3 +229,79 @@ def paged_checkpoint_spec(state_layout: StateLayout, page_layout: PageLayout):
         layout_id=layout_id(state_layout, page_layout),
         image_bytes=state_layout.image_bytes,
     )
+
+
+@dataclass(frozen=True)
+class TPShard:
+    """One tensor-parallel rank's share of a model's state and KV tensors.
+
+    Every rank of an evenly split model has the same geometry, hence the same
+    ``layout_id`` and ``spec``: one scheduler's op list serves every rank,
+    each moving its own shard (``image_bytes`` is per rank).
+    """
+
+    rank: int
+    tp_size: int
+    state: StateLayout
+    page: PageLayout
+
+    @property
+    def layout_id(self) -> str:
+        return layout_id(self.state, self.page)
+
+    @property
+    def spec(self):
+        return paged_checkpoint_spec(self.state, self.page)
+
+
+def _shard(tensors, dims, index_dims, tp_size: int, rank: int, device, name: str) -> list[torch.Tensor]:
+    out = []
+    for i, (t, dim, index_dim) in enumerate(zip(tensors, dims, index_dims)):
+        if dim is None:  # every rank holds it whole
+            part = t
+        else:
+            if isinstance(dim, bool) or not isinstance(dim, int) or not index_dim < dim < t.dim():
+                raise ValueError(f"{name}_shard_dims[{i}]={dim!r} must be a dim after the "
+                                 f"{'slot' if name == 'state' else 'unit'} dim {index_dim} of a "
+                                 f"{t.dim()}-dim tensor (heads and channels are inside a row)")
+            if t.shape[dim] % tp_size:
+                raise ValueError(f"{name} tensors[{i}] (shape {tuple(t.shape)}): dim {dim} of "
+                                 f"{t.shape[dim]} does not split evenly across tp_size={tp_size} ranks")
+            step = t.shape[dim] // tp_size
+            part = t.narrow(dim, rank * step, step)
+        # Each rank owns its own storage, as on its own GPU.
+        out.append(part.to(device if device is not None else t.device, copy=True)
+                   .contiguous())
+    return out
+
+
+def tp_shard_layouts(state_tensors, page_tensors, tp_size: int, *, state_shard_dims, page_shard_dims,
+                     slot_dim=1, unit_dim=0, devices=None) -> list[TPShard]:
+    """Split a model's full (TP=1) state and KV tensors by heads across
+    ``tp_size`` ranks and derive each rank's layouts.
+
+    ``state_shard_dims`` / ``page_shard_dims``: per tensor, the dim that holds
+    heads or channels (conv channels, SSM/GDN heads, KV heads; it must come
+    after the slot / unit dim), or ``None`` for a tensor every rank holds
+    whole. A dim that is the concatenation of differently sharded parts (a
+    Mamba2 conv state's x | B | C channels) is passed as one tensor per part.
+    Rank ``r`` gets contiguous copies of slice ``r`` of each tensor, on
+    ``devices[r]`` (default: where the tensor lives).
+    """
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"tp_size={tp_size!r} must be a positive int")
+    state_tensors = _as_tensor_list(state_tensors, "state tensors")
+    page_tensors = _as_tensor_list(page_tensors, "page tensors")
+    sdims = _per_tensor(state_shard_dims, len(state_tensors), "state_shard_dims")
+    pdims = _per_tensor(page_shard_dims, len(page_tensors), "page_shard_dims")
+    slot_dims = _per_tensor(slot_dim, len(state_tensors), "slot_dim")
+    unit_dims = _per_tensor(unit_dim, len(page_tensors), "unit_dim")
+    if devices is not None and len(devices) != tp_size:
+        raise ValueError(f"devices has {len(devices)} entries for tp_size={tp_size}")
+    shards = []
+    for r in range(tp_size):
+        dev = devices[r] if devices is not None else None
+        st = _shard(state_tensors, sdims, slot_dims, tp_size, r, dev, "state")
+        pg = _shard(page_tensors, pdims, unit_dims, tp_size, r, dev, "page")
+        shards.append(TPShard(r, tp_size, StateLayout(st, slot_dim=slot_dims), PageLayout(pg, unit_dim=unit_dims)))
+    return shards

@@ -67,9 +67,11 @@ TEST(SpanPlanner, StoreThenRestoreRoundTrips) {
   const auto last_tail = w.units({9});
   MaintenanceBatch store;
   store.stores.push_back({1, ids, 13, "L"});
-  CopyPlan p = w.planner.plan(store);
+  CompiledBatch p = w.planner.compile(store);
   EXPECT_EQ(p.bytes, 13u);
-  run_spans_on_cpu(p);
+  EXPECT_EQ(p.ops.size(), 1u);
+  EXPECT_EQ(p.unit_ids.size(), 3u);
+  w.planner.run_on_cpu(p);
   auto got = w.units(ids);
   EXPECT_TRUE(std::equal(img.begin(), img.end(), got.begin()));
   // The last unit's bytes past the image and unlisted units are untouched.
@@ -78,7 +80,7 @@ TEST(SpanPlanner, StoreThenRestoreRoundTrips) {
   MaintenanceBatch restore;
   restore.restores.push_back({3, ids, 13, "L"});
   const uint8_t whole0 = w.a[3 * 5];  // outside the image
-  run_spans_on_cpu(w.planner.plan(restore));
+  w.planner.run_on_cpu(w.planner.compile(restore));
   EXPECT_EQ(w.image(3), img);
   EXPECT_EQ(w.a[3 * 5], whole0);
 }
@@ -89,7 +91,7 @@ TEST(SpanPlanner, SlotCopiesMoveWholeSlots) {
   MaintenanceBatch batch;
   batch.relocations.push_back({0, 2});
   batch.copies.push_back({1, 3});
-  run_spans_on_cpu(w.planner.plan(batch));
+  w.planner.run_on_cpu(w.planner.compile(batch));
   for (int l = 0; l < 2; ++l)
     for (int i = 0; i < 5; ++i) {
       EXPECT_EQ(w.a[l * 20 + 2 * 5 + i], a0[l * 20 + 0 * 5 + i]);
@@ -100,7 +102,7 @@ TEST(SpanPlanner, SlotCopiesMoveWholeSlots) {
 
 TEST(SpanPlanner, ValidationNamesTheOpAndPlansNothing) {
   World w;
-  auto bad = [&](MaintenanceBatch b) { EXPECT_THROW(w.planner.plan(b), std::invalid_argument); };
+  auto bad = [&](MaintenanceBatch b) { EXPECT_THROW(w.planner.compile(b), std::invalid_argument); };
   MaintenanceBatch b;
   b.stores.push_back({1, {0, 1, 2}, 13, "other"});
   bad(b);
@@ -123,7 +125,7 @@ TEST(SpanPlanner, ValidationNamesTheOpAndPlansNothing) {
   try {
     MaintenanceBatch d;
     d.restores.push_back({-1, {0, 1, 2}, 13, "L"});
-    w.planner.plan(d);
+    w.planner.compile(d);
     FAIL();
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("restores[0]"), std::string::npos);
@@ -137,4 +139,40 @@ TEST(SpanPlanner, RejectsBadTables) {
                std::invalid_argument);
   EXPECT_THROW(SpanPlanner({{addr(buf), 8, 8}}, {{addr(buf), 8, 8}}, {{addr(buf), 8, 8}}, 4, 4, ""),
                std::invalid_argument);
+}
+
+TEST(SpanPlanner, ScratchStampsDoNotLeakBetweenBatches) {
+  World w;
+  // A batch that fails half-way leaves stamps behind; the next batch, using
+  // the same ids the other way round, is valid and must pass.
+  MaintenanceBatch bad;
+  bad.stores.push_back({1, {0, 1, 2}, 13, "L"});
+  bad.stores.push_back({2, {2, 3, 4}, 13, "L"});
+  EXPECT_THROW(w.planner.validate(bad), std::invalid_argument);
+  for (int round = 0; round < 1000; ++round) {
+    MaintenanceBatch ok;
+    ok.restores.push_back({round % 2 ? 1 : 2, {0, 1, 2}, 13, "L"});
+    ok.stores.push_back({3, {3 + round % 5, 9, 8}, 13, "L"});
+    EXPECT_NO_THROW(w.planner.validate(ok));
+  }
+}
+
+TEST(SpanPlanner, RefusesAnotherPlannersBatch) {
+  World w, other;
+  MaintenanceBatch b;
+  b.relocations.push_back({0, 1});
+  CompiledBatch mine = w.planner.compile(b);
+  EXPECT_THROW(other.planner.run_on_cpu(mine), std::invalid_argument);
+  EXPECT_EQ(w.planner.spans(mine).size(), w.planner.slot_template().size());
+}
+
+TEST(SpanPlanner, TemplateMergesPiecesAdjacentOnBothSides) {
+  // Units of 2 x 4 bytes whose halves are neighbours in one buffer; one
+  // 16-byte state row: one piece per unit, not two.
+  std::vector<uint8_t> st(4 * 16), kv(8 * 8);
+  SpanPlanner p({{addr(st), 16, 16}}, {{addr(st), 16, 16}}, {{addr(kv), 8, 4}, {addr(kv, 4), 8, 4}}, 4, 8, "L");
+  EXPECT_EQ(p.units_per_image(), 2);
+  EXPECT_EQ(p.paged_template().size(), 2u);
+  EXPECT_EQ(p.paged_template()[1].unit_k, 1);
+  EXPECT_EQ(p.paged_template()[0].bytes, 8u);
 }

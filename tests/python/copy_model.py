@@ -25,19 +25,36 @@ def rows_view(buf: torch.Tensor, offset: int, shape, dtype) -> torch.Tensor:
     return buf[offset: offset + n * item].view(dtype).view(shape)
 
 
-def make_world(rng: random.Random, device="cpu", misaligned=True, partial=True, scale=1):
+DTYPES = [torch.uint8, torch.bfloat16, torch.float16, torch.float32, torch.int64]
+
+
+def _item(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _place(off: int, dtype, rng: random.Random, misaligned: bool) -> int:
+    """The next offset for a tensor of `dtype`: aligned to its elements, and
+    when `misaligned`, shifted by whole elements so rows are off 16 bytes."""
+    off = (off + _item(dtype) - 1) // _item(dtype) * _item(dtype)
+    return off + (_item(dtype) * rng.randint(0, 3) if misaligned else 0)
+
+
+def make_world(rng: random.Random, device="cpu", misaligned=True, partial=True, scale=1, kv=False):
     """Random state and page tensors carved out of two byte buffers.
 
-    Returns (state_layout, page_layout, state_buf, page_buf, spec_dict) where
-    the buffers hold every byte the layouts may touch (plus guard bytes).
-    ``scale`` multiplies the innermost sizes (GPU tests use large rows).
+    Returns (state_layout, page_layout, state_buf, page_buf) where the buffers
+    hold every byte the layouts may touch (plus guard bytes). ``scale``
+    multiplies the innermost sizes (GPU tests use large rows). ``kv``: the page
+    side is 2-5 attention-style KV tensors of random dtypes, each
+    ``[2, units, heads, dim]`` (unit_dim 1) or ``[units, 2, heads, dim]``
+    (unit_dim 0); otherwise 1-3 uint8 tensors.
     """
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
     num_slots = rng.randint(3, 7)
     num_units = rng.randint(24, 48)
     st_shapes, st_dims, st_dtypes = [], [], []
     for _ in range(rng.randint(1, 3)):
-        dtype = rng.choice([torch.uint8, torch.bfloat16, torch.float32]) if not misaligned else torch.uint8
+        dtype = rng.choice(DTYPES)
         if rng.random() < 0.5:
             shape = (rng.randint(1, 3), num_slots, rng.randint(1, 3), rng.randint(1, 9) * scale)
             dim = 1
@@ -47,25 +64,35 @@ def make_world(rng: random.Random, device="cpu", misaligned=True, partial=True, 
         st_shapes.append(shape)
         st_dims.append(dim)
         st_dtypes.append(dtype)
-    pg_shapes, pg_dims = [], []
-    for _ in range(rng.randint(1, 3)):
+    pg_shapes, pg_dims, pg_dtypes = [], [], []
+    for _ in range(rng.randint(2, 5) if kv else rng.randint(1, 3)):
+        if kv:
+            pg_dtypes.append(rng.choice(DTYPES))
+            heads, dim = rng.randint(1, 3), rng.randint(1, 6) * scale
+            if rng.random() < 0.5:
+                pg_shapes.append((2, num_units, heads, dim))
+                pg_dims.append(1)
+            else:
+                pg_shapes.append((num_units, 2, heads, dim))
+                pg_dims.append(0)
+            continue
+        pg_dtypes.append(torch.uint8)
         if rng.random() < 0.5:
             pg_shapes.append((num_units, rng.randint(1, 7) * scale))
             pg_dims.append(0)
         else:
             pg_shapes.append((2, num_units, rng.randint(1, 5) * scale))
             pg_dims.append(1)
-    item = lambda d: torch.empty((), dtype=d).element_size()  # noqa: E731
-    st_total = sum(item(d) * _numel(s) for s, d in zip(st_shapes, st_dtypes))
-    pg_total = sum(_numel(s) for s in pg_shapes)
+    st_total = sum(_item(d) * (_numel(s) + 4) for s, d in zip(st_shapes, st_dtypes))
+    pg_total = sum(_item(d) * (_numel(s) + 4) for s, d in zip(pg_shapes, pg_dtypes))
     state_buf = random_bytes(st_total + 64, gen).to(device)
     page_buf = random_bytes(pg_total + 64, gen).to(device)
     off = rng.randint(0, 7) if misaligned else 0
     tensors = []
     for s, d in zip(st_shapes, st_dtypes):
-        off = (off + item(d) - 1) // item(d) * item(d)
+        off = _place(off, d, rng, misaligned)
         tensors.append(rows_view(state_buf, off, s, d))
-        off += item(d) * _numel(s) + (rng.randint(0, 3) if misaligned else 0)
+        off += _item(d) * _numel(s)
     ranges = None
     if partial:
         ranges = []
@@ -78,11 +105,12 @@ def make_world(rng: random.Random, device="cpu", misaligned=True, partial=True, 
                 ranges.append((a, rng.randint(1, row - a)))
     state = sc.StateLayout(tensors, slot_dim=st_dims, image_ranges=ranges)
     off = rng.randint(0, 7) if misaligned else 0
-    kv = []
-    for s in pg_shapes:
-        kv.append(rows_view(page_buf, off, s, torch.uint8))
-        off += _numel(s) + (rng.randint(0, 3) if misaligned else 0)
-    page = sc.PageLayout(kv, unit_dim=pg_dims)
+    pages = []
+    for s, d in zip(pg_shapes, pg_dtypes):
+        off = _place(off, d, rng, misaligned)
+        pages.append(rows_view(page_buf, off, s, d))
+        off += _item(d) * _numel(s)
+    page = sc.PageLayout(pages, unit_dim=pg_dims)
     return state, page, state_buf, page_buf
 
 

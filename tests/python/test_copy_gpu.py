@@ -41,18 +41,21 @@ def assert_same(gpu, cpu):
     assert torch.equal(gpu[3].cpu(), cpu[3]), "page bytes differ"
 
 
+@pytest.mark.parametrize("kv", [False, True])
 @pytest.mark.parametrize("scale", [1, 1013, 4096])
 @pytest.mark.parametrize("seed", range(6))
-def test_kernel_matches_cpu_executor(seed, scale):
-    gpu, cpu = twins(seed, misaligned=seed % 2 == 0, partial=seed % 3 != 0, scale=scale)
+def test_kernel_matches_cpu_executor(seed, scale, kv):
+    """Random dtypes, misaligned rows, partial images; with ``kv`` multi-tensor
+    KV page layouts ([2, units, ...] and [units, 2, ...] mixed)."""
+    gpu, cpu = twins(seed, misaligned=seed % 2 == 0, partial=seed % 3 != 0, scale=scale, kv=kv)
     eg, ec = executors(gpu, cpu)
     rng = random.Random(100 + seed)
     moved = 0
     for _ in range(3):
         batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes,
-                             ec.planner.units_per_image)
+                             ec.units_per_image)
         pg, pc = eg(*batch), ec(*batch)
-        assert (pg.num_spans, pg.bytes) == (pc.num_spans, pc.bytes)
+        assert (pg.num_ops, pg.bytes) == (pc.num_ops, pc.bytes)
         moved += pg.bytes
         assert_same(gpu, cpu)
     assert moved > 0
@@ -84,7 +87,7 @@ def test_gdn_store_restore_roundtrip_on_gpu():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_graph_capture_replays_new_ops(seed):
-    gpu, cpu = twins(50 + seed, misaligned=seed != 1, partial=True, scale=777)
+    gpu, cpu = twins(50 + seed, misaligned=seed != 1, partial=True, scale=777, kv=seed != 0)
     eg, ec = executors(gpu, cpu)
     captured = eg.capture()
     rng = random.Random(seed)
@@ -92,7 +95,7 @@ def test_graph_capture_replays_new_ops(seed):
     assert_same(gpu, cpu)
     for i in range(4):
         batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes,
-                             ec.planner.units_per_image)
+                             ec.units_per_image)
         if i == 2:  # eager batches interleave with replays
             eg(*batch)
         else:
@@ -102,17 +105,18 @@ def test_graph_capture_replays_new_ops(seed):
 
 
 def test_graph_capture_with_a_small_descriptor_budget():
-    gpu, cpu = twins(7, misaligned=True, partial=False, scale=513)
+    gpu, cpu = twins(7, misaligned=True, partial=False, scale=513, kv=True)
     eg, ec = executors(gpu, cpu)
-    batch = random_batch(random.Random(3), cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes,
-                         ec.planner.units_per_image)
-    need = ec.plan(*batch).num_spans
-    assert need > 1
-    small = eg.capture(max_spans=need)
+    rng = random.Random(3)
+    batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image)
+    while len(batch[2]) + len(batch[3]) < 2:
+        batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image)
+    paged, pairs = len(batch[2]) + len(batch[3]), len(batch[0]) + len(batch[1])
+    small = eg.capture(max_paged_ops=paged, max_slot_copies=pairs)
     small.replay(*batch)
     ec(*batch)
     assert_same(gpu, cpu)
-    tiny = eg.capture(max_spans=need - 1)
+    tiny = eg.capture(max_paged_ops=paged - 1, max_slot_copies=pairs)
     before = gpu[2].clone(), gpu[3].clone()
     with pytest.raises(ValueError, match="captured for"):
         tiny.replay(*batch)
@@ -120,10 +124,55 @@ def test_graph_capture_with_a_small_descriptor_budget():
     assert torch.equal(before[0], gpu[2]) and torch.equal(before[1], gpu[3])
 
 
+def test_replaced_storage_raises_before_a_replay_moves_anything():
+    gpu, cpu = twins(13, misaligned=False, partial=False, scale=64, kv=True)
+    eg, _ = executors(gpu, cpu)
+    cap = eg.capture()
+    n, k = eg.spec.image_bytes, eg.units_per_image
+    op = sc.CheckpointStoreOp(src_slot=0, unit_ids=tuple(range(k)), total_bytes=n, layout_id=eg.layout_id)
+    page_t = gpu[1].tensors[0]
+    page_t.set_(torch.empty_like(page_t))
+    before = gpu[2].clone(), gpu[3].clone()
+    for run in (lambda: cap.replay(stores=[op]), lambda: eg(stores=[op])):
+        with pytest.raises(ValueError, match="replaced or resized"):
+            run()
+    torch.cuda.synchronize()
+    assert torch.equal(before[0], gpu[2]) and torch.equal(before[1], gpu[3])
+
+
+def test_every_visible_gpu_runs_the_same_batch_bit_exactly():
+    """One executor per device from one process, each bound to its device
+    (launched while another device is current, where there is one)."""
+    devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    cpu = make_world(random.Random(21), device="cpu", misaligned=True, partial=True, scale=300, kv=True)
+    ec = sc.StateCopyExecutor(cpu[0], cpu[1], 8)
+    rng = random.Random(5)
+    batches = [random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image)
+               for _ in range(3)]
+    worlds, exes, caps = [], [], []
+    for d in devices:
+        w = make_world(random.Random(21), device=d, misaligned=True, partial=True, scale=300, kv=True)
+        e = sc.StateCopyExecutor(w[0], w[1], 8, device="cuda" if d.index == 0 else d)
+        assert e.device == d and e.layout_id == ec.layout_id
+        worlds.append(w)
+        exes.append(e)
+        caps.append(e.capture())
+    current = torch.cuda.current_device()
+    for i, batch in enumerate(batches):
+        for d, e, c in zip(devices, exes, caps):
+            with torch.cuda.device(devices[(d.index + 1) % len(devices)]):  # another device is current
+                (c.replay if i == 1 else e)(*batch)
+        assert torch.cuda.current_device() == current
+        ec(*batch)
+    for d, w in zip(devices, worlds):
+        torch.cuda.synchronize(d)
+        assert torch.equal(w[2].cpu(), cpu[2]) and torch.equal(w[3].cpu(), cpu[3]), d
+
+
 def test_validation_on_gpu_moves_nothing():
     gpu, cpu = twins(11, misaligned=False, partial=False, scale=64)
     eg, _ = executors(gpu, cpu)
-    n, k = eg.spec.image_bytes, eg.planner.units_per_image
+    n, k = eg.spec.image_bytes, eg.units_per_image
     good = sc.CheckpointStoreOp(src_slot=0, unit_ids=tuple(range(k)), total_bytes=n, layout_id=eg.layout_id)
     bad = sc.CheckpointStoreOp(src_slot=1, unit_ids=tuple(range(k)), total_bytes=n, layout_id=eg.layout_id)
     before = gpu[2].clone(), gpu[3].clone()
@@ -131,3 +180,19 @@ def test_validation_on_gpu_moves_nothing():
         eg(stores=[good, bad])
     torch.cuda.synchronize()
     assert torch.equal(before[0], gpu[2]) and torch.equal(before[1], gpu[3])
+
+
+@pytest.mark.parametrize("variant", range(sc._C._GpuCopyEngine.num_variants if sc.has_gpu_kernels else 0))
+def test_every_kernel_build_matches_cpu_executor(variant):
+    """The benchmark times every kernel build; each must be bit-exact too
+    (slot copies included, which the speculating build guesses around)."""
+    gpu, cpu = twins(31 + variant, misaligned=True, partial=True, scale=1013, kv=True)
+    eg, ec = executors(gpu, cpu)
+    eg._engine = sc._C._GpuCopyEngine(eg.device.index, eg._planner, eg.max_slot_copies, eg.max_paged_ops, 2,
+                                      variant)
+    rng = random.Random(variant)
+    for _ in range(4):
+        batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image)
+        eg(*batch)
+        ec(*batch)
+        assert_same(gpu, cpu)
