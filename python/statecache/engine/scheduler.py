@@ -43,6 +43,10 @@ class EngineConfig:
     # N > 0: also a rung every N tokens.
     checkpoint_interval_tokens: int = -1
     num_spec: int = 0
+    # Deployment seed and optional salt of the 128-bit prefix keys that name
+    # entries in the tiers below GPU memory (engines sharing a tier agree).
+    hash_seed: int = 0
+    hash_salt: bytes | None = None
 
     def __post_init__(self) -> None:
         for name in ("hash_block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -75,6 +79,7 @@ class Request(statecache.Sequence):
         self.status = WAITING
         self.block_table: list[int] = []
         self.hashes: list[int] = []  # chained block hashes (mirrored in block_hashes)
+        self.prefix_keys = b""  # 16-byte prefix key per full block (tiers)
         self.num_computed_tokens = 0
         self.num_published_blocks = 0
         self.num_cached_tokens = 0
@@ -129,7 +134,7 @@ class Engine:
     """Reference engine: a block manager and a scheduler over the library."""
 
     def __init__(self, config: EngineConfig, block_pool, caches: StateCaches, runner,
-                 placement=None, eviction=None):
+                 placement=None, eviction=None, tiers=None, tier_options=None):
         self.config = config
         self.caches = caches
         self.runner = runner
@@ -138,7 +143,12 @@ class Engine:
             enable_prefix_caching=config.enable_prefix_caching, num_spec=config.num_spec,
             placement=placement or AnchorLadderDemand(),
             eviction=eviction or GuessFirstLRU(),
-            interval_tokens=config.checkpoint_interval_tokens)
+            interval_tokens=config.checkpoint_interval_tokens,
+            hash_seed=config.hash_seed, hash_salt=config.hash_salt)
+        self.tiering = None
+        if tiers:
+            from .tiering import attach_tiers
+            self.tiering = attach_tiers(self, tiers, **(tier_options or {}))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished: list[Request] = []
@@ -173,6 +183,8 @@ class Engine:
         bm = self.block_manager
         # 1. top of pass
         self.caches.top_of_pass()
+        if self.tiering is not None:
+            self.tiering.top_of_pass()
         bm.eviction.before_admission(self)
         # 2. admission + scheduling
         items, reservations = self._schedule()
@@ -322,6 +334,11 @@ class Engine:
         self.num_preemptions += 1
         self.running.remove(seq)
         self.waiting.appendleft(seq)
+
+    def close(self) -> None:
+        """Finishes the tiers' writes in flight and detaches them."""
+        if self.tiering is not None:
+            self.tiering.close()
 
     def checkpoint_funnel(self) -> dict[str, int]:
         out = self.block_manager.checkpoint_funnel()
