@@ -88,13 +88,16 @@ class UnitMover:
 
 
 class _Job:
-    """An offload whose shared-tier write runs on the I/O thread."""
+    """An offload whose shared-tier write (and, when the host only stages,
+    the copy out of the units) runs on the I/O thread."""
 
-    __slots__ = ("op", "h", "key", "future", "source_released")
+    __slots__ = ("op", "h", "key", "future", "pinned", "source_done", "source_released")
 
-    def __init__(self, op, h, key, future):
-        self.op, self.h, self.key, self.future = op, h, key, future
-        self.source_released = False
+    def __init__(self, op, h, key, pinned: bool, source_done: bool):
+        self.op, self.h, self.key, self.future = op, h, key, None
+        self.pinned = pinned
+        self.source_done = source_done  # the units were read (set by the I/O thread)
+        self.source_released = source_done
 
 
 class Tiering:
@@ -189,8 +192,8 @@ class Tiering:
     def top_of_pass(self) -> None:
         """After ``complete_previous_batch``: retire finished writes, reclaim
         stale pins, start new offloads. Never raises for a tier's failure."""
-        self.coord.reclaim_stale_offload_pins(self.offload_timeout_s)
         self._retire_jobs()
+        self.coord.reclaim_stale_offload_pins(self.offload_timeout_s)
         self._release_quarantine()
         for op, units in self.coord.take_offload_stores(self.max_inflight):
             self._offload(op, units)
@@ -215,16 +218,31 @@ class Tiering:
                 self._count("state_offload_failed")
             return
         self.index.note_store_started(h)
+        if self.staging_only:
+            # Copy and write on the I/O thread: the units stay pinned until the
+            # copy is known done, and a copy that overran its pin is reclaimed.
+            job = _Job(op, h, key, pinned=False, source_done=False)
+            job.future = self._io.submit(self._copy_and_write, job, list(units), rows)
+            self._jobs.append(job)
+            return
         self.mover.to_rows(units, rows)
         self.coord.release_offload_store_source(op)
         header = integrity.make_header(key, len(rows) * self.unit_bytes, integrity.checksum(rows))
         self.host.seal(key, header)
-        if self.staging_only or self.shared_writes == "through":
+        if self.shared_writes == "through":
             self.host.arena.pin(key)
-            fut = self._io.submit(self._write_shared, key, rows, header)
-            self._jobs.append(_Job(op, h, key, fut))
+            job = _Job(op, h, key, pinned=True, source_done=True)
+            job.future = self._io.submit(self._write_shared, key, rows, header)
+            self._jobs.append(job)
             return
         self._settle(op, h, key, True)
+
+    def _copy_and_write(self, job, units, rows) -> bool:
+        self.mover.to_rows(units, rows)
+        job.source_done = True
+        header = integrity.make_header(job.key, len(rows) * self.unit_bytes,
+                                       integrity.checksum(rows))
+        return self._write_shared(job.key, rows, header)
 
     def _settle(self, op, h: int, key: str, ok: bool) -> None:
         self.coord.settle_offload_store(op)
@@ -262,6 +280,9 @@ class Tiering:
     def _retire_jobs(self) -> None:
         keep = []
         for job in self._jobs:
+            if job.source_done and not job.source_released:
+                self.coord.release_offload_store_source(job.op)
+                job.source_released = True
             if not job.future.done():
                 keep.append(job)
                 continue
@@ -271,7 +292,8 @@ class Tiering:
                 ok = False
             if not ok:
                 self._count("shared_writes_failed")
-            self.host.arena.unpin(job.key)
+            if job.pinned:
+                self.host.arena.unpin(job.key)
             if self.staging_only:
                 self.host.abort(job.key)
             self._settle(job.op, job.h, job.key, ok or not self.staging_only)
@@ -552,7 +574,7 @@ class Tiering:
                 f"{pool.num_reserved} != {pool.num_blocks}")
         arena = self.host.arena
         arena.check_consistency()
-        pinned = {j.key for j in self._jobs} | {k for _, k in self._quarantine}
+        pinned = {j.key for j in self._jobs if j.pinned} | {k for _, k in self._quarantine}
         for k in arena.keys():
             key = k.decode()
             if arena.pins(key) and key not in pinned:
@@ -569,7 +591,8 @@ class Tiering:
 
     def close(self) -> None:
         self.wait_writes()
-        self._io.shutdown(wait=True)
+        # A write stuck on an unreachable server is left to its thread.
+        self._io.shutdown(wait=not self._jobs)
         self.coord.attach_offload(None)
 
 

@@ -108,7 +108,12 @@ class HostTier(Tier):
                 return None
             if plan and self.on_evict is not None:
                 self._demote(plan)
-            got = self.arena.allocate(key, klass, count, nbytes, float(cost))
+            try:
+                got = self.arena.allocate(key, klass, count, nbytes, float(cost))
+            except ValueError as e:
+                if "already in the arena" in str(e):
+                    return None  # held, or still being written or read into
+                raise
             if got is None:
                 return None
             entries, _evicted = got
