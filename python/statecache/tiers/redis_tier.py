@@ -29,8 +29,13 @@ class RedisTier(Tier):
         super().__init__(timeout_s)
         redis = _import_redis()
         self._errors = redis.exceptions
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+        # No client-side retries: one call is bounded by timeout_s, and the
+        # engine recomputes what a failed call would have brought.
         self._r = redis.Redis(host=host, port=port, db=db, password=password,
-                              socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+                              socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                              retry=Retry(NoBackoff(), 0))
 
     def _run(self, build):
         with self._lock:
@@ -45,16 +50,16 @@ class RedisTier(Tier):
                           for s in segs) for segs in values]
         try:
             res = self._run(lambda p: [p.set(k, b, nx=True) for k, b in zip(keys, blobs)])
-        except self._errors.TimeoutError:
+        except self._errors.TimeoutError as e:
             self._count("timeouts")
-            res = [None] * len(keys)
-        except self._errors.RedisError:
-            res = [None] * len(keys)
+            res = [e] * len(keys)
+        except self._errors.RedisError as e:
+            res = [e] * len(keys)
         # SET NX answers None for a key already held: its value stays, so the
         # key is stored (reads check it like any other).
         out = []
         for k, b, r in zip(keys, blobs, res):
-            ok = r is True or (r is None and not isinstance(r, Exception) and self._exists(k))
+            ok = r is True or (r is None and self._exists(k))
             out.append(bool(ok))
             self._count("puts" if ok else "puts_failed")
             if ok:
