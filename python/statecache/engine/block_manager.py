@@ -117,7 +117,13 @@ class BlockManager:
                 tiering.discover(seq, kv_hit)
         hit = self.caches.resumable_hit(seq, kv_hit, seq.hashes) if kv_hit else 0
         if hit and tiering is not None and self.caches.pages:
-            hit = self._load_state(seq, hit)
+            # The hit's KV blocks are held while a load makes room for units.
+            held = [self.pool.lookup(h) for h in seq.hashes[:hit]]
+            self.pool.incref(held)
+            try:
+                hit = self._load_state(seq, hit)
+            finally:
+                self.pool.free(list(reversed(held)))
         need_slots = 1 + self.num_spec
         claim_src = -1
         if hit and self.caches.forks:

@@ -452,7 +452,7 @@ class Tiering:
         lo = getattr(seq, "_tier_probed", 0)
         seq._tier_probed = upto
         hs = [h for h in seq.hashes[lo:upto]
-              if not self.index.contains(h) and not self.coord.contains(h)]
+              if not self.index.could_serve(h) and not self.coord.contains(h)]
         keys = [self.key("state", h) for h in hs]
         pairs = [(h, k) for h, k in zip(hs, keys) if k is not None]
         if not pairs:
@@ -515,7 +515,7 @@ class Tiering:
                     self.host.unpin(key)
                 self.pool.publish(block, hashes[i])
                 self._kv_blocks[hashes[i]] = block
-                self.pool.free([block])
+                held.append(block)  # held until every load is done
                 self._count("kv_loaded_host" if where == "host" else "kv_loaded_shared")
                 loaded += 1
         finally:

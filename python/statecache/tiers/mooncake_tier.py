@@ -89,12 +89,13 @@ class MooncakeTier(Tier):
                 raise TimeoutError("an earlier call has not returned")
             self._busy = None
             fut = self._io.submit(fn)
-            try:
-                return fut.result(self.timeout_s)
-            except cf.TimeoutError:
+        try:
+            return fut.result(self.timeout_s)
+        except cf.TimeoutError:
+            with self._lock:
                 self._busy = fut
                 self._count("timeouts")
-                raise TimeoutError(f"mooncake call exceeded {self.timeout_s} s") from None
+            raise TimeoutError(f"mooncake call exceeded {self.timeout_s} s") from None
 
     def idle(self) -> bool:
         """No call of this tier is still running (buffers of a timed-out call
