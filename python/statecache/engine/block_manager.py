@@ -212,6 +212,8 @@ class BlockManager:
         seq.num_cached_tokens = hit * hbs
         if hit:
             self.eviction.on_resume(caches, seq, h)
+            if self.tiering is not None and seq.state_source == SOURCE_PAGE:
+                self.count(f"resumed_tokens_{self.tiering.source_of(h)}", hit * hbs)
         self.count("admitted")
         self.count("kv_hit_tokens", adm.kv_hit * hbs)
         self.count("resumed_tokens", hit * hbs)

@@ -163,6 +163,7 @@ class Tiering:
         self._owner_ids = itertools.count()
         self.known: dict[int, tuple[bytes, int]] = {}  # scheduler hash -> (prefix key, tokens)
         self._kv_blocks: dict[int, int] = {}  # published hash -> block
+        self._loaded_from: dict[int, str] = {}
         self.counters = {k: 0 for k in (
             "state_offloaded", "state_offload_failed", "state_loaded_host", "state_loaded_shared",
             "kv_offloaded", "kv_loaded_host", "kv_loaded_shared", "loads_untrusted",
@@ -481,7 +482,7 @@ class Tiering:
             want.append((i, key))
         if not want:
             return gpu_hit
-        present = [self.host.arena.contains(k) for _, k in want]
+        present = [self.pool.lookup(hashes[i]) >= 0 or self.host.arena.contains(k) for i, k in want]
         if self.shared and not all(present):
             miss = [k for (_, k), p in zip(want, present) if not p]
             got = {}
@@ -502,6 +503,12 @@ class Tiering:
         loaded = 0
         try:
             for i, key in want[:n]:
+                on_gpu = self.pool.lookup(hashes[i])
+                if on_gpu >= 0:  # still cached on the GPU past the gap: hold it
+                    self.pool.incref([on_gpu])
+                    held.append(on_gpu)
+                    loaded += 1
+                    continue
                 if not self._blocks_free(1):
                     break
                 got = self._read(key, self.unit_bytes, KV)
@@ -510,12 +517,13 @@ class Tiering:
                 rows, where = got
                 try:
                     block = self.pool.allocate(1)[0]
+                    held.append(block)  # held until every load is done
                     self.mover.from_rows(rows, [block])
                 finally:
                     self.host.unpin(key)
-                self.pool.publish(block, hashes[i])
+                if not self.pool.publish(block, hashes[i]):
+                    raise AssertionError("a tier load published a hash the GPU index holds")
                 self._kv_blocks[hashes[i]] = block
-                held.append(block)  # held until every load is done
                 self._count("kv_loaded_host" if where == "host" else "kv_loaded_shared")
                 loaded += 1
         finally:
@@ -557,7 +565,13 @@ class Tiering:
             return self.coord.contains(h)
         self.index.complete_load(h)
         self._count("state_loaded_host" if where == "host" else "state_loaded_shared")
+        self._loaded_from[h] = where
         return True
+
+    def source_of(self, h: int) -> str:
+        """Where the image a resume starts from came from: "gpu", "host" or
+        the shared tier's name (forgotten once asked)."""
+        return self._loaded_from.pop(h, "gpu")
 
     # ------------------------------ checks --------------------------------- #
 
