@@ -203,3 +203,28 @@ def test_lazy_backends_name_their_extra(monkeypatch):
         mooncake_tier._import_store()
     with pytest.raises(ImportError, match=r"statecache\[redis\]"):
         redis_tier._import_redis()
+
+
+def test_unit_mover_round_trips_whole_units():
+    torch = pytest.importorskip("torch")
+    from statecache.engine.tiering import UnitMover, _consecutive
+    from statecache.layout import PageLayout
+
+    k = torch.arange(2 * 10 * 3 * 8, dtype=torch.float32).reshape(2, 10, 3, 8)
+    v = torch.arange(10 * 5, dtype=torch.int16).reshape(10, 5) * 3
+    lay = PageLayout([k, v], unit_dim=[1, 0])
+    m = UnitMover(lay)
+    assert m.unit_bytes == 2 * 3 * 8 * 4 + 5 * 2
+    host = HostTier(16 * m.unit_bytes, m.unit_bytes)
+    rows = host.reserve("x", 3 * m.unit_bytes)
+    assert _consecutive(rows, m.unit_bytes) is not None          # fast path
+    scattered = [host.rows[9], host.rows[4], host.rows[12]]
+    assert _consecutive(scattered, m.unit_bytes) is None         # row by row
+    for dst in (rows, scattered):
+        m.to_rows([7, 2, 5], dst)
+        k2, v2 = k.clone(), v.clone()
+        k[:, [1, 3, 6]] = -1
+        v[[1, 3, 6]] = -1
+        m.from_rows(dst, [1, 3, 6])
+        assert torch.equal(k[:, [1, 3, 6]], k2[:, [7, 2, 5]])
+        assert torch.equal(v[[1, 3, 6]], v2[[7, 2, 5]])

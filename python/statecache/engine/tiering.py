@@ -76,15 +76,41 @@ class UnitMover:
             col += w
 
     def to_rows(self, units, rows) -> None:
-        """Units -> host rows (numpy views of ``unit_bytes`` each)."""
-        data = self.gather(units).cpu().numpy()
+        """Units -> host rows (numpy views of ``unit_bytes`` each): one gather
+        on the KV device, then one copy into consecutive rows (a DMA into the
+        pinned arena on a GPU) or one per row."""
+        torch = self.torch
+        data = self.gather(units)
+        block = _consecutive(rows, self.unit_bytes)
+        if block is not None:
+            torch.from_numpy(block).copy_(data)
+            return
+        data = data.cpu().numpy()
         for r, row in enumerate(rows):
             row[:] = data[r]
 
     def from_rows(self, rows, units) -> None:
         torch = self.torch
-        data = torch.from_numpy(np.stack([np.asarray(r) for r in rows]))
+        block = _consecutive(rows, self.unit_bytes)
+        data = torch.from_numpy(block if block is not None else np.stack([np.asarray(r) for r in rows]))
         self.scatter(units, data)
+
+
+def _consecutive(rows, unit_bytes: int):
+    """``rows`` as one 2-D view when they are consecutive full rows of one
+    buffer, else None."""
+    if not rows or any(r.nbytes != unit_bytes for r in rows):
+        return None
+    first = rows[0].__array_interface__["data"][0]
+    for i, r in enumerate(rows):
+        if r.__array_interface__["data"][0] != first + i * unit_bytes:
+            return None
+    base = rows[0].base if rows[0].base is not None else rows[0]
+    flat = np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base.reshape(-1)
+    off = first - flat.__array_interface__["data"][0]
+    if off < 0 or off + len(rows) * unit_bytes > flat.nbytes:
+        return None
+    return flat[off:off + len(rows) * unit_bytes].reshape(len(rows), unit_bytes)
 
 
 class _Job:
