@@ -122,7 +122,10 @@ class SimTiers:
         pass
 
     def kv_extend(self, seq, gpu_hit: int, limit: int) -> int:
-        hashes, held, n = seq.hashes, [], gpu_hit
+        hashes, n = seq.hashes, gpu_hit
+        # The GPU hit is held so that making room for loads cannot evict it.
+        held = [self.pool.lookup(h) for h in hashes[:gpu_hit]]
+        self.pool.incref(held)
         try:
             for i in range(gpu_hit, limit):
                 h = hashes[i]
@@ -137,7 +140,8 @@ class SimTiers:
                     break
                 b = self.pool.allocate(1)[0]
                 held.append(b)
-                self.pool.publish(b, h)
+                if not self.pool.publish(b, h):
+                    raise AssertionError("a tier load published a hash the GPU index holds")
                 self._charge(where, self.block_bytes)
                 self.counters[f"kv_loaded_{where}"] += 1
                 n += 1
