@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
 
 #include "core/errors.h"
 
@@ -92,7 +93,7 @@ std::optional<std::vector<int32_t>> HostArena::allocate(const std::string& key, 
   if (count <= 0) bad_argument("count", count, "must be > 0");
   if (nbytes < 0 || nbytes > count * entry_bytes_)
     bad_argument("nbytes", nbytes, "must be in [0, count * entry_bytes]");
-  if (!(cost >= 0)) bad_argument("cost", static_cast<long long>(cost), "must be >= 0");
+  if (!(cost >= 0)) bad_argument("cost", std::to_string(cost), "must be >= 0");
   if (index_.count(key) != 0) bad_argument("key", key, "is already in the arena");
   ClassStats& c = classes_[static_cast<size_t>(klass)];
   auto plan = victims(klass, count);
