@@ -145,6 +145,7 @@ def bench_gpu(repeats):
     kv = torch.zeros((units, unit), dtype=torch.uint8, device=dev)
     mover = UnitMover(PageLayout([kv], unit_dim=0))
     host = torch.empty((n_img * upc, unit), dtype=torch.uint8, pin_memory=True)
+    mover.attach_host(host)  # as Tiering does with the host tier's pinned arena
     rows = [host[i].numpy() for i in range(n_img * upc)]
     ids = list(range(n_img * upc))
     flat = kv[:n_img * upc]

@@ -56,6 +56,24 @@ class UnitMover:
         if sum(v.shape[0] * v.shape[2] for v in self.views) != self.unit_bytes:
             raise AssertionError("unit mover: views do not cover one unit")
         self.device = page_layout.tensors[0].device
+        self.host = None  # the host arena's (pinned) tensor, when attached
+
+    def attach_host(self, tensor) -> None:
+        """Rows inside this [entries, unit_bytes] uint8 CPU tensor are copied
+        through it, so torch sees pinned memory and copies at DMA speed."""
+        self.host = tensor if tensor is not None and tensor.dim() == 2 else None
+
+    def _host_rows(self, block):
+        """The attached tensor's rows under ``block`` (a 2-D numpy view), or None."""
+        h = self.host
+        if h is None or block is None:
+            return None
+        base = h.data_ptr()
+        addr = block.__array_interface__["data"][0]
+        first, rem = divmod(addr - base, self.unit_bytes)
+        if rem or first < 0 or first + block.shape[0] > h.shape[0] or h.shape[1] != self.unit_bytes:
+            return None
+        return h[first:first + block.shape[0]]
 
     def gather(self, units) -> "object":
         """``[len(units), unit_bytes]`` uint8 on the KV device."""
@@ -67,7 +85,8 @@ class UnitMover:
     def scatter(self, units, data) -> None:
         torch = self.torch
         idx = torch.as_tensor(list(units), dtype=torch.long, device=self.device)
-        data = data.to(self.device, non_blocking=True)
+        # Synchronous: the host rows may be reused as soon as this returns.
+        data = data.to(self.device)
         col = 0
         for v in self.views:
             w = v.shape[0] * v.shape[2]
@@ -82,6 +101,10 @@ class UnitMover:
         torch = self.torch
         data = self.gather(units)
         block = _consecutive(rows, self.unit_bytes)
+        pinned = self._host_rows(block)
+        if pinned is not None:
+            pinned.copy_(data)
+            return
         if block is not None:
             torch.from_numpy(block).copy_(data)
             return
@@ -92,25 +115,25 @@ class UnitMover:
     def from_rows(self, rows, units) -> None:
         torch = self.torch
         block = _consecutive(rows, self.unit_bytes)
-        data = torch.from_numpy(block if block is not None else np.stack([np.asarray(r) for r in rows]))
+        data = self._host_rows(block)
+        if data is None:
+            data = torch.from_numpy(block if block is not None else np.stack([np.asarray(r) for r in rows]))
         self.scatter(units, data)
 
 
 def _consecutive(rows, unit_bytes: int):
     """``rows`` as one 2-D view when they are consecutive full rows of one
     buffer, else None."""
-    if not rows or any(r.nbytes != unit_bytes for r in rows):
+    if not rows or any(r.nbytes != unit_bytes or r.ndim != 1 or r.strides != (1,) for r in rows):
         return None
     first = rows[0].__array_interface__["data"][0]
     for i, r in enumerate(rows):
         if r.__array_interface__["data"][0] != first + i * unit_bytes:
             return None
-    base = rows[0].base if rows[0].base is not None else rows[0]
-    flat = np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base.reshape(-1)
-    off = first - flat.__array_interface__["data"][0]
-    if off < 0 or off + len(rows) * unit_bytes > flat.nbytes:
-        return None
-    return flat[off:off + len(rows) * unit_bytes].reshape(len(rows), unit_bytes)
+    # Every row was checked to start where the previous one ends, so one
+    # strided view over the first covers exactly their bytes.
+    return np.lib.stride_tricks.as_strided(rows[0], shape=(len(rows), unit_bytes),
+                                           strides=(unit_bytes, 1))
 
 
 class _Job:
@@ -170,6 +193,8 @@ class Tiering:
             # Shared tiers only: a small host arena stages values for the I/O.
             self.host = HostTier((max_inflight + 4) * self.upc * self.unit_bytes, self.unit_bytes)
             self.staging_only = True
+        if hasattr(self.host._owner, "data_ptr"):
+            self.mover.attach_host(self.host._owner)
         if self.host.entry_bytes != self.unit_bytes:
             raise ValueError(f"HostTier entry_bytes={self.host.entry_bytes} must equal the page "
                              f"unit size {self.unit_bytes}")
