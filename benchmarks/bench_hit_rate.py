@@ -63,7 +63,8 @@ def tiers_markdown(results: list[dict]) -> str:
             f"{report.format_bytes(r['host_memory']) if r['host_memory'] else '-'} | "
             f"{100 * r['kv_hit_rate']:.1f}% | {100 * r['state_hit_rate']:.1f}% | {ratio:.2f} | "
             f"{100 * r['state_hit_rate'] / max(r['kv_hit_rate'], 1e-12):.0f}% | "
-            f"{100 * t.get('gpu', 0):.1f}% / {100 * t.get('host', 0):.1f}% | "
+            f"{100 * (t.get('gpu', 0) if r['host_memory'] else r['state_hit_rate']):.1f}% / "
+            f"{100 * t.get('host', 0):.1f}% | "
             f"{r['checkpoints']['kept']} | {r['funnel'].get('tier_load_seconds', 0):.1f} |")
     return "\n".join(lines)
 

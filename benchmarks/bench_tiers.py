@@ -56,7 +56,7 @@ def bench_shared(sizes_mb, repeats):
     lines = ["| tier | op | MB | p50 ms | p99 ms | GB/s (p50) | time vs memcpy |",
              "|---|---|---:|---:|---:|---:|---:|"]
     biggest = max(sizes_mb) << 20
-    mc = MooncakeServers(segment_bytes=max(1 << 30, 24 * biggest)).start(timeout_s=60)
+    mc = MooncakeServers(segment_bytes=max(2 << 30, 40 * biggest)).start(timeout_s=60)
     rs = RedisServer().start()
     try:
         tiers = [MooncakeTier(mc.master_addr, mc.metadata_url, timeout_s=30.0),
@@ -71,10 +71,13 @@ def bench_shared(sizes_mb, repeats):
             lines.append(row("memcpy (baseline)", "copy", mb, [base] * repeats, n))
             for t in tiers:
                 keys = iter(range(10 ** 9))
+                made = []
 
                 def put():
                     k = f"bench/{mb}/{next(keys)}"
-                    assert t.put_many([k], [[src[:n]]]) == [True]
+                    made.append(k)
+                    ok = t.put_many([k], [[src[:n]]])
+                    assert ok == [True], (t.name, mb, t.stats(), getattr(t, "_last_error", None))
                     return k
 
                 last = {}
@@ -93,13 +96,14 @@ def bench_shared(sizes_mb, repeats):
                         ks = [f"bench8/{mb}/{next(keys)}" for _ in range(8)]
                         assert all(t.put_many(ks, [[src[i * n:(i + 1) * n]] for i in range(8)]))
                         last["ks"] = ks
+                        made.extend(ks)
                     ts8 = timed(put8, max(3, repeats // 2))
                     ks = last["ks"]
                     tg8 = timed(lambda: t.get_many_into(ks, [[dst[i * n:(i + 1) * n]] for i in range(8)]),
                                 max(3, repeats // 2))
                     lines.append(row(t.name, "put x8", mb, ts8, 8 * n, 8 * base))
                     lines.append(row(t.name, "get x8", mb, tg8, 8 * n, 8 * base))
-                t.remove_many([f"bench/{mb}/{i}" for i in range(next(keys))])
+                t.remove_many(made)  # the next size starts with an empty store
         for t in tiers:
             t.close()
     finally:
