@@ -247,3 +247,17 @@ def test_store_report_that_never_arrives_is_reclaimed(model, reference, mooncake
     assert idx["stores_completed"] + idx["stores_failed"] + idx["stores_untrusted"] <= idx["stores_attempted"]
     eng.close()
     shared.close()
+
+
+def test_bad_tier_configurations_raise_before_anything_runs(model, unit):
+    ub, _ = unit
+    with pytest.raises(ValueError, match="PAGE"):
+        build_engine("qwen3next", "fork", model_and_geom=model, tiers=[HostTier(64 * ub, ub)])
+    with pytest.raises(ValueError, match="entry_bytes"):
+        build_engine("qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub // 2)])
+    with pytest.raises(ValueError, match="at most one HostTier"):
+        build_engine("qwen3next", "page", model_and_geom=model,
+                     tiers=[HostTier(64 * ub, ub), HostTier(64 * ub, ub)])
+    with pytest.raises(ValueError, match="shared_writes"):
+        build_engine("qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub)],
+                     tier_options={"shared_writes": "sometimes"})
