@@ -76,12 +76,12 @@ def main_tiers(args) -> int:
     configs = [simulator.SimConfig(policy=BASELINE, geometry="hybrid-7b", memory=g, kv_memory=None,
                                    state_memory=None, concurrency=args.concurrency,
                                    max_output_tokens=args.max_output_tokens or None,
-                                   host_memory=h)
+                                   host_memory=h, tier_kv_share=args.tier_kv_share)
                for g in gpus for h in hosts]
     t0 = time.perf_counter()
     results = simulator.sweep(reqs, configs, jobs=args.jobs, progress=sys.stderr.isatty())
     print(f"{args.trace}: {len(reqs)} requests; hybrid-7b, one GPU budget for KV + PAGE images, "
-          f"host tier at 55 GB/s; policy {BASELINE}; {len(configs)} simulations in "
+          f"host tier at 55 GB/s, {100 * args.tier_kv_share:.0f}% of it for KV blocks; policy {BASELINE}; {len(configs)} simulations in "
           f"{time.perf_counter() - t0:.0f} s ({args.jobs} jobs)\n")
     print(tiers_markdown(results))
     if args.json:
@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiers", action="store_true", help="the host-tier table instead")
     p.add_argument("--gpu-memory", default="10GB,100GB", help="--tiers: GPU budgets")
     p.add_argument("--host-memory", default="0,256GB,1TB", help="--tiers: host tier budgets")
+    p.add_argument("--tier-kv-share", type=float, default=0.8,
+                   help="--tiers: share of the host tier for KV blocks")
     args = p.parse_args(argv)
     if args.tiers:
         return main_tiers(args)

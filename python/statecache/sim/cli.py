@@ -55,6 +55,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="GB/s of a load from the host tier (default 55)")
     p.add_argument("--remote-bandwidth", type=float, default=25.0,
                    help="GB/s of a load from the shared tier (default 25)")
+    p.add_argument("--tier-kv-share", type=float, default=0.8,
+                   help="share of each tier's bytes for KV blocks, the rest for state images "
+                        "(default 0.8)")
     p.add_argument("--concurrency", type=int, default=16, help="max running requests")
     p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per pass")
     p.add_argument("--interval", type=int, default=-1,
@@ -88,7 +91,8 @@ def configs_from_args(args) -> list:
                   peer_interval_tokens=args.peer_interval, ladder_tokens=args.ladder,
                   arrivals=args.arrivals, max_output_tokens=args.max_output_tokens or None)
     tiers = dict(host_memory=args.host_memory, shared_tier_memory=args.shared_memory,
-                 host_gbps=args.host_bandwidth, remote_gbps=args.remote_bandwidth)
+                 host_gbps=args.host_bandwidth, remote_gbps=args.remote_bandwidth,
+                 tier_kv_share=args.tier_kv_share)
     if (args.host_memory or args.shared_memory) and args.memory is None:
         raise SystemExit("statecache simulate: --host-memory / --shared-memory need --memory "
                          "(tiers hold PAGE images, which live in the shared KV budget)")

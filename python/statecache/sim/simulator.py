@@ -74,6 +74,7 @@ class SimConfig:
     shared_tier_memory: int = 0
     host_gbps: float = 55.0
     remote_gbps: float = 25.0
+    tier_kv_share: float = 0.8  # of each tier's bytes kept for KV blocks, the rest for images
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)
@@ -108,6 +109,8 @@ class SimConfig:
         if (self.host_memory or self.shared_tier_memory) and self.memory is None:
             raise ValueError("host_memory / shared_tier_memory model tiers under PAGE images: "
                              "give memory (shared KV + checkpoints), not kv_memory/state_memory")
+        if not 0.0 <= self.tier_kv_share <= 1.0:
+            raise ValueError(f"tier_kv_share must be in [0, 1], got {self.tier_kv_share!r}")
         if not self.host_gbps > 0 or not self.remote_gbps > 0:
             raise ValueError(f"host_gbps and remote_gbps must be > 0, got {self.host_gbps!r}, "
                              f"{self.remote_gbps!r}")
@@ -265,7 +268,8 @@ def build_engine(cfg: SimConfig, g: ModelGeometry | None = None) -> tuple[Engine
     if cfg.host_memory or cfg.shared_tier_memory:
         from .tiers import SimTiers
         tiers = SimTiers(engine, runner, sizes.block_bytes, sizes.units_per_checkpoint,
-                         cfg.host_memory, cfg.shared_tier_memory, cfg.host_gbps, cfg.remote_gbps)
+                         cfg.host_memory, cfg.shared_tier_memory, cfg.host_gbps, cfg.remote_gbps,
+                         kv_share=cfg.tier_kv_share)
         engine.tiering = engine.block_manager.tiering = tiers
     return engine, sizes, runner
 
