@@ -228,3 +228,12 @@ def test_unit_mover_round_trips_whole_units():
         m.from_rows(dst, [1, 3, 6])
         assert torch.equal(k[:, [1, 3, 6]], k2[:, [7, 2, 5]])
         assert torch.equal(v[[1, 3, 6]], v2[[7, 2, 5]])
+
+
+def test_engine_config_checks_the_deployment_key():
+    from statecache.engine import EngineConfig
+    assert EngineConfig(hash_seed=5, hash_salt=b"fleet-a").hash_seed == 5
+    with pytest.raises(ValueError, match="hash_seed"):
+        EngineConfig(hash_seed="5")
+    with pytest.raises(ValueError, match="hash_salt"):
+        EngineConfig(hash_salt=7)

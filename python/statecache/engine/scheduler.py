@@ -56,6 +56,11 @@ class EngineConfig:
         n = self.checkpoint_interval_tokens
         if not isinstance(n, int) or isinstance(n, bool) or n < -1:
             raise ValueError(f"checkpoint_interval_tokens={n!r} must be -1, 0 or a positive int")
+        if not isinstance(self.hash_seed, int) or isinstance(self.hash_seed, bool) or not (
+                -2**63 <= self.hash_seed < 2**63):
+            raise ValueError(f"hash_seed={self.hash_seed!r} must be a 64-bit int")
+        if self.hash_salt is not None and not isinstance(self.hash_salt, (bytes, str)):
+            raise ValueError(f"hash_salt={self.hash_salt!r} must be bytes, str or None")
         if not isinstance(self.num_spec, int) or self.num_spec < 0:
             raise ValueError(f"num_spec={self.num_spec!r} must be an int >= 0")
 
