@@ -261,3 +261,24 @@ def test_bad_tier_configurations_raise_before_anything_runs(model, unit):
     with pytest.raises(ValueError, match="shared_writes"):
         build_engine("qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub)],
                      tier_options={"shared_writes": "sometimes"})
+
+
+def test_fresh_engine_resumes_from_redis(model, reference, unit):
+    from statecache.tiers.redis_tier import RedisTier
+    from tier_support import redis_server
+
+    srv = redis_server()
+    try:
+        eng, rows = run(model, tiers=[host_tier(unit), RedisTier(port=srv.port)],
+                        tier_options={"shared_writes": "through"})
+        eng.close()
+        assert_identical(rows, reference)
+        # shared tier only: the host arena just stages
+        eng2, rows2 = run(model, tiers=[RedisTier(port=srv.port)])
+        assert_identical(rows2, reference)
+        st = eng2.tiering.stats()
+        assert st["state_loaded_shared"] > 0 and st["kv_loaded_shared"] > 0
+        assert st["loads_untrusted"] == 0
+        eng2.close()
+    finally:
+        srv.stop()
