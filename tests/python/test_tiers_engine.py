@@ -261,6 +261,9 @@ def test_bad_tier_configurations_raise_before_anything_runs(model, unit):
     with pytest.raises(ValueError, match="shared_writes"):
         build_engine("qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub)],
                      tier_options={"shared_writes": "sometimes"})
+    with pytest.raises(ValueError, match="max_inflight"):
+        build_engine("qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub)],
+                     tier_options={"max_inflight": 0})
 
 
 def test_fresh_engine_resumes_from_redis(model, reference, unit):

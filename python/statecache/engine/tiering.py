@@ -172,6 +172,11 @@ class Tiering:
             raise ValueError("tiers: at most one HostTier, and it comes first")
         if caches.coordinator is None:
             raise ValueError("tiers need PAGE checkpoints (a copy StateTransfer)")
+        if not isinstance(max_inflight, int) or isinstance(max_inflight, bool) or max_inflight <= 0:
+            raise ValueError(f"max_inflight={max_inflight!r} must be a positive int")
+        if isinstance(offload_timeout_s, bool) or not isinstance(offload_timeout_s, (int, float)) \
+                or not offload_timeout_s > 0:
+            raise ValueError(f"offload_timeout_s={offload_timeout_s!r} must be a positive number")
         if shared_writes not in (None, "demote", "through"):
             raise ValueError(f"shared_writes={shared_writes!r} must be 'demote' or 'through'")
         self.caches = caches
