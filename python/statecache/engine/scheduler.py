@@ -199,6 +199,8 @@ class Engine:
                 "running: the KV block pool or the state slots are too small for it")
         # 3. build the batch
         ops = self.caches.take_ops()
+        if self.tiering is not None:
+            self.tiering.flush_kv()  # evicted KV blocks go down before the forward reuses them
         # 4. forward (an empty pass still runs the drained ops, no model)
         results = self.runner.execute(Batch(ops, items)) if (items or ops) else {}
         # 5. postprocess

@@ -219,6 +219,7 @@ class Tiering:
         self._owner_ids = itertools.count()
         self.known: dict[int, tuple[bytes, int]] = {}  # scheduler hash -> (prefix key, tokens)
         self._kv_blocks: dict[int, int] = {}  # published hash -> block
+        self._kv_pending: list[tuple[int, int]] = []  # (hash, block) to copy down
         self._loaded_from: dict[int, str] = {}
         self.counters = {k: 0 for k in (
             "state_offloaded", "state_offload_failed", "state_loaded_host", "state_loaded_shared",
@@ -249,6 +250,7 @@ class Tiering:
     def top_of_pass(self) -> None:
         """After ``complete_previous_batch``: retire finished writes, reclaim
         stale pins, start new offloads. Never raises for a tier's failure."""
+        self.flush_kv()
         self._retire_jobs()
         self.coord.reclaim_stale_offload_pins(self.offload_timeout_s)
         self._release_quarantine()
@@ -409,46 +411,66 @@ class Tiering:
     def note_published(self, block: int, h: int) -> None:
         self._kv_blocks[h] = block
         if self.kv and self.shared_writes == "through":
-            self._offload_kv(h, block)
+            self._kv_pending.append((h, block))
 
     def on_kv_evict(self, h: int) -> None:
-        """A KV block left the GPU index; its bytes are intact until the next
-        batch runs, so copy them down now."""
+        """A KV block left the GPU index; its bytes stay intact until something
+        writes the block, and ``flush_kv`` runs before anything does."""
         block = self._kv_blocks.pop(h, None)
         if block is None or not self.kv or self.shared_writes == "through":
             return
-        self._offload_kv(h, block)
+        self._kv_pending.append((h, block))
 
-    def _offload_kv(self, h: int, block: int) -> None:
-        key = self.key("kv", h)
-        if key is None or self.host.arena.contains(key):
+    def flush_kv(self) -> None:
+        """Copies the KV blocks queued since the last flush down, with one
+        gather for all of them. Runs at the top of a pass, before the forward
+        and before a tier load writes units."""
+        if not self._kv_pending:
             return
+        pending, self._kv_pending = self._kv_pending, []
         to_shared = self.staging_only or self.shared_writes == "through"
         klass = STATE if self.staging_only else KV
-        rows = None
-        if self.staging_only or self.host.arena.class_stats(KV)["budget_entries"] > 0:
-            rows = self.host.reserve(key, self.unit_bytes, float(self.hbs), klass)
-        if rows is None:
-            if not (self.shared and to_shared):
-                return
-            rows = [np.empty(self.unit_bytes, dtype=np.uint8)]  # no host room: stage once
-            sealed = False
-        else:
-            sealed = True
-        self.mover.to_rows([block], rows)
-        header = integrity.make_header(key, self.unit_bytes, integrity.checksum(rows))
-        if sealed:
-            self.host.seal(key, header)
-        self._count("kv_offloaded")
+        has_room = self.staging_only or self.host.arena.class_stats(KV)["budget_entries"] > 0
+        items, blocks, seen = [], [], set()
+        for h, block in pending:
+            key = self.key("kv", h)
+            if key is None or key in seen or self.host.arena.contains(key):
+                continue
+            seen.add(key)
+            rows = self.host.reserve(key, self.unit_bytes, float(self.hbs), klass) if has_room else None
+            sealed = rows is not None
+            if rows is None:
+                if not (self.shared and to_shared):
+                    continue
+                rows = [np.empty(self.unit_bytes, dtype=np.uint8)]  # no host room: stage once
+            items.append((key, rows, sealed))
+            blocks.append(block)
+        if not items:
+            return
+        self.mover.to_rows(blocks, [r for _, rows, _ in items for r in rows])
+        headers = []
+        for key, rows, sealed in items:
+            header = integrity.make_header(key, self.unit_bytes, integrity.checksum(rows))
+            headers.append(header)
+            if sealed:
+                self.host.seal(key, header)
+        self._count("kv_offloaded", len(items))
         if to_shared:
-            hb = self._header_buffer(2, header)
-            for t in self.shared:
-                try:
-                    t.put_many([key], [[hb, *rows]])
-                except Exception:
-                    self._count("shared_writes_failed")
-            if self.staging_only and sealed:
-                self.host.abort(key)
+            slots = len(self.headers) - 8  # slots 0-7 serve single values
+            for lo in range(0, len(items), slots):
+                chunk = items[lo:lo + slots]
+                values = [[self._header_buffer(8 + j, headers[lo + j]), *rows]
+                          for j, (_, rows, _) in enumerate(chunk)]
+                for t in self.shared:
+                    try:
+                        ok = t.put_many([k for k, _, _ in chunk], values)
+                        self._count("shared_writes_failed", len(ok) - sum(ok))
+                    except Exception:
+                        self._count("shared_writes_failed", len(chunk))
+        if self.staging_only:
+            for key, _, sealed in items:
+                if sealed:
+                    self.host.abort(key)
 
     # ----------------------------- load side ------------------------------- #
 
@@ -574,6 +596,7 @@ class Tiering:
                 try:
                     block = self.pool.allocate(1)[0]
                     held.append(block)  # held until every load is done
+                    self.flush_kv()  # the allocation may have evicted a block queued to go down
                     self.mover.from_rows(rows, [block])
                 finally:
                     self.host.unpin(key)
@@ -610,6 +633,7 @@ class Tiering:
                 self.index.abandon_load(h)
                 return False
             try:
+                self.flush_kv()  # the reservation may have evicted blocks queued to go down
                 self.mover.from_rows(rows, units)
             except Exception:
                 self.coord.release_transfer_units(owner)
@@ -660,6 +684,7 @@ class Tiering:
         return d
 
     def close(self) -> None:
+        self.flush_kv()
         self.wait_writes()
         # A write stuck on an unreachable server is left to its thread.
         self._io.shutdown(wait=not self._jobs)

@@ -59,6 +59,9 @@ class SimTiers:
     def note_published(self, block, h) -> None:
         pass
 
+    def flush_kv(self) -> None:
+        pass  # no bytes: an evicted block is taken down when it is evicted
+
     def top_of_pass(self) -> None:
         for op, units in self.coord.take_offload_stores(self.max_inflight):
             stored = self._put("state", op.prefix_hash, len(units), STATE)
