@@ -621,9 +621,12 @@ class Tiering:
         if key is None or not self.index.request_load(h):
             return False
         nbytes = self.upc * self.unit_bytes
+        untrusted = self.counters["loads_untrusted"]
         got = self._read(key, nbytes, STATE)
         if got is None:
-            self.index.fail_load(h, missing=True)
+            # Every copy was missing or failed its check (and was removed).
+            self.index.fail_load(h, missing=True,
+                                 untrusted=self.counters["loads_untrusted"] > untrusted)
             return False
         rows, where = got
         owner = ("statecache-tier-load", next(self._owner_ids))
