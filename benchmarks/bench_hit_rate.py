@@ -1,6 +1,11 @@
 """Hit rate of every checkpoint policy on a trace, at three state budgets.
 
     python benchmarks/bench_hit_rate.py [--trace PATH] [--state-memory 2GiB,8GiB,32GiB]
+    python benchmarks/bench_hit_rate.py --tiers [--gpu-memory 10GB,100GB] [--host-memory 0,256GB,1TB]
+
+``--tiers``: one shared GPU budget (KV blocks + PAGE images, hybrid-7b) with a
+host tier below it; the table gives the state-gated hit rate against the same
+GPU budget without a host tier, and against the KV-only rate of the same run.
 
 Replays the trace through the reference engine (real pools, no model) once
 per (policy, budget) and prints a Markdown table: the KV-only hit rate (the
@@ -44,6 +49,47 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tiers_markdown(results: list[dict]) -> str:
+    base = {r["config"]["memory"]: r for r in results if not r["host_memory"]}
+    lines = ["| GPU memory | host tier | KV-only hit | state-gated hit | x no host tier | "
+             "of KV-only | resumed from GPU / host | checkpoints kept | load time (sim s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(results, key=lambda r: (r["config"]["memory"], r["host_memory"])):
+        b = base.get(r["config"]["memory"])
+        ratio = r["state_hit_rate"] / b["state_hit_rate"] if b and b["state_hit_rate"] else float("nan")
+        t = r["tier_hit_rate"]
+        lines.append(
+            f"| {report.format_bytes(r['config']['memory'])} | "
+            f"{report.format_bytes(r['host_memory']) if r['host_memory'] else '-'} | "
+            f"{100 * r['kv_hit_rate']:.1f}% | {100 * r['state_hit_rate']:.1f}% | {ratio:.2f} | "
+            f"{100 * r['state_hit_rate'] / max(r['kv_hit_rate'], 1e-12):.0f}% | "
+            f"{100 * (t.get('gpu', 0) if r['host_memory'] else r['state_hit_rate']):.1f}% / "
+            f"{100 * t.get('host', 0):.1f}% | "
+            f"{r['checkpoints']['kept']} | {r['funnel'].get('tier_load_seconds', 0):.1f} |")
+    return "\n".join(lines)
+
+
+def main_tiers(args) -> int:
+    gpus = [report.parse_bytes(b) for b in args.gpu_memory.split(",")]
+    hosts = [report.parse_bytes(b) for b in args.host_memory.split(",")]
+    reqs = trace.load_trace(args.trace, limit=args.limit)
+    configs = [simulator.SimConfig(policy=BASELINE, geometry="hybrid-7b", memory=g, kv_memory=None,
+                                   state_memory=None, concurrency=args.concurrency,
+                                   max_output_tokens=args.max_output_tokens or None,
+                                   host_memory=h, tier_kv_share=args.tier_kv_share)
+               for g in gpus for h in hosts]
+    t0 = time.perf_counter()
+    results = simulator.sweep(reqs, configs, jobs=args.jobs, progress=sys.stderr.isatty())
+    print(f"{args.trace}: {len(reqs)} requests; hybrid-7b, one GPU budget for KV + PAGE images, "
+          f"host tier at 55 GB/s, {100 * args.tier_kv_share:.0f}% of it for KV blocks; policy {BASELINE}; {len(configs)} simulations in "
+          f"{time.perf_counter() - t0:.0f} s ({args.jobs} jobs)\n")
+    print(tiers_markdown(results))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1, default=float)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--trace", default=DEFAULT_TRACE)
@@ -58,7 +104,14 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", default=None, help="write all results here")
     p.add_argument("--plot", default=None, help="write the hit-rate plot here")
+    p.add_argument("--tiers", action="store_true", help="the host-tier table instead")
+    p.add_argument("--gpu-memory", default="10GB,100GB", help="--tiers: GPU budgets")
+    p.add_argument("--host-memory", default="0,256GB,1TB", help="--tiers: host tier budgets")
+    p.add_argument("--tier-kv-share", type=float, default=0.8,
+                   help="--tiers: share of the host tier for KV blocks")
     args = p.parse_args(argv)
+    if args.tiers:
+        return main_tiers(args)
 
     names = list(policies.POLICIES) if args.policies == "all" else args.policies.split(",")
     kv = report.parse_bytes(args.kv_memory)

@@ -11,7 +11,8 @@ void bind_paged(pybind11::module_& m);    // BlockPool, PAGE store + coordinator
 void bind_paged_types(pybind11::module_& m);        // PAGE value types (called by bind_paged)
 void bind_paged_coordinator(pybind11::module_& m);  // coordinator + offload index (called by bind_paged)
 void bind_copy(pybind11::module_& m);     // span planner, CPU executor, GPU launch
-void bind_hashing(pybind11::module_& m);  // chained token-block hashes
+void bind_hashing(pybind11::module_& m);  // chained token-block hashes and 128-bit prefix keys
+void bind_tiers(pybind11::module_& m);    // host tier arena
 
 }  // namespace statecache::bindings
 

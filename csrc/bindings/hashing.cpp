@@ -1,11 +1,35 @@
 // Chained token-block hashes: one call per sequence, not per block.
 #include <pybind11/numpy.h>
 
+#include <cstring>
+
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
 #include "core/block_hash.h"
 
 namespace statecache::bindings {
+
+namespace {
+
+PrefixKey as_prefix_key(py::handle obj, const char* name) {
+  if (!PyBytes_Check(obj.ptr())) raise_type(name, "16 bytes", obj);
+  const std::string s = py::reinterpret_borrow<py::bytes>(obj).cast<std::string>();
+  if (s.size() != 16)
+    throw py::value_error(std::string(name) + " must be 16 bytes, got " + std::to_string(s.size()));
+  PrefixKey k;
+  std::memcpy(&k.lo, s.data(), 8);
+  std::memcpy(&k.hi, s.data() + 8, 8);
+  return k;
+}
+
+std::string salt_bytes(py::handle salt) {
+  if (salt.is_none()) return {};
+  if (PyBytes_Check(salt.ptr())) return py::reinterpret_borrow<py::bytes>(salt).cast<std::string>();
+  if (PyUnicode_Check(salt.ptr())) return salt.cast<std::string>();
+  raise_type("salt", "bytes, str or None", salt);
+}
+
+}  // namespace
 
 void bind_hashing(pybind11::module_& m) {
   m.def(
@@ -38,6 +62,49 @@ one hash names the whole prefix. A trailing partial block is ignored. To extend
 a sequence's hashes, pass the tokens from the next block boundary on and the
 last hash as ``parent_hash``. Never returns -1 (the library's "none").
 Returns a list of ints, or an int64 NumPy array with ``as_numpy=True``.)doc");
+
+  m.def(
+      "chain_block_keys",
+      [](py::handle token_ids, py::handle block_size, py::object parent_key, py::handle seed,
+         py::object salt) -> py::tuple {
+        const int64_t bs = as_int(block_size, "block_size");
+        if (bs <= 0) throw py::value_error("block_size=" + std::to_string(bs) + " must be > 0");
+        const DeploymentKey dk = deployment_key(static_cast<uint64_t>(as_int(seed, "seed")),
+                                                salt_bytes(salt));
+        PrefixKey parent;
+        const bool has_parent = !parent_key.is_none();
+        if (has_parent) parent = as_prefix_key(parent_key, "parent_key");
+        const std::vector<int64_t> tokens = as_int_list(token_ids, "token_ids");
+        std::vector<PrefixKey> keys;
+        {
+          py::gil_scoped_release nogil;
+          keys = chain_block_keys(dk, tokens, bs, has_parent ? &parent : nullptr);
+        }
+        py::list hashes(keys.size());
+        std::string packed(16 * keys.size(), '\0');
+        for (size_t i = 0; i < keys.size(); ++i) {
+          hashes[i] = py::int_(scheduler_hash(keys[i]));
+          std::memcpy(packed.data() + 16 * i, &keys[i].lo, 8);
+          std::memcpy(packed.data() + 16 * i + 8, &keys[i].hi, 8);
+        }
+        return py::make_tuple(std::move(hashes), py::bytes(packed));
+      },
+      py::arg("token_ids"), py::arg("block_size"), py::arg("parent_key") = py::none(),
+      py::arg("seed") = 0, py::arg("salt") = py::none(),
+      R"doc(The 128-bit form of ``chain_block_hashes``: prefix keys for tiers below GPU memory.
+
+Block ``i``'s key is SipHash-2-4 (128-bit output) of block ``i-1``'s key and
+block ``i``'s tokens, under a deployment key derived from ``seed`` (an int) and
+``salt`` (bytes or str, optional), so prefixes cannot be made to collide without
+it. ``parent_key``: the 16-byte key to chain from (None: the root). Returns
+``(hashes, keys)``: the 64-bit scheduler hash of each block (derived from its
+key, never -1) and the keys packed as ``16 * n`` bytes (key ``i`` is
+``keys[16*i:16*i+16]``, little-endian). A trailing partial block is ignored.)doc");
+
+  m.def(
+      "scheduler_hash",
+      [](py::handle key) { return scheduler_hash(as_prefix_key(key, "key")); }, py::arg("key"),
+      "The 64-bit scheduler hash a 16-byte prefix key names (never -1).");
 }
 
 }  // namespace statecache::bindings

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_C, m) {
   bind_paged(m);
   bind_copy(m);
   bind_hashing(m);
+  bind_tiers(m);
 }

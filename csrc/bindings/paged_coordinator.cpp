@@ -435,10 +435,10 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
           py::arg("h"))
       .def(
           "fail_load",
-          [](StateOffloadIndex& i, py::handle h, py::handle missing) {
-            i.fail_load(as_int(h, "h"), as_bool(missing, "missing"));
+          [](StateOffloadIndex& i, py::handle h, py::handle missing, py::handle untrusted) {
+            i.fail_load(as_int(h, "h"), as_bool(missing, "missing"), as_bool(untrusted, "untrusted"));
           },
-          py::arg("h"), py::kw_only(), py::arg("missing") = false)
+          py::arg("h"), py::kw_only(), py::arg("missing") = false, py::arg("untrusted") = false)
       .def(
           "abandon_load", [](StateOffloadIndex& i, py::handle h) { i.abandon_load(as_int(h, "h")); }, py::arg("h"))
       .def("stats", [](const StateOffloadIndex& i) {
@@ -453,6 +453,7 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
         d["loads_failed"] = s.loads_failed;
         d["loads_missing"] = s.loads_missing;
         d["loads_abandoned"] = s.loads_abandoned;
+        d["loads_untrusted"] = s.loads_untrusted;
         d["hashes"] = i.size();
         d["evicted"] = s.evicted;
         return d;

@@ -65,9 +65,10 @@ void StateOffloadIndex::complete_load(int64_t prefix_hash) {
   touch(prefix_hash);
 }
 
-void StateOffloadIndex::fail_load(int64_t prefix_hash, bool missing) {
+void StateOffloadIndex::fail_load(int64_t prefix_hash, bool missing, bool untrusted) {
   end_load(prefix_hash);
   ++stats_.loads_failed;
+  if (untrusted) ++stats_.loads_untrusted;
   if (missing) {
     ++stats_.loads_missing;
     forget(prefix_hash);

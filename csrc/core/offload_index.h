@@ -29,6 +29,7 @@ struct OffloadStats {
   int64_t loads_failed = 0;
   int64_t loads_missing = 0;
   int64_t loads_abandoned = 0;
+  int64_t loads_untrusted = 0;  // copies that failed their key or checksum check
   int64_t evicted = 0;
 };
 
@@ -61,8 +62,9 @@ class StateOffloadIndex : public OffloadVote {
   // Starts a load when the tier could serve it; false otherwise.
   bool request_load(int64_t prefix_hash);
   void complete_load(int64_t prefix_hash);
-  // A load that failed; forgets the hash only when the tier reported it missing.
-  void fail_load(int64_t prefix_hash, bool missing = false);
+  // A load that failed; forgets the hash only when the tier reported it
+  // missing. `untrusted`: a copy failed its key or checksum check (SPEC.md §8).
+  void fail_load(int64_t prefix_hash, bool missing = false, bool untrusted = false);
   void abandon_load(int64_t prefix_hash);
   int64_t loads_in_flight() const { return in_flight_total_; }
 

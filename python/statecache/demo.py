@@ -28,6 +28,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--interval", type=int, default=-1,
                    help="checkpoint_interval_tokens: -1 anchor+demand, 0 off, N ladder")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--tiers", action="store_true",
+                   help="tiers below GPU memory: GPU only, + host tier, then a fresh process "
+                        "resuming from Mooncake Store (starts and stops mooncake_master)")
+    p.add_argument("--tiers-resume", nargs=2, metavar=("MASTER", "METADATA"),
+                   help=argparse.SUPPRESS)  # the fresh process of --tiers
     return p
 
 
@@ -94,6 +99,9 @@ def serve(engine, convs, branches, branch_at: int, max_new_tokens: int, bar=None
 # --------------------------------- run ------------------------------------ #
 
 def run(args) -> int:
+    if args.tiers or args.tiers_resume:
+        from statecache import demo_tiers
+        return demo_tiers.run(args)
     import torch
     from tqdm import tqdm
 

@@ -63,9 +63,19 @@ def test_load_bookkeeping_and_stats():
         "loads_failed": 2,
         "loads_missing": 1,
         "loads_abandoned": 1,
+        "loads_untrusted": 0,
         "hashes": 2,
         "evicted": 0,
     }
+
+
+def test_untrusted_loads_are_counted():
+    t = sc.StateOffloadIndex()
+    t.note_stored(5)
+    assert t.request_load(5)
+    t.fail_load(5, missing=True, untrusted=True)  # a copy failed its checksum: removed
+    s = t.stats()
+    assert s["loads_untrusted"] == 1 and s["loads_failed"] == 1 and 5 not in t.hashes
 
 
 def test_bad_input():

@@ -11,7 +11,7 @@ same pass; ``free`` a sequence once, when it finishes or is preempted.
 
 from __future__ import annotations
 
-from statecache import chain_block_hashes
+from statecache import chain_block_keys
 
 from .placement import (AnchorLadderDemand, Boundary, GuessFirstLRU, PlacementContext,
                         feasible_positions)
@@ -37,7 +37,8 @@ class Admission:
 class BlockManager:
     def __init__(self, block_pool, caches: StateCaches, hash_block_size: int,
                  enable_prefix_caching: bool = True, num_spec: int = 0,
-                 placement=None, eviction=None, interval_tokens: int = -1):
+                 placement=None, eviction=None, interval_tokens: int = -1,
+                 hash_seed: int = 0, hash_salt=None):
         self.pool = block_pool
         self.caches = caches
         self.hbs = hash_block_size
@@ -47,6 +48,8 @@ class BlockManager:
         self.eviction = eviction or GuessFirstLRU()
         self.interval_tokens = interval_tokens
         self.funnel: dict[str, int] = {}
+        self.hash_seed, self.hash_salt = hash_seed, hash_salt
+        self.tiering = None  # engine.tiering.Tiering, when tiers are attached
         # The KV index and the state caches are addressed by the same hash: a
         # checkpoint whose KV block left the index can never be reached again.
         self.pool.on_evict = self._on_kv_evict
@@ -57,6 +60,8 @@ class BlockManager:
 
     def _on_kv_evict(self, h: int) -> None:
         self.count("kv_blocks_evicted")
+        if self.tiering is not None:
+            self.tiering.on_kv_evict(h)
         self.caches.unindex(h)
 
     def drop_checkpoint(self, h: int) -> None:
@@ -67,14 +72,23 @@ class BlockManager:
 
     def update_hashes(self, seq) -> list[int]:
         """Extend ``seq.block_hashes`` to every full block of its tokens (one
-        C++ call for all new blocks)."""
+        C++ call for all new blocks). The 64-bit hashes derive from 128-bit
+        prefix keys (``chain_block_keys``, seeded per deployment), which name
+        entries in the tiers below GPU memory; ``seq.prefix_keys`` keeps them."""
         hashes = seq.hashes  # a Python list; seq.block_hashes mirrors it
         full = seq.num_tokens // self.hbs
         if len(hashes) < full:
-            start = len(hashes) * self.hbs
-            parent = hashes[-1] if hashes else -1
-            hashes += chain_block_hashes(seq.token_ids[start:full * self.hbs], self.hbs, parent)
+            first = len(hashes)
+            start = first * self.hbs
+            keys = getattr(seq, "prefix_keys", b"")
+            new, new_keys = chain_block_keys(seq.token_ids[start:full * self.hbs], self.hbs,
+                                             keys[-16:] if keys else None,
+                                             seed=self.hash_seed, salt=self.hash_salt)
+            hashes += new
+            seq.prefix_keys = keys + new_keys
             seq.block_hashes = hashes
+            if self.tiering is not None:
+                self.tiering.note_keys(new, new_keys, first)
         return hashes
 
     # ------------------------------ admission ------------------------------ #
@@ -94,7 +108,22 @@ class BlockManager:
     def can_allocate(self, seq) -> Admission | None:
         """Whether ``seq`` can be admitted now, and with which hit."""
         kv_hit = self.kv_hit(seq)
+        tiering = self.tiering
+        if tiering is not None and self.enable_prefix_caching:
+            # Blocks and checkpoints below GPU memory extend the hit.
+            limit = min(len(seq.hashes), (seq.num_tokens - 1) // self.hbs)
+            kv_hit = tiering.kv_extend(seq, kv_hit, limit)
+            if kv_hit:
+                tiering.discover(seq, kv_hit)
         hit = self.caches.resumable_hit(seq, kv_hit, seq.hashes) if kv_hit else 0
+        if hit and tiering is not None and self.caches.pages:
+            # The hit's KV blocks are held while a load makes room for units.
+            held = [self.pool.lookup(h) for h in seq.hashes[:hit]]
+            self.pool.incref(held)
+            try:
+                hit = self._load_state(seq, hit)
+            finally:
+                self.pool.free(list(reversed(held)))
         need_slots = 1 + self.num_spec
         claim_src = -1
         if hit and self.caches.forks:
@@ -116,6 +145,20 @@ class BlockManager:
                                       seq.hashes[hit - 1] if hit else None):
             return None
         return Admission(kv_hit, hit, new_blocks, claim_src)
+
+    def _load_state(self, seq, hit: int) -> int:
+        """Caps ``hit`` to a boundary whose image is in the PAGE store, loading
+        it from a tier when only a tier holds it; a failed load recomputes."""
+        coord, tiering = self.caches.coordinator, self.tiering
+        for _ in range(4):
+            if not hit or coord.contains(seq.hashes[hit - 1]):
+                return hit
+            if tiering.load_state(seq.hashes[hit - 1]):
+                self.count("state_loads")
+                return hit
+            self.count("state_loads_failed")
+            hit = self.caches.resumable_hit(seq, hit - 1, seq.hashes)
+        return hit if hit and coord.contains(seq.hashes[hit - 1]) else 0
 
     def _blocks_available(self, count: int, protected_hash=None) -> bool:
         coord = self.caches.coordinator
@@ -169,6 +212,8 @@ class BlockManager:
         seq.num_cached_tokens = hit * hbs
         if hit:
             self.eviction.on_resume(caches, seq, h)
+            if self.tiering is not None and seq.state_source == SOURCE_PAGE:
+                self.count(f"resumed_tokens_{self.tiering.source_of(h)}", hit * hbs)
         self.count("admitted")
         self.count("kv_hit_tokens", adm.kv_hit * hbs)
         self.count("resumed_tokens", hit * hbs)
@@ -222,6 +267,8 @@ class BlockManager:
         done = min(seq.num_computed_tokens // self.hbs, len(hashes))
         for i in range(seq.num_published_blocks, done):
             self.pool.publish(seq.block_table[i], hashes[i])
+            if self.tiering is not None:
+                self.tiering.note_published(seq.block_table[i], hashes[i])
         seq.num_published_blocks = max(seq.num_published_blocks, done)
 
     def checkpoint(self, seq, boundary: Boundary) -> None:

@@ -43,6 +43,10 @@ class EngineConfig:
     # N > 0: also a rung every N tokens.
     checkpoint_interval_tokens: int = -1
     num_spec: int = 0
+    # Deployment seed and optional salt of the 128-bit prefix keys that name
+    # entries in the tiers below GPU memory (engines sharing a tier agree).
+    hash_seed: int = 0
+    hash_salt: bytes | None = None
 
     def __post_init__(self) -> None:
         for name in ("hash_block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -52,6 +56,11 @@ class EngineConfig:
         n = self.checkpoint_interval_tokens
         if not isinstance(n, int) or isinstance(n, bool) or n < -1:
             raise ValueError(f"checkpoint_interval_tokens={n!r} must be -1, 0 or a positive int")
+        if not isinstance(self.hash_seed, int) or isinstance(self.hash_seed, bool) or not (
+                -2**63 <= self.hash_seed < 2**63):
+            raise ValueError(f"hash_seed={self.hash_seed!r} must be a 64-bit int")
+        if self.hash_salt is not None and not isinstance(self.hash_salt, (bytes, str)):
+            raise ValueError(f"hash_salt={self.hash_salt!r} must be bytes, str or None")
         if not isinstance(self.num_spec, int) or self.num_spec < 0:
             raise ValueError(f"num_spec={self.num_spec!r} must be an int >= 0")
 
@@ -75,6 +84,7 @@ class Request(statecache.Sequence):
         self.status = WAITING
         self.block_table: list[int] = []
         self.hashes: list[int] = []  # chained block hashes (mirrored in block_hashes)
+        self.prefix_keys = b""  # 16-byte prefix key per full block (tiers)
         self.num_computed_tokens = 0
         self.num_published_blocks = 0
         self.num_cached_tokens = 0
@@ -129,7 +139,7 @@ class Engine:
     """Reference engine: a block manager and a scheduler over the library."""
 
     def __init__(self, config: EngineConfig, block_pool, caches: StateCaches, runner,
-                 placement=None, eviction=None):
+                 placement=None, eviction=None, tiers=None, tier_options=None):
         self.config = config
         self.caches = caches
         self.runner = runner
@@ -138,7 +148,12 @@ class Engine:
             enable_prefix_caching=config.enable_prefix_caching, num_spec=config.num_spec,
             placement=placement or AnchorLadderDemand(),
             eviction=eviction or GuessFirstLRU(),
-            interval_tokens=config.checkpoint_interval_tokens)
+            interval_tokens=config.checkpoint_interval_tokens,
+            hash_seed=config.hash_seed, hash_salt=config.hash_salt)
+        self.tiering = None
+        if tiers:
+            from .tiering import attach_tiers
+            self.tiering = attach_tiers(self, tiers, **(tier_options or {}))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished: list[Request] = []
@@ -173,6 +188,8 @@ class Engine:
         bm = self.block_manager
         # 1. top of pass
         self.caches.top_of_pass()
+        if self.tiering is not None:
+            self.tiering.top_of_pass()
         bm.eviction.before_admission(self)
         # 2. admission + scheduling
         items, reservations = self._schedule()
@@ -182,6 +199,8 @@ class Engine:
                 "running: the KV block pool or the state slots are too small for it")
         # 3. build the batch
         ops = self.caches.take_ops()
+        if self.tiering is not None:
+            self.tiering.flush_kv()  # evicted KV blocks go down before the forward reuses them
         # 4. forward (an empty pass still runs the drained ops, no model)
         results = self.runner.execute(Batch(ops, items)) if (items or ops) else {}
         # 5. postprocess
@@ -322,6 +341,11 @@ class Engine:
         self.num_preemptions += 1
         self.running.remove(seq)
         self.waiting.appendleft(seq)
+
+    def close(self) -> None:
+        """Finishes the tiers' writes in flight and detaches them."""
+        if self.tiering is not None:
+            self.tiering.close()
 
     def checkpoint_funnel(self) -> dict[str, int]:
         out = self.block_manager.checkpoint_funnel()

@@ -26,7 +26,8 @@ def transfer_for(mechanism: str, geom, layout_id: str, readable_midstep: bool = 
 def build_engine(model="qwen3next", mechanism="page", *, seed=0, device="cpu",
                  enable_prefix_caching=True, block_size=16, num_blocks=256, num_slots=32,
                  max_num_seqs=4, max_num_batched_tokens=256, checkpoint_interval_tokens=-1,
-                 readable_midstep=False, model_and_geom=None, placement=None, eviction=None):
+                 readable_midstep=False, model_and_geom=None, placement=None, eviction=None,
+                 tiers=None, tier_options=None, hash_seed=0, hash_salt=None):
     """An Engine serving a tiny random ``model`` with ``mechanism`` checkpoints.
 
     ``model_and_geom`` reuses an already built model (two engines, one set of
@@ -44,5 +45,7 @@ def build_engine(model="qwen3next", mechanism="page", *, seed=0, device="cpu",
     cfg = EngineConfig(hash_block_size=block_size, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
                        enable_prefix_caching=enable_prefix_caching,
-                       checkpoint_interval_tokens=checkpoint_interval_tokens)
-    return Engine(cfg, pool, caches, runner, placement=placement, eviction=eviction)
+                       checkpoint_interval_tokens=checkpoint_interval_tokens,
+                       hash_seed=hash_seed, hash_salt=hash_salt)
+    return Engine(cfg, pool, caches, runner, placement=placement, eviction=eviction,
+                  tiers=tiers, tier_options=tier_options)

@@ -47,6 +47,17 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help=f"KV budget (default {DEFAULT_KV_MEMORY})")
     p.add_argument("--memory", type=_byte_list, default=None,
                    help="shared KV + checkpoint budgets to sweep instead (PAGE images in KV blocks)")
+    p.add_argument("--host-memory", type=report.parse_bytes, default=0,
+                   help="a host tier below GPU memory (with --memory), e.g. 1TB")
+    p.add_argument("--shared-memory", type=report.parse_bytes, default=0,
+                   help="a shared (remote) tier below the host tier (with --memory)")
+    p.add_argument("--host-bandwidth", type=float, default=55.0,
+                   help="GB/s of a load from the host tier (default 55)")
+    p.add_argument("--remote-bandwidth", type=float, default=25.0,
+                   help="GB/s of a load from the shared tier (default 25)")
+    p.add_argument("--tier-kv-share", type=float, default=0.8,
+                   help="share of each tier's bytes for KV blocks, the rest for state images "
+                        "(default 0.8)")
     p.add_argument("--concurrency", type=int, default=16, help="max running requests")
     p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per pass")
     p.add_argument("--interval", type=int, default=-1,
@@ -79,11 +90,17 @@ def configs_from_args(args) -> list:
                   max_batched_tokens=args.max_batched_tokens, interval_tokens=args.interval,
                   peer_interval_tokens=args.peer_interval, ladder_tokens=args.ladder,
                   arrivals=args.arrivals, max_output_tokens=args.max_output_tokens or None)
+    tiers = dict(host_memory=args.host_memory, shared_tier_memory=args.shared_memory,
+                 host_gbps=args.host_bandwidth, remote_gbps=args.remote_bandwidth,
+                 tier_kv_share=args.tier_kv_share)
+    if (args.host_memory or args.shared_memory) and args.memory is None:
+        raise SystemExit("statecache simulate: --host-memory / --shared-memory need --memory "
+                         "(tiers hold PAGE images, which live in the shared KV budget)")
     out = []
     if args.memory is not None:
         for m in args.memory:
-            out += [SimConfig(policy=p, memory=m, kv_memory=None, state_memory=None, **common)
-                    for p in args.policies]
+            out += [SimConfig(policy=p, memory=m, kv_memory=None, state_memory=None, **common,
+                              **tiers) for p in args.policies]
     else:
         kv = args.kv_memory if args.kv_memory is not None else report.parse_bytes(DEFAULT_KV_MEMORY)
         states = args.state_memory or _byte_list(DEFAULT_STATE_MEMORY)
@@ -143,6 +160,14 @@ def run(args) -> int:
             print(report.table([r for r in results if r["policy"] == name]))
         print("\nstate-gated token hit rate by " + ("memory" if shared else "state memory"))
         print(summary(results))
+        if args.host_memory or args.shared_memory:
+            print(f"\nresumed from each tier (host {report.format_bytes(args.host_memory)} at "
+                  f"{args.host_bandwidth:g} GB/s, shared {report.format_bytes(args.shared_memory)} "
+                  f"at {args.remote_bandwidth:g} GB/s; loads charged to the simulated clock)")
+            for r in results:
+                t = r["tier_hit_rate"]
+                print(f"  {r['policy']:<18} {report.format_bytes(r['state_memory']):>9}: "
+                      + ", ".join(f"{k} {100 * v:.1f}%" for k, v in t.items()))
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
                 f.write(report.to_json(results))

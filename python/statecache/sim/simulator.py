@@ -68,6 +68,13 @@ class SimConfig:
     max_output_tokens: int | None = None
     device_flops: float = 4.0e14
     pass_floor_ms: float = 5.0
+    # Tiers below GPU memory (shared-memory mode only): byte budgets and the
+    # bandwidths a load costs on the simulated clock.
+    host_memory: int = 0
+    shared_tier_memory: int = 0
+    host_gbps: float = 55.0
+    remote_gbps: float = 25.0
+    tier_kv_share: float = 0.8  # of each tier's bytes kept for KV blocks, the rest for images
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)
@@ -97,6 +104,16 @@ class SimConfig:
                              f"{self.max_output_tokens!r}")
         if self.arrivals not in ("trace", "asap"):
             raise ValueError(f"arrivals must be 'trace' or 'asap', got {self.arrivals!r}")
+        _non_negative("host_memory", self.host_memory)
+        _non_negative("shared_tier_memory", self.shared_tier_memory)
+        if (self.host_memory or self.shared_tier_memory) and self.memory is None:
+            raise ValueError("host_memory / shared_tier_memory model tiers under PAGE images: "
+                             "give memory (shared KV + checkpoints), not kv_memory/state_memory")
+        if not 0.0 <= self.tier_kv_share <= 1.0:
+            raise ValueError(f"tier_kv_share must be in [0, 1], got {self.tier_kv_share!r}")
+        if not self.host_gbps > 0 or not self.remote_gbps > 0:
+            raise ValueError(f"host_gbps and remote_gbps must be > 0, got {self.host_gbps!r}, "
+                             f"{self.remote_gbps!r}")
         if not self.device_flops > 0 or not self.pass_floor_ms >= 0:
             raise ValueError(f"device_flops must be > 0 and pass_floor_ms >= 0, got "
                              f"{self.device_flops!r}, {self.pass_floor_ms!r}")
@@ -217,6 +234,11 @@ class SimResult:
             "library_us_per_pass_p99": ns[min(len(ns) - 1, int(len(ns) * 0.99))] / 1e3 if ns else 0.0,
             "simulated_s": self.simulated_s,
             "wall_s": self.wall_s,
+            "host_memory": cfg.host_memory,
+            "shared_tier_memory": cfg.shared_tier_memory,
+            # state-gated hit rate by where the resumed image came from
+            "tier_hit_rate": {t: f.get(f"resumed_tokens_{t}", 0) / self.prompt_tokens
+                              for t in ("gpu", "host", "shared")} if self.prompt_tokens else {},
         }
 
 
@@ -243,6 +265,12 @@ def build_engine(cfg: SimConfig, g: ModelGeometry | None = None) -> tuple[Engine
                          checkpoint_interval_tokens=cfg.interval_tokens)
     runner = _ClockRunner(g, cfg.device_flops, cfg.pass_floor_ms / 1e3)
     engine = Engine(econf, pool, caches, runner, placement=placement, eviction=eviction)
+    if cfg.host_memory or cfg.shared_tier_memory:
+        from .tiers import SimTiers
+        tiers = SimTiers(engine, runner, sizes.block_bytes, sizes.units_per_checkpoint,
+                         cfg.host_memory, cfg.shared_tier_memory, cfg.host_gbps, cfg.remote_gbps,
+                         kv_share=cfg.tier_kv_share)
+        engine.tiering = engine.block_manager.tiering = tiers
     return engine, sizes, runner
 
 
@@ -303,6 +331,8 @@ def simulate(trace: Sequence[TraceRequest], cfg: SimConfig, progress=None) -> Si
     res.passes = engine.num_passes
     res.simulated_s = runner.now_s
     res.funnel = engine.checkpoint_funnel()
+    if engine.tiering is not None:
+        res.funnel.update({f"tier_{k}": v for k, v in engine.tiering.stats().items()})
     res.kv_hit_tokens = res.funnel.get("kv_hit_tokens", 0)
     return res
 

@@ -1,0 +1,114 @@
+// The host tier's arena bookkeeping (csrc/core/host_arena.h). Keys are bytes
+// (the tier's full key); the entries' memory is a buffer the caller owns.
+#include "bindings/bindings.h"
+#include "bindings/convert.h"
+#include "core/host_arena.h"
+
+namespace statecache::bindings {
+
+namespace {
+
+std::string as_key(py::handle obj, const char* name) {
+  if (PyBytes_Check(obj.ptr())) return py::reinterpret_borrow<py::bytes>(obj).cast<std::string>();
+  if (PyUnicode_Check(obj.ptr())) return obj.cast<std::string>();
+  raise_type(name, "bytes or str", obj);
+}
+
+int as_class(const HostArena& a, py::handle obj) {
+  const int64_t k = as_int(obj, "klass");
+  if (k < 0 || k >= a.num_classes())
+    throw py::index_error("klass=" + std::to_string(k) + " out of range [0, " +
+                          std::to_string(a.num_classes()) + ")");
+  return static_cast<int>(k);
+}
+
+py::list to_py_entries(const std::vector<int32_t>& v) {
+  py::list out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = py::int_(v[i]);
+  return out;
+}
+
+py::list to_py_keys(const std::vector<std::string>& keys) {
+  py::list out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) out[i] = py::bytes(keys[i]);
+  return out;
+}
+
+}  // namespace
+
+void bind_tiers(py::module_& m) {
+  py::class_<HostArena>(m, "HostArena", R"doc(Which entries of the host tier's arena hold what.
+
+``HostArena(entry_bytes, capacity_bytes, class_budget_bytes, ranking="cost")``:
+``capacity_bytes // entry_bytes`` entries of one buffer the caller owns; a value
+takes whole entries, is filed under its key (bytes) in a budget class, and is
+findable once sealed. ``ranking``: ``"lru"`` or ``"cost"`` (GreedyDual-Size:
+recompute cost per byte plus recency). Pinned values are never evicted.)doc")
+      .def(py::init([](py::handle entry_bytes, py::handle capacity_bytes, py::handle budgets,
+                       const std::string& ranking) {
+             HostArena::Ranking r;
+             if (ranking == "lru") r = HostArena::Ranking::kLru;
+             else if (ranking == "cost") r = HostArena::Ranking::kCostPerByte;
+             else throw py::value_error("ranking=" + py_repr(py::str(ranking)) + " must be 'lru' or 'cost'");
+             return new HostArena(as_int(entry_bytes, "entry_bytes"), as_int(capacity_bytes, "capacity_bytes"),
+                                  as_int_list(budgets, "class_budget_bytes"), r);
+           }),
+           py::arg("entry_bytes"), py::arg("capacity_bytes"), py::arg("class_budget_bytes"),
+           py::arg("ranking") = "cost")
+      .def_property_readonly("entry_bytes", &HostArena::entry_bytes)
+      .def_property_readonly("num_entries", &HostArena::num_entries)
+      .def_property_readonly("num_free", &HostArena::num_free)
+      .def_property_readonly("num_classes", &HostArena::num_classes)
+      .def_property_readonly("ranking", [](const HostArena& a) {
+        return a.ranking() == HostArena::Ranking::kLru ? "lru" : "cost";
+      })
+      .def("class_stats", [](const HostArena& a, py::handle klass) {
+        const auto& c = a.class_stats(as_class(a, klass));
+        py::dict d;
+        d["budget_entries"] = c.budget_entries;
+        d["used_entries"] = c.used_entries;
+        d["values"] = c.values;
+        d["evictions"] = c.evictions;
+        d["refused"] = c.refused;
+        return d;
+      }, py::arg("klass"))
+      .def("victims", [](const HostArena& a, py::handle klass, py::handle count) -> py::object {
+        auto v = a.victims(as_class(a, klass), as_int(count, "count"));
+        if (!v) return py::none();
+        return to_py_keys(*v);
+      }, py::arg("klass"), py::arg("count"),
+      "Keys ``allocate`` would evict to fit ``count`` entries, in order; None when it cannot.")
+      .def("allocate", [](HostArena& a, py::handle key, py::handle klass, py::handle count,
+                          py::handle nbytes, double cost) -> py::object {
+        std::vector<std::string> evicted;
+        auto e = a.allocate(as_key(key, "key"), as_class(a, klass), as_int(count, "count"),
+                            as_int(nbytes, "nbytes"), cost, &evicted);
+        if (!e) return py::none();
+        return py::make_tuple(to_py_entries(*e), to_py_keys(evicted));
+      }, py::arg("key"), py::arg("klass"), py::arg("count"), py::arg("nbytes"), py::arg("cost"),
+      "Reserve entries for ``key``: ``(entry_ids, evicted_keys)``, or None (nothing changed).")
+      .def("seal", [](HostArena& a, py::handle key, py::bytes meta) {
+        a.seal(as_key(key, "key"), meta.cast<std::string>());
+      }, py::arg("key"), py::arg("meta"))
+      .def("remove", [](HostArena& a, py::handle key) { return a.remove(as_key(key, "key")); },
+           py::arg("key"))
+      .def("contains", [](const HostArena& a, py::handle key) { return a.contains(as_key(key, "key")); },
+           py::arg("key"))
+      .def("__contains__", [](const HostArena& a, py::handle key) {
+        return PyBytes_Check(key.ptr()) || PyUnicode_Check(key.ptr()) ? a.contains(as_key(key, "key")) : false;
+      })
+      .def("__len__", [](const HostArena& a) { return a.keys().size(); })
+      .def("lookup", [](HostArena& a, py::handle key, bool touch) -> py::object {
+        const HostArena::Value* v = a.lookup(as_key(key, "key"), touch);
+        if (v == nullptr) return py::none();
+        return py::make_tuple(to_py_entries(v->entries), v->nbytes, py::bytes(v->meta), v->klass);
+      }, py::arg("key"), py::arg("touch") = true,
+      "``(entry_ids, nbytes, meta, klass)`` of a sealed value, or None.")
+      .def("pin", [](HostArena& a, py::handle key) { a.pin(as_key(key, "key")); }, py::arg("key"))
+      .def("unpin", [](HostArena& a, py::handle key) { a.unpin(as_key(key, "key")); }, py::arg("key"))
+      .def("pins", [](const HostArena& a, py::handle key) { return a.pins(as_key(key, "key")); }, py::arg("key"))
+      .def("keys", [](const HostArena& a) { return to_py_keys(a.keys()); })
+      .def("check_consistency", &HostArena::check_consistency);
+}
+
+}  // namespace statecache::bindings

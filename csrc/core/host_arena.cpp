@@ -1,0 +1,258 @@
+#include "core/host_arena.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "core/errors.h"
+
+namespace statecache {
+
+HostArena::HostArena(int64_t entry_bytes, int64_t capacity_bytes, std::vector<int64_t> class_budget_bytes,
+                     Ranking ranking)
+    : entry_bytes_(entry_bytes), num_entries_(0), ranking_(ranking) {
+  if (entry_bytes <= 0) bad_argument("entry_bytes", entry_bytes, "must be > 0");
+  if (capacity_bytes < 0) bad_argument("capacity_bytes", capacity_bytes, "must be >= 0");
+  if (class_budget_bytes.empty()) bad_argument("class_budget_bytes", 0, "needs at least one class");
+  num_entries_ = capacity_bytes / entry_bytes;
+  if (num_entries_ > INT32_MAX) bad_argument("capacity_bytes", capacity_bytes, "holds more than 2^31 entries");
+  int64_t total = 0;
+  for (int64_t b : class_budget_bytes) {
+    if (b < 0) bad_argument("class_budget_bytes", b, "must be >= 0");
+    ClassStats c;
+    c.budget_entries = b / entry_bytes;
+    total += c.budget_entries;
+    classes_.push_back(c);
+  }
+  if (total > num_entries_)
+    bad_argument("class_budget_bytes", total * entry_bytes, "exceeds the arena's capacity_bytes");
+  free_.resize(static_cast<size_t>(num_entries_));
+  // Lowest entry ids first: pop_back hands out free_.back().
+  std::iota(free_.rbegin(), free_.rend(), 0);
+  ranked_.resize(classes_.size());
+}
+
+void HostArena::check_class(int klass) const {
+  check_index("klass", klass, static_cast<long long>(classes_.size()));
+}
+
+const HostArena::ClassStats& HostArena::class_stats(int klass) const {
+  check_class(klass);
+  return classes_[static_cast<size_t>(klass)];
+}
+
+const HostArena::Slot* HostArena::find(const std::string& key) const {
+  auto it = index_.find(key);
+  return it == index_.end() ? nullptr : &slab_[static_cast<size_t>(it->second)];
+}
+
+HostArena::Slot* HostArena::find(const std::string& key) {
+  auto it = index_.find(key);
+  return it == index_.end() ? nullptr : &slab_[static_cast<size_t>(it->second)];
+}
+
+void HostArena::rank(int32_t idx) {
+  Slot& s = slab_[static_cast<size_t>(idx)];
+  if (rankable(s)) ranked_[static_cast<size_t>(s.v.klass)].emplace(s.priority, s.seq, idx);
+}
+
+void HostArena::unrank(int32_t idx) {
+  Slot& s = slab_[static_cast<size_t>(idx)];
+  ranked_[static_cast<size_t>(s.v.klass)].erase(Rank{s.priority, s.seq, idx});
+}
+
+void HostArena::refresh(Slot& s) {
+  s.seq = ++tick_;
+  if (ranking_ == Ranking::kLru) {
+    s.priority = static_cast<double>(s.seq);
+  } else {
+    const double bytes = static_cast<double>(std::max<int64_t>(s.v.nbytes, 1));
+    s.priority = inflation_ + s.v.cost / bytes;
+  }
+}
+
+std::optional<std::vector<std::string>> HostArena::victims(int klass, int64_t count) const {
+  check_class(klass);
+  if (count < 0) bad_argument("count", count, "must be >= 0");
+  const ClassStats& c = classes_[static_cast<size_t>(klass)];
+  int64_t need = c.used_entries + count - c.budget_entries;
+  std::vector<std::string> out;
+  for (auto it = ranked_[static_cast<size_t>(klass)].begin(); need > 0; ++it) {
+    if (it == ranked_[static_cast<size_t>(klass)].end()) return std::nullopt;
+    const Slot& s = slab_[static_cast<size_t>(std::get<2>(*it))];
+    out.push_back(s.key);
+    need -= static_cast<int64_t>(s.v.entries.size());
+  }
+  return out;
+}
+
+std::optional<std::vector<int32_t>> HostArena::allocate(const std::string& key, int klass, int64_t count,
+                                                        int64_t nbytes, double cost,
+                                                        std::vector<std::string>* evicted) {
+  check_class(klass);
+  if (count <= 0) bad_argument("count", count, "must be > 0");
+  if (nbytes < 0 || nbytes > count * entry_bytes_)
+    bad_argument("nbytes", nbytes, "must be in [0, count * entry_bytes]");
+  if (!(cost >= 0)) bad_argument("cost", std::to_string(cost), "must be >= 0");
+  if (index_.count(key) != 0) bad_argument("key", key, "is already in the arena");
+  ClassStats& c = classes_[static_cast<size_t>(klass)];
+  auto plan = victims(klass, count);
+  if (!plan) {
+    ++c.refused;
+    return std::nullopt;
+  }
+  for (const std::string& victim : *plan) {
+    const int32_t idx = index_.at(victim);
+    Slot& s = slab_[static_cast<size_t>(idx)];
+    if (ranking_ == Ranking::kCostPerByte) inflation_ = std::max(inflation_, s.priority);
+    ++c.evictions;
+    if (evicted != nullptr) evicted->push_back(victim);
+    unrank(idx);
+    release(idx);
+  }
+  // Budgets fit the arena, so a class within its budget finds free entries.
+  check_invariant(static_cast<int64_t>(free_.size()) >= count, "host arena: budget fits but entries do not");
+  int32_t idx;
+  if (!free_slots_.empty()) {
+    idx = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    idx = static_cast<int32_t>(slab_.size());
+    slab_.emplace_back();
+  }
+  Slot& s = slab_[static_cast<size_t>(idx)];
+  s = Slot{};
+  s.key = key;
+  s.live = true;
+  s.v.klass = klass;
+  s.v.nbytes = nbytes;
+  s.v.cost = cost;
+  s.v.entries.resize(static_cast<size_t>(count));
+  for (auto& e : s.v.entries) {
+    e = free_.back();
+    free_.pop_back();
+  }
+  c.used_entries += count;
+  ++c.values;
+  index_.emplace(key, idx);
+  return s.v.entries;
+}
+
+void HostArena::seal(const std::string& key, std::string meta) {
+  Slot* s = find(key);
+  if (s == nullptr || s->doomed) bad_argument("key", key, "was not allocated");
+  if (s->sealed) bad_argument("key", key, "is already sealed");
+  s->sealed = true;
+  s->v.meta = std::move(meta);
+  refresh(*s);
+  rank(index_.at(key));
+}
+
+void HostArena::release(int32_t idx) {
+  Slot& s = slab_[static_cast<size_t>(idx)];
+  ClassStats& c = classes_[static_cast<size_t>(s.v.klass)];
+  c.used_entries -= static_cast<int64_t>(s.v.entries.size());
+  --c.values;
+  // Freed entries go to the back so the next allocation reuses warm pages.
+  free_.insert(free_.end(), s.v.entries.rbegin(), s.v.entries.rend());
+  index_.erase(s.key);
+  s = Slot{};
+  free_slots_.push_back(idx);
+}
+
+bool HostArena::remove(const std::string& key) {
+  auto it = index_.find(key);
+  if (it == index_.end() || slab_[static_cast<size_t>(it->second)].doomed) return false;
+  const int32_t idx = it->second;
+  Slot& s = slab_[static_cast<size_t>(idx)];
+  unrank(idx);
+  if (s.pins > 0) {
+    s.doomed = true;
+    return true;
+  }
+  release(idx);
+  return true;
+}
+
+bool HostArena::contains(const std::string& key) const {
+  const Slot* s = find(key);
+  return s != nullptr && s->sealed && !s->doomed;
+}
+
+const HostArena::Value* HostArena::lookup(const std::string& key, bool touch) {
+  Slot* s = find(key);
+  if (s == nullptr || !s->sealed || s->doomed) return nullptr;
+  if (touch) {
+    const int32_t idx = index_.at(key);
+    unrank(idx);
+    refresh(*s);
+    rank(idx);
+  }
+  return &s->v;
+}
+
+void HostArena::pin(const std::string& key) {
+  Slot* s = find(key);
+  if (s == nullptr || !s->sealed || s->doomed) bad_argument("key", key, "is not a sealed value");
+  const int32_t idx = index_.at(key);
+  unrank(idx);
+  ++s->pins;
+}
+
+void HostArena::unpin(const std::string& key) {
+  Slot* s = find(key);
+  if (s == nullptr || s->pins <= 0) bad_argument("key", key, "is not pinned");
+  const int32_t idx = index_.at(key);
+  if (--s->pins > 0) return;
+  if (s->doomed) {
+    release(idx);
+    return;
+  }
+  rank(idx);
+}
+
+int64_t HostArena::pins(const std::string& key) const {
+  const Slot* s = find(key);
+  return s == nullptr ? 0 : s->pins;
+}
+
+std::vector<std::string> HostArena::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [key, idx] : index_) {
+    const Slot& s = slab_[static_cast<size_t>(idx)];
+    if (s.sealed && !s.doomed) out.push_back(key);
+  }
+  return out;
+}
+
+void HostArena::check_consistency() const {
+  std::vector<char> seen(static_cast<size_t>(num_entries_), 0);
+  for (int32_t e : free_) {
+    check_invariant(e >= 0 && e < num_entries_ && !seen[static_cast<size_t>(e)], "host arena: bad free entry");
+    seen[static_cast<size_t>(e)] = 1;
+  }
+  std::vector<int64_t> used(classes_.size(), 0);
+  std::vector<size_t> ranked(classes_.size(), 0);
+  for (const auto& [key, idx] : index_) {
+    const Slot& s = slab_[static_cast<size_t>(idx)];
+    check_invariant(s.live && s.key == key, "host arena: index names a dead slot");
+    for (int32_t e : s.v.entries) {
+      check_invariant(e >= 0 && e < num_entries_ && !seen[static_cast<size_t>(e)], "host arena: entry held twice");
+      seen[static_cast<size_t>(e)] = 1;
+    }
+    used[static_cast<size_t>(s.v.klass)] += static_cast<int64_t>(s.v.entries.size());
+    if (rankable(s)) {
+      ++ranked[static_cast<size_t>(s.v.klass)];
+      check_invariant(ranked_[static_cast<size_t>(s.v.klass)].count(Rank{s.priority, s.seq, idx}) == 1,
+                      "host arena: rankable value not ranked");
+    }
+  }
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    check_invariant(used[c] == classes_[c].used_entries, "host arena: class usage drifted");
+    check_invariant(used[c] <= classes_[c].budget_entries, "host arena: class over budget");
+    check_invariant(ranked[c] == ranked_[c].size(), "host arena: ranking holds stale values");
+  }
+  for (char s : seen) check_invariant(s != 0, "host arena: entry lost");
+}
+
+}  // namespace statecache

@@ -1,0 +1,120 @@
+// Bookkeeping of the host tier's pinned arena (SPEC.md §8, DESIGN.md "Tiers").
+//
+// The arena is `num_entries` fixed-size entries (one page unit each) in one
+// host buffer the caller owns; this class decides which entries hold what.
+// A value (a checkpoint image or a KV block) takes `count` entries, is filed
+// under its full tier key, and belongs to a budget class (state images and
+// KV blocks have separate byte budgets, so neither crowds the other out).
+//
+// Lifecycle: allocate (writing: invisible, never evicted) -> seal (findable,
+// rankable) -> remove or evict. Readers pin a sealed value; a pinned value is
+// never evicted, and one removed while pinned goes back at the last unpin.
+//
+// Eviction within a class ranks by priority, lowest first:
+//   kLru          priority = a use counter (recency only);
+//   kCostPerByte  GreedyDual-Size: priority = L + cost / bytes, refreshed on
+//                 every use, where L rises to each victim's priority, so
+//                 entries that are cheap to recompute per byte go first and
+//                 untouched ones age out.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+namespace statecache {
+
+class HostArena {
+ public:
+  enum class Ranking { kLru, kCostPerByte };
+
+  struct Value {
+    std::vector<int32_t> entries;
+    int64_t nbytes = 0;
+    double cost = 0;
+    int klass = 0;
+    std::string meta;  // opaque to the arena (the tier keeps its header here)
+  };
+
+  struct ClassStats {
+    int64_t budget_entries = 0;
+    int64_t used_entries = 0;
+    int64_t values = 0;
+    int64_t evictions = 0;
+    int64_t refused = 0;  // allocations that could not be made
+  };
+
+  // `class_budget_bytes[c]` bounds class c; the budgets must fit the arena.
+  HostArena(int64_t entry_bytes, int64_t capacity_bytes, std::vector<int64_t> class_budget_bytes,
+            Ranking ranking = Ranking::kCostPerByte);
+
+  int64_t entry_bytes() const { return entry_bytes_; }
+  int64_t num_entries() const { return num_entries_; }
+  int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
+  int num_classes() const { return static_cast<int>(classes_.size()); }
+  Ranking ranking() const { return ranking_; }
+  const ClassStats& class_stats(int klass) const;
+
+  // Keys `allocate` would evict to fit `count` entries in `klass`, in order;
+  // nullopt when even evicting every unpinned sealed value would not do.
+  std::optional<std::vector<std::string>> victims(int klass, int64_t count) const;
+  // Reserves entries for `key` (which must not be filed), evicting victims as
+  // `victims` lists them (their keys appended to `evicted`). nullopt, nothing
+  // changed, when it cannot.
+  std::optional<std::vector<int32_t>> allocate(const std::string& key, int klass, int64_t count,
+                                               int64_t nbytes, double cost,
+                                               std::vector<std::string>* evicted);
+  // A written value becomes findable.
+  void seal(const std::string& key, std::string meta);
+  // Drops a value (written or sealed); false when absent. A pinned value is
+  // hidden now and its entries return at the last unpin.
+  bool remove(const std::string& key);
+
+  bool contains(const std::string& key) const;  // sealed and not removed
+  // A sealed value, refreshed as used; nullptr when absent.
+  const Value* lookup(const std::string& key, bool touch = true);
+  void pin(const std::string& key);
+  void unpin(const std::string& key);
+  int64_t pins(const std::string& key) const;
+  std::vector<std::string> keys() const;  // sealed values, any order
+  void check_consistency() const;
+
+ private:
+  struct Slot {
+    Value v;
+    std::string key;
+    bool live = false;
+    bool sealed = false;
+    bool doomed = false;  // removed while pinned
+    int64_t pins = 0;
+    double priority = 0;
+    uint64_t seq = 0;
+  };
+  using Rank = std::tuple<double, uint64_t, int32_t>;
+
+  const Slot* find(const std::string& key) const;
+  Slot* find(const std::string& key);
+  bool rankable(const Slot& s) const { return s.live && s.sealed && !s.doomed && s.pins == 0; }
+  void rank(int32_t idx);
+  void unrank(int32_t idx);
+  void refresh(Slot& s);
+  void release(int32_t idx);
+  void check_class(int klass) const;
+
+  int64_t entry_bytes_, num_entries_;
+  Ranking ranking_;
+  std::vector<ClassStats> classes_;
+  std::vector<int32_t> free_;
+  std::vector<Slot> slab_;
+  std::vector<int32_t> free_slots_;
+  std::unordered_map<std::string, int32_t> index_;
+  std::vector<std::set<Rank>> ranked_;  // per class
+  double inflation_ = 0;
+  uint64_t tick_ = 0;
+};
+
+}  // namespace statecache

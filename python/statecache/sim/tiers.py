@@ -1,0 +1,184 @@
+"""Tiers below GPU memory in the simulator: capacity and bandwidth, no bytes.
+
+The engine's hooks (``BlockManager.tiering``) are served here by the same
+store protocol the real ``engine.tiering.Tiering`` follows
+(``take_offload_stores`` -> ``release_offload_store_source`` ->
+``settle_offload_store`` -> ``note_stored``; loads through
+``reserve_transfer_units`` -> ``adopt_transfer_units``), with the real C++
+``HostArena`` keeping each tier's entries (the same ranking by recompute cost
+per byte and recency, separate state and KV budgets). Nothing is copied: a
+load moves the simulated clock by its bytes over the tier's bandwidth;
+offloads ride a side stream and are not charged.
+"""
+
+from __future__ import annotations
+
+import statecache
+
+STATE, KV = 0, 1
+
+
+class SimTiers:
+    """Host and shared tiers of ``host_bytes`` / ``shared_bytes`` (each split
+    ``kv_share`` for KV blocks, the rest for state images)."""
+
+    def __init__(self, engine, runner, block_bytes: int, units_per_checkpoint: int,
+                 host_bytes: int, shared_bytes: int, host_gbps: float, remote_gbps: float,
+                 kv_share: float = 0.5, max_inflight: int = 64):
+        self.coord = engine.caches.coordinator
+        self.pool = engine.block_manager.pool
+        self.runner = runner
+        self.block_bytes = block_bytes
+        self.upc = units_per_checkpoint
+        self.hbs = engine.config.hash_block_size
+        self.max_inflight = max_inflight
+        self.bw = {"host": host_gbps * 1e9, "shared": remote_gbps * 1e9}
+        self.tiers = {}
+        for name, size in (("host", host_bytes), ("shared", shared_bytes)):
+            if size:
+                kv = int(size * kv_share) // block_bytes * block_bytes
+                self.tiers[name] = statecache.HostArena(block_bytes, size, [size - kv, kv])
+        self.index = statecache.StateOffloadIndex()
+        self.coord.attach_offload(self.index)
+        self.positions: dict[int, int] = {}
+        self._loaded_from: dict[int, str] = {}
+        self.counters = {k: 0 for k in ("state_offloaded", "kv_offloaded", "demoted",
+                                        "state_loaded_host", "state_loaded_shared",
+                                        "kv_loaded_host", "kv_loaded_shared", "load_seconds")}
+        self._owner = 0
+
+    @staticmethod
+    def _key(kind: str, h: int) -> bytes:
+        return kind.encode() + h.to_bytes(8, "little", signed=True)
+
+    # ---- the engine's hooks ----
+    def note_keys(self, hashes, keys, first_block) -> None:
+        for i, h in enumerate(hashes):
+            self.positions[h] = (first_block + i + 1) * self.hbs
+
+    def note_published(self, block, h) -> None:
+        pass
+
+    def flush_kv(self) -> None:
+        pass  # no bytes: an evicted block is taken down when it is evicted
+
+    def top_of_pass(self) -> None:
+        for op, units in self.coord.take_offload_stores(self.max_inflight):
+            stored = self._put("state", op.prefix_hash, len(units), STATE)
+            self.coord.release_offload_store_source(op)
+            self.coord.settle_offload_store(op)
+            if stored and not self.coord.was_reclaimed(op):
+                self.index.note_stored(op.prefix_hash)
+                self.counters["state_offloaded"] += 1
+            else:
+                self.index.note_store_failed(op.prefix_hash)
+
+    def on_kv_evict(self, h: int) -> None:
+        if self._put("kv", h, 1, KV):
+            self.counters["kv_offloaded"] += 1
+
+    def _put(self, kind, h, count, klass, tier="host") -> bool:
+        arena = self.tiers.get(tier)
+        if arena is None:
+            return tier == "host" and self._put(kind, h, count, klass, "shared")
+        key = self._key(kind, h)
+        if arena.contains(key):
+            arena.lookup(key)
+            return True
+        victims = arena.victims(klass, count)
+        if victims is None:
+            return False
+        if tier == "host":  # demote what the host evicts
+            for v in victims:
+                vh = int.from_bytes(v[-8:], "little", signed=True)
+                n = len(arena.lookup(v, False)[0])
+                if self._put(v[:-8].decode(), vh, n, klass, "shared"):
+                    self.counters["demoted"] += 1
+                elif v[:-8] == b"state":
+                    self.index.forget(vh)
+        elif klass == STATE:
+            for v in victims:
+                vh = int.from_bytes(v[-8:], "little", signed=True)
+                if not self.tiers["host"].contains(v) if "host" in self.tiers else True:
+                    self.index.forget(vh)
+        cost = float(self.positions.get(h, self.hbs)) if kind == "state" else float(self.hbs)
+        got = arena.allocate(key, klass, count, count * self.block_bytes, cost)
+        if got is None:
+            return False
+        arena.seal(key, b"")
+        return True
+
+    def _where(self, kind, h):
+        key = self._key(kind, h)
+        for name, arena in self.tiers.items():
+            if arena.contains(key):
+                arena.lookup(key)
+                return name
+        return None
+
+    def _charge(self, where: str, nbytes: int) -> None:
+        s = nbytes / self.bw[where]
+        self.runner.now_s += s
+        self.counters["load_seconds"] += s
+
+    def discover(self, seq, upto) -> None:
+        pass
+
+    def kv_extend(self, seq, gpu_hit: int, limit: int) -> int:
+        hashes, n = seq.hashes, gpu_hit
+        # The GPU hit is held so that making room for loads cannot evict it.
+        held = [self.pool.lookup(h) for h in hashes[:gpu_hit]]
+        self.pool.incref(held)
+        try:
+            for i in range(gpu_hit, limit):
+                h = hashes[i]
+                b = self.pool.lookup(h)
+                if b >= 0:
+                    self.pool.incref([b])
+                    held.append(b)
+                    n += 1
+                    continue
+                where = self._where("kv", h)
+                if where is None or not self.coord.ensure_free_units(1):
+                    break
+                b = self.pool.allocate(1)[0]
+                held.append(b)
+                if not self.pool.publish(b, h):
+                    raise AssertionError("a tier load published a hash the GPU index holds")
+                self._charge(where, self.block_bytes)
+                self.counters[f"kv_loaded_{where}"] += 1
+                n += 1
+        finally:
+            self.pool.free(list(reversed(held)))
+        return n
+
+    def load_state(self, h: int) -> bool:
+        if self.coord.contains(h):
+            return True
+        where = self._where("state", h)
+        if where is None or not self.index.request_load(h):
+            if where is None:
+                self.index.forget(h)
+            return False
+        self._owner += 1
+        owner = ("sim-tier-load", self._owner)
+        if self.coord.reserve_transfer_units(owner) is None:
+            self.index.abandon_load(h)
+            return False
+        if not self.coord.adopt_transfer_units(owner, h):
+            self.index.abandon_load(h)
+            return self.coord.contains(h)
+        self.index.complete_load(h)
+        self._charge(where, self.upc * self.block_bytes)
+        self.counters[f"state_loaded_{where}"] += 1
+        self._loaded_from[h] = where
+        return True
+
+    def source_of(self, h: int) -> str:
+        return self._loaded_from.pop(h, "gpu")
+
+    def stats(self) -> dict:
+        return dict(self.counters)
+
+    def close(self) -> None:
+        pass

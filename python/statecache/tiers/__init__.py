@@ -1,0 +1,24 @@
+"""Tiers below GPU memory (SPEC.md §8): a host-memory tier and shared tiers
+on Mooncake Store or Redis, behind one batch-first interface.
+
+``MooncakeTier`` and ``RedisTier`` import their client libraries lazily; a
+missing one raises ImportError naming the extra to install
+(``pip install 'statecache[mooncake]'`` / ``'statecache[redis]'``).
+"""
+
+from .base import FAILED, MISSING, TIMED_OUT, TRUNCATED, Tier, TierError
+from .host import HostTier
+from .keys import TierKey
+
+__all__ = ["FAILED", "HostTier", "MISSING", "MooncakeTier", "RedisTier", "TIMED_OUT", "TRUNCATED",
+           "Tier", "TierError", "TierKey"]
+
+
+def __getattr__(name):
+    if name == "MooncakeTier":
+        from .mooncake_tier import MooncakeTier
+        return MooncakeTier
+    if name == "RedisTier":
+        from .redis_tier import RedisTier
+        return RedisTier
+    raise AttributeError(f"module 'statecache.tiers' has no attribute {name!r}")

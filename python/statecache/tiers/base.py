@@ -1,0 +1,110 @@
+"""The interface every tier below GPU memory implements (SPEC.md §8).
+
+Batch first: one call moves many values. A value is a list of *segments*
+(buffer-protocol objects: NumPy arrays, memoryviews, bytes for puts), stored
+as their concatenation; ``get_many_into`` fills caller-provided segments of
+exactly the stored size, so a backend that can read into registered memory
+copies nothing twice. Keys are ``str`` (see :mod:`statecache.tiers.keys`).
+
+Backends move opaque bytes; integrity (checksum + full key with every value)
+is checked by the caller, in one place (:mod:`statecache.tiers.integrity`).
+Every call is bounded by the tier's ``timeout_s`` and reports failure per key
+instead of raising; a call that raises ``TierError`` failed as a whole.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+
+# get_many_into per-key results (>= 0: bytes read)
+MISSING = -1     # no such key
+TRUNCATED = -2   # stored size differs from the destination's size
+FAILED = -3      # the backend reported an error
+TIMED_OUT = -4   # the call did not finish within timeout_s
+
+
+class TierError(RuntimeError):
+    """A tier call that failed as a whole (server gone, bad configuration)."""
+
+
+def segment_nbytes(segments) -> int:
+    return sum(memoryview(s).nbytes for s in segments)
+
+
+def check_batch(keys, values=None, name="values") -> None:
+    """Validates a batch's shape before anything moves."""
+    if not isinstance(keys, (list, tuple)):
+        raise TypeError(f"keys must be a list of str, got {type(keys).__name__}")
+    for i, k in enumerate(keys):
+        if not isinstance(k, str) or not k:
+            raise TypeError(f"keys[{i}]={k!r} must be a non-empty str")
+    if values is not None:
+        if not isinstance(values, (list, tuple)) or len(values) != len(keys):
+            raise ValueError(f"{name} must be a list of {len(keys)} segment lists, one per key")
+        for i, v in enumerate(values):
+            if not isinstance(v, (list, tuple)) or not v:
+                raise ValueError(f"{name}[{i}] must be a non-empty list of buffers")
+
+
+class Tier(ABC):
+    """One tier below GPU memory. Thread-safe: calls are serialized per tier."""
+
+    name = "tier"
+
+    def __init__(self, timeout_s: float = 5.0):
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds")
+        self.timeout_s = float(timeout_s)
+        self._lock = threading.RLock()
+        self._stats = {"puts": 0, "puts_failed": 0, "gets": 0, "gets_missing": 0,
+                       "gets_truncated": 0, "gets_failed": 0, "timeouts": 0,
+                       "bytes_put": 0, "bytes_got": 0, "removes": 0}
+        self.closed = False
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self._stats[key] = self._stats.get(key, 0) + n
+
+    def _count_gets(self, results) -> None:
+        for r in results:
+            if r >= 0:
+                self._count("gets")
+                self._count("bytes_got", r)
+            else:
+                self._count({MISSING: "gets_missing", TRUNCATED: "gets_truncated",
+                             TIMED_OUT: "timeouts"}.get(r, "gets_failed"))
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise TierError(f"{self.name} tier is closed")
+
+    @abstractmethod
+    def put_many(self, keys, values) -> list[bool]:
+        """Stores each value under its key (replacing nothing: a key already
+        held keeps its value and reports True). Per key: stored or not."""
+
+    @abstractmethod
+    def get_many_into(self, keys, dests) -> list[int]:
+        """Reads each value into its destination segments; per key the bytes
+        read or ``MISSING`` / ``TRUNCATED`` / ``FAILED`` / ``TIMED_OUT``."""
+
+    @abstractmethod
+    def contains_many(self, keys) -> list[bool]:
+        """Per key: held now (a later get may still miss)."""
+
+    @abstractmethod
+    def remove_many(self, keys) -> list[bool]:
+        """Per key: removed (False when absent or the backend refused)."""
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dict(self._stats)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,246 @@
+"""MooncakeTier: the shared tier on Mooncake Store (DESIGN.md "Tiers").
+
+Values are written and read zero-copy from registered host memory
+(``register(buffer)``: the host tier's arena) with ``batch_put_from_multi_buffers``
+/ ``batch_get_into_multi_buffers``; segments outside registered memory go
+through a registered staging buffer of this client. Every call runs on the
+tier's I/O thread and is bounded by ``timeout_s``: a call that overruns
+reports ``TIMED_OUT`` and the tier refuses new calls until it returned, and
+until ``idle()`` the caller must not reuse that call's buffers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+
+import numpy as np
+
+from .base import FAILED, MISSING, TIMED_OUT, TRUNCATED, Tier, TierError, check_batch
+
+# Mooncake Store error codes this tier tells apart (mooncake/types.h).
+_OBJECT_NOT_FOUND = -704
+_OBJECT_ALREADY_EXISTS = -705
+
+
+def _import_store():
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as e:
+        raise ImportError(
+            "MooncakeTier needs Mooncake Store: pip install 'statecache[mooncake]' "
+            "(PyPI mooncake-transfer-engine; mooncake-transfer-engine-non-cuda on machines "
+            "without CUDA; Debian libibverbs1 librdmacm1 libnuma1)") from e
+    return MooncakeDistributedStore
+
+
+def _address(seg) -> tuple[int, int]:
+    a = seg if isinstance(seg, np.ndarray) else np.frombuffer(seg, dtype=np.uint8)
+    if not a.flags.c_contiguous:
+        raise ValueError("segments must be contiguous buffers")
+    return a.ctypes.data, a.nbytes
+
+
+class MooncakeTier(Tier):
+    """A client of a Mooncake Store cluster.
+
+    ``master_addr``: ``host:port`` of ``mooncake_master``; ``metadata_server``:
+    its HTTP metadata URL (``http://host:port/metadata``) or ``"P2PHANDSHAKE"``.
+    ``protocol``: ``"tcp"`` (loopback, laptops) or ``"rdma"`` (production, with
+    ``device_names``). ``segment_bytes``: memory this client contributes to
+    the store (0: it only reads and writes others'). ``staging_bytes``: the
+    registered buffer for segments outside registered memory.
+    """
+
+    name = "mooncake"
+
+    def __init__(self, master_addr: str, metadata_server: str, *, local_host: str = "127.0.0.1",
+                 protocol: str = "tcp", device_names: str = "", segment_bytes: int = 0,
+                 staging_bytes: int = 64 << 20, timeout_s: float = 5.0):
+        super().__init__(timeout_s)
+        Store = _import_store()
+        for name, v in (("master_addr", master_addr), ("metadata_server", metadata_server)):
+            if not isinstance(v, str) or not v:
+                raise ValueError(f"{name}={v!r} must be a non-empty str")
+        self._io = cf.ThreadPoolExecutor(1, thread_name_prefix="mooncake-tier")
+        self._busy = None  # the future of a call that overran its timeout
+        self._store = Store()
+        rc = self._call(lambda: self._store.setup(
+            local_host, metadata_server, int(segment_bytes), int(staging_bytes) + (16 << 20),
+            protocol, device_names, master_addr))
+        if rc != 0:
+            self._io.shutdown(wait=False)
+            raise TierError(f"MooncakeDistributedStore.setup(master={master_addr!r}, "
+                            f"metadata={metadata_server!r}) returned {rc}")
+        self._regions: list[tuple[int, int, object]] = []
+        self._staging = np.empty(max(staging_bytes, 4096), dtype=np.uint8)
+        self._staging_lock = threading.Lock()
+        self.register(self._staging)
+
+    # ------------------------------ plumbing ------------------------------- #
+
+    def _call(self, fn):
+        """Runs ``fn`` on the I/O thread within ``timeout_s``; raises
+        ``TimeoutError`` when it overran (and marks the tier busy)."""
+        with self._lock:
+            self._check_open()
+            if self._busy is not None and not self._busy.done():
+                self._count("timeouts")
+                raise TimeoutError("an earlier call has not returned")
+            self._busy = None
+            fut = self._io.submit(fn)
+        try:
+            return fut.result(self.timeout_s)
+        except cf.TimeoutError:
+            with self._lock:
+                self._busy = fut
+                self._count("timeouts")
+            raise TimeoutError(f"mooncake call exceeded {self.timeout_s} s") from None
+
+    def idle(self) -> bool:
+        """No call of this tier is still running (buffers of a timed-out call
+        may be reused)."""
+        return self._busy is None or self._busy.done()
+
+    def register(self, buffer) -> None:
+        """Registers host memory for zero-copy puts and gets (kept alive here)."""
+        ptr, n = _address(buffer)
+        rc = self._call(lambda: self._store.register_buffer(ptr, n))
+        if rc != 0:
+            raise TierError(f"register_buffer({n} bytes) returned {rc}")
+        self._regions.append((ptr, ptr + n, buffer))
+
+    def _registered(self, ptr: int, n: int) -> bool:
+        return any(lo <= ptr and ptr + n <= hi for lo, hi, _ in self._regions)
+
+    def _plan(self, segments):
+        addrs = [_address(s) for s in segments]
+        if all(self._registered(p, n) for p, n in addrs):
+            return [p for p, _ in addrs], [n for _, n in addrs], None
+        return None, None, addrs
+
+    # ----------------------------- interface ------------------------------- #
+
+    def put_many(self, keys, values) -> list[bool]:
+        check_batch(keys, values)
+        direct_k, direct_p, direct_n, staged = [], [], [], []
+        for k, segs in zip(keys, values):
+            p, n, _ = self._plan(segs)
+            if p is None:
+                staged.append((k, segs))
+            else:
+                direct_k.append(k)
+                direct_p.append(p)
+                direct_n.append(n)
+        ok = {}
+        try:
+            if direct_k:
+                codes = self._call(lambda: self._store.batch_put_from_multi_buffers(
+                    direct_k, direct_p, direct_n))
+                ok.update({k: c in (0, _OBJECT_ALREADY_EXISTS) for k, c in zip(direct_k, codes)})
+            for k, segs in staged:
+                ok[k] = self._put_staged(k, segs)
+        except TimeoutError:
+            pass
+        except Exception as e:  # the client raised: the whole call failed
+            self._count("errors")
+            self._last_error = repr(e)
+        out = [ok.get(k, False) for k in keys]
+        with self._lock:
+            for k, segs, good in zip(keys, values, out):
+                if good:
+                    self._count("puts")
+                    self._count("bytes_put", sum(memoryview(s).nbytes for s in segs))
+                else:
+                    self._count("puts_failed")
+        return out
+
+    def _put_staged(self, key, segs) -> bool:
+        from .host import copy_stream
+        n = sum(memoryview(s).nbytes for s in segs)
+        if n > self._staging.nbytes:
+            return False
+        with self._staging_lock:
+            copy_stream(segs, [self._staging[:n]])
+            code = self._call(lambda: self._store.batch_put_from_multi_buffers(
+                [key], [[self._staging.ctypes.data]], [[n]]))[0]
+        return code in (0, _OBJECT_ALREADY_EXISTS)
+
+    def get_many_into(self, keys, dests) -> list[int]:
+        check_batch(keys, dests, "dests")
+        res = {}
+        try:
+            direct = [(k, *self._plan(d)[:2]) for k, d in zip(keys, dests)]
+            dk = [k for k, p, _ in direct if p is not None]
+            if dk:
+                codes = self._call(lambda: self._store.batch_get_into_multi_buffers(
+                    dk, [p for _, p, _ in direct if p is not None],
+                    [n for _, p, n in direct if p is not None]))
+                res.update(zip(dk, codes))
+            for k, d in zip(keys, dests):
+                if k not in res:
+                    res[k] = self._get_staged(k, d)
+            bad = [k for k in keys if res[k] < 0 and res[k] != _OBJECT_NOT_FOUND]
+            if bad:  # tell a size mismatch from other errors
+                sizes = self._call(lambda: [self._store.get_size(k) for k in bad])
+                want = {k: sum(memoryview(s).nbytes for s in d) for k, d in zip(keys, dests)}
+                for k, size in zip(bad, sizes):
+                    res[k] = TRUNCATED if size >= 0 and size != want[k] else (
+                        MISSING if size == _OBJECT_NOT_FOUND else FAILED)
+            out = [MISSING if res[k] == _OBJECT_NOT_FOUND else (res[k] if res[k] >= 0 or res[k] in (
+                TRUNCATED, FAILED, MISSING) else FAILED) for k in keys]
+        except TimeoutError:
+            out = [TIMED_OUT] * len(keys)
+        except Exception as e:
+            self._last_error = repr(e)
+            out = [FAILED] * len(keys)
+        with self._lock:
+            self._count_gets(out)
+        return out
+
+    def _get_staged(self, key, dest) -> int:
+        from .host import copy_stream
+        n = sum(memoryview(s).nbytes for s in dest)
+        if n > self._staging.nbytes:
+            return FAILED
+        with self._staging_lock:
+            got = self._call(lambda: self._store.batch_get_into_multi_buffers(
+                [key], [[self._staging.ctypes.data]], [[n]]))[0]
+            if got == n:
+                copy_stream([self._staging[:n]], dest)
+        return got
+
+    def contains_many(self, keys) -> list[bool]:
+        check_batch(keys)
+        try:
+            return [r == 1 for r in self._call(lambda: self._store.batch_is_exist(list(keys)))]
+        except TimeoutError:
+            return [False] * len(keys)
+
+    def remove_many(self, keys) -> list[bool]:
+        check_batch(keys)
+        try:
+            codes = self._call(lambda: self._store.batch_remove(list(keys), True))
+        except TimeoutError:
+            return [False] * len(keys)
+        out = [c == 0 for c in codes]
+        with self._lock:
+            self._count("removes", sum(out))
+        return out
+
+    def stats(self) -> dict:
+        d = super().stats()
+        d["registered_bytes"] = sum(hi - lo for lo, hi, _ in self._regions)
+        return d
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        if self.idle():
+            try:
+                self._io.submit(self._store.close).result(self.timeout_s)
+            except Exception:
+                pass
+        self._io.shutdown(wait=False)

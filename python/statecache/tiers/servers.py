@@ -1,0 +1,192 @@
+"""Starting and stopping the servers the shared tiers talk to, on loopback:
+``mooncake_master`` (with its HTTP metadata server), a ``mooncake_client``
+that contributes the store's memory, and ``redis-server``. Used by the tests,
+the demo and the benchmarks; production deployments run their own."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _find(binary: str, extra: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise FileNotFoundError(f"{binary} was not found on PATH; install it with {extra}")
+    return path
+
+
+class ServerProcess:
+    """One server process: started with ``start()``, ready once ``port``
+    accepts connections, stopped with ``stop()`` (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log_dir: str):
+        self.name, self.argv, self.port = name, argv, port
+        self.log_path = os.path.join(log_dir, f"{name}-{port}.log")
+        self.proc = None
+
+    def start(self, timeout_s: float = 20.0) -> "ServerProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while not _listening(self.port):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before "
+                                   f"listening on {self.port}; see {self.log_path}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"{self.name} did not listen on {self.port} within {timeout_s} s")
+            time.sleep(0.05)
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig) -> None:
+        if self.running:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout_s)
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.running:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+
+class MooncakeServers:
+    """A ``mooncake_master`` with its HTTP metadata server plus one
+    ``mooncake_client`` holding ``segment_bytes`` of store memory, all on
+    127.0.0.1 over TCP. ``master_addr`` / ``metadata_url`` are what a
+    ``MooncakeTier`` connects to."""
+
+    def __init__(self, segment_bytes: int = 256 << 20, log_dir: str | None = None,
+                 lease_ms: int = 2000):
+        master = _find("mooncake_master", "pip install 'statecache[mooncake]' "
+                       "(mooncake-transfer-engine, or -non-cuda without a GPU)")
+        client = _find("mooncake_client", "pip install 'statecache[mooncake]'")
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="statecache-mooncake-")
+        self.rpc_port, self.http_port, self.metrics_port, self.holder_port = (
+            free_port(), free_port(), free_port(), free_port())
+        self.master_addr = f"127.0.0.1:{self.rpc_port}"
+        self.metadata_url = f"http://127.0.0.1:{self.http_port}/metadata"
+        self.segment_bytes = segment_bytes
+        self.master = ServerProcess("mooncake_master", [
+            master, f"--rpc_port={self.rpc_port}", "--enable_http_metadata_server=true",
+            "--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={self.http_port}",
+            f"--metrics_port={self.metrics_port}", f"--default_kv_lease_ttl={lease_ms}",
+            "--rpc_address=127.0.0.1"], self.rpc_port, self.log_dir)
+        self.holder = ServerProcess("mooncake_client", [
+            client, "--host=127.0.0.1", f"--port={self.holder_port}",
+            f"--global_segment_size={segment_bytes}", "--local_buffer_size=0",
+            f"--master_server_address={self.master_addr}",
+            f"--metadata_server={self.metadata_url}", "--protocol=tcp"],
+            self.holder_port, self.log_dir)
+
+    def start(self, timeout_s: float = 30.0) -> "MooncakeServers":
+        self.master.start(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not _listening(self.http_port):
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError("mooncake_master's metadata server did not come up")
+            time.sleep(0.05)
+        self.holder.start(timeout_s)
+        self.wait_mounted(timeout_s)
+        return self
+
+    def wait_mounted(self, timeout_s: float = 30.0) -> None:
+        """Waits until the holder's segment is mounted (a put succeeds)."""
+        from .mooncake_tier import MooncakeTier
+        deadline = time.monotonic() + timeout_s
+        probe = MooncakeTier(self.master_addr, self.metadata_url, timeout_s=timeout_s)
+        try:
+            key = f"statecache/probe/{os.getpid()}/{time.monotonic_ns()}"
+            while not probe.put_many([key], [[b"ok"]])[0]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the mooncake store accepted no put: no segment mounted")
+                time.sleep(0.1)
+            probe.remove_many([key])
+        finally:
+            probe.close()
+
+    def restart_master(self, timeout_s: float = 30.0) -> None:
+        """Kills the master and starts a fresh one on the same ports (its
+        objects are gone); the holder stays and mounts its segment again."""
+        self.master.kill()
+        self.master.start(timeout_s)
+
+    def stop(self) -> None:
+        self.holder.stop()
+        self.master.stop()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class RedisServer:
+    """``redis-server`` on 127.0.0.1, no persistence, ``maxmemory`` bytes
+    (0: unbounded) with no eviction, so a full store refuses writes."""
+
+    def __init__(self, maxmemory: int = 0, log_dir: str | None = None):
+        binary = _find("redis-server", "apt-get install redis-server")
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="statecache-redis-")
+        self.port = free_port()
+        self.server = ServerProcess("redis-server", [
+            binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+            "--appendonly", "no", "--dir", self.log_dir, "--maxmemory", str(maxmemory),
+            "--maxmemory-policy", "noeviction", "--protected-mode", "yes"],
+            self.port, self.log_dir)
+
+    def start(self, timeout_s: float = 20.0) -> "RedisServer":
+        self.server.start(timeout_s)
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def pause(self) -> None:
+        self.server.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.server.signal(signal.SIGCONT)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

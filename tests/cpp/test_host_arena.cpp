@@ -1,0 +1,111 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/block_hash.h"
+#include "core/host_arena.h"
+
+using namespace statecache;
+
+TEST(PrefixKeys, SipHash128MatchesThePublishedVector) {
+  // SipHash-2-4-128, key 00..0f, empty message and the 15-byte 00..0e message.
+  DeploymentKey k{0x0706050403020100ULL, 0x0f0e0d0c0b0a0908ULL};
+  PrefixKey h = siphash128(k, {});
+  const uint8_t want0[16] = {0xa3, 0x81, 0x7f, 0x04, 0xba, 0x25, 0xa8, 0xe6,
+                             0x6d, 0xf6, 0x72, 0x14, 0xc7, 0x55, 0x02, 0x93};
+  uint8_t got[16];
+  std::memcpy(got, &h.lo, 8);
+  std::memcpy(got + 8, &h.hi, 8);
+  EXPECT_EQ(0, std::memcmp(got, want0, 16));
+}
+
+TEST(PrefixKeys, ChainSeedAndSalt) {
+  std::vector<int64_t> t(40);
+  for (int i = 0; i < 40; ++i) t[i] = i;
+  auto dk = deployment_key(0, "");
+  auto keys = chain_block_keys(dk, t, 16);
+  ASSERT_EQ(keys.size(), 2u);
+  auto tail = chain_block_keys(dk, std::span<const int64_t>(t).subspan(16), 16, &keys[0]);
+  ASSERT_EQ(tail.size(), 1u);
+  EXPECT_EQ(tail[0], keys[1]);
+  EXPECT_NE(chain_block_keys(deployment_key(1, ""), t, 16)[0], keys[0]);
+  EXPECT_NE(chain_block_keys(deployment_key(0, "salt"), t, 16)[0], keys[0]);
+  EXPECT_NE(scheduler_hash(keys[0]), -1);
+  EXPECT_THROW(chain_block_keys(dk, t, 0), std::invalid_argument);
+}
+
+TEST(HostArena, BudgetsPerClassAndEviction) {
+  HostArena a(100, 1000, {600, 400}, HostArena::Ranking::kLru);
+  EXPECT_EQ(a.num_entries(), 10);
+  std::vector<std::string> ev;
+  ASSERT_TRUE(a.allocate("a", 0, 3, 300, 1, &ev));
+  a.seal("a", "m");
+  ASSERT_TRUE(a.allocate("b", 0, 3, 300, 1, &ev));
+  a.seal("b", "m");
+  ASSERT_TRUE(a.allocate("k", 1, 4, 400, 1, &ev));  // KV class: its own budget
+  a.seal("k", "m");
+  EXPECT_TRUE(ev.empty());
+  ASSERT_NE(a.lookup("a"), nullptr);  // a is now more recent than b
+  ASSERT_TRUE(a.allocate("c", 0, 2, 200, 1, &ev));
+  EXPECT_EQ(ev, std::vector<std::string>{"b"});
+  EXPECT_TRUE(a.contains("a"));
+  EXPECT_FALSE(a.contains("c"));  // not sealed yet
+  EXPECT_FALSE(a.allocate("d", 0, 7, 700, 1, &ev));  // over the class budget
+  a.check_consistency();
+}
+
+TEST(HostArena, CostPerByteKeepsExpensiveValues) {
+  HostArena a(10, 100, {100}, HostArena::Ranking::kCostPerByte);
+  std::vector<std::string> ev;
+  a.allocate("cheap", 0, 5, 50, 1.0, &ev);
+  a.seal("cheap", "");
+  a.allocate("dear", 0, 5, 50, 100.0, &ev);
+  a.seal("dear", "");
+  a.allocate("new", 0, 5, 50, 10.0, &ev);
+  EXPECT_EQ(ev, std::vector<std::string>{"cheap"});
+}
+
+TEST(HostArena, PinnedValuesStayAndRemovedPinnedGoBackAtUnpin) {
+  HostArena a(10, 30, {30}, HostArena::Ranking::kLru);
+  std::vector<std::string> ev;
+  a.allocate("x", 0, 3, 30, 1, &ev);
+  a.seal("x", "");
+  a.pin("x");
+  EXPECT_FALSE(a.allocate("y", 0, 1, 10, 1, &ev));
+  EXPECT_TRUE(a.remove("x"));
+  EXPECT_FALSE(a.contains("x"));
+  EXPECT_EQ(a.num_free(), 0);
+  a.unpin("x");
+  EXPECT_EQ(a.num_free(), 3);
+  EXPECT_THROW(a.unpin("x"), std::invalid_argument);
+  a.check_consistency();
+}
+
+TEST(HostArena, RandomOperationsConserveEntries) {
+  HostArena a(8, 8 * 64, {8 * 40, 8 * 24});
+  std::mt19937 rng(7);
+  std::vector<std::string> live;
+  for (int i = 0; i < 3000; ++i) {
+    const int op = static_cast<int>(rng() % 5);
+    const std::string key = "k" + std::to_string(rng() % 50);
+    if (op <= 1 && !a.contains(key) && a.pins(key) == 0) {
+      std::vector<std::string> ev;
+      a.remove(key);
+      const int64_t n = 1 + static_cast<int64_t>(rng() % 6);
+      if (a.allocate(key, static_cast<int>(rng() % 2), n, n * 8, rng() % 100, &ev)) a.seal(key, "m");
+    } else if (op == 2) {
+      a.remove(key);
+    } else if (op == 3 && a.contains(key)) {
+      a.pin(key);
+      live.push_back(key);
+    } else if (!live.empty()) {
+      a.unpin(live.back());
+      live.pop_back();
+    }
+    a.check_consistency();
+  }
+}
