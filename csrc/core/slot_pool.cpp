@@ -63,7 +63,7 @@ void StateSlotPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h
   seq.state_fork_src = old;
   // `old` is not released: the forward that reads it is the one the next pass
   // builds, so it stays pinned through that pass.
-  file_checkpoint(h, old);
+  file_checkpoint(h, old, boundary_blocks);
   if (guess) mark_speculative(old);
   pin(old, /*reader_is_next_batch=*/true);
   ++fates_.kept;
@@ -102,7 +102,7 @@ void StateSlotPool::publish_midstep(std::span<const MidstepReservation> reservat
   const int64_t known = seq ? anchor_of(*seq) : 0;
   for (const auto& r : reservations) {
     if (seq && (known == 0 || r.position != known)) mark_speculative(r.slot);
-    file_checkpoint(r.hash, r.slot);
+    file_checkpoint(r.hash, r.slot, r.position / hash_block_size());
     put_back(r.slot);
     ++fates_.kept;
   }
