@@ -68,6 +68,7 @@ class SimConfig:
     max_output_tokens: int | None = None
     device_flops: float = 4.0e14
     pass_floor_ms: float = 5.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)
@@ -86,6 +87,8 @@ class SimConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
         for name in ("interval_tokens", "ladder_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < -1:
@@ -236,7 +239,8 @@ def build_engine(cfg: SimConfig, g: ModelGeometry | None = None) -> tuple[Engine
         caches = StateCaches.build(statecache.StateTransfer.fork(cfg.fork_tokens), sizes.num_slots,
                                    hbs)
     ctx = PolicyContext(geometry=g, hash_block_size=hbs, chunk_tokens=cfg.max_batched_tokens,
-                        interval_tokens=cfg.peer_interval_tokens, ladder_tokens=cfg.ladder_tokens)
+                        interval_tokens=cfg.peer_interval_tokens, ladder_tokens=cfg.ladder_tokens,
+                        seed=cfg.seed)
     placement, eviction = policy_spec(cfg.policy).build(ctx)
     econf = EngineConfig(hash_block_size=hbs, max_num_seqs=cfg.concurrency,
                          max_num_batched_tokens=cfg.max_batched_tokens,

@@ -1,0 +1,321 @@
+"""The engine's default checkpoint policy: placement and eviction tuned online.
+
+One object serves both seams (``PlacementPolicy`` and ``EvictionPolicy``).
+
+Placement: the prompt-end anchor and the demand rung always (a known resume
+point, and a boundary a KV hit was just cut short at), plus a ladder of rungs
+every N tokens, where N is chosen online from ``ladder_candidates`` (0: no
+ladder). With a fork slot pool the rungs are also room-gated: placed only while
+vacant slots cover a pass of pops, so a guess never displaces knowledge.
+
+How N is chosen (shadow evaluation, continuously): a deterministic sample of
+prefix families (requests whose first block hash, salted with ``seed``, falls
+in 1 / ``sample_every``) is replayed against one shadow checkpoint set per
+candidate. For each sampled admission every candidate earns the tokens it
+would have resumed (the deepest of its shadow checkpoints inside this
+request's KV hit) and pays for the image units it would have written. Units
+are priced in hit tokens: with PAGE images in the KV pool, images take
+residency from KV blocks in proportion to what is written, and a ghost of
+the last ``pool / 8`` evicted KV hashes measures what more KV memory would
+have hit (tokens per block). A shadow checkpoint dies when its KV block is
+evicted, as a real one is orphaned. Scores decay with a horizon of
+``horizon`` sampled admissions; after ``warmup`` of them (the shadows start
+empty), every ``decide_every`` the best candidate is taken if it beats the
+current one by ``margin`` (hysteresis). Cost per
+sampled admission is O(candidates x prompt blocks); unsampled ones pay a hash
+and a modulo. Nothing is random but the salt, so a run repeats exactly.
+
+Eviction: the library's cost model (``set_eviction_policy("cost", ...)`` on
+the slot pool or the PAGE store): recency + ``weight`` x prefill FLOPs a hit
+saves per byte, ladder rungs (guesses) spent first, demand rungs filed as
+knowledge. ``cost`` comes from the model geometry when the caller has it
+(the simulator does); without it the value of a checkpoint is its length.
+
+Every decision is counted in ``checkpoint_funnel()``: ``adaptive_decisions``,
+``adaptive_switches``, ``adaptive_ladder_tokens`` (the setting in force),
+``adaptive_sampled``, ``adaptive_rungs_gated``; ``decisions`` keeps the last
+ones with their scores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from .placement import (ANCHOR, DEMAND, LADDER, Boundary, EvictionPolicy, PlacementContext,
+                        PlacementPolicy, prompt_end_anchor)
+
+LADDER_CANDIDATES = (32768, 16384, 8192, 4096)
+_MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What a checkpoint at position p is worth to the library's eviction
+    order: ``p x flops_per_token + flops_per_context_token x p(p+1)/2`` FLOPs
+    saved, over ``checkpoint_bytes``; ``weight`` against recency."""
+
+    flops_per_token: float = 1.0
+    flops_per_context_token: float = 0.0
+    checkpoint_bytes: float = 1.0
+    weight: float = 1.0
+
+    @classmethod
+    def from_geometry(cls, geometry, weight: float = 1.0) -> "CostModel":
+        """From a ``statecache.sim.geometry.ModelGeometry`` (or anything with
+        its ``flops_per_token``, ``attention_flops_per_context_token`` and
+        ``state_bytes``)."""
+        return cls(float(geometry.flops_per_token), float(geometry.attention_flops_per_context_token),
+                   float(max(1, geometry.state_bytes)), float(weight))
+
+    def settings(self, hash_block_size: int) -> dict:
+        """Keyword arguments of ``set_eviction_policy("cost", ...)``."""
+        return dict(flops_per_token=self.flops_per_token,
+                    flops_per_context_token=self.flops_per_context_token,
+                    checkpoint_bytes=self.checkpoint_bytes, tokens_per_position=float(hash_block_size),
+                    weight=self.weight, guesses_first=True)
+
+
+def _mix(x: int) -> int:
+    """splitmix64 finaliser: a well-spread 64-bit value from any int."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+class _Shadow:
+    """One candidate ladder's shadow checkpoints over the sampled families."""
+
+    __slots__ = ("interval", "held", "gain", "units")
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self.held: dict[int, None] = {}  # insertion order = age
+        self.gain = 0.0   # decayed tokens it would have resumed
+        self.units = 0.0  # decayed image units it would have written
+
+
+class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
+    """statecache's default: anchor + demand rung + a ladder chosen online by
+    shadow evaluation, with FLOP-aware eviction in the library (module doc)."""
+
+    name = "adaptive"
+
+    def __init__(self, cost: CostModel | None = None, *, seed: int = 0, sample_every: int = 4,
+                 ladder_candidates=LADDER_CANDIDATES, initial_ladder: int = 16384,
+                 horizon: int = 512, decide_every: int = 16, warmup: int = 128, margin: float = 0.02,
+                 max_decisions: int = 256) -> None:
+        if cost is not None and not isinstance(cost, CostModel):
+            raise TypeError(f"cost must be a CostModel or None, got {type(cost).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        for name, v in (("sample_every", sample_every), ("horizon", horizon),
+                        ("decide_every", decide_every), ("warmup", warmup),
+                        ("max_decisions", max_decisions)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        cands = tuple(ladder_candidates)
+        if not cands or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in cands) \
+                or len(set(cands)) != len(cands):
+            raise ValueError(f"ladder_candidates must be distinct ints >= 0, got {ladder_candidates!r}")
+        if initial_ladder not in cands:
+            raise ValueError(f"initial_ladder must be one of ladder_candidates {cands}, got "
+                             f"{initial_ladder!r}")
+        if not (isinstance(margin, (int, float)) and not isinstance(margin, bool)
+                and 0 <= margin < 1):
+            raise ValueError(f"margin must be a number in [0, 1), got {margin!r}")
+        self.cost = cost or CostModel()
+        self.seed = seed
+        self.salt = _mix(seed)
+        self.sample_every = sample_every
+        self.decay = 1.0 - 1.0 / horizon
+        self.decide_every = decide_every
+        self.warmup = warmup
+        self.margin = float(margin)
+        self.shadows = [_Shadow(n) for n in cands]
+        self.current = cands.index(initial_ladder)
+        self.decisions: deque = deque(maxlen=max_decisions)
+        # Shared shadow accounting (sampled admissions, decayed).
+        self.kv_blocks_written = 0.0
+        self.ghost_tokens = 0.0
+        self.ghost: dict[int, int] = {}  # evicted KV hash -> eviction number
+        self.shadowed: set[int] = set()  # hashes some shadow may hold
+        self.evictions = 0
+        self.ghost_size = 0
+        self.pool_blocks = 0
+        self.units_per_checkpoint = 1
+        self.pages = False
+        self.room_for_guesses = True
+        self._count = None
+        self._bound = None
+        self._sampled = 0
+        self._pending: dict[str, int] = {}
+
+    # ------------------------------ setting ------------------------------- #
+
+    @property
+    def ladder_tokens(self) -> int:
+        """The ladder interval in force (0: none)."""
+        return self.shadows[self.current].interval
+
+    def _note(self, key: str, n: int = 1) -> None:
+        if self._count is not None:
+            self._count(key, n)
+        else:  # before the first pass: held until the engine is known
+            self._pending[key] = self._pending.get(key, 0) + n
+
+    def _bind(self, engine) -> None:
+        bm, caches = engine.block_manager, engine.caches
+        self._bound = engine
+        self._count = bm.count
+        for k, v in self._pending.items():
+            bm.count(k, v)
+        self._pending.clear()
+        self.pages = caches.coordinator is not None
+        self.pool_blocks = int(bm.pool.num_blocks)
+        self.ghost_size = max(16, self.pool_blocks // 8)
+        settings = self.cost.settings(caches.hash_block_size)
+        if self.pages:
+            self.units_per_checkpoint = int(caches.coordinator.store.units_per_checkpoint)
+            caches.coordinator.set_eviction_policy("cost", **settings)
+        elif caches.forks and caches.slot_pool is not None:
+            caches.slot_pool.set_eviction_policy("cost", **settings)
+        bm.count("adaptive_ladder_tokens", self.ladder_tokens)
+
+    # ----------------------------- placement ------------------------------ #
+
+    def prompt_boundaries(self, ctx: PlacementContext) -> list[Boundary]:
+        if ctx.interval_tokens == 0 or math.isinf(ctx.successor_room):
+            return []
+        hbs = ctx.hash_block_size
+        anchor = prompt_end_anchor(ctx.num_prompt_tokens, ctx.successor_room, hbs)
+        hashes = ctx.block_hashes
+        if hashes and _mix(hashes[0] ^ self.salt) % self.sample_every == 0:
+            self._shadow_admission(ctx, anchor)
+        out = []
+        # A positive checkpoint_interval_tokens in the engine config pins it.
+        n = ctx.interval_tokens if ctx.interval_tokens > 0 else self.ladder_tokens
+        if n > 0:
+            if self.room_for_guesses:
+                step = max(hbs, (n // hbs) * hbs)
+                out += [Boundary(p, LADDER, True) for p in range(step, anchor, step)]
+            else:
+                self._note("adaptive_rungs_gated")
+        if ctx.kv_hit_position > ctx.resume_position:
+            out.append(Boundary(ctx.kv_hit_position, DEMAND, True))
+        if anchor > 0:
+            out.append(Boundary(anchor, ANCHOR, False))
+        return out
+
+    def _shadow_admission(self, ctx: PlacementContext, anchor: int) -> None:
+        hbs = ctx.hash_block_size
+        hashes = ctx.block_hashes
+        kv = min(ctx.kv_hit_position // hbs, len(hashes))
+        prompt_blocks = min(len(hashes), ctx.num_prompt_tokens // hbs)
+        d = self.decay
+        # What a pool larger by the ghost would have added to this KV hit.
+        extra = 0
+        if self.ghost:
+            oldest = self.evictions - self.ghost_size
+            j = kv
+            while j < prompt_blocks and self.ghost.get(hashes[j], -1) >= oldest:
+                j += 1
+            extra = j - kv
+        self.ghost_tokens = self.ghost_tokens * d + extra * hbs
+        self.kv_blocks_written = self.kv_blocks_written * d + max(0, prompt_blocks - kv)
+        upc = self.units_per_checkpoint
+        cap = max(1024, 4 * self.pool_blocks // max(1, upc * self.sample_every))
+        for sh in self.shadows:
+            held = sh.held
+            res = 0
+            for j in range(kv, 0, -1):
+                h = hashes[j - 1]
+                if h in held:
+                    del held[h]  # re-filed below: most recently used
+                    held[h] = None
+                    res = j
+                    break
+            placed = []
+            if anchor > 0 and anchor // hbs > res:
+                placed.append(anchor // hbs)
+            if kv > res:
+                placed.append(kv)
+            n = sh.interval
+            if n > 0:
+                step = max(1, n // hbs)
+                placed += range(step * (res // step + 1), anchor // hbs, step)
+            for b in placed:
+                h = hashes[b - 1]
+                held[h] = None
+                self.shadowed.add(h)
+            while len(held) > cap:
+                del held[next(iter(held))]
+            sh.gain = sh.gain * d + res * hbs
+            sh.units = sh.units * d + len(placed) * upc
+        if len(self.shadowed) > 2 * cap * len(self.shadows):
+            self.shadowed = set().union(*(sh.held for sh in self.shadows))
+        self._sampled += 1
+        self._note("adaptive_sampled")
+        if self._sampled >= self.warmup and self._sampled % self.decide_every == 0:
+            self._decide()
+
+    def scores(self) -> list[float]:
+        """Each candidate's shadow score: tokens it resumed minus the hit
+        tokens its image units are estimated to cost (module doc)."""
+        per_block = self.ghost_tokens / self.ghost_size if self.ghost_size else 0.0
+        out = []
+        for sh in self.shadows:
+            cost = 0.0
+            if self.pages and per_block > 0:
+                written = self.kv_blocks_written + sh.units
+                share = sh.units / written if written > 0 else 0.0
+                cost = per_block * self.pool_blocks * share
+            out.append(sh.gain - cost)
+        return out
+
+    def _decide(self) -> None:
+        s = self.scores()
+        best = max(range(len(s)), key=lambda i: (s[i], -i))
+        cur = self.current
+        self._note("adaptive_decisions")
+        switch = best != cur and s[best] > s[cur] + self.margin * abs(s[cur])
+        if switch:
+            self._note("adaptive_switches")
+            self._note("adaptive_ladder_tokens", self.shadows[best].interval - self.ladder_tokens)
+            self.current = best
+        self.decisions.append((self._sampled, self.ladder_tokens, tuple(round(x) for x in s)))
+
+    # ------------------------------ eviction ------------------------------ #
+
+    def before_admission(self, engine) -> None:
+        if self._bound is not engine:
+            self._bind(engine)
+        caches = engine.caches
+        if not self.pages and caches.forks and caches.slot_pool is not None:
+            # Rungs only into vacant room, so a guess never displaces knowledge.
+            vacant = caches.slot_pool.occupancy()["slots_vacant"]
+            self.room_for_guesses = vacant >= 2 * engine.config.max_num_seqs
+
+    def on_checkpoint(self, caches, seq, boundary: Boundary) -> None:
+        # A demand rung is a seen resume point: filed as knowledge, not a guess.
+        if boundary.kind == DEMAND and caches.forks and caches.slot_pool is not None:
+            h = seq.hashes[boundary.position // caches.hash_block_size - 1]
+            slot = caches.slot_pool.lookup(h)
+            if slot >= 0:
+                caches.slot_pool.promote(slot)
+
+    def on_kv_evict(self, h: int) -> None:
+        self.ghost[h] = self.evictions
+        self.evictions += 1
+        if h in self.shadowed:  # a shadow checkpoint dies with its KV block
+            self.shadowed.discard(h)
+            for sh in self.shadows:
+                sh.held.pop(h, None)
+        if len(self.ghost) > 2 * self.ghost_size + 64:
+            oldest = self.evictions - self.ghost_size
+            self.ghost = {k: v for k, v in self.ghost.items() if v >= oldest}
+
+
+__all__ = ["AdaptiveCheckpointPolicy", "CostModel", "LADDER_CANDIDATES"]
