@@ -7,8 +7,9 @@ or ``$STATECACHE_TRACE``) and the generated workloads of
 ``statecache.sim.workload.PRESETS`` (chat, agentic, tool-calling, RAG). Each
 runs with the hybrid-7b and Qwen3-Next-80B-A3B geometries under one shared
 budget (``--memory``: KV blocks and PAGE images in one pool) at three sizes:
-100 GB / 400 GB / 1 TB for Mooncake (as in issue 13), and 10% / 30% / 100%
-of the KV bytes of the trace's distinct blocks for the generated ones.
+100 GB / 400 GB / 1 TB for Mooncake (as in issue 13); for the generated
+ones, room for the running requests' KV plus 10% / 30% / 100% of the KV
+bytes of the trace's distinct blocks.
 
 Printed per trace and geometry: the KV-only hit rate (the ceiling this
 budget allows), every policy's state-gated token hit rate, the default
@@ -55,13 +56,17 @@ def find_mooncake() -> str | None:
     return None
 
 
-def budgets_for(name: str, reqs, geometry: str) -> list[int]:
+def budgets_for(name: str, reqs, geometry: str, concurrency: int = 16) -> list[int]:
+    """Mooncake: the issue's budgets. Generated traces: room for the running
+    requests' KV (concurrency x mean prompt) plus 10% / 30% / 100% of the KV
+    bytes of the trace's distinct blocks, in whole GB."""
     if name == "mooncake":
         return list(MOONCAKE_BUDGETS)
     g = preset(geometry)
     blocks = len({b for r in reqs for b in r.hash_ids})
     foot = blocks * trace.MOONCAKE_BLOCK_SIZE * g.kv_bytes_per_token
-    return [int(round(f * foot / 10**9)) * 10**9 for f in FRACTIONS]
+    running = concurrency * statistics.fmean(r.input_length for r in reqs) * g.kv_bytes_per_token
+    return [int(round((running + f * foot) / 10**9)) * 10**9 for f in FRACTIONS]
 
 
 def table(results: list[dict], names: list[str]) -> tuple[str, list[dict]]:

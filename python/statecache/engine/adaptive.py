@@ -8,22 +8,23 @@ every N tokens, where N is chosen online from ``ladder_candidates`` (0: no
 ladder). With a fork slot pool the rungs are also room-gated: placed only while
 vacant slots cover a pass of pops, so a guess never displaces knowledge.
 
-How N is chosen (shadow evaluation, continuously): a deterministic sample of
-prefix families (requests whose first block hash, salted with ``seed``, falls
-in 1 / ``sample_every``) is replayed against one shadow checkpoint set per
-candidate. For each sampled admission every candidate earns the tokens it
-would have resumed (the deepest of its shadow checkpoints inside this
-request's KV hit) and pays for the image units it would have written. Units
-are priced in hit tokens: with PAGE images in the KV pool, images take
-residency from KV blocks in proportion to what is written, and a ghost of
-the last ``pool / 8`` evicted KV hashes measures what more KV memory would
-have hit (tokens per block). A shadow checkpoint dies when its KV block is
-evicted, as a real one is orphaned. Scores decay with a horizon of
-``horizon`` sampled admissions; after ``warmup`` of them (the shadows start
-empty), every ``decide_every`` the best candidate is taken if it beats the
-current one by ``margin`` (hysteresis). Cost per
-sampled admission is O(candidates x prompt blocks); unsampled ones pay a hash
-and a modulo. Nothing is random but the salt, so a run repeats exactly.
+How N is chosen (shadow evaluation, continuously): every admission files the
+checkpoints each candidate ladder would have placed into that candidate's
+shadow set (hashes only, bounded), and a deterministic sample of requests
+(1 / ``sample_every``, by their last prompt block's hash salted with
+``seed``) is also evaluated: each candidate earns the tokens it would have
+resumed there (the deepest of its shadow checkpoints inside this request's KV
+hit). Every candidate pays for the image units it would have written, priced
+in hit tokens: with PAGE images in the KV pool, images take residency from KV
+blocks in proportion to what is written, and a ghost of the last ``pool / 8``
+evicted KV hashes measures what more KV memory would have hit (tokens per
+block). A shadow checkpoint dies when its KV block is evicted, as a real one
+is orphaned. Scores decay with a horizon of ``horizon`` admissions; after
+``warmup`` admissions (the shadows start empty), every ``decide_every`` the
+best candidate is taken if it beats the current one by ``margin``
+(hysteresis). Cost per admission: O(candidates x prompt blocks / interval)
+to file, O(candidates x prompt blocks) more for a sampled one. Nothing is
+random but the salt, so a run repeats exactly.
 
 Eviction: the library's cost model (``set_eviction_policy("cost", ...)`` on
 the slot pool or the PAGE store): recency + ``weight`` x prefill FLOPs a hit
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from .placement import (ANCHOR, DEMAND, LADDER, Boundary, EvictionPolicy, PlacementContext,
                         PlacementPolicy, prompt_end_anchor)
 
-LADDER_CANDIDATES = (32768, 16384, 8192, 4096)
+LADDER_CANDIDATES = (32768, 16384, 8192, 4096, 2048, 1024, 512)
 _MASK = (1 << 64) - 1
 
 
@@ -105,7 +106,7 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
 
     def __init__(self, cost: CostModel | None = None, *, seed: int = 0, sample_every: int = 4,
                  ladder_candidates=LADDER_CANDIDATES, initial_ladder: int = 16384,
-                 horizon: int = 512, decide_every: int = 16, warmup: int = 128, margin: float = 0.02,
+                 horizon: int = 2048, decide_every: int = 32, warmup: int = 256, margin: float = 0.02,
                  max_decisions: int = 256) -> None:
         if cost is not None and not isinstance(cost, CostModel):
             raise TypeError(f"cost must be a CostModel or None, got {type(cost).__name__}")
@@ -150,7 +151,7 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         self.room_for_guesses = True
         self._count = None
         self._bound = None
-        self._sampled = 0
+        self._admissions = 0
         self._pending: dict[str, int] = {}
 
     # ------------------------------ setting ------------------------------- #
@@ -192,8 +193,12 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         hbs = ctx.hash_block_size
         anchor = prompt_end_anchor(ctx.num_prompt_tokens, ctx.successor_room, hbs)
         hashes = ctx.block_hashes
-        if hashes and _mix(hashes[0] ^ self.salt) % self.sample_every == 0:
-            self._shadow_admission(ctx, anchor)
+        if hashes:
+            # The sample is of requests (their last prompt block), so one
+            # system prompt shared by all still leaves a sample.
+            last = hashes[min(len(hashes), ctx.num_prompt_tokens // ctx.hash_block_size) - 1] \
+                if ctx.num_prompt_tokens >= ctx.hash_block_size else hashes[0]
+            self._shadow_admission(ctx, anchor, _mix(last ^ self.salt) % self.sample_every == 0)
         out = []
         # A positive checkpoint_interval_tokens in the engine config pins it.
         n = ctx.interval_tokens if ctx.interval_tokens > 0 else self.ladder_tokens
@@ -209,56 +214,68 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
             out.append(Boundary(anchor, ANCHOR, False))
         return out
 
-    def _shadow_admission(self, ctx: PlacementContext, anchor: int) -> None:
+    def _shadow_admission(self, ctx: PlacementContext, anchor: int, sampled: bool) -> None:
         hbs = ctx.hash_block_size
         hashes = ctx.block_hashes
         kv = min(ctx.kv_hit_position // hbs, len(hashes))
+        actual = ctx.resume_position // hbs
+        anchor_b = anchor // hbs
         prompt_blocks = min(len(hashes), ctx.num_prompt_tokens // hbs)
         d = self.decay
-        # What a pool larger by the ghost would have added to this KV hit.
-        extra = 0
-        if self.ghost:
-            oldest = self.evictions - self.ghost_size
-            j = kv
-            while j < prompt_blocks and self.ghost.get(hashes[j], -1) >= oldest:
-                j += 1
-            extra = j - kv
-        self.ghost_tokens = self.ghost_tokens * d + extra * hbs
+        scale = self.sample_every * hbs  # a sampled admission stands for sample_every
         self.kv_blocks_written = self.kv_blocks_written * d + max(0, prompt_blocks - kv)
+        if sampled:
+            # What a pool larger by the ghost would have added to this KV hit.
+            extra = 0
+            if self.ghost:
+                oldest = self.evictions - self.ghost_size
+                j = kv
+                while j < prompt_blocks and self.ghost.get(hashes[j], -1) >= oldest:
+                    j += 1
+                extra = j - kv
+            self.ghost_tokens = self.ghost_tokens * d + extra * scale
+        else:
+            self.ghost_tokens *= d
         upc = self.units_per_checkpoint
-        cap = max(1024, 4 * self.pool_blocks // max(1, upc * self.sample_every))
+        cap = max(1024, 4 * self.pool_blocks // max(1, upc))
+        shadowed = self.shadowed
         for sh in self.shadows:
             held = sh.held
-            res = 0
-            for j in range(kv, 0, -1):
-                h = hashes[j - 1]
-                if h in held:
-                    del held[h]  # re-filed below: most recently used
-                    held[h] = None
-                    res = j
-                    break
+            res = actual
+            if sampled:
+                res = 0
+                for j in range(kv, 0, -1):
+                    h = hashes[j - 1]
+                    if h in held:
+                        del held[h]  # re-filed below: most recently used
+                        held[h] = None
+                        res = j
+                        break
+                sh.gain = sh.gain * d + res * scale
+            else:
+                sh.gain *= d
             placed = []
-            if anchor > 0 and anchor // hbs > res:
-                placed.append(anchor // hbs)
+            if anchor_b > res:
+                placed.append(anchor_b)
             if kv > res:
                 placed.append(kv)
             n = sh.interval
             if n > 0:
                 step = max(1, n // hbs)
-                placed += range(step * (res // step + 1), anchor // hbs, step)
+                placed += range(step * (res // step + 1), anchor_b, step)
             for b in placed:
                 h = hashes[b - 1]
                 held[h] = None
-                self.shadowed.add(h)
+                shadowed.add(h)
             while len(held) > cap:
                 del held[next(iter(held))]
-            sh.gain = sh.gain * d + res * hbs
             sh.units = sh.units * d + len(placed) * upc
-        if len(self.shadowed) > 2 * cap * len(self.shadows):
+        if len(shadowed) > 2 * cap * len(self.shadows):
             self.shadowed = set().union(*(sh.held for sh in self.shadows))
-        self._sampled += 1
-        self._note("adaptive_sampled")
-        if self._sampled >= self.warmup and self._sampled % self.decide_every == 0:
+        self._admissions += 1
+        if sampled:
+            self._note("adaptive_sampled")
+        if self._admissions >= self.warmup and self._admissions % self.decide_every == 0:
             self._decide()
 
     def scores(self) -> list[float]:
@@ -285,7 +302,7 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
             self._note("adaptive_switches")
             self._note("adaptive_ladder_tokens", self.shadows[best].interval - self.ladder_tokens)
             self.current = best
-        self.decisions.append((self._sampled, self.ladder_tokens, tuple(round(x) for x in s)))
+        self.decisions.append((self._admissions, self.ladder_tokens, tuple(round(x) for x in s)))
 
     # ------------------------------ eviction ------------------------------ #
 
