@@ -4,27 +4,30 @@ One object serves both seams (``PlacementPolicy`` and ``EvictionPolicy``).
 
 Placement: the prompt-end anchor and the demand rung always (a known resume
 point, and a boundary a KV hit was just cut short at), plus a ladder of rungs
-every N tokens, where N is chosen online from ``ladder_candidates`` (0: no
-ladder). With a fork slot pool the rungs are also room-gated: placed only while
-vacant slots cover a pass of pops, so a guess never displaces knowledge.
+every N tokens. With PAGE images (checkpoints in the KV pool) N is chosen
+online from ``ladder_candidates``. With a fork slot pool (a separate state
+budget) N stays ``initial_ladder`` and the rungs are room-gated instead:
+placed only while vacant slots cover a pass of pops, so a guess never
+displaces knowledge (the shadow's memory price is for PAGE images only).
 
 How N is chosen (shadow evaluation, continuously): every admission files the
 checkpoints each candidate ladder would have placed into that candidate's
-shadow set (hashes only, bounded), and a deterministic sample of requests
-(1 / ``sample_every``, by their last prompt block's hash salted with
-``seed``) is also evaluated: each candidate earns the tokens it would have
-resumed there (the deepest of its shadow checkpoints inside this request's KV
-hit). Every candidate pays for the image units it would have written, priced
-in hit tokens: with PAGE images in the KV pool, images take residency from KV
-blocks in proportion to what is written, and a ghost of the last ``pool / 8``
-evicted KV hashes measures what more KV memory would have hit (tokens per
-block). A shadow checkpoint dies when its KV block is evicted, as a real one
-is orphaned. Scores decay with a horizon of ``horizon`` admissions; after
-``warmup`` admissions (the shadows start empty), every ``decide_every`` the
-best candidate is taken if it beats the current one by ``margin``
-(hysteresis). Cost per admission: O(candidates x prompt blocks / interval)
-to file, O(candidates x prompt blocks) more for a sampled one. Nothing is
-random but the salt, so a run repeats exactly.
+shadow set (hashes only), and a deterministic sample of requests (1 /
+``sample_every``, by their last prompt block's hash salted with ``seed``) is
+also evaluated: each candidate earns the tokens it would have resumed there,
+the deepest of its shadow checkpoints inside the KV prefix *its* pool would
+still hold. That prefix comes from an LRU model on a KV clock (blocks written
+so far): a block is held if fewer than C blocks were written since a request
+last used it, where C is the pool shrunk by the share of writes that are the
+candidate's own images (PAGE images live in the KV pool and die with their KV
+block), so a ladder pays for its memory in the hits it loses. Scores decay
+with a horizon of ``horizon`` admissions; after ``warmup`` admissions (the
+shadows start empty), every ``decide_every`` the setting moves one notch
+(candidates ordered coarse to fine) towards the best candidate if that beats
+it by ``margin`` (hysteresis). Cost per admission: a
+dict update per prompt block plus O(candidates x blocks / interval) to file;
+O(candidates x blocks) more for a sampled one. Nothing is random but the
+salt, so a run repeats exactly.
 
 Eviction: the library's cost model (``set_eviction_policy("cost", ...)`` on
 the slot pool or the PAGE store): recency + ``weight`` x prefill FLOPs a hit
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import repeat
 from dataclasses import dataclass
 
 from .placement import (ANCHOR, DEMAND, LADDER, Boundary, EvictionPolicy, PlacementContext,
@@ -93,9 +97,9 @@ class _Shadow:
 
     def __init__(self, interval: int) -> None:
         self.interval = interval
-        self.held: dict[int, None] = {}  # insertion order = age
+        self.held: dict[int, None] = {}  # hashes it would hold a checkpoint under
         self.gain = 0.0   # decayed tokens it would have resumed
-        self.units = 0.0  # decayed image units it would have written
+        self.units = 0.0  # decayed image units it writes per admission
 
 
 class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
@@ -106,7 +110,7 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
 
     def __init__(self, cost: CostModel | None = None, *, seed: int = 0, sample_every: int = 4,
                  ladder_candidates=LADDER_CANDIDATES, initial_ladder: int = 16384,
-                 horizon: int = 2048, decide_every: int = 32, warmup: int = 256, margin: float = 0.02,
+                 horizon: int = 2048, decide_every: int = 32, warmup: int = 1024, margin: float = 0.015,
                  max_decisions: int = 256) -> None:
         if cost is not None and not isinstance(cost, CostModel):
             raise TypeError(f"cost must be a CostModel or None, got {type(cost).__name__}")
@@ -135,16 +139,17 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         self.decide_every = decide_every
         self.warmup = warmup
         self.margin = float(margin)
-        self.shadows = [_Shadow(n) for n in cands]
-        self.current = cands.index(initial_ladder)
+        order = sorted(cands, key=lambda n: -(n or math.inf))  # coarse to fine; 0: none
+        self.shadows = [_Shadow(n) for n in order]
+        self.current = order.index(initial_ladder)
         self.decisions: deque = deque(maxlen=max_decisions)
-        # Shared shadow accounting (sampled admissions, decayed).
-        self.kv_blocks_written = 0.0
-        self.ghost_tokens = 0.0
-        self.ghost: dict[int, int] = {}  # evicted KV hash -> eviction number
-        self.shadowed: set[int] = set()  # hashes some shadow may hold
-        self.evictions = 0
-        self.ghost_size = 0
+        # The KV clock: blocks written so far; a block's stamp is the clock
+        # when a request last used it (LRU age in KV blocks written since).
+        self.clock = 0
+        self.stamp: dict[int, int] = {}
+        self.kv_written = 0.0  # decayed KV blocks written per admission
+        self._far = 1 << 62
+        self._stamp_limit = 1 << 16
         self.pool_blocks = 0
         self.units_per_checkpoint = 1
         self.pages = False
@@ -176,7 +181,7 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         self._pending.clear()
         self.pages = caches.coordinator is not None
         self.pool_blocks = int(bm.pool.num_blocks)
-        self.ghost_size = max(16, self.pool_blocks // 8)
+        self._stamp_limit = max(1 << 16, 4 * self.pool_blocks)
         settings = self.cost.settings(caches.hash_block_size)
         if self.pages:
             self.units_per_checkpoint = int(caches.coordinator.store.units_per_checkpoint)
@@ -193,7 +198,7 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         hbs = ctx.hash_block_size
         anchor = prompt_end_anchor(ctx.num_prompt_tokens, ctx.successor_room, hbs)
         hashes = ctx.block_hashes
-        if hashes:
+        if hashes and self.pages:
             # The sample is of requests (their last prompt block), so one
             # system prompt shared by all still leaves a sample.
             last = hashes[min(len(hashes), ctx.num_prompt_tokens // ctx.hash_block_size) - 1] \
@@ -221,87 +226,83 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         actual = ctx.resume_position // hbs
         anchor_b = anchor // hbs
         prompt_blocks = min(len(hashes), ctx.num_prompt_tokens // hbs)
+        limit = min(len(hashes), (ctx.num_tokens - 1) // hbs)  # a hit leaves one token
         d = self.decay
-        scale = self.sample_every * hbs  # a sampled admission stands for sample_every
-        self.kv_blocks_written = self.kv_blocks_written * d + max(0, prompt_blocks - kv)
+        stamp, clock = self.stamp, self.clock
+        written = self.kv_written * d + max(0, prompt_blocks - kv)
+        self.kv_written = written
         if sampled:
-            # What a pool larger by the ghost would have added to this KV hit.
-            extra = 0
-            if self.ghost:
-                oldest = self.evictions - self.ghost_size
-                j = kv
-                while j < prompt_blocks and self.ghost.get(hashes[j], -1) >= oldest:
-                    j += 1
-                extra = j - kv
-            self.ghost_tokens = self.ghost_tokens * d + extra * scale
-        else:
-            self.ghost_tokens *= d
-        upc = self.units_per_checkpoint
-        cap = max(1024, 4 * self.pool_blocks // max(1, upc))
-        shadowed = self.shadowed
+            # How far back, in KV blocks written since, each block was last used.
+            far = -self._far
+            ages = [clock - stamp.get(hashes[j], far) for j in range(limit)]
         for sh in self.shadows:
             held = sh.held
-            res = actual
+            res, reach = actual, kv
             if sampled:
+                # This candidate's images take residency from KV in proportion
+                # to what it writes, so its pool reaches back fewer KV blocks.
+                capacity = (self.pool_blocks * written / (written + sh.units)
+                            if written + sh.units > 0 else self.pool_blocks)
+                reach = 0
+                while reach < limit and ages[reach] < capacity:
+                    reach += 1
                 res = 0
-                for j in range(kv, 0, -1):
-                    h = hashes[j - 1]
-                    if h in held:
-                        del held[h]  # re-filed below: most recently used
-                        held[h] = None
+                for j in range(reach, 0, -1):
+                    if hashes[j - 1] in held:
                         res = j
                         break
-                sh.gain = sh.gain * d + res * scale
+                sh.gain = sh.gain * d + res * hbs * self.sample_every
             else:
                 sh.gain *= d
             placed = []
             if anchor_b > res:
                 placed.append(anchor_b)
-            if kv > res:
-                placed.append(kv)
+            if reach > res:
+                placed.append(reach)  # its demand rung
             n = sh.interval
             if n > 0:
                 step = max(1, n // hbs)
                 placed += range(step * (res // step + 1), anchor_b, step)
             for b in placed:
-                h = hashes[b - 1]
-                held[h] = None
-                shadowed.add(h)
-            while len(held) > cap:
-                del held[next(iter(held))]
-            sh.units = sh.units * d + len(placed) * upc
-        if len(shadowed) > 2 * cap * len(self.shadows):
-            self.shadowed = set().union(*(sh.held for sh in self.shadows))
+                held[hashes[b - 1]] = None
+            sh.units = sh.units * d + len(placed) * self.units_per_checkpoint
+        # This request used its prompt blocks now, and wrote the ones it missed.
+        self.clock = clock + max(0, prompt_blocks - kv)
+        stamp.update(zip(hashes[:prompt_blocks], repeat(self.clock)))
+        if len(stamp) > self._stamp_limit:
+            self._prune()
         self._admissions += 1
         if sampled:
             self._note("adaptive_sampled")
         if self._admissions >= self.warmup and self._admissions % self.decide_every == 0:
             self._decide()
 
-    def scores(self) -> list[float]:
-        """Each candidate's shadow score: tokens it resumed minus the hit
-        tokens its image units are estimated to cost (module doc)."""
-        per_block = self.ghost_tokens / self.ghost_size if self.ghost_size else 0.0
-        out = []
+    def _prune(self) -> None:
+        """Forget blocks no candidate's pool could still reach, and the
+        shadow checkpoints filed under them."""
+        oldest = self.clock - 2 * self.pool_blocks
+        self.stamp = {h: t for h, t in self.stamp.items() if t >= oldest}
         for sh in self.shadows:
-            cost = 0.0
-            if self.pages and per_block > 0:
-                written = self.kv_blocks_written + sh.units
-                share = sh.units / written if written > 0 else 0.0
-                cost = per_block * self.pool_blocks * share
-            out.append(sh.gain - cost)
-        return out
+            sh.held = {h: None for h in sh.held if h in self.stamp}
+
+    def scores(self) -> list[float]:
+        """Each candidate's shadow score: the (decayed) tokens it would have
+        resumed, its own images' memory already charged (module doc)."""
+        return [sh.gain for sh in self.shadows]
 
     def _decide(self) -> None:
         s = self.scores()
-        best = max(range(len(s)), key=lambda i: (s[i], -i))
         cur = self.current
+        best = max(range(len(s)), key=lambda i: (s[i], -i))
         self._note("adaptive_decisions")
         switch = best != cur and s[best] > s[cur] + self.margin * abs(s[cur])
         if switch:
+            # One notch at a time towards the best (candidates run coarse to
+            # fine): a noisy score moves the setting a step, not across the range.
+            step = cur + (1 if best > cur else -1)
             self._note("adaptive_switches")
-            self._note("adaptive_ladder_tokens", self.shadows[best].interval - self.ladder_tokens)
-            self.current = best
+            self._note("adaptive_ladder_tokens", self.shadows[step].interval - self.ladder_tokens)
+            self.current = step
         self.decisions.append((self._admissions, self.ladder_tokens, tuple(round(x) for x in s)))
 
     # ------------------------------ eviction ------------------------------ #
@@ -322,17 +323,6 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
             slot = caches.slot_pool.lookup(h)
             if slot >= 0:
                 caches.slot_pool.promote(slot)
-
-    def on_kv_evict(self, h: int) -> None:
-        self.ghost[h] = self.evictions
-        self.evictions += 1
-        if h in self.shadowed:  # a shadow checkpoint dies with its KV block
-            self.shadowed.discard(h)
-            for sh in self.shadows:
-                sh.held.pop(h, None)
-        if len(self.ghost) > 2 * self.ghost_size + 64:
-            oldest = self.evictions - self.ghost_size
-            self.ghost = {k: v for k, v in self.ghost.items() if v >= oldest}
 
 
 __all__ = ["AdaptiveCheckpointPolicy", "CostModel", "LADDER_CANDIDATES"]

@@ -58,7 +58,6 @@ class BlockManager:
     def _on_kv_evict(self, h: int) -> None:
         self.count("kv_blocks_evicted")
         self.caches.unindex(h)
-        self.eviction.on_kv_evict(h)
 
     def drop_checkpoint(self, h: int) -> None:
         """Forget the state checkpoint filed under ``h`` (for eviction policies)."""

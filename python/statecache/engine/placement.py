@@ -28,8 +28,7 @@ the caches' public calls only, from the hooks the engine calls:
 ``on_checkpoint(caches, seq, boundary)`` after a boundary was handed to the
 caches, ``on_resume(caches, seq, prefix_hash)`` after a hit was attached, and
 ``before_admission(engine)``, where a policy may drop checkpoints it judges
-worthless through ``engine.block_manager.drop_checkpoint(h)``, and
-``on_kv_evict(h)`` when a KV block leaves the prefix index. The default,
+worthless through ``engine.block_manager.drop_checkpoint(h)``. The default,
 :class:`GuessFirstLRU`, relies on the pools' own rule: a guess (ladder and
 demand rungs) is filed at the LRU head, known anchors at the tail.
 """
@@ -165,10 +164,6 @@ class EvictionPolicy:
 
     def before_admission(self, engine) -> None:
         pass
-
-    def on_kv_evict(self, h: int) -> None:
-        """The KV block filed under ``h`` left the prefix index (any state
-        checkpoint under ``h`` was orphaned with it)."""
 
 
 class GuessFirstLRU(EvictionPolicy):
