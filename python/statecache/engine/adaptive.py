@@ -205,10 +205,12 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
                 if ctx.num_prompt_tokens >= ctx.hash_block_size else hashes[0]
             self._shadow_admission(ctx, anchor, _mix(last ^ self.salt) % self.sample_every == 0)
         out = []
-        # A positive checkpoint_interval_tokens in the engine config pins it.
-        n = ctx.interval_tokens if ctx.interval_tokens > 0 else self.ladder_tokens
+        # A positive checkpoint_interval_tokens in the engine config pins the
+        # ladder, ungated, as the fixed placement places it.
+        pinned = ctx.interval_tokens > 0
+        n = ctx.interval_tokens if pinned else self.ladder_tokens
         if n > 0:
-            if self.room_for_guesses:
+            if pinned or self.room_for_guesses:
                 step = max(hbs, (n // hbs) * hbs)
                 out += [Boundary(p, LADDER, True) for p in range(step, anchor, step)]
             else:
