@@ -44,6 +44,7 @@ ones with their scores.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from itertools import repeat
 from dataclasses import dataclass
@@ -245,9 +246,9 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
                 # to what it writes, so its pool reaches back fewer KV blocks.
                 capacity = (self.pool_blocks * written / (written + sh.units)
                             if written + sh.units > 0 else self.pool_blocks)
-                reach = 0
-                while reach < limit and ages[reach] < capacity:
-                    reach += 1
+                # Ages grow along a prefix (whoever used a block used the ones
+                # before it), so the held prefix ends where they pass capacity.
+                reach = bisect_left(ages, capacity)
                 res = 0
                 for j in range(reach, 0, -1):
                     if hashes[j - 1] in held:
@@ -256,17 +257,18 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
                 sh.gain = sh.gain * d + res * hbs * self.sample_every
             else:
                 sh.gain *= d
+            # Block indices (boundary - 1) of what it would file: anchor,
+            # demand rung, ladder rungs.
             placed = []
             if anchor_b > res:
-                placed.append(anchor_b)
+                placed.append(anchor_b - 1)
             if reach > res:
-                placed.append(reach)  # its demand rung
+                placed.append(reach - 1)
             n = sh.interval
             if n > 0:
                 step = max(1, n // hbs)
-                placed += range(step * (res // step + 1), anchor_b, step)
-            for b in placed:
-                held[hashes[b - 1]] = None
+                placed += range(step * (res // step + 1) - 1, anchor_b - 1, step)
+            held.update(zip(map(hashes.__getitem__, placed), repeat(None)))
             sh.units = sh.units * d + len(placed) * self.units_per_checkpoint
         # This request used its prompt blocks now, and wrote the ones it missed.
         self.clock = clock + max(0, prompt_blocks - kv)
