@@ -28,9 +28,11 @@ the caches' public calls only, from the hooks the engine calls:
 ``on_checkpoint(caches, seq, boundary)`` after a boundary was handed to the
 caches, ``on_resume(caches, seq, prefix_hash)`` after a hit was attached, and
 ``before_admission(engine)``, where a policy may drop checkpoints it judges
-worthless through ``engine.block_manager.drop_checkpoint(h)``. The default,
-:class:`GuessFirstLRU`, relies on the pools' own rule: a guess (ladder and
-demand rungs) is filed at the LRU head, known anchors at the tail.
+worthless through ``engine.block_manager.drop_checkpoint(h)``.
+:class:`GuessFirstLRU` (the pre-adaptive default) relies on the pools' own
+rule: a guess (ladder and demand rungs) is filed at the LRU head, known
+anchors at the tail. The engine's default now is
+``statecache.engine.adaptive.AdaptiveCheckpointPolicy`` (both seams).
 """
 
 from __future__ import annotations
