@@ -1,17 +1,27 @@
-"""Hit rate of every checkpoint policy on a trace, at three state budgets.
+"""Hit rate of the default and every peer policy, on every shipped trace.
 
-    python benchmarks/bench_hit_rate.py [--trace PATH] [--state-memory 2GiB,8GiB,32GiB]
+    python benchmarks/bench_hit_rate.py [--traces mooncake,chat,...] [--jobs 2]
     python benchmarks/bench_hit_rate.py --tiers [--gpu-memory 10GB,100GB] [--host-memory 0,256GB,1TB]
 
 ``--tiers``: one shared GPU budget (KV blocks + PAGE images, hybrid-7b) with a
 host tier below it; the table gives the state-gated hit rate against the same
 GPU budget without a host tier, and against the KV-only rate of the same run.
 
-Replays the trace through the reference engine (real pools, no model) once
-per (policy, budget) and prints a Markdown table: the KV-only hit rate (the
-ceiling this KV budget allows), each policy's state-gated token hit rate,
-the share of prefill FLOPs saved, how that compares with statecache's
-default measured in the same run, and the library's median time per pass.
+Traces: the shared Mooncake trace (``../shared/traces/`` beside the checkout,
+or ``$STATECACHE_TRACE``) and the generated workloads of
+``statecache.sim.workload.PRESETS`` (chat, agentic, tool-calling, RAG). Each
+runs with the hybrid-7b and Qwen3-Next-80B-A3B geometries under one shared
+budget (``--memory``: KV blocks and PAGE images in one pool) at three sizes:
+100 GB / 400 GB / 1 TB for Mooncake (as in issue 13); for the generated
+ones, room for the running requests' KV plus 10% / 30% / 100% of the KV
+bytes of the trace's distinct blocks.
+
+Printed per trace and geometry: the KV-only hit rate (the ceiling this
+budget allows), every policy's state-gated token hit rate, the default
+(``statecache``) minus the best other policy, and the default over KV-only.
+Then the targets (default >= best other - 0.5 points everywhere; >= 95% of
+KV-only at the largest budget) and the library's time per pass, default
+against the previous fixed default (``statecache-lru``) in the same run.
 """
 
 from __future__ import annotations
@@ -19,34 +29,74 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
-from statecache.sim import policies, report, simulator, trace
+from statecache.sim import policies, report, simulator, trace, workload
+from statecache.sim.geometry import preset
 
-DEFAULT_TRACE = os.environ.get("STATECACHE_TRACE",
-                               "/work/shared/traces/mooncake_synthetic_trace.jsonl")
-BASELINE = "statecache"
+DEFAULT = "statecache"
+BASELINE = "statecache-lru"  # the fixed default before the adaptive one
+GEOMETRIES = ("hybrid-7b", "qwen3-next-80b-a3b")
+MOONCAKE_BUDGETS = (100 * 10**9, 400 * 10**9, 10**12)
+FRACTIONS = (0.1, 0.3, 1.0)
+TRACE_NAME = "mooncake_synthetic_trace.jsonl"
 
 
-def markdown(results: list[dict]) -> str:
-    base = {r["state_memory"]: r for r in results if r["policy"] == BASELINE}
-    lines = ["| state budget | policy | KV-only hit | state-gated hit | x statecache | "
-             "of KV ceiling | FLOPs saved | checkpoints kept / read / evicted | "
-             "lib us/pass (median) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(results, key=lambda r: (r["state_memory"], list(policies.POLICIES)
-                                            .index(r["policy"]))):
-        b = base.get(r["state_memory"])
-        ratio = r["state_hit_rate"] / b["state_hit_rate"] if b and b["state_hit_rate"] else float("nan")
-        c = r["checkpoints"]
-        lines.append(
-            f"| {report.format_bytes(r['state_memory'])} | {r['policy']} | "
-            f"{100 * r['kv_hit_rate']:.1f}% | {100 * r['state_hit_rate']:.1f}% | {ratio:.2f} | "
-            f"{100 * r['state_hit_rate'] / max(r['kv_hit_rate'], 1e-12):.0f}% | "
-            f"{100 * r['flops_saved_fraction']:.1f}% | {c['kept']} / {c['read']} / {c['evicted']} | "
-            f"{r['library_us_per_pass']:.0f} |")
-    return "\n".join(lines)
+def find_mooncake() -> str | None:
+    """``$STATECACHE_TRACE``, else ``shared/traces`` beside the checkout or
+    beside ``$STATECACHE_REFERENCE_DIR``."""
+    env = os.environ.get("STATECACHE_TRACE")
+    if env:
+        return env
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cands = [os.path.join(here, "..", "shared", "traces", TRACE_NAME)]
+    ref = os.environ.get("STATECACHE_REFERENCE_DIR")
+    if ref:
+        cands.append(os.path.join(os.path.dirname(os.path.abspath(ref)), "traces", TRACE_NAME))
+    for c in cands:
+        if os.path.exists(c):
+            return os.path.normpath(c)
+    return None
+
+
+def budgets_for(name: str, reqs, geometry: str, concurrency: int = 16) -> list[int]:
+    """Mooncake: the issue's budgets. Generated traces: room for the running
+    requests' KV (concurrency x mean prompt) plus 10% / 30% / 100% of the KV
+    bytes of the trace's distinct blocks, in whole GB."""
+    if name == "mooncake":
+        return list(MOONCAKE_BUDGETS)
+    g = preset(geometry)
+    blocks = len({b for r in reqs for b in r.hash_ids})
+    foot = blocks * trace.MOONCAKE_BLOCK_SIZE * g.kv_bytes_per_token
+    running = concurrency * statistics.fmean(r.input_length for r in reqs) * g.kv_bytes_per_token
+    return [int(round((running + f * foot) / 10**9)) * 10**9 for f in FRACTIONS]
+
+
+def table(results: list[dict], names: list[str]) -> tuple[str, list[dict]]:
+    """Markdown rows per budget; and the target check per budget."""
+    budgets = sorted({r["state_memory"] for r in results})
+    by = {(r["state_memory"], r["policy"]): r for r in results}
+    head = ["memory", "KV-only"] + names + ["default - best other", "default / KV-only"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
+    checks = []
+    for i, b in enumerate(budgets):
+        kv = max(by[(b, n)]["kv_hit_rate"] for n in names if (b, n) in by)
+        rates = {n: 100 * by[(b, n)]["state_hit_rate"] for n in names if (b, n) in by}
+        others = {n: v for n, v in rates.items() if n != DEFAULT}
+        best = max(others, key=others.get) if others else None
+        gap = rates[DEFAULT] - others[best] if best else float("nan")
+        # KV-only of the default's own run (what its KV cache alone matched)
+        kv_own = 100 * by[(b, DEFAULT)]["kv_hit_rate"]
+        share = rates[DEFAULT] / kv_own if kv_own else float("nan")
+        cells = [f"{b / 10**9:.0f} GB", f"{100 * kv:.1f}%"]
+        cells += [("**%.1f%%**" if n == DEFAULT else "%.1f%%") % rates[n] for n in names]
+        cells += [f"{gap:+.1f} ({best})", f"{100 * share:.0f}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+        checks.append({"budget": b, "gap": gap, "best": best, "share": share,
+                       "largest": i == len(budgets) - 1})
+    return "\n".join(lines), checks
 
 
 def tiers_markdown(results: list[dict]) -> str:
@@ -92,16 +142,14 @@ def main_tiers(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--trace", default=DEFAULT_TRACE)
-    p.add_argument("--geometry", default="qwen3-next-80b-a3b")
-    p.add_argument("--kv-memory", default="256GiB")
-    p.add_argument("--state-memory", default="2GiB,8GiB,32GiB")
+    p.add_argument("--traces", default="mooncake," + ",".join(workload.PRESETS),
+                   help="comma list of 'mooncake' and workload presets")
+    p.add_argument("--geometries", default=",".join(GEOMETRIES))
     p.add_argument("--policies", default="all")
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--max-output-tokens", type=int, default=0,
+    p.add_argument("--limit", type=int, default=None, help="first N requests of each trace")
+    p.add_argument("--max-output-tokens", type=int, default=32,
                    help="cap generated tokens per request (0: as in the trace)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--json", default=None, help="write all results here")
     p.add_argument("--plot", default=None, help="write the hit-rate plot here")
     p.add_argument("--tiers", action="store_true", help="the host-tier table instead")
@@ -114,28 +162,74 @@ def main(argv=None) -> int:
         return main_tiers(args)
 
     names = list(policies.POLICIES) if args.policies == "all" else args.policies.split(",")
-    kv = report.parse_bytes(args.kv_memory)
-    budgets = [report.parse_bytes(b) for b in args.state_memory.split(",")]
-    reqs = trace.load_trace(args.trace, limit=args.limit)
-    configs = [simulator.SimConfig(policy=n, geometry=args.geometry, kv_memory=kv, state_memory=s,
-                                   concurrency=args.concurrency,
-                                   max_output_tokens=args.max_output_tokens or None)
-               for s in budgets for n in names]
-    t0 = time.perf_counter()
-    results = simulator.sweep(reqs, configs, jobs=args.jobs, progress=sys.stderr.isatty())
-    wall = time.perf_counter() - t0
-    print(f"{args.trace}: {len(reqs)} requests, unbounded prefix-block ceiling "
-          f"{100 * trace.ideal_block_hit_rate(reqs):.1f}%; {args.geometry}, KV "
-          f"{report.format_bytes(kv)}, concurrency {args.concurrency}, outputs "
-          f"{'capped at %d tokens' % args.max_output_tokens if args.max_output_tokens else 'as traced'}; "
-          f"{len(configs)} simulations in {wall:.0f} s ({args.jobs} jobs)\n")
-    print(markdown(results))
+    if DEFAULT not in names:
+        names.insert(0, DEFAULT)
+    traces: list[tuple[str, list]] = []
+    for t in args.traces.split(","):
+        if t == "mooncake":
+            path = find_mooncake()
+            if path is None:
+                print("mooncake: trace not found (set STATECACHE_TRACE or put ../shared/traces "
+                      "beside the checkout); skipped\n")
+                continue
+            traces.append((t, trace.load_trace(path, limit=args.limit)))
+        elif t in workload.PRESETS:
+            reqs = workload.generate(workload.PRESETS[t])
+            traces.append((t, reqs[:args.limit] if args.limit else reqs))
+        else:
+            p.error(f"--traces: unknown trace {t!r}")
+    all_results, all_checks, t_start = [], [], time.perf_counter()
+    for tname, reqs in traces:
+        for geo in args.geometries.split(","):
+            configs = [simulator.SimConfig(policy=n, geometry=geo, memory=m, kv_memory=None,
+                                           state_memory=None,
+                                           max_output_tokens=args.max_output_tokens or None)
+                       for m in budgets_for(tname, reqs, geo) for n in names]
+            t0 = time.perf_counter()
+            results = simulator.sweep(reqs, configs, jobs=args.jobs)
+            for r in results:
+                r["trace"] = tname
+            md, checks = table(results, names)
+            print(f"### {tname} ({len(reqs)} requests, prefix-block ceiling "
+                  f"{100 * trace.ideal_block_hit_rate(reqs):.1f}%), {geo}: state-gated token hit "
+                  f"rate ({len(configs)} simulations, {time.perf_counter() - t0:.0f} s)\n")
+            print(md + "\n", flush=True)
+            all_results += results
+            all_checks += [dict(c, trace=tname, geometry=geo) for c in checks]
+
+    gap_ok = [c for c in all_checks if c["gap"] >= -0.5]
+    share_ok = [c for c in all_checks if c["largest"] and c["share"] >= 0.95]
+    largest = [c for c in all_checks if c["largest"]]
+    print(f"targets: default >= best other - 0.5 points: {len(gap_ok)}/{len(all_checks)} "
+          f"trace x geometry x budget cells" + ("" if len(gap_ok) == len(all_checks) else
+          "; missed: " + ", ".join(f"{c['trace']}/{c['geometry']}/{c['budget'] / 10**9:.0f} GB "
+                                   f"({c['gap']:+.1f} vs {c['best']})"
+                                   for c in all_checks if c["gap"] < -0.5)))
+    print(f"         default >= 95% of KV-only at the largest budget: {len(share_ok)}/{len(largest)}"
+          + ("" if len(share_ok) == len(largest) else "; missed: " + ", ".join(
+              f"{c['trace']}/{c['geometry']} ({100 * c['share']:.0f}%)"
+              for c in largest if c["share"] < 0.95)))
+    # Library time per pass: the default against the fixed default, paired by cell.
+    pairs = {}
+    for r in all_results:
+        pairs.setdefault((r["trace"], r["geometry"], r["state_memory"]), {})[r["policy"]] = r
+    med, mean = [], []
+    for cell in pairs.values():
+        if DEFAULT in cell and BASELINE in cell:
+            a, b = cell[DEFAULT], cell[BASELINE]
+            if b["library_us_per_pass"] > 0:
+                med.append(a["library_us_per_pass"] / b["library_us_per_pass"])
+            if b["library_us_per_pass_mean"] > 0:
+                mean.append(a["library_us_per_pass_mean"] / b["library_us_per_pass_mean"])
+    if med:
+        print(f"library time per pass, {DEFAULT} / {BASELINE} over {len(med)} cells: median of the "
+              f"per-cell ratios of median us/pass {statistics.median(med):.2f}, of mean us/pass "
+              f"{statistics.median(mean):.2f} (range {min(mean):.2f}-{max(mean):.2f})")
+    print(f"\n{len(all_results)} simulations in {time.perf_counter() - t_start:.0f} s "
+          f"({args.jobs} jobs)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1, default=float)
-    if args.plot:
-        report.plot_hit_rates(results, args.plot, title=f"{os.path.basename(args.trace)} - "
-                                                         f"{args.geometry}")
+            json.dump(all_results, f, indent=1, default=float)
     return 0
 
 

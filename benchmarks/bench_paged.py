@@ -20,7 +20,11 @@ reports microseconds of CPU time per scheduler pass, median over repeats
               over 64-block hash lists, begin_restore, checkpoint; then
               take_checkpoint_ops and complete_previous_batch.
 
-Run: PYTHONPATH=python python benchmarks/bench_paged.py [--repeats 7]
+Run: PYTHONPATH=python python benchmarks/bench_paged.py [--repeats 7] [--eviction cost]
+
+``--eviction cost`` runs statecache's side under the cost model
+(``set_eviction_policy("cost")``, Qwen3-Next FLOPs, positions 1-64 blocks
+from the hash) instead of the reference LRU; the reference side is unchanged.
 """
 
 from __future__ import annotations
@@ -42,16 +46,34 @@ from reference import load  # noqa: E402
 UNITS = 65_536
 UNITS_PER_CHECKPOINT = 16
 SPEC = dict(page_unit_bytes=4096, slot_bytes=16 * 4096, layout_id="bench", image_bytes=16 * 4096)
+EVICTION = {"kind": "lru"}  # set from --eviction
+
+
+def with_eviction(mod, cache):
+    """statecache's store / coordinator under the chosen setting."""
+    if mod is sc and EVICTION["kind"] != "lru":
+        cache.set_eviction_policy(**EVICTION)
+    return cache
+
+
+def store_calls(mod, store):
+    """begin_store as the coordinator calls it: with the boundary's position
+    where the cost model ranks by it."""
+    if mod is sc and EVICTION["kind"] != "lru":
+        begin = store.begin_store
+        return lambda h, slot: begin(h, slot, 1 + h % 64)
+    return store.begin_store
 
 
 def filled_store(mod, rng_seed: int):
     pool = sc.BlockPool(UNITS)
-    store = mod.PageUnitCheckpointStore(pool, mod.PagedStateCheckpointSpec(**SPEC))
+    store = with_eviction(mod, mod.PageUnitCheckpointStore(pool, mod.PagedStateCheckpointSpec(**SPEC)))
+    begin_store = store_calls(mod, store)
     rng = random.Random(rng_seed)
     hashes = []
     while pool.num_free >= UNITS_PER_CHECKPOINT:
         h = rng.getrandbits(62)
-        store.begin_store(h, 0)
+        begin_store(h, 0)
         hashes.append(h)
     store.complete_inflight()
     return pool, store, hashes
@@ -75,7 +97,7 @@ def churn(mod):
         plan = draws[turn[0] % len(draws)]
         turn[0] += 1
         has_available_units, begin_restore, begin_store = (
-            store.has_available_units, store.begin_restore, store.begin_store)
+            store.has_available_units, store.begin_restore, store_calls(mod, store))
         for i, (hit_at, h, replace_at) in enumerate(plan):
             hit = live[hit_at]
             has_available_units(UNITS_PER_CHECKPOINT, protected_hash=hit)
@@ -99,7 +121,7 @@ def scheduler_pass(mod):
         turn[0] += 1
         store.complete_inflight()
         has_available_units, begin_restore, begin_store = (
-            store.has_available_units, store.begin_restore, store.begin_store)
+            store.has_available_units, store.begin_restore, store_calls(mod, store))
         for _ in range(256):  # can_append for every running sequence
             has_available_units(1)
         for i, (hit_at, h, replace_at) in enumerate(plan):  # admissions, then new boundaries
@@ -130,7 +152,7 @@ def admission(mod):
 
 def coordinator(mod):
     pool = sc.BlockPool(UNITS)
-    c = mod.PagedStateCheckpointCoordinator(pool, mod.PagedStateCheckpointSpec(**SPEC), True)
+    c = with_eviction(mod, mod.PagedStateCheckpointCoordinator(pool, mod.PagedStateCheckpointSpec(**SPEC), True))
     rng = random.Random(5)
     seqs = []
     for i in range(64):
@@ -186,7 +208,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=11)
     ap.add_argument("--passes", type=int, default=10)
+    ap.add_argument("--eviction", choices=("lru", "cost"), default="lru",
+                    help="statecache's eviction setting (the reference is always LRU)")
     args = ap.parse_args()
+    if args.eviction == "cost":
+        from statecache.engine.adaptive import CostModel
+        from statecache.sim.geometry import preset
+
+        EVICTION.update(kind="cost", **CostModel.from_geometry(preset("qwen3-next-80b-a3b")).settings(16))
     logging.disable(logging.WARNING)
     ref = load("paged_checkpoint")
     if ref is None:
@@ -196,7 +225,8 @@ def main() -> None:
     for name, build in workloads:
         ours, theirs = time_side_by_side(build(sc), build(ref), args.passes, args.repeats)
         rows.append((name, ours, theirs, theirs / ours))
-    print(f"pool {UNITS} units, {UNITS_PER_CHECKPOINT} units per checkpoint, "
+    print(f"statecache eviction: {args.eviction}; "
+          f"pool {UNITS} units, {UNITS_PER_CHECKPOINT} units per checkpoint, "
           f"{UNITS // UNITS_PER_CHECKPOINT} READY checkpoints; median of {args.repeats} x {args.passes} passes "
           f"(thread CPU time, {os.cpu_count()} CPUs)")
     print(f"| workload | statecache µs/pass | reference µs/pass | speed-up |")

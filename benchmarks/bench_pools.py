@@ -9,6 +9,9 @@ LRU checkpoints and checkpoints come back through the pins two passes later.
 
     python benchmarks/bench_pools.py [--passes 40] [--repeats 15]
 
+Where the pool has ``set_eviction_policy``, a variant under the cost model
+(Qwen3-Next FLOPs) runs beside the reference setting (LRU, guesses first).
+
 Prints µs per pass (median over repeats) and the ratio to statecache.
 """
 
@@ -115,6 +118,18 @@ def main(argv=None):
         "statecache (NumPy hashes)": lambda: Workload(
             sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence, "numpy"),
     }
+    if hasattr(sc.StateSlotPool, "set_eviction_policy"):
+        from statecache.engine.adaptive import CostModel
+        from statecache.sim.geometry import preset
+
+        cost = CostModel.from_geometry(preset("qwen3-next-80b-a3b")).settings(HBS)
+
+        def cost_pool():
+            pool = sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS)
+            pool.set_eviction_policy("cost", **cost)
+            return Workload(pool, sc.Sequence)
+
+        variants["statecache, cost eviction"] = cost_pool
     ref = load("slot_pool")
     if ref is not None:
         variants["reference (Python seqs)"] = lambda: Workload(

@@ -600,9 +600,11 @@ PyObject* store_contains_or_pending(PyObject* self, PyObject* const* args, Py_ss
 
 PyObject* store_begin_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   return fast_call([&]() -> py::object {
-    auto a = fast_args<2>("begin_store", {"prefix_hash", "src_slot"}, 2, args, nargs, kwnames);
+    auto a = fast_args<3>("begin_store", {"prefix_hash", "src_slot", "position"}, 2, args, nargs, kwnames);
     Store& s = fast_self<PyStore>(self);
-    auto op = s.begin_store(as_int(a[0], "prefix_hash"), as_int(a[1], "src_slot"));
+    const int64_t position = a[2] == nullptr ? 0 : as_int(a[2], "position");
+    if (position < 0) bad_argument("position", position, "must be >= 0");
+    auto op = s.begin_store(as_int(a[0], "prefix_hash"), as_int(a[1], "src_slot"), position);
     return op ? py::cast(std::move(*op)) : py::none();
   });
 }
@@ -694,7 +696,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
       STATECACHE_FAST_METHOD("contains_or_pending", &store_contains_or_pending,
                              "contains_or_pending(prefix_hash)\n--\n\nREADY, or a store of it is on its way."),
       STATECACHE_FAST_METHOD("begin_store", &store_begin_store,
-                             "begin_store(prefix_hash, src_slot)\n--\n\n"
+                             "begin_store(prefix_hash, src_slot, position=0)\n--\n\n"
                              "A CheckpointStoreOp filing a COPYING image (evicting if needed), or None."),
       STATECACHE_FAST_METHOD("begin_restore", &store_begin_restore,
                              "begin_restore(prefix_hash, dst_slot)\n--\n\n"

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "bindings/eviction.h"
 #include "bindings/fast_call.h"
 #include "bindings/paged_values.h"
 #include "core/checkpoint_store.h"
@@ -89,6 +90,7 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
       "filed under ``protected_hash``) if it came to that.");
   add_fast_method(cls, &contains);
   add_fast_method(cls, &available);
+  def_eviction_methods(cls, [store_of](T& self) -> Store& { return store_of(self); });
   cls.def(
           "ensure_free_units",
           [store_of](T& self, py::handle count) { return store_of(self).ensure_free_units(as_int(count, "count")); },

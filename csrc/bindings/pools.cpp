@@ -11,6 +11,7 @@
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "bindings/eviction.h"
 #include "bindings/fast_call.h"
 #include "core/group_pool.h"
 #include "core/slot_pool.h"
@@ -296,6 +297,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   constexpr const char* U = kUnit<Pool>;
   using fast::to_py;
   fast::refuse_copy(cls);
+  def_eviction_methods(cls, [](Pool& p) -> StateFreeList& { return p; });
   fast::def<Pool>(cls, "num_free", [](Pool& p, PyObject**) { return to_py(p.num_free()); }, {}, 0,
                   "How many indices are free (vacant or checkpointed).");
   fast::def<Pool>(cls, "is_free", [](Pool& p, PyObject** a) { return to_py(p.is_free(int_arg(a[0], U))); },

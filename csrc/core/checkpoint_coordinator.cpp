@@ -142,7 +142,7 @@ void PagedStateCheckpointCoordinator::checkpoint(const std::shared_ptr<Sequence>
   if (!applies(*seq) || seq->state_slot() < 0) return;
   supersede(seq.get());
   pending_index_[key_of(seq.get())] = static_cast<int64_t>(pending_.size());
-  pending_.push_back(Pending{seq, prefix_hash, true});
+  pending_.push_back(Pending{seq, prefix_hash, true, boundary_blocks});
   ++pending_hashes_[prefix_hash];
 }
 
@@ -170,7 +170,7 @@ PagedStateCheckpointCoordinator::take_checkpoint_ops() {
     // The slot holds the state as of this boundary and no other (supersede).
     const int64_t src_slot = p.seq->state_slot();
     if (src_slot < 0 || store_->contains_or_pending(p.prefix_hash)) continue;
-    auto op = store_->begin_store(p.prefix_hash, src_slot);
+    auto op = store_->begin_store(p.prefix_hash, src_slot, p.boundary_blocks);
     if (!op) {
       ++dropped_;
       continue;

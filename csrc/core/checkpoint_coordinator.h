@@ -102,6 +102,7 @@ class PagedStateCheckpointCoordinator {
     std::shared_ptr<Sequence> seq;  // kept alive until drained
     int64_t prefix_hash;
     bool live;
+    int64_t boundary_blocks = 0;  // what the store's cost model ranks by
   };
   static int64_t key_of(const Sequence* seq) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(seq)); }
   void supersede(const Sequence* seq);

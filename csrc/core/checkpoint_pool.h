@@ -78,12 +78,12 @@ class CheckpointPool : public StateFreeList {
     return p;
   }
   // Carries out a plan_fork: returns the fresh unit, files `old` under h.
-  int64_t apply_fork(const ForkPlan& p, int64_t h) {
+  int64_t apply_fork(const ForkPlan& p, int64_t h, int64_t position = 0) {
     if (p.dropped) ++fates_.dropped;
     if (!p.forks) return -1;
     const int64_t fresh = pop();
     check_invariant(fresh == p.fresh, "a fork plan went stale before it was applied");
-    file_checkpoint(h, p.old);
+    file_checkpoint(h, p.old, position);
     return fresh;
   }
 

@@ -108,6 +108,7 @@ void PageUnitCheckpointStore::lru_push_back(int32_t idx) {
     lru_head_ = idx;
   lru_tail_ = idx;
   s.on_lru = true;
+  eviction_.push(idx, false);
 }
 
 void PageUnitCheckpointStore::lru_unlink(int32_t idx) {
@@ -123,6 +124,7 @@ void PageUnitCheckpointStore::lru_unlink(int32_t idx) {
     lru_tail_ = s.prev;
   s.prev = s.next = -1;
   s.on_lru = false;
+  eviction_.remove(idx);
 }
 
 void PageUnitCheckpointStore::note_change(std::optional<int64_t> prefix_hash) {
@@ -146,7 +148,21 @@ bool PageUnitCheckpointStore::contains_or_pending(int64_t prefix_hash) const {
 
 // --------------------------------------------------------------- capacity --
 
+void PageUnitCheckpointStore::set_eviction_model(const EvictionCostModel& model) {
+  model.validate();
+  if (!eviction_.needs_rebuild(model)) {
+    eviction_.set_model(model);
+    return;
+  }
+  eviction_.clear();
+  eviction_.set_model(model);
+  for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next) eviction_.push(idx, false);
+}
+
 int32_t PageUnitCheckpointStore::next_victim(int64_t protected_id) const {
+  if (eviction_.active())
+    return static_cast<int32_t>(
+        eviction_.victim([&](int64_t idx) { return is_evictable(slab_[static_cast<size_t>(idx)], protected_id); }));
   for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next)
     if (is_evictable(slab_[idx], protected_id)) return idx;
   return -1;
@@ -180,7 +196,8 @@ bool PageUnitCheckpointStore::ensure_free_units(int64_t count) {
 
 // ---------------------------------------------------------- store/restore --
 
-std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t prefix_hash, int64_t src_slot) {
+std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t prefix_hash, int64_t src_slot,
+                                                                     int64_t position) {
   if (prefix_hash == -1) bad_argument("prefix_hash", prefix_hash, "-1 means no hash");
   if (src_slot < 0) bad_argument("src_slot", src_slot, "must be >= 0");
   if (contains_or_pending(prefix_hash)) return std::nullopt;
@@ -206,7 +223,10 @@ std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t pr
     throw;
   }
   int32_t idx = -1;
-  if (reserved) idx = new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying);
+  if (reserved) {
+    idx = new_slot(checkpoint_id, prefix_hash, units, CheckpointState::kCopying);
+    eviction_.set_position(idx, position);
+  }
   reserve_buf_.swap(units);
   if (!reserved) return std::nullopt;
   // The next store under pressure spends the LRU head and files the next id:
@@ -370,7 +390,9 @@ bool PageUnitCheckpointStore::adopt_units(const UnitIds& unit_ids, int64_t owner
   }
   const int64_t checkpoint_id = new_identity();
   pool_->rekey_units(unit_ids, owner, checkpoint_owner(checkpoint_id));
-  Slot& s = slab_[new_slot(checkpoint_id, prefix_hash, unit_ids, CheckpointState::kCopying)];
+  const int32_t idx = new_slot(checkpoint_id, prefix_hash, unit_ids, CheckpointState::kCopying);
+  eviction_.set_position(idx, 0);  // a transfer's image: where it resumes is not known here
+  Slot& s = slab_[idx];
   index_ready(s);
   note_change(prefix_hash);
   return true;
@@ -424,6 +446,7 @@ void PageUnitCheckpointStore::clear() {
     idx = next;
   }
   lru_head_ = lru_tail_ = -1;
+  eviction_.clear();
   for (int64_t checkpoint_id : record_ids()) {
     Slot& s = *find(checkpoint_id);
     set_state(s, CheckpointState::kEvicting);
@@ -663,6 +686,11 @@ void PageUnitCheckpointStore::check_consistency() const {
   int64_t walked = 0;
   for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next) ++walked;
   check_invariant(walked == on_lru, "store: LRU list length disagrees");
+  if (eviction_.active()) {
+    check_invariant(eviction_.size() == on_lru, "store: cost order and LRU disagree in size");
+    for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next)
+      check_invariant(eviction_.contains(idx), "store: a READY record is missing from the cost order");
+  }
   check_invariant(evictable == evictable_units_, "store: evictable total drifted");
   int64_t pins = 0;
   for (const auto& kv : pins_per_hash_) pins += kv.second;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/block_pool.h"
+#include "core/eviction_policy.h"
 #include "core/flat_map.h"
 #include "core/paged_types.h"
 
@@ -62,8 +63,15 @@ class PageUnitCheckpointStore {
   // count before spending anything.
   bool ensure_free_units(int64_t count);
 
+  // ---- eviction order (core/eviction_policy.h) ----
+  // kLru (default) spends the least recently used; kCost ranks recency and
+  // value. std::invalid_argument (nothing changed) for a bad model.
+  void set_eviction_model(const EvictionCostModel& model);
+  const EvictionCostModel& eviction_model() const { return eviction_.model(); }
+
   // ---- store / restore ----
-  std::optional<CheckpointStoreOp> begin_store(int64_t prefix_hash, int64_t src_slot);
+  // `position` (hash blocks, 0 unknown) is what the cost model ranks by.
+  std::optional<CheckpointStoreOp> begin_store(int64_t prefix_hash, int64_t src_slot, int64_t position = 0);
   bool restore_queued_for(int64_t dst_slot) const;
   std::optional<CheckpointRestoreOp> begin_restore(int64_t prefix_hash, int64_t dst_slot);
   std::vector<CheckpointRestoreOp> take_restore_ops();
@@ -195,6 +203,7 @@ class PageUnitCheckpointStore {
   std::vector<int32_t> free_slots_;
   FlatInt64Map<int32_t> slot_of_;  // checkpoint id -> slab index
   int32_t lru_head_ = -1, lru_tail_ = -1;
+  CheckpointEvictionOrder eviction_;  // kept beside the LRU under kCost only
   int64_t evictable_units_ = 0;
   uint64_t ready_seq_ = 0;
 

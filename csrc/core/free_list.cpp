@@ -57,6 +57,7 @@ void StateFreeList::lru_push_back(int64_t u) {
   tail_ = u;
   units_[idx(u)].in_lru = 1;
   ++lru_size_;
+  eviction_.push(u, false);
 }
 
 void StateFreeList::lru_push_front(int64_t u) {
@@ -69,6 +70,7 @@ void StateFreeList::lru_push_front(int64_t u) {
   head_ = u;
   units_[idx(u)].in_lru = 1;
   ++lru_size_;
+  eviction_.push(u, true);  // only guesses go to the head
 }
 
 void StateFreeList::lru_remove(int64_t u) {
@@ -85,6 +87,7 @@ void StateFreeList::lru_remove(int64_t u) {
   units_[idx(u)].prev = units_[idx(u)].next = -1;
   units_[idx(u)].in_lru = 0;
   --lru_size_;
+  eviction_.remove(u);
 }
 
 void StateFreeList::lru_replace(int64_t old_u, int64_t new_u) {
@@ -102,6 +105,26 @@ void StateFreeList::lru_replace(int64_t old_u, int64_t new_u) {
   units_[idx(old_u)].prev = units_[idx(old_u)].next = -1;
   units_[idx(old_u)].in_lru = 0;
   units_[idx(new_u)].in_lru = 1;
+  eviction_.replace(old_u, new_u);
+}
+
+int64_t StateFreeList::lru_victim(int64_t exclude) const {
+  if (eviction_.active()) return eviction_.victim([exclude](int64_t u) { return u != exclude; });
+  for (int64_t c = head_; c >= 0; c = units_[idx(c)].next)
+    if (c != exclude) return c;
+  return -1;
+}
+
+void StateFreeList::set_eviction_model(const EvictionCostModel& model) {
+  model.validate();
+  if (!eviction_.needs_rebuild(model)) {
+    eviction_.set_model(model);
+    return;
+  }
+  eviction_.clear();
+  eviction_.set_model(model);
+  // Oldest first, so the new order starts with the ages the list had.
+  for (int64_t u = head_; u >= 0; u = units_[idx(u)].next) eviction_.push(u, units_[idx(u)].spec != 0);
 }
 
 // ---- vacant heap ----------------------------------------------------------
@@ -148,7 +171,7 @@ int64_t StateFreeList::pop() {
   if (free_count_ == 0) throw std::out_of_range("pop from an empty " + unit_ + " pool: nothing is free");
   int64_t u = take_vacant();
   if (u < 0) {
-    u = head_;
+    u = lru_victim(-1);
     lru_remove(u);
     set_free(u, false);
     ++fates_.evicted;
@@ -168,7 +191,7 @@ int64_t StateFreeList::peek_pop() {
     std::pop_heap(vacant_heap_.begin(), vacant_heap_.end(), std::greater<>());
     vacant_heap_.pop_back();
   }
-  return head_;
+  return lru_victim(-1);
 }
 
 void StateFreeList::claim(int64_t u) {
@@ -260,13 +283,11 @@ std::optional<Retirement> StateFreeList::retire_top() {
 int64_t StateFreeList::take_relocation_target(int64_t exclude) {
   const int64_t u = take_vacant();
   if (u >= 0) return u;
-  for (int64_t c = head_; c >= 0; c = units_[idx(c)].next) {
-    if (c == exclude) continue;
-    take_free(c);
-    drop_hash(c);
-    return c;
-  }
-  return -1;
+  const int64_t c = lru_victim(exclude);
+  if (c < 0) return -1;
+  take_free(c);
+  drop_hash(c);
+  return c;
 }
 
 void StateFreeList::rehome_checkpoint(int64_t src, int64_t dst) {
@@ -282,9 +303,10 @@ void StateFreeList::rehome_checkpoint(int64_t src, int64_t dst) {
 
 // ---- checkpoint index -----------------------------------------------------
 
-void StateFreeList::file_checkpoint(int64_t h, int64_t u) {
+void StateFreeList::file_checkpoint(int64_t h, int64_t u, int64_t position) {
   if (!enabled_) return;
   drop_hash(u);
+  eviction_.set_position(u, position);
   const int64_t prev = index_.exchange(h, u, -1);
   set_hash(u, h);
   // The unit that held `h` before is orphaned; clear only its back-pointer,
@@ -459,6 +481,11 @@ void StateFreeList::check_invariants() const {
     prev = u;
   }
   check_invariant(walked == lru_size_ && tail_ == prev, "checkpointed list size or tail wrong");
+  if (eviction_.active()) {
+    check_invariant(eviction_.size() == lru_size_, "cost order and checkpointed list disagree in size");
+    for (int64_t u = head_; u >= 0; u = units_[idx(u)].next)
+      check_invariant(eviction_.contains(u), "a checkpointed unit is missing from the cost order");
+  }
 
   // Every free vacant unit must still have a heap entry, or pop would miss it.
   std::vector<uint8_t> in_heap(cap, 0);

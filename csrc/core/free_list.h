@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/eviction_policy.h"
 #include "core/hash_index.h"
 
 namespace statecache {
@@ -96,6 +97,12 @@ class StateFreeList {
   void mark_speculative(int64_t u);
   void promote(int64_t u);
   bool is_speculative(int64_t u) const { return in_capacity(u) && units_[idx(u)].spec; }
+
+  // ---- eviction order (core/eviction_policy.h) ---------------------------
+  // kLru (default) spends the LRU head; kCost ranks recency and value.
+  // std::invalid_argument (nothing changed) for a bad model.
+  void set_eviction_model(const EvictionCostModel& model);
+  const EvictionCostModel& eviction_model() const { return eviction_.model(); }
 
   // ---- pins -------------------------------------------------------------
   void pin(int64_t u, bool reader_is_next_batch = false);
@@ -178,7 +185,8 @@ class StateFreeList {
   void set_hash(int64_t u, int64_t h);
   void drop_hash(int64_t u);   // invalidate, unchecked
   // Files `u` under `h` (the reference's `_index`); no-op when disabled.
-  void file_checkpoint(int64_t h, int64_t u);
+  // `position` (hash blocks, 0 unknown) is what the cost model ranks by.
+  void file_checkpoint(int64_t h, int64_t u, int64_t position = 0);
   int64_t take_relocation_target(int64_t exclude);
   void rehome_checkpoint(int64_t src, int64_t dst);
   void set_free(int64_t u, bool free);
@@ -224,6 +232,9 @@ class StateFreeList {
   // Checkpointed LRU: head is spent first.
   int64_t head_ = -1, tail_ = -1;
   int64_t lru_size_ = 0;
+  CheckpointEvictionOrder eviction_;  // kept beside the LRU under kCost only
+  // The checkpointed unit to spend first, other than `exclude`; -1 if none.
+  int64_t lru_victim(int64_t exclude) const;
 
   // Which units are pinned, one bit each: release_pins walks them in index
   // order (as the reference's sorted()) without sorting.

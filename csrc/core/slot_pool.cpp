@@ -69,7 +69,7 @@ void StateSlotPool::apply_checkpoint(Sequence& seq, const ForkPlan& plan, int64_
   }
   const int64_t known = anchor_of(seq);
   const bool guess = known == 0 || !boundary_is(boundary_blocks, known);
-  seq.set_state_slot(apply_fork(plan, h));
+  seq.set_state_slot(apply_fork(plan, h, boundary_blocks));
   seq.state_fork_src = plan.old;
   // `old` is not released: the forward that reads it is the one the next pass
   // builds, so it stays pinned through that pass.
@@ -140,7 +140,7 @@ void StateSlotPool::publish_midstep(std::span<const MidstepReservation> reservat
   for (const auto& r : reservations) {
     if (seq && (known == 0 || r.position != known)) mark_speculative(r.slot);
     set_reserved(r.slot, false);
-    file_checkpoint(r.hash, r.slot);
+    file_checkpoint(r.hash, r.slot, r.position / hash_block_size());
     put_back(r.slot);
     ++fates_.kept;
   }

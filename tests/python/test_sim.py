@@ -19,7 +19,7 @@ def reqs(*rows):
     return [trace.TraceRequest(i, t * 1000.0, n, 1, tuple(ids)) for i, (t, n, ids) in enumerate(rows)]
 
 
-def run(rows, policy="statecache", slots=8, concurrency=1, **kw):
+def run(rows, policy="statecache-lru", slots=8, concurrency=1, **kw):
     cfg = simulator.SimConfig(policy=policy, geometry="hybrid-7b", kv_memory=KV,
                               state_memory=slots * G.state_bytes, concurrency=concurrency, **kw)
     return simulator.simulate(reqs(*rows), cfg).to_dict()
@@ -48,8 +48,11 @@ def test_multi_turn_resumes_at_the_previous_prompt_end():
 
 @pytest.mark.parametrize("policy, interval, expect", [
     # anchor at 2560 only; B's hit is cut short and leaves a demand rung at 1024 for C
-    ("statecache", -1, 1024),
+    ("statecache-lru", -1, 1024),
     # a ladder rung every 1024 tokens serves B already
+    ("statecache-lru", 1024, 2048),
+    # the adaptive default: a demand rung; with the engine's interval pinned, that ladder
+    ("statecache", -1, 1024),
     ("statecache", 1024, 2048),
     ("statecache-flop", -1, 1024),
     ("statecache-flop", 1024, 2048),  # its own ladder (ladder_tokens)
@@ -59,7 +62,8 @@ def test_multi_turn_resumes_at_the_previous_prompt_end():
     ("vllm-align", -1, 2048),   # chunk ends every 1024 tokens (max_batched_tokens below)
 ])
 def test_branch_points(policy, interval, expect):
-    ladder = {"interval_tokens": interval} if policy == "statecache" else {"ladder_tokens": interval}
+    ladder = ({"interval_tokens": interval} if policy in ("statecache", "statecache-lru")
+              else {"ladder_tokens": interval})
     r = run(BRANCH, policy, peer_interval_tokens=1024, max_batched_tokens=1024, **ladder)
     assert r["kv_hit_tokens"] == 2048  # B and C each match blocks 1, 2
     assert r["state_hit_tokens"] == expect
@@ -80,7 +84,7 @@ EVICT = [(0, 4200, [1, 2, 3, 4, 5, 6, 7, 8, 9]), (100, 1100, [20, 21, 22]),
 
 def test_lru_spends_the_oldest_and_marconi_the_least_useful():
     # three checkpoints fit; W's needs a fourth
-    lru = run(EVICT, "statecache", slots=3)
+    lru = run(EVICT, "statecache-lru", slots=3)
     assert lru["state_hit_tokens"] == 0  # X's checkpoint (4096) was the oldest: spent for W
     assert lru["kv_hit_tokens"] == 4096
     assert lru["checkpoints"]["evicted"] == 2  # for W's, then for X's own again
@@ -88,10 +92,13 @@ def test_lru_spends_the_oldest_and_marconi_the_least_useful():
     # Y: neither the newest nor worth many FLOPs, goes instead; X is read back
     assert flop["state_hit_tokens"] == 4096
     assert flop["checkpoints"]["evicted"] == 1
-    roomy = run(EVICT, "statecache", slots=4)
+    roomy = run(EVICT, "statecache-lru", slots=4)
     assert roomy["state_hit_tokens"] == 4096 and roomy["checkpoints"]["evicted"] == 0
-    # statecache-flop ranks like Marconi where it holds no ladder rungs
+    # statecache-flop ranks like Marconi where it holds no ladder rungs, and
+    # so does the default, through the library's cost model
     assert run(EVICT, "statecache-flop", slots=3)["state_hit_tokens"] == 4096
+    adaptive = run(EVICT, "statecache", slots=3)
+    assert adaptive["state_hit_tokens"] == 4096 and adaptive["checkpoints"]["evicted"] == 1
 
 
 def test_ladder_rungs_are_spent_first_and_gated_by_room():
@@ -117,7 +124,7 @@ def test_guesses_are_spent_before_anchors(monkeypatch):
     # Small chunks let the rung's pin clear before B's anchor is taken.
     rows = [(0, 3072, [1, 2, 3, 4, 5, 6]), (100, 2100, [1, 2, 7, 8, 9]),
             (200, 3100, [1, 2, 3, 4, 5, 6, 60])]
-    r = run(rows, "statecache", slots=2, max_batched_tokens=256)
+    r = run(rows, "statecache-lru", slots=2, max_batched_tokens=256)
     assert r["state_hit_tokens"] == 2560  # C resumes at A's anchor
     assert r["checkpoints"]["evicted"] == 2  # B's rung, then one for C's own anchor
     monkeypatch.setitem(policies.POLICIES, "anchor-ladder-demand-lru", policies.PolicySpec(

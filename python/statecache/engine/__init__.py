@@ -2,6 +2,7 @@
 scheduler that follows the pass protocol (SPEC.md §7, §9). Torch-free; the
 model runner is plugged in (``statecache.models``) or absent (the simulator)."""
 
+from .adaptive import AdaptiveCheckpointPolicy, CostModel
 from .block_manager import SOURCE_FORK, SOURCE_NONE, SOURCE_PAGE, Admission, BlockManager
 from .placement import (ANCHOR, DEMAND, LADDER, AnchorLadderDemand, Boundary, EvictionPolicy,
                         GuessFirstLRU, PlacementContext, PlacementPolicy, PlainLRU,
@@ -10,7 +11,7 @@ from .scheduler import Batch, BatchItem, Engine, EngineConfig, Request
 from .state_caches import StateCaches, StateOps
 
 __all__ = [
-    "ANCHOR", "DEMAND", "LADDER", "Admission", "AnchorLadderDemand", "Batch", "BatchItem",
+    "AdaptiveCheckpointPolicy", "CostModel", "ANCHOR", "DEMAND", "LADDER", "Admission", "AnchorLadderDemand", "Batch", "BatchItem",
     "BlockManager", "Boundary", "Engine", "EngineConfig", "EvictionPolicy", "GuessFirstLRU",
     "PlacementContext", "PlacementPolicy", "PlainLRU", "Request", "SOURCE_FORK", "SOURCE_NONE",
     "SOURCE_PAGE", "StateCaches", "StateOps", "feasible_positions", "prompt_end_anchor",

@@ -226,7 +226,8 @@ class BlockManager:
             hash_block_size=self.hbs, successor_room=self.caches.successor_room,
             num_prompt_tokens=seq.num_prompt_tokens, num_tokens=seq.num_tokens,
             resume_position=seq.num_computed_tokens, kv_hit_position=kv_hit_pos,
-            interval_tokens=self.interval_tokens if self.enable_prefix_caching else 0)
+            interval_tokens=self.interval_tokens if self.enable_prefix_caching else 0,
+            block_hashes=seq.hashes)
         asked = self.placement.prompt_boundaries(ctx)
         plan = feasible_positions(asked, ctx)
         self.count("boundaries_planned", len(asked))

@@ -22,20 +22,24 @@ counted in ``checkpoint_funnel()`` as ``boundaries_infeasible``.
 
 Eviction
 --------
-The state caches own their LRU order (C++). An eviction policy shapes it
-through the caches' public calls only, from three hooks the engine calls:
+The state caches own their eviction order (C++: LRU with guesses first, or the
+cost model of ``set_eviction_policy``). An eviction policy shapes it through
+the caches' public calls only, from the hooks the engine calls:
 ``on_checkpoint(caches, seq, boundary)`` after a boundary was handed to the
 caches, ``on_resume(caches, seq, prefix_hash)`` after a hit was attached, and
 ``before_admission(engine)``, where a policy may drop checkpoints it judges
-worthless through ``engine.block_manager.drop_checkpoint(h)``. The default,
-:class:`GuessFirstLRU`, relies on the pools' own rule: a guess (ladder and
-demand rungs) is filed at the LRU head, known anchors at the tail.
+worthless through ``engine.block_manager.drop_checkpoint(h)``.
+:class:`GuessFirstLRU` (the pre-adaptive default) relies on the pools' own
+rule: a guess (ladder and demand rungs) is filed at the LRU head, known
+anchors at the tail. The engine's default now is
+``statecache.engine.adaptive.AdaptiveCheckpointPolicy`` (both seams).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 ANCHOR = "anchor"
 LADDER = "ladder"
@@ -70,6 +74,9 @@ class PlacementContext:
     resume_position: int
     kv_hit_position: int
     interval_tokens: int
+    # The sequence's chained block hashes (read-only; for policies that keep
+    # their own statistics, e.g. the adaptive default's shadow evaluation).
+    block_hashes: Sequence[int] = ()
 
 
 class PlacementPolicy:

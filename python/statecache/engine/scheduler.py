@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import statecache
 
 from .block_manager import BlockManager
+from .adaptive import AdaptiveCheckpointPolicy
 from .placement import AnchorLadderDemand, GuessFirstLRU
 from .state_caches import StateCaches, StateOps
 
@@ -143,6 +144,10 @@ class Engine:
         self.config = config
         self.caches = caches
         self.runner = runner
+        # The adaptive default serves both seams; a pinned seam gets the
+        # fixed reference policy as its partner.
+        if placement is None and eviction is None:
+            placement = eviction = AdaptiveCheckpointPolicy()
         self.block_manager = BlockManager(
             block_pool, caches, config.hash_block_size,
             enable_prefix_caching=config.enable_prefix_caching, num_spec=config.num_spec,

@@ -61,7 +61,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=16, help="max running requests")
     p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per pass")
     p.add_argument("--interval", type=int, default=-1,
-                   help="statecache's ladder: -1 anchor and demand only, N a rung every N tokens")
+                   help="the engine's ladder: N > 0 a rung every N tokens (pins the adaptive "
+                        "default's ladder); -1 statecache chooses online, statecache-lru keeps "
+                        "anchor and demand only")
     p.add_argument("--ladder", type=int, default=16384,
                    help="statecache-flop's ladder interval in tokens (-1: none)")
     p.add_argument("--peer-interval", type=int, default=4096, help="SGLang's every-N tokens")
@@ -76,6 +78,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="results as JSON, to PATH or stdout")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="simulations run in parallel processes")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the adaptive default's sampling salt (runs repeat exactly per seed)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
     return p
@@ -89,7 +93,8 @@ def configs_from_args(args) -> list:
     common = dict(geometry=args.geometry, concurrency=args.concurrency,
                   max_batched_tokens=args.max_batched_tokens, interval_tokens=args.interval,
                   peer_interval_tokens=args.peer_interval, ladder_tokens=args.ladder,
-                  arrivals=args.arrivals, max_output_tokens=args.max_output_tokens or None)
+                  arrivals=args.arrivals, max_output_tokens=args.max_output_tokens or None,
+                  seed=args.seed)
     tiers = dict(host_memory=args.host_memory, shared_tier_memory=args.shared_memory,
                  host_gbps=args.host_bandwidth, remote_gbps=args.remote_bandwidth,
                  tier_kv_share=args.tier_kv_share)

@@ -22,10 +22,12 @@ at decode, so under separate budgets the engine skips them.
 
 Peers mark every position but the prompt end as a guess and pair it with
 ``PlainLRU``, which files guesses like anything else: pure recency, as
-their systems do. ``statecache`` is the library's default pair (the
-engine's ``AnchorLadderDemand`` + ``GuessFirstLRU``, ladder from the engine
-config, off by default); ``statecache-flop`` is the candidate default this
-simulator measured best (see ``FlopAwareEviction`` and ``WithLadder``).
+their systems do. ``statecache`` is the library's default
+(``statecache.engine.AdaptiveCheckpointPolicy``, given the geometry's cost
+model); ``statecache-lru`` the fixed default before it (the engine's
+``AnchorLadderDemand`` + ``GuessFirstLRU``); ``statecache-flop`` a fixed
+setting the simulator measured well on chat traces (see
+``FlopAwareEviction`` and ``WithLadder``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from statecache.engine.adaptive import AdaptiveCheckpointPolicy, CostModel
 from statecache.engine.placement import (
     ANCHOR,
     LADDER,
@@ -310,6 +313,7 @@ class PolicyContext:
     chunk_tokens: int
     interval_tokens: int
     ladder_tokens: int = 16384
+    seed: int = 0
 
 
 def _statecache_flop(c: PolicyContext) -> tuple[PlacementPolicy, EvictionPolicy]:
@@ -317,11 +321,21 @@ def _statecache_flop(c: PolicyContext) -> tuple[PlacementPolicy, EvictionPolicy]
     return WithLadder(c.ladder_tokens, gate=eviction), eviction
 
 
+def _statecache_adaptive(c: PolicyContext) -> tuple[PlacementPolicy, EvictionPolicy]:
+    p = AdaptiveCheckpointPolicy(CostModel.from_geometry(c.geometry), seed=c.seed)
+    return p, p
+
+
 POLICIES: dict[str, PolicySpec] = {
     p.name: p
     for p in (
         PolicySpec("statecache",
-                   "prompt-end anchor + interval ladder + demand rung; guesses spent first, LRU",
+                   "the library default (adaptive): anchor + demand rung + a ladder chosen online "
+                   "by shadow evaluation; recency + FLOPs saved per byte in the library",
+                   _statecache_adaptive),
+        PolicySpec("statecache-lru",
+                   "the fixed pre-adaptive default: prompt-end anchor + demand rung; guesses "
+                   "spent first, LRU",
                    lambda c: (AnchorLadderDemand(), GuessFirstLRU())),
         PolicySpec("vllm-all", "vLLM all: every block boundary, prefill and decode; LRU",
                    lambda c: (EveryBlock(), PlainLRU())),

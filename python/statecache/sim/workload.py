@@ -1,4 +1,5 @@
-"""Synthetic workloads in the Mooncake trace format: multi-turn chat and agents.
+"""Synthetic workloads in the Mooncake trace format: multi-turn chat, agents,
+tool-calling assistants and retrieval-augmented generation (RAG).
 
 Each session keeps its real token context; every request sends the whole
 context as its prompt, and the prompt's blocks are named the way the
@@ -17,15 +18,24 @@ import numpy as np
 
 from statecache.sim.trace import MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, TraceRequest
 
+KINDS = ("multi_turn", "agentic", "tool_calling", "rag")
+
 
 @dataclass(frozen=True)
 class WorkloadSpec:
     """Parameters of a synthetic workload (all lengths in tokens, times in ms).
 
     kind: ``"multi_turn"`` (chat sessions: system prompt, then user turns
-        and answers) or ``"agentic"`` (tool loops: system prompt with tool
+        and answers), ``"agentic"`` (tool loops: system prompt with tool
         schemas, a task, then model call -> tool call -> tool result, with
-        optional branching into parallel sub-agents).
+        optional branching into parallel sub-agents), ``"tool_calling"``
+        (the same loop without branching: many short steps over a long
+        shared system prompt) or ``"rag"`` (a short shared system prompt,
+        then ``documents_per_request`` documents drawn from a shared corpus
+        by Zipf popularity, in random order, then the question; follow-up
+        questions extend the session). In RAG a document is reusable as a
+        prefix only where it sits right after the same predecessors, so
+        the same document recurs at varying positions with varying reuse.
     sessions: number of sessions (conversations or agent tasks).
     session_rate_per_s: Poisson arrival rate of new sessions.
     system_prompts / system_prompt_tokens: how many distinct shared system
@@ -42,6 +52,10 @@ class WorkloadSpec:
         (exponential): user think time, or tool latency for agents.
     ms_per_output_token: decode time added to the pause so the next turn
         never arrives before its answer could have been generated.
+    documents / document_tokens / documents_per_request / document_zipf:
+        rag only; corpus size, each document's length (fixed per document,
+        exponential around the mean), documents per request and the Zipf
+        exponent of their popularity.
     branch_prob: agentic only; chance that a step fans out into
         ``branch_factor`` sub-agents, each continuing from the current
         context with its own instruction for ``branch_steps`` steps (their
@@ -63,15 +77,19 @@ class WorkloadSpec:
     branch_prob: float = 0.15
     branch_factor: int = 3
     branch_steps: int = 3
+    documents: int = 200
+    document_tokens: int = 2000
+    documents_per_request: int = 4
+    document_zipf: float = 1.1
     block_size: int = MOONCAKE_BLOCK_SIZE
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("multi_turn", "agentic"):
-            raise ValueError(f"kind must be 'multi_turn' or 'agentic', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {self.kind!r}")
         for name in ("sessions", "system_prompts", "system_prompt_tokens", "user_tokens",
                      "output_tokens", "tool_result_tokens", "branch_factor", "branch_steps",
-                     "block_size"):
+                     "documents", "document_tokens", "documents_per_request", "block_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "system_prompt_tokens" else 1):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -83,6 +101,11 @@ class WorkloadSpec:
         for name in ("think_time_ms", "ms_per_output_token"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.documents_per_request > self.documents:
+            raise ValueError(f"documents_per_request must be <= documents, got "
+                             f"{self.documents_per_request!r} > {self.documents!r}")
+        if not self.document_zipf > 0:
+            raise ValueError(f"document_zipf must be > 0, got {self.document_zipf!r}")
         if not 0.0 <= self.branch_prob <= 1.0:
             raise ValueError(f"branch_prob must be in [0, 1], got {self.branch_prob!r}")
 
@@ -153,13 +176,24 @@ def generate(spec: WorkloadSpec) -> list[TraceRequest]:
     system = [rng.integers(0, VOCAB_SIZE, spec.system_prompt_tokens, dtype=np.int64)
               for _ in range(spec.system_prompts)]
     agentic = spec.kind == "agentic"
+    tools = agentic or spec.kind == "tool_calling"  # tool results follow each step
+    docs, popularity = [], None
+    if spec.kind == "rag":
+        docs = [text(spec.document_tokens) for _ in range(spec.documents)]
+        w = 1.0 / np.arange(1, spec.documents + 1) ** spec.document_zipf
+        popularity = w / w.sum()
     queue: list[_Pending] = []
     order = 0
     t = 0.0
     for _ in range(spec.sessions):
         t += rng.exponential(1000.0 / spec.session_rate_per_s)
-        ctx = _Context(np.concatenate([system[rng.integers(spec.system_prompts)],
-                                       text(spec.user_tokens)]))
+        parts = [system[rng.integers(spec.system_prompts)]]
+        if docs:
+            picked = rng.choice(spec.documents, size=spec.documents_per_request, replace=False,
+                                p=popularity)
+            parts += [docs[i] for i in picked]  # drawn order: positions vary
+        parts.append(text(spec.user_tokens))
+        ctx = _Context(np.concatenate(parts))
         heapq.heappush(queue, _Pending(t, order, ctx, steps(), agentic))
         order += 1
 
@@ -180,13 +214,33 @@ def generate(spec: WorkloadSpec) -> list[TraceRequest]:
                 heapq.heappush(queue, _Pending(p.at_ms + gap, order, child,
                                                spec.branch_steps, False))
                 order += 1
-        ctx.extend(text(spec.tool_result_tokens if agentic else spec.user_tokens))
+        ctx.extend(text(spec.tool_result_tokens if tools else spec.user_tokens))
         heapq.heappush(queue, _Pending(p.at_ms + gap, order, ctx, p.steps_left - 1, p.branchable))
         order += 1
 
     out.sort(key=lambda r: (r[0], r[1]))
     return [TraceRequest(i, round(at, 3), n_in, n_out, ids)
             for i, (at, _, n_in, n_out, ids) in enumerate(out)]
+
+
+# Workloads the hit-rate benchmark ships (about 1,000-1,500 requests each).
+PRESETS: dict[str, WorkloadSpec] = {
+    # Chat: a few system prompts, multi-turn conversations.
+    "chat": WorkloadSpec(kind="multi_turn", sessions=300, session_rate_per_s=1.0, seed=11),
+    # Agents: tool loops with branching sub-agents.
+    "agentic": WorkloadSpec(kind="agentic", sessions=150, session_rate_per_s=0.5, seed=1),
+    # Tool-calling assistants: long shared system prompts (tool schemas),
+    # short model / tool turns.
+    "tool-calling": WorkloadSpec(kind="tool_calling", sessions=160, session_rate_per_s=0.8,
+                                 system_prompts=6, system_prompt_tokens=8192, turns=8.0,
+                                 user_tokens=150, output_tokens=80, tool_result_tokens=400,
+                                 think_time_ms=2000.0, seed=5),
+    # RAG: shared documents at varying positions, a few follow-up questions.
+    "rag": WorkloadSpec(kind="rag", sessions=500, session_rate_per_s=2.0, system_prompts=2,
+                        system_prompt_tokens=1024, turns=2.0, user_tokens=120, output_tokens=250,
+                        documents=120, document_tokens=2500, documents_per_request=4,
+                        think_time_ms=6000.0, seed=7),
+}
 
 
 def main(argv=None) -> int:
