@@ -94,10 +94,16 @@ def serve(engine, convs, branches, branch_at: int, max_new_tokens: int, bar=None
 # --------------------------------- run ------------------------------------ #
 
 def run(args) -> int:
-    import torch
-    from tqdm import tqdm
+    try:
+        import torch
+        from tqdm import tqdm
 
-    from statecache.models import build_engine, build_model
+        from statecache.models import build_engine, build_model
+    except ImportError as e:  # torch, tqdm, or a transformers too old: say which
+        import sys
+
+        print(f"statecache demo: {e}", file=sys.stderr)
+        return 2
 
     if args.turns < 2:
         raise SystemExit(f"--turns={args.turns}: need at least 2")
