@@ -10,12 +10,12 @@ and the simulator load on first use.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statecache._C import *  # noqa: F401,F403  (the public C++ API)
 from statecache._C import COPY, FORK, NONE, REPLAY, Sequence, StateTransfer  # noqa: F401
 from statecache._operation_id import StateStoreOperationId  # noqa: F401
-from statecache._version import __version__  # noqa: F401
+from statecache._version import __version__ as __version__
 
 # name -> module that defines it, imported on first access
 _LAZY_ATTRS = {
@@ -29,12 +29,29 @@ _LAZY_ATTRS = {
 _LAZY_MODULES = ("engine", "models", "sim", "layout", "executor", "metrics", "cli", "demo")
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_ATTRS:
-        return getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
-    if name in _LAZY_MODULES:
-        return importlib.import_module(f"statecache.{name}")
-    raise AttributeError(f"module 'statecache' has no attribute {name!r}")
+if TYPE_CHECKING:  # what the lazy names are, for type checkers (no __getattr__ -> Any)
+    from statecache import cli as cli
+    from statecache import demo as demo
+    from statecache import engine as engine
+    from statecache import executor as executor
+    from statecache import layout as layout
+    from statecache import metrics as metrics
+    from statecache import models as models
+    from statecache import sim as sim
+    from statecache.executor import CapturedStateCopy as CapturedStateCopy
+    from statecache.executor import StateCopyExecutor as StateCopyExecutor
+    from statecache.layout import PageLayout as PageLayout
+    from statecache.layout import StateLayout as StateLayout
+    from statecache.layout import layout_id as layout_id
+    from statecache.layout import paged_checkpoint_spec as paged_checkpoint_spec
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name in _LAZY_ATTRS:
+            return getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
+        if name in _LAZY_MODULES:
+            return importlib.import_module(f"statecache.{name}")
+        raise AttributeError(f"module 'statecache' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -30,7 +30,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], bool]] = {
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench", help="run the benchmarks (CPU ones; the copy kernel on a GPU)",
+    p: argparse.ArgumentParser = subparsers.add_parser("bench", help="run the benchmarks (CPU ones; the copy kernel on a GPU)",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("names", nargs="*", type=_bench_name, default=[], metavar="NAME",

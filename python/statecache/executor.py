@@ -12,11 +12,13 @@ whole batch is valid.
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 
 from statecache import _C
 from statecache.layout import PageLayout, StateLayout, layout_id, paged_checkpoint_spec
+from statecache.logs import log_config, warn_degraded
 
 
 @functools.lru_cache(maxsize=32)
@@ -67,6 +69,10 @@ class StateCopyExecutor:
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             self.device = torch.device(self.device.type, index)
             self._engine = _C.GpuCopyEngine(index, self.capacity_spans)
+        # read by statecache.metrics; seconds: host time to plan and run/enqueue a batch
+        self.copy_stats = dict(batches=0, refused=0, spans=0, bytes=0, seconds=0.0)
+        log_config("StateCopyExecutor", dict(device=str(self.device), layout_id=self.layout_id,
+                                             max_num_seqs=max_num_seqs, spans=self.capacity_spans))
 
     @property
     def spec(self):
@@ -91,13 +97,22 @@ class StateCopyExecutor:
 
         Raises ValueError naming the first bad op before any byte moves.
         """
-        plan = self.plan(relocations, copies, stores, restores)
-        if plan.num_spans == 0:
-            return plan
-        if self._engine is None:
-            plan.run_on_cpu()
-        else:
-            self._engine.submit(plan, self._stream())
+        t0, st = time.perf_counter(), self.copy_stats
+        try:
+            plan = self.plan(relocations, copies, stores, restores)
+        except ValueError as e:
+            st["refused"] += 1
+            warn_degraded("executor.refused", "copy batch refused, nothing moved: %s", e)
+            raise
+        if plan.num_spans:
+            if self._engine is None:
+                plan.run_on_cpu()
+            else:
+                self._engine.submit(plan, self._stream())
+        st["batches"] += 1
+        st["spans"] += plan.num_spans
+        st["bytes"] += plan.bytes
+        st["seconds"] += time.perf_counter() - t0
         return plan
 
     run = __call__

@@ -15,7 +15,7 @@ from typing import Any
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("info", help="version, build facts (GPU kernels, archs), torch/CUDA seen",
+    p: argparse.ArgumentParser = subparsers.add_parser("info", help="version, build facts (GPU kernels, archs), torch/CUDA seen",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
@@ -75,7 +75,7 @@ def collect() -> dict[str, Any]:
         "warnings": [],
     }
     warnings = out["warnings"]
-    if not out["gpu_kernels"] and "AUTO" in build.get("gpu_note", ""):
+    if not out["gpu_kernels"] and "AUTO" in str(build.get("gpu_note", "")):
         warnings.append(f"built WITHOUT GPU kernels: {build['gpu_note']}")
     if not build.get("build_type"):
         warnings.append("built with no CMAKE_BUILD_TYPE: unoptimized; use -DCMAKE_BUILD_TYPE=Release")
@@ -92,7 +92,7 @@ def collect() -> dict[str, Any]:
             dev = {"index": i, "name": torch.cuda.get_device_name(i),
                    "capability": f"{major}.{minor}"}
             if build.get("gpu_backend") == "cuda":
-                dev["kernels"] = _arch_coverage(build.get("gpu_archs", ""), major, minor)
+                dev["kernels"] = _arch_coverage(str(build.get("gpu_archs", "")), major, minor)
                 if "NOT COVERED" in dev["kernels"]:
                     warnings.append(f"device {i}: {dev['kernels']}")
             out["devices"].append(dev)

@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import statecache
+from statecache.logs import log_config
 
 from .block_manager import BlockManager
 from .placement import AnchorLadderDemand, GuessFirstLRU
@@ -144,6 +145,9 @@ class Engine:
         self.finished: list[Request] = []
         self.num_passes = 0
         self.num_preemptions = 0
+        log_config("Engine", dict(**vars(config), transfer=caches.transfer.kind,
+                                  slots=caches.slot_pool.num_slots, paged=caches.pages,
+                                  blocks=block_pool.num_blocks))
 
     # ------------------------------- intake -------------------------------- #
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import statecache
+from statecache.logs import DegradationMonitor
 
 
 class StateCaches:
@@ -28,6 +29,8 @@ class StateCaches:
         self.hash_block_size = hash_block_size
         self.forks = bool(transfer.forks)
         self.pages = coordinator is not None
+        # logs offload backlog overflow and reclaimed pins, polled each pass
+        self.degradations = DegradationMonitor(coordinator) if self.pages else None
         if self.pages:
             self.voters = [coordinator]
         elif transfer.replays:
@@ -89,6 +92,8 @@ class StateCaches:
         self.slot_pool.release_pins()
         if self.coordinator is not None:
             self.coordinator.complete_previous_batch()
+        if self.degradations is not None:
+            self.degradations.poll()
 
     def take_ops(self) -> "StateOps":
         relocations = tuple(self.slot_pool.take_relocations())
