@@ -1,4 +1,4 @@
-"""Runs one batch of state maintenance ops (SPEC.md §7, §10).
+"""Runs one batch of state maintenance ops (docs/contract.md, "The pass", "Copying").
 
 A batch is the relocations (``StateSlotPool.take_relocations``), group copies
 (``StateGroupPool.take_copies``), PAGE stores and PAGE restores
@@ -93,7 +93,7 @@ class StateCopyExecutor:
         return plan
 
     def __call__(self, relocations=(), copies=(), stores=(), restores=()):
-        """Run a batch on the current stream (in SPEC §7 order); returns its plan.
+        """Run a batch on the current stream (in the order of docs/contract.md, "The pass"); returns its plan.
 
         Raises ValueError naming the first bad op before any byte moves.
         """

@@ -3,8 +3,8 @@ operation sequence, every result and all public (and mirrored private) state
 compared after every step. Used by test_slot_pool.py and test_group_pool.py.
 
 Arguments are drawn from the reference's state, so every call is one the
-protocol allows; cases where SPEC.md deliberately differs from the reference
-(group checkpoint under none()/replay()) are checked against SPEC instead.
+protocol allows; cases where docs/contract.md deliberately differs from the reference
+(group checkpoint under none()/replay()) are checked against docs/contract.md instead.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ class _Driver:
         assert dbg["deferred"] == sorted(ref._deferred)
         for s in self.seqs:
             s.check()
-        # SPEC §11 on ours; where the reference's own index stays exact, ours must too.
+        # docs/contract.md, "Invariants" on ours; where the reference's own index stays exact, ours must too.
         ours._check_invariants()
         ref_exact = all(getattr(ref, f"{u}_hash")[x] == h for h, x in ref_idx.items())
         if ref_exact:
@@ -211,7 +211,7 @@ class _Driver:
         self.check_spec()
 
     def check_spec(self):
-        """SPEC.md §11 on ours, beyond what _check_invariants covers."""
+        """docs/contract.md, "Invariants" on ours, beyond what _check_invariants covers."""
         ours, u = self.ours, self.unit
         cap = len(getattr(ours, f"{u}_hash"))
         pins = {x: ours.pin_count(x) for x in range(cap) if ours.is_pinned(x)}
@@ -536,9 +536,9 @@ class GroupDriver(_Driver):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # SPEC §4: under none() / replay() checkpoint keeps nothing; the
+        # docs/contract.md, "Divergences": under none() / replay() checkpoint keeps nothing; the
         # reference's group pool still forks there, so those calls are checked
-        # against SPEC rather than against the reference.
+        # against docs/contract.md rather than the reference.
         self.keeps_nothing = self.transfer_name in ("none", "replay")
 
     def held_by_seqs(self):

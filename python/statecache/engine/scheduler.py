@@ -1,4 +1,4 @@
-"""Continuous-batching scheduler following the pass protocol (SPEC.md §7).
+"""Continuous-batching scheduler following the pass protocol (docs/contract.md, "The pass").
 
 One ``Engine.step()`` is one pass:
 
