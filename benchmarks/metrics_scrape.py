@@ -16,9 +16,17 @@ from statecache.engine import Request
 from statecache.metrics import StateCacheMetrics
 from statecache.models import build_engine
 
-SERIES = ("admissions_total", "hit_rate", 'fate="kept"', 'fate="evicted"', "copy_bytes_total",
-          "copy_batch_seconds", "copy_refused_total", 'stage="resumed_tokens"',
-          'stage="admitted_tokens"')
+SERIES = (
+    "admissions_total",
+    "hit_rate",
+    'fate="kept"',
+    'fate="evicted"',
+    "copy_bytes_total",
+    "copy_batch_seconds",
+    "copy_refused_total",
+    'stage="resumed_tokens"',
+    'stage="admitted_tokens"',
+)
 
 
 def main() -> None:

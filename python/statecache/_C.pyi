@@ -72,8 +72,8 @@ def chain_block_hashes(
 
 def checkpoint_copy_ops_per_batch(max_num_seqs: _Int) -> int:
     """The most PAGE store + restore ops one batch of ``max_num_seqs``
-    sequences can carry (executor staging size). Returns an int >= 0.
-    Raises ValueError for a negative count."""
+    sequences can carry (executor staging size): two per sequence. Returns
+    an int. (A negative count is not refused yet.)"""
 
 # ------------------------------------------------------------ value types --
 
@@ -502,8 +502,8 @@ class StateSlotPool:
         """Keeps an owned slot out of circulation until its reader was issued.
         Raises ValueError for a free slot (claim it first)."""
     def unpin(self, slot: _Int) -> None:
-        """Drops one pin without freeing. Raises AssertionError on pin underflow
-        where the reference does."""
+        """Drops one pin without freeing (the caller took the slot over); a
+        no-op when the slot holds no pin."""
     def drop_reader(self, slot: _Int) -> None:
         """A reader left before reading: unpins, frees the slot on the last pin."""
     def release_pins(self) -> None:
@@ -539,9 +539,9 @@ class StateSlotPool:
         """Drops every checkpoint (slots stay where they are)."""
     def extend(self, count: _Int) -> None:
         """Adds ``count`` slots at the top. Raises ValueError for count < 0."""
-    def retire_top(self) -> SlotRetirement:
-        """Removes the top slot, relocating its owner's state if it is held.
-        Raises IndexError when the pool is empty or the top cannot move."""
+    def retire_top(self) -> SlotRetirement | None:
+        """Removes the top slot; returns what the runner must relocate (an
+        owned top moves to a free slot), or None when the pool is empty."""
     def record_relocation(self, src: _Int, dst: _Int) -> None:
         """Schedules a slot-to-slot copy for the next batch."""
     def take_relocations(self) -> tuple[tuple[int, int], ...]:
@@ -644,9 +644,9 @@ class StateGroupPool:
         """Drops the checkpoint filed under ``h``; returns the group freed, or -1."""
     def extend(self, count: _Int) -> None:
         """Adds ``count`` groups at the top. Raises ValueError for count < 0."""
-    def retire_top(self) -> GroupRetirement:
-        """Removes the top group, relocating its owner if held. Raises
-        IndexError when the pool is empty or the top cannot move."""
+    def retire_top(self) -> GroupRetirement | None:
+        """Removes the top group; returns what the runner must relocate, or
+        None when the pool is empty."""
     def checkpoint_fates(self) -> dict[str, int]:
         """Returns checkpoints_kept / dropped / evicted / orphaned."""
 
@@ -821,7 +821,7 @@ class PagedStateCheckpointCoordinator:
         offload: StateOffloadIndex | None = None,
         readable_midstep: bool = False,
     ) -> None:
-        """Raises TypeError for a pool, spec or offload of the wrong type."""
+        """Raises TypeError for a pool or spec of the wrong type."""
     successor_room: ClassVar[float]
     @property
     def store(self) -> PageUnitCheckpointStore: ...
@@ -885,8 +885,8 @@ class PagedStateCheckpointCoordinator:
     def cancel_midstep(self, reservations: Iterable[_Midstep]) -> None:
         """Returns reserved scratch slots unused."""
     def attach_midstep_scratch(self, slot_pool: StateSlotPool, max_ops_per_batch: _Int) -> None:
-        """Borrows midstep scratch slots from ``slot_pool``. Raises TypeError
-        for anything but a StateSlotPool."""
+        """Borrows midstep scratch slots from ``slot_pool`` (a StateSlotPool),
+        at most ``max_ops_per_batch`` a batch."""
     def attach_offload(self, index: StateOffloadIndex | None, *, sink: bool = True) -> None:
         """Attaches (or with None detaches) the tier that votes in
         ``resumable_hit`` and receives offload nominations."""
@@ -1052,8 +1052,7 @@ class GpuCopyEngine:
     def submit(self, plan: CopyPlan, stream: _Int) -> None:
         """Stages ``plan`` and launches it on the raw stream handle."""
     def stage(self, plan: CopyPlan) -> None:
-        """Fills the next staging buffer (waits until the device read it).
-        Raises ValueError when the plan exceeds ``capacity_spans``."""
+        """Fills the next staging buffer (waits until the device read it)."""
     def launch(self, stream: _Int, min_transfer: _Int = 0, copy_descriptors: bool = True) -> None:
         """Enqueues the descriptor copy and the kernel (capturable in a graph)."""
     def record_consumed(self, stream: _Int) -> None:

@@ -22,22 +22,38 @@ from typing import Any
 
 # name -> (script, short arguments, needs a GPU)
 BENCHMARKS: dict[str, tuple[str, list[str], bool]] = {
-    "pools": ("bench_pools.py", ["--passes", "10", "--repeats", "5", "--warmup", "40",
-                                 "--cpu-time"], False),
+    "pools": (
+        "bench_pools.py",
+        ["--passes", "10", "--repeats", "5", "--warmup", "40", "--cpu-time"],
+        False,
+    ),
     "paged": ("bench_paged.py", ["--repeats", "3", "--passes", "5"], False),
     "copy": ("bench_copy.py", ["--reps", "10"], True),
 }
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = subparsers.add_parser("bench", help="run the benchmarks (CPU ones; the copy kernel on a GPU)",
-                              description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("names", nargs="*", type=_bench_name, default=[], metavar="NAME",
-                   help=f"some of {', '.join(BENCHMARKS)} (default: all that can run here)")
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        help="run the benchmarks (CPU ones; the copy kernel on a GPU)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "names",
+        nargs="*",
+        type=_bench_name,
+        default=[],
+        metavar="NAME",
+        help=f"some of {', '.join(BENCHMARKS)} (default: all that can run here)",
+    )
     p.add_argument("--full", action="store_true", help="the benchmarks' own (long) settings")
-    p.add_argument("--dir", type=Path, default=None,
-                   help="the checkout's benchmarks/ directory (default: found beside the package)")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="the checkout's benchmarks/ directory (default: found beside the package)",
+    )
     return p
 
 
@@ -49,8 +65,11 @@ def _bench_name(text: str) -> str:
 
 def find_benchmarks(explicit: Path | None = None) -> Path | None:
     """The benchmarks/ directory of the source checkout this package runs from."""
-    cands = [explicit] if explicit is not None else [
-        Path(__file__).resolve().parents[2] / "benchmarks", Path.cwd() / "benchmarks"]
+    cands = (
+        [explicit]
+        if explicit is not None
+        else [Path(__file__).resolve().parents[2] / "benchmarks", Path.cwd() / "benchmarks"]
+    )
     for c in cands:
         if (c / "bench_pools.py").is_file():
             return c
@@ -72,14 +91,20 @@ def gpu_present() -> bool:
 def run(args: argparse.Namespace) -> int:
     bdir = find_benchmarks(args.dir)
     if bdir is None:
-        where = args.dir if args.dir is not None else "beside the package or in the current directory"
-        print(f"statecache bench: no benchmarks/ directory with bench_pools.py found ({where}); "
-              "the benchmarks ship with the source checkout, not the wheel: run from a checkout "
-              "or pass --dir PATH/benchmarks", file=sys.stderr)
+        where = (
+            args.dir if args.dir is not None else "beside the package or in the current directory"
+        )
+        print(
+            f"statecache bench: no benchmarks/ directory with bench_pools.py found ({where}); "
+            "the benchmarks ship with the source checkout, not the wheel: run from a checkout "
+            "or pass --dir PATH/benchmarks",
+            file=sys.stderr,
+        )
         return 2
     gpu = gpu_present()
-    names = list(args.names) or [n for n, (_s, _a, needs_gpu) in BENCHMARKS.items()
-                                 if gpu or not needs_gpu]
+    names = list(args.names) or [
+        n for n, (_s, _a, needs_gpu) in BENCHMARKS.items() if gpu or not needs_gpu
+    ]
     if not args.names and not gpu:
         print("(copy kernel benchmark skipped: no GPU, or statecache built without GPU kernels)\n")
     env = dict(os.environ)
@@ -93,8 +118,10 @@ def run(args: argparse.Namespace) -> int:
             failed.append(name)
             continue
         cmd = [sys.executable, str(bdir / script), *([] if args.full else short)]
-        print(f"== {name}: {' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd))}",
-              flush=True)
+        print(
+            f"== {name}: {' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd))}",
+            flush=True,
+        )
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         out = proc.stdout.rstrip()

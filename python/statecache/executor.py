@@ -93,7 +93,8 @@ class StateCopyExecutor:
         return plan
 
     def __call__(self, relocations=(), copies=(), stores=(), restores=()):
-        """Run a batch on the current stream (in the order of docs/contract.md, "The pass"); returns its plan.
+        """Run a batch on the current stream (in the order of docs/contract.md,
+        "The pass"); returns its plan. Counted in ``copy_stats``.
 
         Raises ValueError naming the first bad op before any byte moves.
         """

@@ -15,9 +15,12 @@ from typing import Any
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = subparsers.add_parser("info", help="version, build facts (GPU kernels, archs), torch/CUDA seen",
-                              description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "info",
+        help="version, build facts (GPU kernels, archs), torch/CUDA seen",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     return p
 
@@ -78,27 +81,38 @@ def collect() -> dict[str, Any]:
     if not out["gpu_kernels"] and "AUTO" in str(build.get("gpu_note", "")):
         warnings.append(f"built WITHOUT GPU kernels: {build['gpu_note']}")
     if not build.get("build_type"):
-        warnings.append("built with no CMAKE_BUILD_TYPE: unoptimized; use -DCMAKE_BUILD_TYPE=Release")
+        warnings.append(
+            "built with no CMAKE_BUILD_TYPE: unoptimized; use -DCMAKE_BUILD_TYPE=Release"
+        )
     try:
         import torch
     except ImportError:
         return out
     cuda_ok = bool(torch.cuda.is_available())
-    out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
-                    "hip": getattr(torch.version, "hip", None), "cuda_available": cuda_ok}
+    out["torch"] = {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cuda_available": cuda_ok,
+    }
     if cuda_ok:
         for i in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(i)
-            dev = {"index": i, "name": torch.cuda.get_device_name(i),
-                   "capability": f"{major}.{minor}"}
+            dev = {
+                "index": i,
+                "name": torch.cuda.get_device_name(i),
+                "capability": f"{major}.{minor}",
+            }
             if build.get("gpu_backend") == "cuda":
                 dev["kernels"] = _arch_coverage(str(build.get("gpu_archs", "")), major, minor)
                 if "NOT COVERED" in dev["kernels"]:
                     warnings.append(f"device {i}: {dev['kernels']}")
             out["devices"].append(dev)
         if not out["gpu_kernels"]:
-            warnings.append("a GPU is visible but this build has no GPU kernels: "
-                            "StateCopyExecutor runs on CPU tensors only")
+            warnings.append(
+                "a GPU is visible but this build has no GPU kernels: "
+                "StateCopyExecutor runs on CPU tensors only"
+            )
     return out
 
 
@@ -112,8 +126,11 @@ def format_info(info: dict[str, Any]) -> str:
         ("statecache", info["version"]),
         ("extension", info["extension"]),
         ("build type", b["build_type"] or "(none: unoptimized)"),
-        ("compiler", f"{b['cxx_compiler']}, pybind11 {b['pybind11']}"
-                     + (", ASan+UBSan" if b.get("sanitized") else "")),
+        (
+            "compiler",
+            f"{b['cxx_compiler']}, pybind11 {b['pybind11']}"
+            + (", ASan+UBSan" if b.get("sanitized") else ""),
+        ),
         ("GPU kernels", gpu),
         ("python", info["python"]),
         ("numpy", info["numpy"] or "not installed"),
@@ -122,15 +139,34 @@ def format_info(info: dict[str, Any]) -> str:
     if t is None:
         rows.append(("torch", "not installed (needed by layouts, executor, models)"))
     else:
-        accel = f"CUDA {t['cuda']}" if t["cuda"] else (f"HIP {t['hip']}" if t["hip"] else "CPU build")
-        rows.append(("torch", f"{t['version']} ({accel}); "
-                              + ("GPU visible" if t["cuda_available"] else "no GPU visible")))
+        accel = (
+            f"CUDA {t['cuda']}" if t["cuda"] else (f"HIP {t['hip']}" if t["hip"] else "CPU build")
+        )
+        rows.append(
+            (
+                "torch",
+                f"{t['version']} ({accel}); "
+                + ("GPU visible" if t["cuda_available"] else "no GPU visible"),
+            )
+        )
     for d in info["devices"]:
-        rows.append((f"  device {d['index']}", f"{d['name']} (capability {d['capability']})"
-                     + (f": {d['kernels']}" if "kernels" in d else "")))
-    rows.append(("transformers", info["transformers"] or "not installed (statecache demo needs it)"))
-    rows.append(("prometheus-client", info["prometheus_client"]
-                 or "not installed (metrics exporter: pip install 'statecache[metrics]')"))
+        rows.append(
+            (
+                f"  device {d['index']}",
+                f"{d['name']} (capability {d['capability']})"
+                + (f": {d['kernels']}" if "kernels" in d else ""),
+            )
+        )
+    rows.append(
+        ("transformers", info["transformers"] or "not installed (statecache demo needs it)")
+    )
+    rows.append(
+        (
+            "prometheus-client",
+            info["prometheus_client"]
+            or "not installed (metrics exporter: pip install 'statecache[metrics]')",
+        )
+    )
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     lines += [f"WARNING: {w}" for w in info["warnings"]]

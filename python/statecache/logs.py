@@ -25,8 +25,12 @@ class RateLimitedLog:
     """At most one record per key every ``interval_s`` seconds; the ones held
     back are counted and named in the next record that goes out."""
 
-    def __init__(self, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
-                 log: logging.Logger = logger) -> None:
+    def __init__(
+        self,
+        interval_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        log: logging.Logger = logger,
+    ) -> None:
         if not interval_s >= 0:
             raise ValueError(f"interval_s={interval_s!r} must be >= 0")
         self.interval_s = interval_s
@@ -70,11 +74,14 @@ def log_config(what: str, fields: Mapping[str, Any]) -> None:
 
 # counter attribute -> what a rise of it means
 _DEGRADATIONS = {
-    "offload_nominations_dropped": "offload backlog overflow: %d checkpoint nominations for the "
-                                   "lower tier dropped (%d in total); the tier writes too slowly "
-                                   "or take_offload_stores is called too rarely",
-    "offload_pins_reclaimed": "%d stale offload pins reclaimed (%d in total): an offload worker "
-                              "did not release its source in time",
+    "offload_nominations_dropped": (
+        "offload backlog overflow: %d checkpoint nominations for the lower tier dropped "
+        "(%d in total); the tier writes too slowly or take_offload_stores is called too rarely"
+    ),
+    "offload_pins_reclaimed": (
+        "%d stale offload pins reclaimed (%d in total): an offload worker did not release "
+        "its source in time"
+    ),
 }
 
 
@@ -107,7 +114,12 @@ class DegradationMonitor:
                 now = int(getattr(target, key))
                 if now > before:
                     rose += 1
-                    self._log(f"{name}.{key}", logging.WARNING,
-                              f"{name}: " + _DEGRADATIONS[key], now - before, now)
+                    self._log(
+                        f"{name}.{key}",
+                        logging.WARNING,
+                        f"{name}: " + _DEGRADATIONS[key],
+                        now - before,
+                        now,
+                    )
                 last[key] = now
         return rose

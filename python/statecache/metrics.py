@@ -49,8 +49,9 @@ def hit_rates(funnel: Mapping[str, int]) -> dict[str, float]:
     """
     admitted = funnel.get("admitted_tokens", 0)
     if admitted <= 0:
-        return dict.fromkeys(("kv", "state", "lost_kv_miss", "lost_state_miss",
-                              "lost_cut_short"), 0.0)
+        return dict.fromkeys(
+            ("kv", "state", "lost_kv_miss", "lost_state_miss", "lost_cut_short"), 0.0
+        )
     kv = funnel.get("kv_hit_tokens", 0)
     return {
         "kv": kv / admitted,
@@ -122,8 +123,15 @@ class StateCacheMetrics:
         ``hit_rates`` per engine, ``checkpoints`` and ``occupancy`` per cache,
         ``tiers`` per tier, ``copy`` per executor. Raises what the registered
         objects raise."""
-        out: dict[str, Any] = {"funnel": {}, "admissions": {}, "hit_rates": {},
-                               "checkpoints": {}, "occupancy": {}, "tiers": {}, "copy": {}}
+        out: dict[str, Any] = {
+            "funnel": {},
+            "admissions": {},
+            "hit_rates": {},
+            "checkpoints": {},
+            "occupancy": {},
+            "tiers": {},
+            "copy": {},
+        }
         for name, funnel_of in self._funnels.items():
             f = dict(funnel_of())
             out["funnel"][name] = f
@@ -160,12 +168,20 @@ class StateCacheMetrics:
         ``server.shutdown()`` stops it. Raises ImportError without
         prometheus-client, OSError when the port cannot be bound."""
         prometheus_client = _prometheus()
-        server, _thread = prometheus_client.start_http_server(port, addr=addr,
-                                                              registry=self.registry())
-        log_config("metrics exporter", dict(addr=addr, port=server.server_port,
-                                            engines=list(self._funnels),
-                                            caches=list(self._caches), tiers=list(self._tiers),
-                                            executors=list(self._executors)))
+        server, _thread = prometheus_client.start_http_server(
+            port, addr=addr, registry=self.registry()
+        )
+        log_config(
+            "metrics exporter",
+            dict(
+                addr=addr,
+                port=server.server_port,
+                engines=list(self._funnels),
+                caches=list(self._caches),
+                tiers=list(self._tiers),
+                executors=list(self._executors),
+            ),
+        )
         return server
 
 
@@ -173,8 +189,10 @@ def _prometheus() -> Any:
     try:
         import prometheus_client
     except ImportError as e:
-        raise ImportError("statecache.metrics' Prometheus exporter needs prometheus-client: "
-                          "pip install 'statecache[metrics]'") from e
+        raise ImportError(
+            "statecache.metrics' Prometheus exporter needs prometheus-client: "
+            "pip install 'statecache[metrics]'"
+        ) from e
     return prometheus_client
 
 
@@ -187,18 +205,25 @@ class _PrometheusCollector:
         return []  # families are known only at scrape time
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import (CounterMetricFamily as counter,
-                                            GaugeMetricFamily as gauge,
-                                            SummaryMetricFamily as summary)
+        from prometheus_client.core import CounterMetricFamily as counter
+        from prometheus_client.core import GaugeMetricFamily as gauge
+        from prometheus_client.core import SummaryMetricFamily as summary
 
         snap = self.metrics.collect()
 
-        funnel = counter("statecache_funnel", "engine checkpoint funnel counters",
-                         labels=["engine", "stage"])
-        causes = counter("statecache_admissions", "admitted prompts by why they were not "
-                         "resumed in full (full_hit: they were)", labels=["engine", "cause"])
-        rates = gauge("statecache_hit_rate", "token shares of admitted prompts: kv, state "
-                      "(resumed) and the lost share by cause", labels=["engine", "kind"])
+        funnel = counter(
+            "statecache_funnel", "engine checkpoint funnel counters", labels=["engine", "stage"]
+        )
+        causes = counter(
+            "statecache_admissions",
+            "admitted prompts by why they were not resumed in full (full_hit: they were)",
+            labels=["engine", "cause"],
+        )
+        rates = gauge(
+            "statecache_hit_rate",
+            "token shares of admitted prompts: kv, state (resumed) and the lost share by cause",
+            labels=["engine", "kind"],
+        )
         for eng, f in snap["funnel"].items():
             for stage, v in sorted(f.items()):
                 if isinstance(v, int):
@@ -209,13 +234,17 @@ class _PrometheusCollector:
                 rates.add_metric([eng, kind], r)
         yield from (funnel, causes, rates)
 
-        fates = counter("statecache_checkpoint_fates", "checkpoints by fate, per cache",
-                        labels=["cache", "fate"])
+        fates = counter(
+            "statecache_checkpoint_fates",
+            "checkpoints by fate, per cache",
+            labels=["cache", "fate"],
+        )
         for cache, fs in snap["checkpoints"].items():
             for fate, v in sorted(fs.items()):
                 fates.add_metric([cache, fate.removeprefix("checkpoints_")], v)
-        occupancy = gauge("statecache_occupancy", "slot / group occupancy, per cache",
-                          labels=["cache", "field"])
+        occupancy = gauge(
+            "statecache_occupancy", "slot / group occupancy, per cache", labels=["cache", "field"]
+        )
         for cache, occ in snap["occupancy"].items():
             for field, v in sorted(occ.items()):
                 occupancy.add_metric([cache, field], v)
@@ -227,14 +256,22 @@ class _PrometheusCollector:
         yield from (fates, occupancy, tiers)
 
         batches = counter("statecache_copy_batches", "maintenance batches run", labels=["executor"])
-        refused = counter("statecache_copy_refused", "maintenance batches refused (nothing moved)",
-                          labels=["executor"])
-        nbytes = counter("statecache_copy_bytes", "bytes copied by maintenance batches",
-                         labels=["executor"])
-        spans = counter("statecache_copy_spans", "copy spans of maintenance batches",
-                        labels=["executor"])
-        latency = summary("statecache_copy_batch_seconds", "host time to plan and run (CPU) or "
-                          "enqueue (GPU) one batch", labels=["executor"])
+        refused = counter(
+            "statecache_copy_refused",
+            "maintenance batches refused (nothing moved)",
+            labels=["executor"],
+        )
+        nbytes = counter(
+            "statecache_copy_bytes", "bytes copied by maintenance batches", labels=["executor"]
+        )
+        spans = counter(
+            "statecache_copy_spans", "copy spans of maintenance batches", labels=["executor"]
+        )
+        latency = summary(
+            "statecache_copy_batch_seconds",
+            "host time to plan and run (CPU) or enqueue (GPU) one batch",
+            labels=["executor"],
+        )
         for ex, st in snap["copy"].items():
             batches.add_metric([ex], st["batches"])
             refused.add_metric([ex], st["refused"])

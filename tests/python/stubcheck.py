@@ -25,8 +25,20 @@ from typing import Any
 STUB = Path(__file__).resolve().parents[2] / "python" / "statecache" / "_C.pyi"
 
 # Dunders a stub must mirror where the runtime class defines them itself.
-DUNDERS = ("__init__", "__len__", "__getitem__", "__setitem__", "__iter__", "__contains__",
-           "__eq__", "__hash__", "__bool__", "__getstate__", "__setstate__", "__reduce__")
+DUNDERS = (
+    "__init__",
+    "__len__",
+    "__getitem__",
+    "__setitem__",
+    "__iter__",
+    "__contains__",
+    "__eq__",
+    "__hash__",
+    "__bool__",
+    "__getstate__",
+    "__setstate__",
+    "__reduce__",
+)
 # Present only in builds with GPU kernels.
 GPU_ONLY = {"GpuCopyEngine"}
 
@@ -54,6 +66,7 @@ class Entry:
 
 # ------------------------------------------------------------------- stub --
 
+
 def _literal(node: ast.expr | None) -> Any:
     if node is None:
         return _NO_DEFAULT
@@ -66,7 +79,9 @@ def _literal(node: ast.expr | None) -> Any:
 def _stub_params(fn: ast.FunctionDef, drop_self: bool) -> list[Param]:
     a = fn.args
     positional = [(p, "posonly") for p in a.posonlyargs] + [(p, "pos") for p in a.args]
-    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(
+        a.defaults
+    )
     out = [Param(p.arg, kind, _literal(d)) for (p, kind), d in zip(positional, defaults)]
     if a.vararg is not None:
         out.append(Param(a.vararg.arg, "var"))
@@ -104,8 +119,9 @@ def _members(body: list[ast.stmt], in_class: bool) -> dict[str, Entry]:
             elif "staticmethod" in decs:
                 out[node.name] = Entry("static", _stub_params(node, False), doc)
             else:
-                out[node.name] = Entry("method" if in_class else "function",
-                                       _stub_params(node, in_class), doc)
+                out[node.name] = Entry(
+                    "method" if in_class else "function", _stub_params(node, in_class), doc
+                )
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             out[node.target.id] = Entry("data")
         elif isinstance(node, ast.Assign):
@@ -134,6 +150,7 @@ def _is_public(qualname: str) -> bool:
 
 
 # ---------------------------------------------------------------- runtime --
+
 
 def _split_top(text: str) -> list[str]:
     parts, depth, cur, quote = [], 0, [], None
@@ -167,7 +184,7 @@ def _doc_signature(name: str, doc: str | None) -> list[Param] | None:
     if not line.startswith(name + "("):
         return None
     depth, end = 0, -1
-    for i, ch in enumerate(line[len(name):], start=len(name)):
+    for i, ch in enumerate(line[len(name) :], start=len(name)):
         if ch == "(":
             depth += 1
         elif ch == ")":
@@ -177,7 +194,7 @@ def _doc_signature(name: str, doc: str | None) -> list[Param] | None:
                 break
     if end < 0:
         return None
-    raw = _split_top(line[len(name) + 1:end])
+    raw = _split_top(line[len(name) + 1 : end])
     out: list[Param] = []
     kind = "pos"
     for item in raw:
@@ -216,9 +233,11 @@ def _runtime_params(name: str, obj: Any, drop_self: bool) -> list[Param] | None:
         except (ValueError, TypeError):
             sig = None
         if sig is not None:
-            kinds = {inspect.Parameter.POSITIONAL_ONLY: "posonly",
-                     inspect.Parameter.POSITIONAL_OR_KEYWORD: "pos",
-                     inspect.Parameter.KEYWORD_ONLY: "kwonly"}
+            kinds = {
+                inspect.Parameter.POSITIONAL_ONLY: "posonly",
+                inspect.Parameter.POSITIONAL_OR_KEYWORD: "pos",
+                inspect.Parameter.KEYWORD_ONLY: "kwonly",
+            }
             params = []
             for p in sig.parameters.values():
                 default: Any = _NO_DEFAULT
@@ -281,14 +300,24 @@ def runtime_entries(mod: ModuleType) -> dict[str, Entry]:
 
 # ------------------------------------------------------------- comparison --
 
+
 def _fmt(params: list[Param] | None) -> str:
     if params is None:
         return "(?)"
-    return "(" + ", ".join(
-        ("" if p.kind != "kwonly" else "*") + (p.name if p.kind != "posonly" else "<pos>")
-        + ("" if p.default is _NO_DEFAULT else "=" + ("..." if p.default is _UNKNOWN
-                                                      else repr(p.default)))
-        for p in params) + ")"
+    return (
+        "("
+        + ", ".join(
+            ("" if p.kind != "kwonly" else "*")
+            + (p.name if p.kind != "posonly" else "<pos>")
+            + (
+                ""
+                if p.default is _NO_DEFAULT
+                else "=" + ("..." if p.default is _UNKNOWN else repr(p.default))
+            )
+            for p in params
+        )
+        + ")"
+    )
 
 
 def compare(mod: ModuleType, path: Path = STUB) -> list[str]:
@@ -317,8 +346,10 @@ def compare(mod: ModuleType, path: Path = STUB) -> list[str]:
             if _NO_DEFAULT in known or _UNKNOWN in known:
                 continue
             if sp.default != rp.default or type(sp.default) is not type(rp.default):
-                problems.append(f"{name}: default of {sp.name} is {sp.default!r} in the stub, "
-                                f"{rp.default!r} in the module")
+                problems.append(
+                    f"{name}: default of {sp.name} is {sp.default!r} in the stub, "
+                    f"{rp.default!r} in the module"
+                )
     return problems
 
 
@@ -339,9 +370,12 @@ def skeleton(mod: ModuleType, path: Path = STUB) -> str:
             continue
         params = e.params or []
         args = (["self"] if e.kind == "method" else []) + [
-            f"{p.name}: Any" + ("" if p.default is _NO_DEFAULT else " = ...") for p in params]
+            f"{p.name}: Any" + ("" if p.default is _NO_DEFAULT else " = ...") for p in params
+        ]
         deco = f"{indent}@staticmethod\n" if e.kind == "static" else ""
-        lines.append(f"{deco}{indent}def {label}({', '.join(args)}) -> Any: ...  # in {owner or 'module'}")
+        lines.append(
+            f"{deco}{indent}def {label}({', '.join(args)}) -> Any: ...  # in {owner or 'module'}"
+        )
     return "\n".join(lines)
 
 
@@ -350,7 +384,9 @@ def cxx_docstring_gaps(mod: ModuleType) -> list[str]:
     nothing about errors (the stub carries both meanwhile)."""
     out = []
     for name, e in sorted(runtime_entries(mod).items()):
-        if e.kind not in ("method", "static", "function") or name.rsplit(".", 1)[-1].startswith("__"):
+        if e.kind not in ("method", "static", "function") or name.rsplit(".", 1)[-1].startswith(
+            "__"
+        ):
             continue
         body = (e.doc or "").strip()
         first = body.splitlines()[0] if body else ""

@@ -9,11 +9,10 @@ import urllib.request
 import pytest
 
 import statecache as sc
+from engine_support import engine
 from statecache.engine import Request
 from statecache.logs import DegradationMonitor, RateLimitedLog
 from statecache.metrics import StateCacheMetrics, hit_rates
-
-from engine_support import engine
 
 SYS = list(range(1, 23))  # 22 tokens = 5 full blocks of 4
 
@@ -35,34 +34,49 @@ def serve(eng, prompts):
 def causes_workload(mech="page", interval=-1):
     """A KV miss, a hit cut short (KV reaches past the anchor), a full hit."""
     eng = engine(mech, interval=interval)
-    a, = serve(eng, [SYS + [50, 51, 52]])                  # nothing cached: KV miss
-    b, = serve(eng, [a.token_ids + [60, 61, 62, 63, 64]])  # KV covers a's output, state a's anchor
-    c, = serve(eng, [SYS[:17] + [70, 71]])                 # KV 4 blocks; anchor of a at 24: miss
+    (a,) = serve(eng, [SYS + [50, 51, 52]])  # nothing cached: KV miss
+    (b,) = serve(
+        eng, [a.token_ids + [60, 61, 62, 63, 64]]
+    )  # KV covers a's output, state a's anchor
+    (c,) = serve(eng, [SYS[:17] + [70, 71]])  # KV 4 blocks; anchor of a at 24: miss
     return eng, (a, b, c)
 
 
 def test_admission_causes_add_up():
     eng, (a, b, c) = causes_workload()
     f = eng.checkpoint_funnel()
-    assert f["admissions_kv_miss"] == 1                    # a
-    assert f["admissions_hit_cut_short"] == 1              # b: KV 7 blocks, anchor at 6
-    assert f["admissions_state_miss"] == 1                 # c: KV hit, no checkpoint inside it
+    assert f["admissions_kv_miss"] == 1  # a
+    assert f["admissions_hit_cut_short"] == 1  # b: KV 7 blocks, anchor at 6
+    assert f["admissions_state_miss"] == 1  # c: KV hit, no checkpoint inside it
     assert f["admitted"] == 3
-    assert sum(f.get(k, 0) for k in ("admissions_kv_miss", "admissions_state_miss",
-                                     "admissions_hit_cut_short", "admissions_full_hit")) == 3
+    assert (
+        sum(
+            f.get(k, 0)
+            for k in (
+                "admissions_kv_miss",
+                "admissions_state_miss",
+                "admissions_hit_cut_short",
+                "admissions_full_hit",
+            )
+        )
+        == 3
+    )
     assert f["admitted_tokens"] == sum(r.num_prompt_tokens for r in (a, b, c))
-    assert f["cut_short_tokens"] == f["kv_hit_tokens"] - f["resumed_tokens"] - f["state_miss_tokens"]
+    assert (
+        f["cut_short_tokens"] == f["kv_hit_tokens"] - f["resumed_tokens"] - f["state_miss_tokens"]
+    )
     r = hit_rates(f)
-    assert r["state"] + r["lost_kv_miss"] + r["lost_state_miss"] + r["lost_cut_short"] == \
-        pytest.approx(1.0)
+    assert r["state"] + r["lost_kv_miss"] + r["lost_state_miss"] + r[
+        "lost_cut_short"
+    ] == pytest.approx(1.0)
     assert 0 < r["state"] < r["kv"] < 1
     assert r["lost_state_miss"] > 0 and r["lost_cut_short"] > 0
 
 
 def test_a_full_hit_is_counted_as_one():
     eng = engine("page")
-    a, = serve(eng, [SYS + [50, 51, 52]])                  # PAGE anchor at 24 tokens
-    b, = serve(eng, [a.token_ids[:24] + [70, 71, 72, 73, 74]])  # KV matches exactly 6 blocks
+    (a,) = serve(eng, [SYS + [50, 51, 52]])  # PAGE anchor at 24 tokens
+    (b,) = serve(eng, [a.token_ids[:24] + [70, 71, 72, 73, 74]])  # KV matches exactly 6 blocks
     f = eng.checkpoint_funnel()
     assert b.num_cached_tokens == 24 and f["kv_hit_tokens"] == 24
     assert f["admissions_full_hit"] == 1 and f["admissions_kv_miss"] == 1
@@ -81,8 +95,12 @@ def test_collect_is_a_plain_dict():
     m.track_tier("host", tier)
     snap = m.collect()
     assert snap["funnel"]["engine"] == eng.checkpoint_funnel()
-    assert snap["admissions"]["engine"] == {"kv_miss": 1, "state_miss": 1, "hit_cut_short": 1,
-                                            "full_hit": 0}
+    assert snap["admissions"]["engine"] == {
+        "kv_miss": 1,
+        "state_miss": 1,
+        "hit_cut_short": 1,
+        "full_hit": 0,
+    }
     assert snap["checkpoints"]["page"] == eng.caches.coordinator.checkpoint_fates()
     assert snap["checkpoints"]["slots"] == eng.caches.slot_pool.checkpoint_fates()
     assert snap["occupancy"]["slots"] == eng.caches.slot_pool.occupancy()
@@ -101,7 +119,11 @@ def test_track_rejects_what_it_cannot_read():
         m.track_executor("x", object())
 
 
-def test_copy_counters_and_a_refused_batch_logged(caplog):
+def test_copy_counters_and_a_refused_batch_logged(caplog, monkeypatch):
+    import statecache.logs
+
+    # a fresh limiter: earlier tests' refused batches must not hold this one back
+    monkeypatch.setattr(statecache.logs, "_default", RateLimitedLog())
     import torch
 
     conv = torch.randn(2, 8, 3, 64)
@@ -148,19 +170,27 @@ def test_exporter_scraped_over_loopback_http():
         key = lambda name, **lab: (name, tuple(sorted(lab.items())))  # noqa: E731
         assert samples[key("statecache_admissions_total", engine="engine", cause="kv_miss")] == 1
         assert samples[key("statecache_admissions_total", engine="engine", cause="state_miss")] == 1
-        assert samples[key("statecache_funnel_total", engine="engine", stage="resumed_tokens")] == \
-            f["resumed_tokens"]
-        assert samples[key("statecache_hit_rate", engine="engine", kind="state")] == \
-            pytest.approx(hit_rates(f)["state"])
+        assert (
+            samples[key("statecache_funnel_total", engine="engine", stage="resumed_tokens")]
+            == f["resumed_tokens"]
+        )
+        assert samples[key("statecache_hit_rate", engine="engine", kind="state")] == pytest.approx(
+            hit_rates(f)["state"]
+        )
         fates = eng.caches.coordinator.checkpoint_fates()
-        assert samples[key("statecache_checkpoint_fates_total", cache="page", fate="kept")] == \
-            fates["checkpoints_kept"]
+        assert (
+            samples[key("statecache_checkpoint_fates_total", cache="page", fate="kept")]
+            == fates["checkpoints_kept"]
+        )
         assert samples[key("statecache_tier_stat", tier="host", stat="hashes")] == 1
         # live: a later pass shows up in the next scrape
         serve(eng, [SYS + [80, 81]])
         with urllib.request.urlopen(url, timeout=10) as resp:
             again = resp.read().decode()
-        assert f'statecache_funnel_total{{engine="engine",stage="admitted"}} {float(f["admitted"] + 1)}' in again
+        assert (
+            f'statecache_funnel_total{{engine="engine",stage="admitted"}} {float(f["admitted"] + 1)}'
+            in again
+        )
     finally:
         server.shutdown()
 
@@ -201,8 +231,9 @@ def test_rate_limited_log_holds_back_repeats(caplog):
 def test_reclaimed_offload_pins_are_logged_rate_limited(caplog):
     clock = FakeClock()
     pool = sc.BlockPool(32)
-    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=100, slot_bytes=400, layout_id="L",
-                                       image_bytes=400)
+    spec = sc.PagedStateCheckpointSpec(
+        page_unit_bytes=100, slot_bytes=400, layout_id="L", image_bytes=400
+    )
     store = sc.PageUnitCheckpointStore(pool, spec, offload_sink=True)
     store.use_clock(clock)
     for h in (1, 2):

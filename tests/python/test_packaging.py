@@ -22,8 +22,9 @@ def _python(code: str, extra_path: str | None = None) -> subprocess.CompletedPro
     env = dict(os.environ)
     pkg = str(Path(statecache.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra_path, pkg, env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_import_loads_only_the_core():
@@ -33,7 +34,8 @@ def test_import_loads_only_the_core():
         "'statecache.sim', 'statecache.layout', 'statecache.executor', 'statecache.metrics', "
         "'prometheus_client', 'matplotlib')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
-        "print(statecache.engine.Engine.__name__, 'statecache.engine' in sys.modules)\n")
+        "print(statecache.engine.Engine.__name__, 'statecache.engine' in sys.modules)\n"
+    )
     r = _python(code)
     assert r.returncode == 0, r.stderr
     first, second = r.stdout.splitlines()
@@ -57,8 +59,17 @@ def test_one_version():
 
 def test_build_info_agrees_with_the_module():
     info = _C.build_info()
-    assert set(info) >= {"version", "build_type", "gpu_backend", "gpu_archs", "gpu_note",
-                         "gpu_request", "cxx_compiler", "pybind11", "sanitized"}
+    assert set(info) >= {
+        "version",
+        "build_type",
+        "gpu_backend",
+        "gpu_archs",
+        "gpu_note",
+        "gpu_request",
+        "cxx_compiler",
+        "pybind11",
+        "sanitized",
+    }
     assert (info["gpu_backend"] != "none") == bool(_C.has_gpu_kernels)
     if _C.has_gpu_kernels:
         assert info["gpu_archs"] and not info["gpu_note"]
@@ -81,8 +92,13 @@ def test_info_text_and_json(capsys):
 def test_info_says_loudly_when_auto_found_no_toolchain(monkeypatch, capsys):
     from statecache import info
 
-    fake = dict(_C.build_info(), gpu_backend="none", gpu_archs="", gpu_request="AUTO",
-                gpu_note="STATECACHE_CUDA=AUTO found no CUDA compiler (nvcc): CPU executor only")
+    fake = dict(
+        _C.build_info(),
+        gpu_backend="none",
+        gpu_archs="",
+        gpu_request="AUTO",
+        gpu_note="STATECACHE_CUDA=AUTO found no CUDA compiler (nvcc): CPU executor only",
+    )
     monkeypatch.setattr(_C, "build_info", lambda: fake)
     monkeypatch.setattr(_C, "has_gpu_kernels", False)
     text = info.format_info(info.collect())
@@ -126,8 +142,10 @@ def test_too_old_transformers_names_the_version(tmp_path):
     meta = tmp_path / "transformers-4.46.0.dist-info"
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 4.46.0\n")
-    r = _python("import sys; from statecache.cli import main; sys.exit(main(['demo']))",
-                extra_path=str(tmp_path))
+    r = _python(
+        "import sys; from statecache.cli import main; sys.exit(main(['demo']))",
+        extra_path=str(tmp_path),
+    )
     assert r.returncode == 2, r.stderr
     assert "needs transformers>=5.24, found 4.46.0" in r.stderr
     assert "Traceback" not in r.stderr

@@ -32,28 +32,43 @@ def _drifted(tmp_path, old: str, new: str) -> list[str]:
     return stubcheck.compare(_C, path)
 
 
-@pytest.mark.parametrize("old,new,expect", [
-    ("    def pop_many(self, count: _Int) -> list[int]:",
-     "    def pop_many(self, n: _Int) -> list[int]:",
-     "StateSlotPool.pop_many: stub (n) != module (count)"),
-    ("    def has_free(self, count: _Int = 1) -> bool:",
-     "    def has_free(self, count: _Int = 2) -> bool:",
-     "StateSlotPool.has_free: default of count is 2 in the stub, 1 in the module"),
-    ("    def pin(self, slot: _Int, *, reader_is_next_batch: bool = False) -> None:",
-     "    def pin(self, slot: _Int, reader_is_next_batch: bool = False) -> None:",
-     "StateSlotPool.pin: stub (slot, reader_is_next_batch=False) != module "
-     "(slot, *reader_is_next_batch=False)"),
-    ("    def reset_prefix_cache(self) -> int:",
-     "    def reset_prefix_caches(self) -> int:",
-     "missing from the stub: BlockPool.reset_prefix_cache (method)"),
-    ("    def clear_index(self) -> None:\n        \"\"\"Drops every checkpoint",
-     "    def clear_index(self) -> None: ...\n    def forget_all(self) -> None:\n"
-     "        \"\"\"Drops every checkpoint",
-     "in the stub but not in the module: StateSlotPool.forget_all"),
-    ("    @property\n    def num_blocks(self) -> int: ...",
-     "    def num_blocks(self) -> int: ...",
-     "BlockPool.num_blocks: the stub has a method, the module a data"),
-])
+@pytest.mark.parametrize(
+    "old,new,expect",
+    [
+        (
+            "    def pop_many(self, count: _Int) -> list[int]:",
+            "    def pop_many(self, n: _Int) -> list[int]:",
+            "StateSlotPool.pop_many: stub (n) != module (count)",
+        ),
+        (
+            "    def has_free(self, count: _Int = 1) -> bool:",
+            "    def has_free(self, count: _Int = 2) -> bool:",
+            "StateSlotPool.has_free: default of count is 2 in the stub, 1 in the module",
+        ),
+        (
+            "    def pin(self, slot: _Int, *, reader_is_next_batch: bool = False) -> None:",
+            "    def pin(self, slot: _Int, reader_is_next_batch: bool = False) -> None:",
+            "StateSlotPool.pin: stub (slot, reader_is_next_batch=False) != module "
+            "(slot, *reader_is_next_batch=False)",
+        ),
+        (
+            "    def reset_prefix_cache(self) -> int:",
+            "    def reset_prefix_caches(self) -> int:",
+            "missing from the stub: BlockPool.reset_prefix_cache (method)",
+        ),
+        (
+            '    def clear_index(self) -> None:\n        """Drops every checkpoint',
+            "    def clear_index(self) -> None: ...\n    def forget_all(self) -> None:\n"
+            '        """Drops every checkpoint',
+            "in the stub but not in the module: StateSlotPool.forget_all",
+        ),
+        (
+            "    @property\n    def num_blocks(self) -> int: ...",
+            "    def num_blocks(self) -> int: ...",
+            "BlockPool.num_blocks: the stub has a method, the module a data",
+        ),
+    ],
+)
 def test_the_check_fails_on_drift(tmp_path, old, new, expect):
     assert expect in _drifted(tmp_path, old, new)
 
@@ -62,8 +77,9 @@ def test_skeleton_for_new_names(tmp_path):
     text = stubcheck.STUB.read_text().replace("def checkpoint_copy_ops_per_batch(", "def _gone(")
     path = tmp_path / "_C.pyi"
     path.write_text(text)
-    assert "def checkpoint_copy_ops_per_batch(max_num_seqs: Any) -> Any: ..." in \
-        stubcheck.skeleton(_C, path)
+    assert "def checkpoint_copy_ops_per_batch(max_num_seqs: Any) -> Any: ..." in stubcheck.skeleton(
+        _C, path
+    )
 
 
 def test_stub_and_marker_ship_beside_the_module():
@@ -72,17 +88,34 @@ def test_stub_and_marker_ship_beside_the_module():
 
 
 def test_every_public_function_in_the_stub_has_a_docstring():
-    missing = [name for name, e in stubcheck.stub_entries().items()
-               if e.kind in ("function", "method", "static") and e.doc is None
-               and not name.rsplit(".", 1)[-1].startswith("__")]
+    missing = [
+        name
+        for name, e in stubcheck.stub_entries().items()
+        if e.kind in ("function", "method", "static")
+        and e.doc is None
+        and not name.rsplit(".", 1)[-1].startswith("__")
+    ]
     assert missing == []
 
 
 def _mypy(*args: str) -> subprocess.CompletedProcess:
     # from the checkout root: the config's `files` are relative to it
-    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", "pyproject.toml",
-                           "--cache-dir", str(ROOT / "build" / "mypy-cache"), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            "pyproject.toml",
+            "--cache-dir",
+            str(ROOT / "build" / "mypy-cache"),
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_mypy_strict_passes():
@@ -95,13 +128,14 @@ def test_mypy_strict_catches_misuse(tmp_path):
     bad.write_text(
         "import statecache as sc\n"
         "pool = sc.StateSlotPool(4, sc.StateTransfer.fork(2))\n"
-        "n: str = pool.num_free()\n"                      # returns int
-        "pool.pop_many('two')\n"                           # not an int
+        "n: str = pool.num_free()\n"  # returns int
+        "pool.pop_many('two')\n"  # not an int
         "spec = sc.PagedStateCheckpointSpec(page_unit_bytes=1, slot_bytes=1, layout_id='x',"
         " image_bytes=1)\n"
         "op = sc.PageUnitCheckpointStore(sc.BlockPool(4), spec).begin_store(1, 0)\n"
-        "print(op.unit_ids)\n"                             # op may be None
-        "sc.StateSlotPol(4)\n")                            # typo
+        "print(op.unit_ids)\n"  # op may be None
+        "sc.StateSlotPol(4)\n"  # typo
+    )
     r = _mypy(str(bad))
     out = r.stdout
     assert r.returncode == 1, out + r.stderr

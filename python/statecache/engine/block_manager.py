@@ -1,4 +1,5 @@
-"""KV prefix cache plus state attachment for one engine (docs/contract.md, "The pass", "Reference engine").
+"""KV prefix cache plus state attachment for one engine (docs/contract.md,
+"The pass", "Reference engine").
 
 A prefix hit is a joint claim on two caches: the KV blocks of the attention
 layers (content-addressed in ``BlockPool``) and the recurrent state as of the

@@ -1,5 +1,6 @@
 """The state side of one backend: where live slots come from, and which caches
-keep checkpoints. Chosen by the backend's ``StateTransfer`` (docs/contract.md, "Words", "Objects"):
+keep checkpoints. Chosen by the backend's ``StateTransfer`` (docs/contract.md,
+"Words", "Objects"):
 
 * ``fork(n)``: a ``StateSlotPool`` is both the slot allocator and the only
   checkpoint cache.

@@ -27,10 +27,14 @@ def require_transformers(installed: str | None = None) -> str:
         try:
             installed = importlib.metadata.version("transformers")
         except importlib.metadata.PackageNotFoundError:
-            raise ImportError(f"statecache.models needs transformers>={MIN_TRANSFORMERS}, "
-                              f"which is not installed: {fix}") from None
+            raise ImportError(
+                f"statecache.models needs transformers>={MIN_TRANSFORMERS}, "
+                f"which is not installed: {fix}"
+            ) from None
     if _release(installed) < _release(MIN_TRANSFORMERS):
-        raise ImportError(f"statecache.models needs transformers>={MIN_TRANSFORMERS}, found "
-                          f"{installed} (it lacks the linear-attention cache layers the runner "
-                          f"stages state through): {fix}")
+        raise ImportError(
+            f"statecache.models needs transformers>={MIN_TRANSFORMERS}, found "
+            f"{installed} (it lacks the linear-attention cache layers the runner "
+            f"stages state through): {fix}"
+        )
     return installed
