@@ -253,3 +253,28 @@ def test_reclaimed_offload_pins_are_logged_rate_limited(caplog):
     assert len(msgs) == 1 and "2 stale offload pins reclaimed (2 in total)" in msgs[0]
     with pytest.raises(TypeError, match="obj=int"):
         mon.watch(5)
+
+
+def test_offload_backlog_overflow_is_logged(caplog):
+    # one unit per image; the store keeps at most 8,192 nominations for the tier
+    spec = sc.PagedStateCheckpointSpec(
+        page_unit_bytes=400, slot_bytes=400, layout_id="L", image_bytes=400
+    )
+    pool = sc.BlockPool(8300)
+    coord = sc.PagedStateCheckpointCoordinator(pool, spec, True)
+    coord.attach_offload(sc.StateOffloadIndex())  # a sink: READY images are nominated
+    mon = DegradationMonitor(coord, log=RateLimitedLog(interval_s=60))
+    store = coord.store
+    for h in range(1, 8201):
+        assert store.begin_store(h, 0) is not None
+    store.complete_inflight()
+    store.complete_inflight()
+    dropped = store.offload_nominations_dropped
+    assert dropped == 8200 - 8192
+    with caplog.at_level(logging.WARNING, logger="statecache"):
+        assert mon.poll() == 1
+    (rec,) = caplog.records
+    assert rec.getMessage().startswith(
+        f"PagedStateCheckpointCoordinator: offload backlog overflow: {dropped} checkpoint "
+        f"nominations for the lower tier dropped ({dropped} in total)"
+    )
