@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], bool]] = {
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds ``bench`` to the ``statecache`` subcommands; returns its parser."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "bench",
         help="run the benchmarks (CPU ones; the copy kernel on a GPU)",
@@ -77,6 +78,7 @@ def find_benchmarks(explicit: Path | None = None) -> Path | None:
 
 
 def gpu_present() -> bool:
+    """Whether the copy-kernel benchmark can run: GPU kernels built, torch sees a GPU."""
     from statecache import _C
 
     if not _C.has_gpu_kernels:
@@ -89,6 +91,8 @@ def gpu_present() -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Runs the chosen benchmarks, printing each table; returns 0, 1 if one
+    failed or could not run, 2 without a benchmarks/ directory."""
     bdir = find_benchmarks(args.dir)
     if bdir is None:
         where = (

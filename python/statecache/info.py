@@ -15,6 +15,7 @@ from typing import Any
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds ``info`` to the ``statecache`` subcommands; returns its parser."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "info",
         help="version, build facts (GPU kernels, archs), torch/CUDA seen",
@@ -117,6 +118,7 @@ def collect() -> dict[str, Any]:
 
 
 def format_info(info: dict[str, Any]) -> str:
+    """The text ``statecache info`` prints for a ``collect()`` result."""
     b = info["build"]
     if info["gpu_kernels"]:
         gpu = f"yes: {b['gpu_backend']} ({b['gpu_compiler']}), archs {b['gpu_archs']}"
@@ -174,6 +176,7 @@ def format_info(info: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Prints the report (``--json``: as JSON); returns the exit status 0."""
     info = collect()
     print(json.dumps(info, indent=1) if args.json else format_info(info))
     return 0

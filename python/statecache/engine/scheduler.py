@@ -89,13 +89,16 @@ class Request(statecache.Sequence):
 
     @property
     def output_token_ids(self) -> list[int]:
+        """The tokens generated so far."""
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
     def is_prefill(self) -> bool:
+        """Whether the prompt (or a recompute after preemption) is not fully computed."""
         return self.num_computed_tokens < self.num_tokens - 1 or not self.output_token_ids
 
     def append_token(self, token: int) -> None:
+        """Appends a generated token (``num_tokens`` follows)."""
         self.token_ids.append(int(token))
         self.num_tokens = len(self.token_ids)
 
@@ -152,6 +155,7 @@ class Engine:
     # ------------------------------- intake -------------------------------- #
 
     def add_request(self, req: Request) -> None:
+        """Queues ``req``. Raises ValueError if it was added before or its prompt is empty."""
         if req.status != WAITING or any(r is req for r in self.waiting):
             raise ValueError(f"request {req.request_id} was already added (status {req.status})")
         if req.num_prompt_tokens < 1:
@@ -159,9 +163,12 @@ class Engine:
         self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
+        """Whether any request waits or runs."""
         return bool(self.waiting or self.running)
 
     def run_until_done(self, max_passes: int = 1_000_000) -> list[Request]:
+        """Steps until nothing waits or runs (at most ``max_passes``); returns the
+        requests that finished. Raises RuntimeError if a request can never be admitted."""
         done = []
         for _ in range(max_passes):
             if not self.has_unfinished():
@@ -328,6 +335,8 @@ class Engine:
         self.waiting.appendleft(seq)
 
     def checkpoint_funnel(self) -> dict[str, int]:
+        """The block manager's funnel plus ``preemptions`` and ``passes``
+        (see ``BlockManager.checkpoint_funnel``)."""
         out = self.block_manager.checkpoint_funnel()
         out["preemptions"] = self.num_preemptions
         out["passes"] = self.num_passes

@@ -68,6 +68,7 @@ class StateCaches:
 
     @property
     def readable_midstep(self) -> bool:
+        """Whether the backend reads interior states and some cache keeps them."""
         return bool(self.transfer.readable_midstep) and bool(self.voters)
 
     def resumable_hit(self, seq, hit: int, hashes) -> int:
@@ -84,12 +85,15 @@ class StateCaches:
         return 0
 
     def unindex(self, h: int) -> None:
+        """Drops the checkpoint filed under ``h`` from every voter (its KV block left)."""
         for cache in self.voters:
             cache.unindex(h)
 
     # ------------------------------ pass hooks ------------------------------ #
 
     def top_of_pass(self) -> None:
+        """Step 1 of a pass: drop issued pins, make last batch's stores READY, log
+        degradations seen since the last pass."""
         self.slot_pool.release_pins()
         if self.coordinator is not None:
             self.coordinator.complete_previous_batch()
@@ -97,6 +101,8 @@ class StateCaches:
             self.degradations.poll()
 
     def take_ops(self) -> "StateOps":
+        """Step 3 of a pass: drains this batch's maintenance ops (relocations,
+        PAGE stores and restores); returns them as ``StateOps``."""
         relocations = tuple(self.slot_pool.take_relocations())
         stores, restores = (), ()
         if self.coordinator is not None:
@@ -104,6 +110,7 @@ class StateCaches:
         return StateOps(relocations, (), tuple(stores), tuple(restores))
 
     def checkpoint_fates(self) -> dict[str, int]:
+        """The voters' ``checkpoint_fates()`` summed key by key."""
         out: dict[str, int] = {}
         for cache in self.voters:
             for k, v in cache.checkpoint_fates().items():
