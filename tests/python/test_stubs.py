@@ -21,7 +21,11 @@ EXAMPLES = Path(__file__).with_name("test_typing_examples.py")
 
 def test_stub_and_module_agree():
     problems = stubcheck.compare(_C)
-    assert problems == [], "\n".join(problems)
+    hint = (
+        "\n_C.pyi is out of date: update it (python tests/python/stubcheck.py --skeleton "
+        "prints stub lines for new names; give them types and a Returns/Raises docstring)"
+    )
+    assert problems == [], "\n".join(problems) + hint
 
 
 def _drifted(tmp_path, old: str, new: str) -> list[str]:
