@@ -1,7 +1,7 @@
 """Scheduler-pass latency of StateSlotPool: statecache (C++) against the
 reference Python class, the same calls in the same run.
 
-One pass, as a serving loop makes it (SPEC.md §7): `release_pins()`, then for
+One pass, as a serving loop makes it (docs/contract.md, "The pass"): `release_pins()`, then for
 each of 256 running sequences `resumable_hit` over its 64-block hash list and a
 fork `checkpoint` at its next ladder rung, then 32 of them finish and are
 replaced (`release` + `pop`). 1,024 slots, so the pool runs full: pops spend

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from operator import index as _index
+from typing import Any
 
 
-def _as_int(value, name: str) -> int:
+def _as_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     return _index(value)
 
 
-class StateStoreOperationId(tuple):
+class StateStoreOperationId(tuple[int, int]):
     """``(prefix_hash, generation)`` as a real tuple.
 
     A tuple so that it hashes, compares, unpacks and serializes exactly like the
@@ -23,7 +24,8 @@ class StateStoreOperationId(tuple):
     __slots__ = ()
     __module__ = "statecache"
 
-    def __new__(cls, prefix_hash, generation):
+    def __new__(cls, prefix_hash: Any, generation: Any) -> StateStoreOperationId:
+        """Raises TypeError for a non-int (or bool), ValueError for generation < 0."""
         h = _as_int(prefix_hash, "prefix_hash")
         g = _as_int(generation, "generation")
         if g < 0:
@@ -38,7 +40,7 @@ class StateStoreOperationId(tuple):
     def generation(self) -> int:
         return self[1]
 
-    def __getnewargs__(self):
+    def __getnewargs__(self) -> tuple[int, int]:
         return (self[0], self[1])
 
     def __repr__(self) -> str:

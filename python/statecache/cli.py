@@ -1,4 +1,4 @@
-"""``statecache demo | simulate | bench``.
+"""``statecache demo | simulate | bench | info``.
 
 Each subcommand is a module with ``register(subparsers) -> parser`` and
 ``run(args) -> int``; ``_SUBCOMMANDS`` names where each lives, so an area
@@ -15,6 +15,7 @@ _SUBCOMMANDS = {
     "demo": "statecache.demo",
     "simulate": "statecache.sim.cli",
     "bench": "statecache.bench",
+    "info": "statecache.info",
 }
 
 
@@ -41,7 +42,7 @@ def _unavailable(name: str, err: Exception) -> int:
     return 2
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -102,10 +102,16 @@ def run(args) -> int:
     if args.tiers or args.tiers_resume:
         from statecache import demo_tiers
         return demo_tiers.run(args)
-    import torch
-    from tqdm import tqdm
+    try:
+        import torch
+        from tqdm import tqdm
 
-    from statecache.models import build_engine, build_model
+        from statecache.models import build_engine, build_model
+    except ImportError as e:  # torch, tqdm, or a transformers too old: say which
+        import sys
+
+        print(f"statecache demo: {e}", file=sys.stderr)
+        return 2
 
     if args.turns < 2:
         raise SystemExit(f"--turns={args.turns}: need at least 2")

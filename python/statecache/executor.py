@@ -1,4 +1,4 @@
-"""Runs one batch of state maintenance ops (SPEC.md §7, §10).
+"""Runs one batch of state maintenance ops (docs/contract.md, "The pass", "Copying").
 
 A batch is the relocations (``StateSlotPool.take_relocations``), group copies
 (``StateGroupPool.take_copies``), PAGE stores and PAGE restores
@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import torch
 
 from statecache import _C
 from statecache.layout import PageLayout, StateLayout, layout_id, paged_checkpoint_spec
+from statecache.logs import log_config, warn_degraded
 
 
 @functools.lru_cache(maxsize=32)
@@ -83,6 +85,10 @@ class StateCopyExecutor:
             with torch.cuda.device(self.device):
                 self._engine = _C._GpuCopyEngine(self.device.index, self._planner, self.max_slot_copies,
                                                  self.max_paged_ops)
+        # read by statecache.metrics; seconds: host time to plan and run/enqueue a batch
+        self.copy_stats = dict(batches=0, refused=0, spans=0, bytes=0, seconds=0.0)
+        log_config("StateCopyExecutor", dict(device=str(self.device), layout_id=self.layout_id,
+                                             max_num_seqs=max_num_seqs, max_paged_ops=self.max_paged_ops))
 
     @property
     def spec(self):
@@ -109,17 +115,28 @@ class StateCopyExecutor:
         return self._planner.compile(relocations, copies, stores, restores)
 
     def __call__(self, relocations=(), copies=(), stores=(), restores=()):
-        """Run a batch on the device's current stream (in SPEC §7 order); returns it.
+        """Run a batch on the device's current stream (in the order of docs/contract.md,
+        "The pass"); returns it. Counted in ``copy_stats``.
 
         Raises ValueError naming the first bad op before any byte moves.
         """
         with self._lock:
-            batch = self.plan(relocations, copies, stores, restores)
+            t0, st = time.perf_counter(), self.copy_stats
+            try:
+                batch = self.plan(relocations, copies, stores, restores)
+            except ValueError as e:
+                st["refused"] += 1
+                warn_degraded("executor.refused", "copy batch refused, nothing moved: %s", e)
+                raise
             if batch.num_ops:
                 if self._engine is None:
                     self._planner.run_on_cpu(batch)
                 else:
                     self._engine.submit(batch, self._stream())
+            st["batches"] += 1
+            st["spans"] += batch.num_ops
+            st["bytes"] += batch.bytes
+            st["seconds"] += time.perf_counter() - t0
             return batch
 
     run = __call__

@@ -1,4 +1,4 @@
-"""Where one slot's state and one page unit's bytes live (SPEC.md §10).
+"""Where one slot's state and one page unit's bytes live (docs/contract.md, "Copying").
 
 A layout is read off the engine's real tensors: every tensor contributes one
 *row* per slot (or per page unit), found along its slot dim (0, or 1 for

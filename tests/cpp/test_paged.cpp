@@ -253,7 +253,7 @@ TEST(OffloadIndex, CappedLruAndMissingLoads) {
   EXPECT_EQ(t.stats().loads_missing, 1);
 }
 
-// SPEC.md §11 under random operations: units conserved, the store and the
+// docs/contract.md, "Invariants", under random operations: units conserved, the store and the
 // pool consistent after every step.
 TEST(Store, RandomSequencesConserveUnits) {
   for (uint32_t seed = 0; seed < 20; ++seed) {

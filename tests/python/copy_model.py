@@ -1,6 +1,6 @@
 """Shared pieces of the copy-engine tests: random layouts over byte buffers at
 odd offsets, random valid batches, and a plain-Python model of what a batch
-must do (written from SPEC §10, independent of the span planner)."""
+must do (written from docs/contract.md, "Copying", independent of the span planner)."""
 
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ class Model:
             pos += n
 
     def run(self, relocations, copies, stores, restores, unit_bytes):
-        """Apply a batch sequentially in SPEC §7 order."""
+        """Apply a batch sequentially in the order of docs/contract.md, "The pass"."""
         for src, dst in list(relocations) + list(copies):
             self.set_whole(dst, self.whole(src).clone())
         for op in stores:

@@ -60,7 +60,7 @@ def store_state(store) -> dict:
 
 
 def check_conservation(pool) -> None:
-    """SPEC §11: free + reserved-by-owner (+ KV-held) == num_blocks."""
+    """docs/contract.md, "Invariants": free + reserved-by-owner (+ KV-held) == num_blocks."""
     assert pool.num_free + pool.num_reserved + pool.num_kv_blocks == pool.num_blocks
     pool.check_consistency()
     owned = sum(1 for u in range(pool.num_blocks) if pool.owner_of(u) is not None)

@@ -4,7 +4,7 @@ compared after every step. Used by test_slot_pool.py and test_group_pool.py.
 
 Arguments are drawn from the reference's state, so every call is one the
 protocol allows. Where SPEC.md deliberately differs from the reference the
-driver models the difference explicitly (README, "Divergences"):
+driver models the difference explicitly (README, "Divergences"; docs/contract.md):
 * group checkpoint under none()/replay() keeps nothing: checked against SPEC;
 * -1 as a content hash (checkpoint, reserve_midstep positions) raises
   ValueError on ours and changes nothing; the reference is not called;
@@ -244,7 +244,7 @@ class _Driver:
         assert dbg["deferred"] == sorted(ref._deferred)
         for s in self.seqs:
             s.check()
-        # SPEC §11 on ours; where the reference's own index stays exact, ours must too.
+        # docs/contract.md, "Invariants" on ours; where the reference's own index stays exact, ours must too.
         ours._check_invariants()
         assert ours._index_is_exact()
         assert ours.num_free() == sum(1 for x in range(cap) if ours.is_free(x))
@@ -252,7 +252,7 @@ class _Driver:
         self.check_spec()
 
     def check_spec(self):
-        """SPEC.md §11 on ours, beyond what _check_invariants covers."""
+        """docs/contract.md, "Invariants" on ours, beyond what _check_invariants covers."""
         ours, u = self.ours, self.unit
         cap = len(getattr(ours, f"{u}_hash"))
         pins = {x: ours.pin_count(x) for x in range(cap) if ours.is_pinned(x)}
@@ -594,9 +594,9 @@ class GroupDriver(_Driver):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # SPEC §4: under none() / replay() checkpoint keeps nothing; the
+        # docs/contract.md, "Divergences": under none() / replay() checkpoint keeps nothing; the
         # reference's group pool still forks there, so those calls are checked
-        # against SPEC rather than against the reference.
+        # against docs/contract.md rather than the reference.
         self.keeps_nothing = self.transfer_name in ("none", "replay")
 
     def held_by_seqs(self):

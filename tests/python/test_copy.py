@@ -1,5 +1,5 @@
 """Copy engine on the CPU: layouts, span planning, the memcpy executor, and
-validation (SPEC §10). The GPU kernel is compared against this executor in
+validation (docs/contract.md, "Copying"). The GPU kernel is compared against this executor in
 test_copy_gpu.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Placement rules on known prompts (SPEC.md §9)."""
+"""Placement rules on known prompts (docs/contract.md, "Reference engine")."""
 
 import math
 

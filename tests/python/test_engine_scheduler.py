@@ -1,5 +1,5 @@
 """Reference engine without a model: admission, pass timing, preemption,
-eviction (SPEC.md §7, §9, §11)."""
+eviction (docs/contract.md, "The pass", "Reference engine", "Invariants")."""
 
 import random
 

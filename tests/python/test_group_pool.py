@@ -1,4 +1,4 @@
-"""StateGroupPool: fork and copy mechanisms, the SPEC §4 none() fix, bad input,
+"""StateGroupPool: fork and copy mechanisms, the none() fix (docs/contract.md, "Divergences"), bad input,
 and differential random sequences against the reference."""
 
 import gc
@@ -165,7 +165,7 @@ def test_drop_reader_and_pins(impl):
     assert p.is_free(g) and not p.is_pinned(g)
 
 
-# -------------------------------------------------- SPEC §4 divergences --
+# ------------------------- divergences (docs/contract.md, "Divergences") --
 
 
 @pytest.mark.parametrize("transfer", [sc.StateTransfer.none(), sc.StateTransfer.replay()])
@@ -177,7 +177,7 @@ def test_checkpoint_keeps_nothing_under_none_and_replay(transfer):
     assert p.checkpoint_fates() == {"checkpoints_kept": 0, "checkpoints_dropped": 0,
                                     "checkpoints_evicted": 0, "checkpoints_orphaned": 0}
     assert dict(p.hash_to_group) == {} and p.num_free() == 1 and not p.is_pinned(0)
-    # with nothing free, not even a dropped count (SPEC §12)
+    # with nothing free, not even a dropped count (docs/contract.md, "API guarantees")
     p.pop()
     p.checkpoint(s, 1, 3)
     assert p.checkpoints_dropped == 0

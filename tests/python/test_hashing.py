@@ -1,4 +1,4 @@
-"""Chained token-block hashes (SPEC.md §2, §9)."""
+"""Chained token-block hashes (docs/contract.md, "Words", "Reference engine")."""
 
 import numpy as np
 import pytest

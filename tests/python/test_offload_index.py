@@ -1,4 +1,4 @@
-"""StateOffloadIndex (SPEC.md §8): capped LRU membership and load bookkeeping."""
+"""StateOffloadIndex (docs/contract.md, "Tiers"): capped LRU membership and load bookkeeping."""
 
 import random
 

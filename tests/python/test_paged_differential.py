@@ -3,7 +3,7 @@
 Both sides receive the same seeded random operation sequence, each on its own
 statecache.BlockPool (whose on_evict unindexes that side's store); every
 return value and public attribute is compared after every step, and page
-units are checked conserved (SPEC.md §11).
+units are checked conserved (docs/contract.md, "Invariants").
 """
 
 from __future__ import annotations

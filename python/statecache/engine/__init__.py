@@ -1,6 +1,7 @@
 """Reference engine: KV prefix cache + state checkpoints + a continuous-batching
-scheduler that follows the pass protocol (SPEC.md §7, §9). Torch-free; the
-model runner is plugged in (``statecache.models``) or absent (the simulator)."""
+scheduler that follows the pass protocol (docs/contract.md, "The pass", "Reference
+engine"). Torch-free; the model runner is plugged in (``statecache.models``) or
+absent (the simulator)."""
 
 from .adaptive import AdaptiveCheckpointPolicy, CostModel
 from .block_manager import SOURCE_FORK, SOURCE_NONE, SOURCE_PAGE, Admission, BlockManager

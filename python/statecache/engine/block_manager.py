@@ -1,4 +1,5 @@
-"""KV prefix cache plus state attachment for one engine (SPEC.md §7 step 2, §9).
+"""KV prefix cache plus state attachment for one engine (docs/contract.md,
+"The pass", "Reference engine").
 
 A prefix hit is a joint claim on two caches: the KV blocks of the attention
 layers (content-addressed in ``BlockPool``) and the recurrent state as of the
@@ -219,6 +220,18 @@ class BlockManager:
         self.count("resumed_tokens", hit * hbs)
         if hit < adm.kv_hit:
             self.count("hits_cut_short")
+        # why the resumed prefix is shorter than the prompt (statecache.metrics)
+        self.count("admitted_tokens", seq.num_tokens)
+        if adm.kv_hit == 0:
+            self.count("admissions_kv_miss")
+        elif hit == 0:
+            self.count("admissions_state_miss")
+            self.count("state_miss_tokens", adm.kv_hit * hbs)
+        elif hit < adm.kv_hit:
+            self.count("admissions_hit_cut_short")
+            self.count("cut_short_tokens", (adm.kv_hit - hit) * hbs)
+        else:
+            self.count("admissions_full_hit")
         self._plan(seq, adm.kv_hit * hbs)
 
     def _plan(self, seq, kv_hit_pos: int) -> None:
@@ -343,6 +356,10 @@ class BlockManager:
         Engine counters: ``admitted``, ``kv_hit_tokens`` (what the KV index
         matched), ``resumed_tokens`` (what the state caches let resume),
         ``hits_cut_short``, ``boundaries_planned`` / ``boundaries_infeasible``,
+        admissions by cause (``admissions_kv_miss`` / ``_state_miss`` /
+        ``_hit_cut_short`` / ``_full_hit``) with ``admitted_tokens`` and the
+        tokens a KV hit lost to the state (``state_miss_tokens``,
+        ``cut_short_tokens``),
         ``checkpoints_requested`` (and ``_anchor`` / ``_ladder`` / ``_demand``),
         ``kv_blocks_evicted``, ``preempted_with_pending_checkpoint``; then the
         state caches' own fates (``checkpoints_kept`` / ``dropped`` /

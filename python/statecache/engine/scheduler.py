@@ -1,4 +1,4 @@
-"""Continuous-batching scheduler following the pass protocol (SPEC.md §7).
+"""Continuous-batching scheduler following the pass protocol (docs/contract.md, "The pass").
 
 One ``Engine.step()`` is one pass:
 
@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import statecache
+from statecache.logs import log_config
 
 from .block_manager import BlockManager
 from .adaptive import AdaptiveCheckpointPolicy
@@ -99,13 +100,16 @@ class Request(statecache.Sequence):
 
     @property
     def output_token_ids(self) -> list[int]:
+        """The tokens generated so far."""
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
     def is_prefill(self) -> bool:
+        """Whether the prompt (or a recompute after preemption) is not fully computed."""
         return self.num_computed_tokens < self.num_tokens - 1 or not self.output_token_ids
 
     def append_token(self, token: int) -> None:
+        """Appends a generated token (``num_tokens`` follows)."""
         self.token_ids.append(int(token))
         self.num_tokens = len(self.token_ids)
 
@@ -164,10 +168,14 @@ class Engine:
         self.finished: list[Request] = []
         self.num_passes = 0
         self.num_preemptions = 0
+        log_config("Engine", dict(**vars(config), transfer=caches.transfer.kind,
+                                  slots=caches.slot_pool.num_slots, paged=caches.pages,
+                                  blocks=block_pool.num_blocks))
 
     # ------------------------------- intake -------------------------------- #
 
     def add_request(self, req: Request) -> None:
+        """Queues ``req``. Raises ValueError if it was added before or its prompt is empty."""
         if req.status != WAITING or any(r is req for r in self.waiting):
             raise ValueError(f"request {req.request_id} was already added (status {req.status})")
         if req.num_prompt_tokens < 1:
@@ -175,9 +183,12 @@ class Engine:
         self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
+        """Whether any request waits or runs."""
         return bool(self.waiting or self.running)
 
     def run_until_done(self, max_passes: int = 1_000_000) -> list[Request]:
+        """Steps until nothing waits or runs (at most ``max_passes``); returns the
+        requests that finished. Raises RuntimeError if a request can never be admitted."""
         done = []
         for _ in range(max_passes):
             if not self.has_unfinished():
@@ -353,6 +364,8 @@ class Engine:
             self.tiering.close()
 
     def checkpoint_funnel(self) -> dict[str, int]:
+        """The block manager's funnel plus ``preemptions`` and ``passes``
+        (see ``BlockManager.checkpoint_funnel``)."""
         out = self.block_manager.checkpoint_funnel()
         out["preemptions"] = self.num_preemptions
         out["passes"] = self.num_passes

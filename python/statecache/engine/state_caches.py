@@ -1,5 +1,6 @@
 """The state side of one backend: where live slots come from, and which caches
-keep checkpoints. Chosen by the backend's ``StateTransfer`` (SPEC.md §4):
+keep checkpoints. Chosen by the backend's ``StateTransfer`` (docs/contract.md,
+"Words", "Objects"):
 
 * ``fork(n)``: a ``StateSlotPool`` is both the slot allocator and the only
   checkpoint cache.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 
 import statecache
+from statecache.logs import DegradationMonitor
 
 
 class StateCaches:
@@ -28,6 +30,8 @@ class StateCaches:
         self.hash_block_size = hash_block_size
         self.forks = bool(transfer.forks)
         self.pages = coordinator is not None
+        # logs offload backlog overflow and reclaimed pins, polled each pass
+        self.degradations = DegradationMonitor(coordinator) if self.pages else None
         if self.pages:
             self.voters = [coordinator]
         elif transfer.replays:
@@ -64,6 +68,7 @@ class StateCaches:
 
     @property
     def readable_midstep(self) -> bool:
+        """Whether the backend reads interior states and some cache keeps them."""
         return bool(self.transfer.readable_midstep) and bool(self.voters)
 
     def resumable_hit(self, seq, hit: int, hashes) -> int:
@@ -80,17 +85,24 @@ class StateCaches:
         return 0
 
     def unindex(self, h: int) -> None:
+        """Drops the checkpoint filed under ``h`` from every voter (its KV block left)."""
         for cache in self.voters:
             cache.unindex(h)
 
     # ------------------------------ pass hooks ------------------------------ #
 
     def top_of_pass(self) -> None:
+        """Step 1 of a pass: drop issued pins, make last batch's stores READY, log
+        degradations seen since the last pass."""
         self.slot_pool.release_pins()
         if self.coordinator is not None:
             self.coordinator.complete_previous_batch()
+        if self.degradations is not None:
+            self.degradations.poll()
 
     def take_ops(self) -> "StateOps":
+        """Step 3 of a pass: drains this batch's maintenance ops (relocations,
+        PAGE stores and restores); returns them as ``StateOps``."""
         relocations = tuple(self.slot_pool.take_relocations())
         stores, restores = (), ()
         if self.coordinator is not None:
@@ -98,6 +110,7 @@ class StateCaches:
         return StateOps(relocations, (), tuple(stores), tuple(restores))
 
     def checkpoint_fates(self) -> dict[str, int]:
+        """The voters' ``checkpoint_fates()`` summed key by key."""
         out: dict[str, int] = {}
         for cache in self.voters:
             for k, v in cache.checkpoint_fates().items():

@@ -69,9 +69,17 @@ def to_json(payload: object) -> str:
     return json.dumps(payload, indent=2, sort_keys=True, default=float)
 
 
+def budget_axis_label(results: Sequence[dict]) -> str:
+    """The sweep's x axis: ``--memory`` runs share one budget between KV
+    blocks and PAGE images, the others sweep state memory alone."""
+    shared = any((r.get("config") or {}).get("memory") is not None for r in results)
+    return "memory budget (KV + state, GiB)" if shared else "state memory budget (GiB)"
+
+
 def plot_hit_rates(results: Sequence[dict], path: str, title: str = "") -> str:
-    """State-gated token hit rate vs state memory, one line per policy, the
-    KV-only ceiling dashed; written as a PNG (matplotlib, Agg backend)."""
+    """State-gated token hit rate vs state memory (or vs the shared KV + state
+    budget of ``--memory`` runs), one line per policy, the KV-only ceiling
+    dashed; written as a PNG (matplotlib, Agg backend). Returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,7 +98,7 @@ def plot_hit_rates(results: Sequence[dict], path: str, title: str = "") -> str:
     if ceiling:
         ax.plot([x / 2**30 for x, _ in ceiling], [100 * y for _, y in ceiling], "k--",
                 linewidth=1, label="KV-only (ceiling)")
-    ax.set_xlabel("state memory budget (GiB)")
+    ax.set_xlabel(budget_axis_label(results))
     ax.set_ylabel("state-gated token hit rate (%)")
     if len(best_kv) > 2:
         ax.set_xscale("log", base=2)
