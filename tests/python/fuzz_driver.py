@@ -1,0 +1,593 @@
+"""Adversarial call fuzzer for statecache's public objects (issue: trust).
+
+Run as ``python fuzz_driver.py CASE SEED SECONDS``; exits 0 when every call
+either returned with every invariant holding, or raised a clean exception
+having changed nothing (or, where a callback or a re-entrant argument of the
+fuzzer itself ran and raised, left every invariant holding). A crash of the
+process is the other way this can fail: test_fuzz.py runs each case in its
+own subprocess for that reason.
+
+Arguments are drawn from the object's current state (valid slots, units,
+hashes, owners) most of the time and from a pool of hostile values otherwise:
+wrong types, huge and negative ints, NumPy scalars and arrays, buffers of the
+wrong item type, the library's own live list views, lists that an element's
+``__index__`` clears, owners whose ``__hash__`` / ``__eq__`` raise or re-enter,
+callbacks that raise, re-enter or detach themselves.
+"""
+
+from __future__ import annotations
+
+import array
+import copy
+import gc
+import pickle
+import random
+import sys
+import threading
+import time
+
+import numpy as np
+
+import statecache as sc
+
+CLEAN = (TypeError, ValueError, IndexError, OverflowError, KeyError, AssertionError)
+
+
+class ArgBoom(Exception):
+    """Raised by a hostile argument: the call must change nothing."""
+
+
+class CallbackBoom(Exception):
+    """Raised by a hostile callback: the call must stay consistent."""
+
+
+class Failure(Exception):
+    pass
+
+
+# ------------------------------------------------------------ hostile values --
+
+
+class RaisingIndex:
+    def __index__(self):
+        raise ArgBoom("__index__")
+
+
+class HugeIndex:
+    def __index__(self):
+        return 2**80
+
+
+class Clearing:
+    """An element whose __index__ empties (and shrinks) the list it sits in."""
+
+    def __init__(self, target: list) -> None:
+        self.target = target
+
+    def __index__(self):
+        self.target.clear()
+        gc.collect()
+        return 7
+
+
+class Growing:
+    def __init__(self, target: list) -> None:
+        self.target = target
+
+    def __index__(self):
+        self.target.extend(range(10**12, 10**12 + 5000))
+        return 8
+
+
+class RaisingHash:
+    def __hash__(self):
+        raise ArgBoom("__hash__")
+
+
+class RaisingEq:
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        raise ArgBoom("__eq__")
+
+
+class Reentrant:
+    """An owner / element that calls back into the library while being read."""
+
+    effects = False
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __hash__(self):
+        Reentrant.effects = True
+        try:
+            self.fn()
+        except Exception:
+            pass
+        return 5
+
+    def __eq__(self, other):
+        return self is other
+
+    def __index__(self):
+        Reentrant.effects = True
+        try:
+            self.fn()
+        except Exception:
+            pass
+        return 3
+
+
+def hostile_scalars() -> list:
+    return [-1, -2, 0, 2**31, 2**62, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**70, -(2**70),
+            np.int64(2), np.int32(1), np.uint64(2**63), np.float64(1.0), True, False, 1.5,
+            float("nan"), float("inf"), "1", b"1", None, object(), [], {}, (1,),
+            RaisingIndex(), HugeIndex()]
+
+
+def hostile_lists(rng: random.Random, seq: sc.Sequence) -> list:
+    big = [10**12 + i for i in range(64)]
+    clearing: list = [10**12 + i for i in range(200)]
+    clearing[rng.randrange(len(clearing))] = Clearing(clearing)
+    growing: list = [10**12 + i for i in range(50)]
+    growing[0] = Growing(growing)
+    seq.block_hashes = big
+    return [
+        big, tuple(big), clearing, growing, [1, 2, 2.5], [1, None], [RaisingIndex()], [HugeIndex()],
+        [2**64], np.array(big, dtype=np.int64), np.array(big, dtype=np.int32),
+        np.array([1.0, 2.0]), np.zeros((2, 2), dtype=np.int64), array.array("q", big),
+        array.array("d", [1.0, 2.0]), array.array("b", [1, 2]), seq.block_hashes,
+        seq.state_slots, range(5), {1, 2}, (x for x in [1, 2]), "123", b"12", None, 7,
+        [np.int64(3), np.int32(4)], list(range(100_000)),
+    ]
+
+
+# -------------------------------------------------------------- snapshots ----
+
+
+def snap_free_list(p) -> tuple:
+    out = [dict(p.hash_to_slot if hasattr(p, "hash_to_slot") else p.hash_to_group),
+           list(p.slot_hash if hasattr(p, "slot_hash") else p.group_hash),
+           p.num_free(), p.checkpoint_fates(), p._debug_state()]
+    if hasattr(p, "occupancy"):
+        out += [p.occupancy(), p._debug_relocations()]
+    else:
+        out += [p._debug_copies(), [id(s) for s in p._debug_pending()]]
+    return tuple(repr(x) for x in out)
+
+
+def snap_block_pool(p) -> tuple:
+    units = tuple((repr(p.owner_of(u)), p.block_hash(u), p.ref_count(u)) for u in range(p.num_blocks))
+    return (p.num_free, p.num_cached, p.num_kv_blocks, p.num_reserved, units)
+
+
+def snap_store(s) -> tuple:
+    recs = tuple((cid, r.prefix_hash, tuple(r.unit_ids), r.state, r.pin_count)
+                 for cid, r in s.records.items())
+    return (recs, tuple(s.hash_to_checkpoint.items()), s.generation, s.evictions,
+            tuple(s.store_backlog), s.offload_pins_reclaimed, snap_block_pool(s.pool))
+
+
+def check_block_pool(p) -> None:
+    p.check_consistency()
+    if p.num_free + p.num_kv_blocks + p.num_reserved != p.num_blocks:
+        raise Failure(f"units not conserved: {p.num_free} free + {p.num_kv_blocks} kv + "
+                      f"{p.num_reserved} reserved != {p.num_blocks}")
+
+
+# ------------------------------------------------------------------ cases ----
+
+
+class Case:
+    """One object graph and the calls the fuzzer makes on it."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.seq = sc.Sequence(1, num_tokens=10**6, num_prompt_tokens=10**6)
+
+    def snapshot(self):
+        raise NotImplementedError
+
+    def check(self) -> None:
+        raise NotImplementedError
+
+    def calls(self):
+        """(name, callable) pairs of candidate calls for this step."""
+        raise NotImplementedError
+
+    def any_value(self, valid):
+        r = self.rng.random()
+        if r < 0.7:
+            return valid()
+        if r < 0.85:
+            return self.rng.choice(hostile_scalars())
+        return self.rng.choice(hostile_lists(self.rng, self.seq))
+
+    def run(self, deadline: float) -> int:
+        n = 0
+        while time.monotonic() < deadline:
+            name, fn = self.rng.choice(self.calls())
+            before = self.snapshot()
+            Reentrant.effects = False
+            try:
+                fn()
+            except CallbackBoom:
+                pass  # the callback's own error: the call must still be consistent
+            except (ArgBoom, *CLEAN) as e:
+                if not Reentrant.effects and self.snapshot() != before:
+                    raise Failure(f"{name} raised {type(e).__name__}: {e} and changed state") from e
+            except BaseException as e:  # SystemError, RuntimeError, …: never acceptable
+                raise Failure(f"{name} raised {type(e).__name__}: {e}") from e
+            self.check()
+            n += 1
+        return n
+
+
+class SlotPoolCase(Case):
+    def __init__(self, rng) -> None:
+        super().__init__(rng)
+        self.p = sc.StateSlotPool(16, sc.StateTransfer.fork(2, readable_midstep=True), hash_block_size=4)
+        self.owned: list[int] = []
+        self.res: list = []
+
+    def snapshot(self):
+        return snap_free_list(self.p)
+
+    def check(self) -> None:
+        self.p._check_invariants()
+        for h in dict(self.p.hash_to_slot):
+            if h == -1:
+                raise Failure("-1 filed as a hash")
+
+    def slot(self):
+        return self.rng.randrange(-1, self.p.num_slots + 1)
+
+    def h(self):
+        return self.rng.choice([11, 12, 13, -1, 10**15])
+
+    def calls(self):
+        p, a, s = self.p, self.any_value, self.seq
+        rng = self.rng
+
+        def pop():
+            if p.has_free():
+                self.owned.append(p.pop())
+
+        def release():
+            if self.owned:
+                p.release(self.owned.pop())
+
+        def checkpoint():
+            if self.owned:
+                s.state_slots = [self.owned[-1]]
+            p.checkpoint(s, a(lambda: rng.randrange(1, 5)), a(self.h))
+            if s.state_slots:
+                self.owned[-1:] = [s.state_slot]
+
+        def reserve():
+            self.res = p.reserve_midstep(s, a(lambda: [(4, self.h())]))
+
+        def reentrant_list():
+            lst = [10**12, Reentrant(lambda: p.pop()), 10**12 + 1]
+            return p.resumable_hit(s, 3, lst)
+
+        return [
+            ("pop", pop), ("release", release), ("checkpoint", checkpoint), ("reserve", reserve),
+            ("publish", lambda: p.publish_midstep(a(lambda: self.res), None)),
+            ("cancel", lambda: p.cancel_midstep(a(lambda: self.res))),
+            ("release_many", lambda: p.release_many(a(lambda: list(self.owned[-1:])))),
+            ("pop_many", lambda: self.owned.extend(p.pop_many(a(lambda: rng.randrange(2))) or [])),
+            ("resumable_hit", lambda: p.resumable_hit(s, a(lambda: rng.randrange(65)), a(lambda: list(s.block_hashes)))),
+            ("resumable_hit_views", lambda: p.resumable_hit(s, 64, s.block_hashes)),
+            ("reentrant_list", reentrant_list),
+            ("lookup", lambda: p.lookup(a(self.h))),
+            ("claim", lambda: p.claim(a(self.slot))),
+            ("pin", lambda: p.pin(a(self.slot))),
+            ("unpin", lambda: p.unpin(a(self.slot))),
+            ("drop_reader", lambda: p.drop_reader(a(self.slot))),
+            ("release_pins", p.release_pins),
+            ("promote", lambda: p.promote(a(self.slot))),
+            ("mark_speculative", lambda: p.mark_speculative(a(self.slot))),
+            ("invalidate", lambda: p.invalidate(a(self.slot))),
+            ("unindex", lambda: p.unindex(a(self.h))),
+            ("extend", lambda: p.extend(a(lambda: rng.randrange(3)))),
+            ("retire_top", p.retire_top),
+            ("has_free", lambda: p.has_free(a(lambda: 1))),
+            ("record_relocation", lambda: p.record_relocation(a(self.slot), a(self.slot))),
+            ("take_relocations", p.take_relocations),
+            ("set_hashes", lambda: setattr(s, "block_hashes", a(lambda: [1, 2, 3]))),
+            ("set_slots", lambda: setattr(s, "state_slots", a(lambda: [1]))),
+        ]
+
+
+class GroupPoolCase(Case):
+    def __init__(self, rng) -> None:
+        super().__init__(rng)
+        self.p = sc.StateGroupPool(12, sc.StateTransfer.copy(), hash_block_size=4)
+        self.owned: list[int] = []
+
+    def snapshot(self):
+        return snap_free_list(self.p)
+
+    def check(self) -> None:
+        self.p._check_invariants()
+
+    def calls(self):
+        p, a, s, rng = self.p, self.any_value, self.seq, self.rng
+
+        def pop():
+            if p.has_free():
+                self.owned.append(p.pop())
+                s.per_req_cache_group = self.owned[-1]
+
+        def release():
+            if self.owned:
+                p.release(self.owned.pop())
+
+        return [
+            ("pop", pop), ("release", release),
+            ("checkpoint", lambda: p.checkpoint(s, 1, a(lambda: rng.choice([21, 22, -1])))),
+            ("take_copies", p.take_copies), ("forget_pending", lambda: p.forget_pending(s)),
+            ("record_copy", lambda: p.record_copy(a(lambda: rng.randrange(12)), a(lambda: rng.randrange(12)))),
+            ("resumable_hit", lambda: p.resumable_hit(s, a(lambda: 3), a(lambda: [21, 22, 23]))),
+            ("lookup", lambda: p.lookup(a(lambda: 21))),
+            ("release_pins", p.release_pins), ("retire_top", p.retire_top),
+            ("extend", lambda: p.extend(a(lambda: 1))),
+            ("unindex", lambda: p.unindex(a(lambda: 21))),
+        ]
+
+
+class PagedCase(Case):
+    """BlockPool + store + coordinator, with hostile owners and callbacks."""
+
+    def __init__(self, rng) -> None:
+        super().__init__(rng)
+        self.spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=256, layout_id="f",
+                                                image_bytes=256)
+        self.pool = sc.BlockPool(40)
+        self.coord = sc.PagedStateCheckpointCoordinator(self.pool, self.spec, enabled=True)
+        self.pool.on_evict = self.coord.unindex
+        self.seq.state_slots = [0]
+        self.kv: list[int] = []
+        self.units: dict = {}
+
+    def snapshot(self):
+        return (snap_store(self.coord.store), repr(self.coord.checkpoint_fates()))
+
+    def check(self) -> None:
+        check_block_pool(self.pool)
+        self.coord.store.check_consistency()
+        for h in dict(self.coord.store.hash_to_checkpoint):
+            if h == -1:
+                raise Failure("-1 filed as a hash")
+
+    def owner(self):
+        p = self.pool
+        return self.rng.choice([
+            ("mine", 1), 1, 1.0, None, [1], RaisingHash(), RaisingEq(),
+            Reentrant(lambda: p.allocate(1)), ("state-transfer", RaisingHash()),
+            ("state-checkpoint", 2**70), ("state-checkpoint", -3),
+        ])
+
+    def on_evict(self):
+        p, c = self.pool, self.coord
+
+        def raising(h):
+            raise CallbackBoom("on_evict")
+
+        def detaching(h):
+            p.on_evict = None
+            c.unindex(h)
+
+        def reentrant(h):
+            c.unindex(h)
+            p.allocate(1)
+
+        return self.rng.choice([c.unindex, raising, detaching, reentrant, None, 5])
+
+    def calls(self):
+        p, c, a, s, rng = self.pool, self.coord, self.any_value, self.seq, self.rng
+        st = c.store
+
+        def reserve():
+            o = a(self.owner)
+            got = p.reserve_units(a(lambda: rng.randrange(4)), o)
+            if got:
+                self.units.setdefault(repr(o), (o, []))[1].extend(got)
+
+        def release():
+            if self.units:
+                key = rng.choice(list(self.units))
+                o, got = self.units[key]
+                if got:
+                    p.release_units([got.pop()], o)
+
+        def alloc():
+            got = p.allocate(a(lambda: rng.randrange(1, 4)))
+            if got:
+                self.kv.extend(got)
+                for b in got:
+                    p.publish(b, rng.randrange(1, 60))
+
+        def free():
+            if self.kv:
+                p.free([self.kv.pop()])
+
+        def clock():
+            st.use_clock(rng.choice([lambda: 1.0, lambda: "x", lambda: (_ for _ in ()).throw(CallbackBoom()),
+                                     time.monotonic, None, 3]))
+
+        return [
+            ("reserve_units", reserve), ("release_units", release), ("allocate", alloc), ("free", free),
+            ("set_on_evict", lambda: setattr(p, "on_evict", self.on_evict())),
+            ("checkpoint", lambda: c.checkpoint(s, a(lambda: 1), a(lambda: rng.randrange(1, 60)))),
+            ("complete", c.complete_previous_batch), ("take_ops", c.take_checkpoint_ops),
+            ("begin_restore", lambda: c.begin_restore(a(lambda: rng.randrange(1, 60)), a(lambda: 1))),
+            ("resumable_hit", lambda: c.resumable_hit(s, a(lambda: 3), a(lambda: [1, 2, 3]))),
+            ("resumable_hit_view", lambda: c.resumable_hit(s, 3, s.block_hashes)),
+            ("unindex", lambda: c.unindex(a(lambda: rng.randrange(1, 60)))),
+            ("offload", lambda: c.attach_offload(rng.choice([sc.StateOffloadIndex(), None]))),
+            ("take_offload", lambda: st.take_offload_stores(a(lambda: 2))),
+            ("reclaim", lambda: st.reclaim_stale_offload_pins(a(lambda: 0.001))),
+            ("use_clock", clock),
+            ("reserve_transfer", lambda: c.reserve_transfer_units(a(self.owner))),
+            ("adopt_transfer", lambda: c.adopt_transfer_units(a(self.owner), a(lambda: 7))),
+            ("release_transfer", lambda: c.release_transfer_units(a(self.owner))),
+            ("adopt_units", lambda: st.adopt_units(a(lambda: tuple(self.kv[:4])), a(self.owner), a(lambda: 9))),
+            ("reset_prefix_cache", p.reset_prefix_cache),
+            ("forget_pending", lambda: c.forget_pending(s)),
+            ("owner_of", lambda: p.owner_of(a(lambda: rng.randrange(40)))),
+            ("changed_since", lambda: st.changed_since(a(lambda: 0))),
+            ("has_available_units", lambda: c.has_available_units(a(lambda: 4), a(lambda: None))),
+        ]
+
+
+def uninitialised(deadline: float) -> int:
+    """Every public class created without __init__: each method and property
+    raises TypeError (or works), never crashes."""
+    n = 0
+    classes = [getattr(sc, name) for name in dir(sc) if isinstance(getattr(sc, name), type)]
+    for cls in classes:
+        try:
+            obj = cls.__new__(cls)
+        except Exception:
+            continue
+        for attr in dir(cls):
+            if attr.startswith("__") and attr not in ("__len__", "__iter__", "__repr__", "__eq__",
+                                                       "__hash__", "__getitem__", "__contains__"):
+                continue
+            try:
+                v = getattr(obj, attr)
+                if callable(v):
+                    for args in ((), (1,), (1, 2), ([1],)):
+                        try:
+                            v(*args)
+                        except CLEAN:
+                            pass
+            except CLEAN:
+                pass
+            n += 1
+    return n
+
+
+def pickling(deadline: float) -> int:
+    """pickle / copy / deepcopy of every kind of object: works or TypeError."""
+    pool = sc.BlockPool(8)
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=64, layout_id="p", image_bytes=64)
+    coord = sc.PagedStateCheckpointCoordinator(pool, spec, enabled=True)
+    slot = sc.StateSlotPool(4, sc.StateTransfer.fork(1))
+    seq = sc.Sequence(3, num_tokens=5)
+    seq.block_hashes = [1, 2]
+    objs = [pool, coord, coord.store, coord.store.records, coord.store.hash_to_checkpoint, slot,
+            slot.hash_to_slot, slot.slot_hash, seq, seq.block_hashes, sc.StateTransfer.copy(), spec,
+            sc.StateOffloadIndex(), sc.StateStoreOperationId(1, 2),
+            sc.StateGroupPool(2, sc.StateTransfer.fork(1))]
+    n = 0
+    for o in objs:
+        for f in (lambda x: pickle.loads(pickle.dumps(x)), copy.copy, copy.deepcopy):
+            try:
+                f(o)
+            except (TypeError, pickle.PicklingError):
+                pass
+            n += 1
+    return n
+
+
+def views_after_owner(deadline: float) -> int:
+    n = 0
+    while time.monotonic() < deadline:
+        p = sc.StateSlotPool(4, sc.StateTransfer.fork(1))
+        v1, v2 = p.hash_to_slot, p.slot_hash
+        seq = sc.Sequence(1)
+        seq.block_hashes = [5, 6, 7]
+        lv = seq.block_hashes
+        del p, seq
+        gc.collect()
+        for v in (v1, v2, lv):
+            try:
+                len(v), list(v), repr(v)
+            except CLEAN:
+                pass
+        try:
+            lv.append(3)
+            lv.extend(lv)
+            lv.clear()
+        except CLEAN:
+            pass
+        n += 1
+    return n
+
+
+def threads(deadline: float) -> int:
+    pool = sc.BlockPool(256)
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=128, layout_id="t", image_bytes=128)
+    coord = sc.PagedStateCheckpointCoordinator(pool, spec, enabled=True)
+    pool.on_evict = coord.unindex
+    slots = sc.StateSlotPool(64, sc.StateTransfer.fork(1))
+    errors: list = []
+    count = [0]
+
+    def worker(k: int) -> None:
+        rng = random.Random(k)
+        seq = sc.Sequence(k, num_tokens=100)
+        seq.state_slots = [k]
+        try:
+            while time.monotonic() < deadline:
+                got = pool.allocate(2)
+                if got:
+                    pool.publish(got[0], rng.randrange(1, 500))
+                    pool.free(got)
+                coord.checkpoint(seq, 1, rng.randrange(1, 500))
+                if k == 0:
+                    coord.complete_previous_batch()
+                    coord.take_checkpoint_ops()
+                if slots.has_free(1):
+                    try:
+                        s = slots.pop()
+                        slots.release(s)
+                    except CLEAN:
+                        pass
+                count[0] += 1
+        except BaseException as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise Failure("thread errors: " + "; ".join(errors[:3]))
+    check_block_pool(pool)
+    coord.store.check_consistency()
+    slots._check_invariants()
+    return count[0]
+
+
+CASES = {
+    "slot_pool": SlotPoolCase,
+    "group_pool": GroupPoolCase,
+    "paged": PagedCase,
+    "uninitialised": uninitialised,
+    "pickling": pickling,
+    "views": views_after_owner,
+    "threads": threads,
+}
+
+
+def main() -> int:
+    case, seed, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    deadline = time.monotonic() + seconds
+    target = CASES[case]
+    if isinstance(target, type):
+        n = target(random.Random(seed)).run(deadline)
+    else:
+        n = target(deadline)
+    print(f"{case}: {n} calls, ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
