@@ -11,6 +11,7 @@
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "bindings/fast_call.h"
 #include "core/paged_types.h"
 #include "core/span_planner.h"
 #ifdef STATECACHE_WITH_GPU
@@ -116,13 +117,13 @@ void bind_copy(py::module_& m) {
   m.attr("has_gpu_kernels") = false;
 #endif
 
-  py::class_<CompiledBatch>(m, "_CopyBatch", "A validated batch: one descriptor per op plus its unit ids.")
+  py::class_<CompiledBatch>(m, "_CopyBatch", STATECACHE_GUARDED(CompiledBatch), "A validated batch: one descriptor per op plus its unit ids.")
       .def_property_readonly("num_ops", [](const CompiledBatch& b) { return b.ops.size(); })
       .def_property_readonly("num_slot_copies", [](const CompiledBatch& b) { return b.num_pair_ops; })
       .def_property_readonly("num_paged_ops", [](const CompiledBatch& b) { return b.num_paged_ops; })
       .def_property_readonly("bytes", [](const CompiledBatch& b) { return b.bytes; });
 
-  py::class_<SpanPlanner>(m, "_SpanPlanner", R"doc(
+  py::class_<SpanPlanner>(m, "_SpanPlanner", STATECACHE_GUARDED(SpanPlanner), R"doc(
 Validates and compiles batches of state maintenance ops over one layout.
 
 Segment tables are flat ``[base, stride, bytes, ...]`` int lists: item i of a
@@ -172,7 +173,7 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
           py::arg("batch"));
 
 #ifdef STATECACHE_WITH_GPU
-  py::class_<GpuCopyEngine>(m, "_GpuCopyEngine", R"doc(
+  py::class_<GpuCopyEngine>(m, "_GpuCopyEngine", STATECACHE_GUARDED(GpuCopyEngine), R"doc(
 Device copy of a planner's templates, pinned descriptor staging and the
 one-launch copy kernel, for one device.
 

@@ -2,6 +2,7 @@
 // (the tier's full key); the entries' memory is a buffer the caller owns.
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "bindings/fast_call.h"
 #include "core/host_arena.h"
 
 namespace statecache::bindings {
@@ -37,7 +38,7 @@ py::list to_py_keys(const std::vector<std::string>& keys) {
 }  // namespace
 
 void bind_tiers(py::module_& m) {
-  py::class_<HostArena>(m, "HostArena", R"doc(Which entries of the host tier's arena hold what.
+  py::class_<HostArena>(m, "HostArena", STATECACHE_GUARDED(HostArena), R"doc(Which entries of the host tier's arena hold what.
 
 ``HostArena(entry_bytes, capacity_bytes, class_budget_bytes, ranking="cost")``:
 ``capacity_bytes // entry_bytes`` entries of one buffer the caller owns; a value

@@ -13,7 +13,18 @@
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from collections.abc import Sequence as _Seq
-from typing import Any, ClassVar, Final, Literal, Protocol, SupportsIndex, TypeAlias, overload
+from typing import (
+    Any,
+    ClassVar,
+    Final,
+    Literal,
+    NoReturn,
+    Protocol,
+    SupportsIndex,
+    TypeAlias,
+    TypedDict,
+    overload,
+)
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +39,17 @@ _Ints: TypeAlias = _Seq[SupportsIndex] | npt.NDArray[np.integer[Any]]
 _Owner: TypeAlias = Hashable
 _CheckpointState: TypeAlias = Literal["COPYING", "READY", "EVICTING"]
 _TransferKind: TypeAlias = Literal["none", "fork", "copy", "replay"]
+_EvictionKind: TypeAlias = Literal["lru", "cost"]
+
+class _EvictionPolicy(TypedDict):
+    kind: _EvictionKind
+    flops_per_token: float
+    flops_per_context_token: float
+    checkpoint_bytes: float
+    tokens_per_position: float
+    weight: float
+    guesses_first: bool
+
 #: a midstep reservation: (slot, position, prefix hash)
 _Midstep: TypeAlias = tuple[int, int, int]
 
@@ -70,10 +92,30 @@ def chain_block_hashes(
     ints (a NumPy int64 array with ``as_numpy=True``); a trailing partial block
     gets no hash. Raises ValueError for ``block_size <= 0``."""
 
+def chain_block_keys(
+    token_ids: _Ints,
+    block_size: _Int,
+    parent_key: bytes | None = None,
+    seed: _Int = 0,
+    salt: bytes | str | None = None,
+) -> tuple[list[int], bytes]:
+    """The 128-bit prefix keys of the full blocks of ``token_ids`` (SipHash
+    under a deployment key from ``seed`` and ``salt``), chained from
+    ``parent_key`` (16 bytes; None: the root). Returns (64-bit scheduler hash
+    of each block, the keys packed as ``16 * n`` bytes). Raises ValueError for
+    ``block_size <= 0`` or a parent key that is not 16 bytes."""
+
+def scheduler_hash(key: bytes) -> int:
+    """Returns the 64-bit scheduler hash (never -1) the 16-byte prefix key
+    names. Raises ValueError for a key that is not 16 bytes."""
+
 def checkpoint_copy_ops_per_batch(max_num_seqs: _Int) -> int:
     """The most PAGE store + restore ops one batch of ``max_num_seqs``
     sequences can carry (executor staging size): two per sequence. Returns
     an int. (A negative count is not refused yet.)"""
+
+class IntRangeError(OverflowError, ValueError):
+    """An int argument that does not fit in a signed 64-bit int."""
 
 # ------------------------------------------------------------ value types --
 
@@ -143,8 +185,7 @@ class StateTransfer:
         """inf for none and replay, fork_tokens for fork, 0.0 for copy."""
     def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
-    def __getstate__(self) -> tuple[str, int, str | None, bool]: ...
-    def __setstate__(self, state: tuple[str, int, str | None, bool], /) -> None: ...
+    def __reduce__(self) -> tuple[type[StateTransfer], tuple[str, int, str | None, bool]]: ...
 
 class SlotRetirement:
     """``retire_top`` of a slot pool: copy ``retired`` -> ``relocated_to``
@@ -160,8 +201,7 @@ class SlotRetirement:
     def held_checkpoint(self) -> bool: ...
     def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
-    def __getstate__(self) -> tuple[int, int, bool]: ...
-    def __setstate__(self, state: tuple[int, int, bool], /) -> None: ...
+    def __reduce__(self) -> tuple[type, tuple[int, int, bool]]: ...
 
 class GroupRetirement:
     """``retire_top`` of a group pool; fields as ``SlotRetirement``."""
@@ -175,8 +215,7 @@ class GroupRetirement:
     def held_checkpoint(self) -> bool: ...
     def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
-    def __getstate__(self) -> tuple[int, int, bool]: ...
-    def __setstate__(self, state: tuple[int, int, bool], /) -> None: ...
+    def __reduce__(self) -> tuple[type, tuple[int, int, bool]]: ...
 
 class PagedStateCheckpointSpec:
     """A PAGE image's geometry: ``image_bytes`` of a ``slot_bytes`` slot
@@ -364,6 +403,8 @@ class CheckpointRecordsView:
         """Returns a snapshot of the items."""
     def copy(self) -> dict[int, CheckpointRecord]:
         """Returns a plain dict snapshot."""
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
 
 class CheckpointHashIndexView:
     """``store.hash_to_checkpoint``: a live read-only mapping hash -> checkpoint id."""
@@ -385,6 +426,8 @@ class CheckpointHashIndexView:
         """Returns a snapshot of the items."""
     def copy(self) -> dict[int, int]:
         """Returns a plain dict snapshot."""
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
 
 class OffloadBacklogView:
     """Checkpoint ids nominated for the offload tier, oldest first."""
@@ -395,6 +438,8 @@ class OffloadBacklogView:
     def __iter__(self) -> Iterator[int]: ...
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
 
 class OffloadHashesView:
     """The hashes a tier holds (``StateOffloadIndex.hashes``), LRU order."""
@@ -402,6 +447,8 @@ class OffloadHashesView:
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[int]: ...
     def __contains__(self, h: object, /) -> bool: ...
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
 
 # --------------------------------------------------------------- sequence --
 
@@ -562,6 +609,22 @@ class StateSlotPool:
         """Returns checkpoints_kept / dropped / evicted / orphaned."""
     def occupancy(self) -> dict[str, int]:
         """Returns slots_total, slots_used, slots_held, slots_vacant."""
+    def set_eviction_policy(
+        self,
+        kind: _EvictionKind = "lru",
+        *,
+        flops_per_token: float = 1.0,
+        flops_per_context_token: float = 0.0,
+        checkpoint_bytes: float = 1.0,
+        tokens_per_position: float = 1.0,
+        weight: float = 1.0,
+        guesses_first: bool = True,
+    ) -> None:
+        """Chooses which checkpoint to spend first ('lru' or 'cost'); returns
+        None. Raises ValueError naming the argument (nothing changed) for a bad value."""
+    @property
+    def eviction_policy(self) -> _EvictionPolicy:
+        """The eviction setting as a dict (the arguments of ``set_eviction_policy``)."""
 
 class StateGroupPool:
     """Per-request groups of ``entries_per_req`` entries with fork and copy
@@ -649,6 +712,22 @@ class StateGroupPool:
         None when the pool is empty."""
     def checkpoint_fates(self) -> dict[str, int]:
         """Returns checkpoints_kept / dropped / evicted / orphaned."""
+    def set_eviction_policy(
+        self,
+        kind: _EvictionKind = "lru",
+        *,
+        flops_per_token: float = 1.0,
+        flops_per_context_token: float = 0.0,
+        checkpoint_bytes: float = 1.0,
+        tokens_per_position: float = 1.0,
+        weight: float = 1.0,
+        guesses_first: bool = True,
+    ) -> None:
+        """Chooses which checkpoint to spend first ('lru' or 'cost'); returns
+        None. Raises ValueError naming the argument (nothing changed) for a bad value."""
+    @property
+    def eviction_policy(self) -> _EvictionPolicy:
+        """The eviction setting as a dict (the arguments of ``set_eviction_policy``)."""
 
 # ------------------------------------------------------------- block pool --
 
@@ -710,6 +789,8 @@ class BlockPool:
         returns how many."""
     def check_consistency(self) -> None:
         """Raises AssertionError if an internal invariant is broken (tests)."""
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
 
 # ------------------------------------------------------- PAGE checkpoints --
 
@@ -742,9 +823,12 @@ class PageUnitCheckpointStore:
     @property
     def store_backlog(self) -> Any:
         """Checkpoint ids nominated for the offload tier, oldest first."""
-    def begin_store(self, prefix_hash: _Int, src_slot: _Int) -> CheckpointStoreOp | None:
-        """Returns the op filing a COPYING image of ``src_slot`` (evicting LRU
-        images if needed), or None when units cannot be had or it is already kept."""
+    def begin_store(
+        self, prefix_hash: _Int, src_slot: _Int, position: _Int = 0
+    ) -> CheckpointStoreOp | None:
+        """Returns the op filing a COPYING image of ``src_slot`` at ``position``
+        (evicting images if needed), or None when units cannot be had or it is
+        already kept. Raises ValueError for ``position < 0``."""
     def begin_restore(self, prefix_hash: _Int, dst_slot: _Int) -> CheckpointRestoreOp | None:
         """Returns an op reading the READY image into ``dst_slot`` (pinned until
         the batch completes), or None when no READY image is filed under the hash."""
@@ -808,6 +892,24 @@ class PageUnitCheckpointStore:
         """Replaces the monotonic clock for pin ages (tests); None restores it."""
     def check_consistency(self) -> None:
         """Raises AssertionError if an internal invariant is broken (tests)."""
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
+    def set_eviction_policy(
+        self,
+        kind: _EvictionKind = "lru",
+        *,
+        flops_per_token: float = 1.0,
+        flops_per_context_token: float = 0.0,
+        checkpoint_bytes: float = 1.0,
+        tokens_per_position: float = 1.0,
+        weight: float = 1.0,
+        guesses_first: bool = True,
+    ) -> None:
+        """Chooses which checkpoint to spend first ('lru' or 'cost'); returns
+        None. Raises ValueError naming the argument (nothing changed) for a bad value."""
+    @property
+    def eviction_policy(self) -> _EvictionPolicy:
+        """The eviction setting as a dict (the arguments of ``set_eviction_policy``)."""
 
 class PagedStateCheckpointCoordinator:
     """The scheduler-side PAGE API: files boundaries, hands out the batch's
@@ -924,6 +1026,27 @@ class PagedStateCheckpointCoordinator:
         """Returns whether any offload pin is held."""
     def reclaim_stale_offload_pins(self, timeout_s: float) -> int:
         """Drops offload pins older than ``timeout_s`` seconds; returns how many."""
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
+    def set_eviction_policy(
+        self,
+        kind: _EvictionKind = "lru",
+        *,
+        flops_per_token: float = 1.0,
+        flops_per_context_token: float = 0.0,
+        checkpoint_bytes: float = 1.0,
+        tokens_per_position: float = 1.0,
+        weight: float = 1.0,
+        guesses_first: bool = True,
+    ) -> None:
+        """Chooses which checkpoint to spend first ('lru' or 'cost'); returns
+        None. Raises ValueError naming the argument (nothing changed) for a bad value."""
+    @property
+    def eviction_policy(self) -> _EvictionPolicy:
+        """The eviction setting as a dict (the arguments of ``set_eviction_policy``)."""
+    def check_consistency(self) -> None:
+        """Raises AssertionError when an invariant of the coordinator, its store
+        or its pool is broken (tests)."""
 
 class StateOffloadIndex:
     """A lower tier's membership (capped LRU) and load bookkeeping."""
@@ -956,35 +1079,94 @@ class StateOffloadIndex:
         """Starts a load of ``h``; returns False when it cannot be served."""
     def complete_load(self, h: _Int) -> None:
         """Ends a load. Raises ValueError when none is in flight for ``h``."""
-    def fail_load(self, h: _Int, *, missing: bool = False) -> None:
-        """Ends a failed load, forgetting ``h`` only when it is missing. Raises
-        ValueError when none is in flight for ``h``."""
+    def fail_load(self, h: _Int, *, missing: bool = False, untrusted: bool = False) -> None:
+        """Ends a failed load, forgetting ``h`` when it is missing or untrusted.
+        Raises ValueError when none is in flight for ``h``."""
     def abandon_load(self, h: _Int) -> None:
         """Ends a load nobody waits for any more."""
     def stats(self) -> dict[str, int]:
         """Returns stores/loads attempted, completed, failed, untrusted,
         missing, abandoned, hashes held and evicted."""
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
+
+# ------------------------------------------------------------- host tier --
+
+class HostArena:
+    """Which entries of the host tier's arena hold what: ``capacity_bytes //
+    entry_bytes`` entries of one buffer the caller owns; values are filed under
+    a key (bytes or str) in a budget class. ``ranking``: "lru" or "cost"."""
+
+    def __init__(
+        self,
+        entry_bytes: _Int,
+        capacity_bytes: _Int,
+        class_budget_bytes: _Ints,
+        ranking: Literal["lru", "cost"] = "cost",
+    ) -> None:
+        """Raises ValueError for a bad size, budget or ranking."""
+    @property
+    def entry_bytes(self) -> int: ...
+    @property
+    def num_entries(self) -> int: ...
+    @property
+    def num_free(self) -> int: ...
+    @property
+    def num_classes(self) -> int: ...
+    @property
+    def ranking(self) -> Literal["lru", "cost"]: ...
+    def class_stats(self, klass: _Int) -> dict[str, int]:
+        """Returns budget_entries, used_entries, values, evictions, refused of
+        class ``klass``. Raises IndexError for an unknown class."""
+    def victims(self, klass: _Int, count: _Int) -> list[bytes] | None:
+        """Returns the keys ``allocate`` would evict to fit ``count`` entries, in
+        order; None when it cannot. Raises IndexError for an unknown class."""
+    def allocate(
+        self, key: bytes | str, klass: _Int, count: _Int, nbytes: _Int, cost: float
+    ) -> tuple[list[int], list[bytes]] | None:
+        """Reserves entries for ``key``; returns (entry ids, evicted keys), or
+        None (nothing changed). Raises IndexError for an unknown class."""
+    def seal(self, key: bytes | str, meta: bytes) -> None:
+        """Makes the value under ``key`` findable with ``meta``; returns None."""
+    def remove(self, key: bytes | str) -> bool:
+        """Drops the value under ``key``; returns whether one was there."""
+    def contains(self, key: bytes | str) -> bool:
+        """Returns whether a value is filed under ``key``."""
+    def __contains__(self, key: object, /) -> bool: ...
+    def __len__(self) -> int: ...
+    def lookup(self, key: bytes | str, touch: bool = True) -> tuple[list[int], int, bytes, int] | None:
+        """Returns (entry ids, nbytes, meta, klass) of a sealed value, or None."""
+    def pin(self, key: bytes | str) -> None:
+        """Pins the value under ``key`` (never evicted while pinned); returns None."""
+    def unpin(self, key: bytes | str) -> None:
+        """Drops one pin of the value under ``key``; returns None."""
+    def pins(self, key: bytes | str) -> int:
+        """Returns the pin count of the value under ``key``."""
+    def keys(self) -> list[bytes]:
+        """Returns the keys filed, as bytes."""
+    def check_consistency(self) -> None:
+        """Raises AssertionError if an internal invariant is broken (tests)."""
 
 # ---------------------------------------------------------------- copying --
 
-class CopyPlan:
-    """The flat (src, dst, bytes) spans of one validated batch."""
+class _CopyBatch:
+    """A validated, compiled batch: one descriptor per op plus its unit ids."""
 
     @property
-    def num_spans(self) -> int: ...
+    def num_ops(self) -> int: ...
+    @property
+    def num_slot_copies(self) -> int: ...
+    @property
+    def num_paged_ops(self) -> int: ...
     @property
     def bytes(self) -> int: ...
-    def spans(self) -> list[tuple[int, int, int]]:
-        """Returns the spans as (src address, dst address, bytes)."""
-    def run_on_cpu(self) -> None:
-        """memcpy every span (host memory only; the GIL is released)."""
 
 _Pairs: TypeAlias = Iterable[tuple[_Int, _Int]]
 
-class SpanPlanner:
-    """Plans maintenance batches over one state and one page layout. Segment
-    tables are flat ``[base, stride, bytes, ...]`` int lists. Private to the
-    executor: it takes raw addresses (use ``StateCopyExecutor``)."""
+class _SpanPlanner:
+    """Validates and compiles maintenance batches over one state and one page
+    layout. Segment tables are flat ``[base, stride, bytes, ...]`` int lists.
+    Private to the executor: it takes raw addresses (use ``StateCopyExecutor``)."""
 
     def __init__(
         self,
@@ -1012,19 +1194,19 @@ class SpanPlanner:
     @property
     def layout_id(self) -> str: ...
     @property
-    def spans_per_paged_op(self) -> int: ...
+    def pieces_per_paged_op(self) -> int: ...
     @property
-    def spans_per_slot_copy(self) -> int: ...
-    def plan(
+    def pieces_per_slot_copy(self) -> int: ...
+    def compile(
         self,
         relocations: _Pairs = (),
         copies: _Pairs = (),
         stores: Iterable[CheckpointStoreOp] = (),
         restores: Iterable[CheckpointRestoreOp] = (),
-    ) -> CopyPlan:
-        """Returns the batch's spans. Raises ValueError naming the first bad op
+    ) -> _CopyBatch:
+        """Returns the compiled batch. Raises ValueError naming the first bad op
         (layout id, total_bytes, unit count, ranges, two writers, a read of
-        what another op writes) before anything is planned."""
+        what another op writes) before anything is compiled."""
     def validate(
         self,
         relocations: _Pairs = (),
@@ -1032,15 +1214,29 @@ class SpanPlanner:
         stores: Iterable[CheckpointStoreOp] = (),
         restores: Iterable[CheckpointRestoreOp] = (),
     ) -> None:
-        """Raises as ``plan`` does; returns None for a valid batch."""
+        """Raises as ``compile`` does; returns None for a valid batch."""
+    def run_on_cpu(self, batch: _CopyBatch) -> None:
+        """memcpy every span of ``batch`` (host memory only; holds the GIL). Returns None."""
+    def spans(self, batch: _CopyBatch) -> list[tuple[int, int, int]]:
+        """Returns the batch's spans as (src address, dst address, bytes)."""
 
-class GpuCopyEngine:
-    """Pinned descriptor staging plus the one-launch copy kernel for one
-    device. Only in builds with GPU kernels (``has_gpu_kernels``)."""
+class _GpuCopyEngine:
+    """Device copy of a planner's templates, pinned descriptor staging and the
+    one-launch copy kernel for one device. Only in builds with GPU kernels
+    (``has_gpu_kernels``)."""
 
-    chunk_bytes: ClassVar[int]
-    def __init__(self, device: _Int, capacity_spans: _Int, buffers: _Int = 2) -> None:
-        """Raises ValueError for ``capacity_spans < 1`` or a negative device."""
+    item_bytes: ClassVar[int]
+    num_variants: ClassVar[int]
+    def __init__(
+        self,
+        device: _Int,
+        planner: _SpanPlanner,
+        max_pair_ops: _Int,
+        max_paged_ops: _Int,
+        buffers: _Int = 2,
+        variant: _Int = 0,
+    ) -> None:
+        """Raises ValueError for a negative device or op count, or a bad buffers/variant."""
     @property
     def device(self) -> int: ...
     @property
@@ -1048,12 +1244,18 @@ class GpuCopyEngine:
     @property
     def grid_blocks(self) -> int: ...
     @property
-    def capacity_spans(self) -> int: ...
-    def submit(self, plan: CopyPlan, stream: _Int) -> None:
-        """Stages ``plan`` and launches it on the raw stream handle."""
-    def stage(self, plan: CopyPlan) -> None:
-        """Fills the next staging buffer (waits until the device read it)."""
-    def launch(self, stream: _Int, min_transfer: _Int = 0, copy_descriptors: bool = True) -> None:
-        """Enqueues the descriptor copy and the kernel (capturable in a graph)."""
+    def staging_bytes(self) -> int: ...
+    @property
+    def items_per_paged_op(self) -> int: ...
+    @property
+    def items_per_slot_copy(self) -> int: ...
+    def submit(self, batch: _CopyBatch, stream: _Int) -> None:
+        """Stages ``batch`` and launches it on the raw stream handle. Returns None."""
+    def stage(self, batch: _CopyBatch) -> None:
+        """Fills the next staging buffer (waits until the device read it). Returns None."""
+    def launch(
+        self, stream: _Int, full_transfer: bool = False, copy_descriptors: bool = True
+    ) -> None:
+        """Enqueues the descriptor copy and the kernel (capturable in a graph). Returns None."""
     def record_consumed(self, stream: _Int) -> None:
-        """Marks the staging as read once ``stream`` reaches this point."""
+        """Marks the staging as read once ``stream`` reaches this point. Returns None."""

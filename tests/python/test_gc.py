@@ -21,7 +21,7 @@ def test_engine_built_and_dropped_100_times_leaves_no_pools():
     refs = []
     for i in range(100):
         e = engine("page" if i % 2 else "fork")
-        e.add_request(Request(list(range(1, 30)), 3))
+        e.add_request(Request(list(range(1, 30)), 3, scripted_output=[5, 6, 7]))
         e.run_until_done(200)
         refs += [weakref.ref(e.block_manager.pool), weakref.ref(e.caches.slot_pool)]
         if e.caches.coordinator is not None:

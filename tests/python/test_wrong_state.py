@@ -108,6 +108,8 @@ class SlotPoolModel:
         if self.retire and rng.random() < 0.15:
             r = p.retire_top()
             if r is not None and r.relocated_to >= 0:
+                # the caller copies retired -> relocated_to before the next forward
+                self.content[r.relocated_to] = self.content.get(r.retired)
                 for s in self.seqs:  # the owner follows its state
                     if s.state_slot == r.retired and not r.held_checkpoint:
                         s.state_slot = r.relocated_to
