@@ -194,7 +194,8 @@ class CapturedStateCopy:
             self._graphs = []
             for b in range(buffers):
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
+                # torch's default capture stream lives on whichever device captured first
+                with torch.cuda.graph(g, stream=torch.cuda.Stream(self.device)):
                     self.record(b)
                 self._graphs.append(g)
 
