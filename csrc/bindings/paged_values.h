@@ -102,20 +102,23 @@ T* bound_value(PyObject* self) {
 // objects: `visit_all(T&, visitproc, arg)` visits each reference the object
 // owns exactly once, `clear_all(T&)` drops them (the C++ object stays usable).
 template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
+void install_gc(PyHeapTypeObject* heap_type) {
+  PyTypeObject* type = &heap_type->ht_type;
+  type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+  type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
+    Py_VISIT(Py_TYPE(self));
+    if (T* v = bound_value<T>(self)) return Traverse(*v, visit, arg);
+    return 0;
+  };
+  type->tp_clear = [](PyObject* self) -> int {
+    if (T* v = bound_value<T>(self)) Clear(*v);
+    return 0;
+  };
+}
+
+template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
 py::custom_type_setup gc_setup() {
-  return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
-    PyTypeObject* type = &heap_type->ht_type;
-    type->tp_flags |= Py_TPFLAGS_HAVE_GC;
-    type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
-      Py_VISIT(Py_TYPE(self));
-      if (T* v = bound_value<T>(self)) return Traverse(*v, visit, arg);
-      return 0;
-    };
-    type->tp_clear = [](PyObject* self) -> int {
-      if (T* v = bound_value<T>(self)) Clear(*v);
-      return 0;
-    };
-  });
+  return py::custom_type_setup([](PyHeapTypeObject* heap_type) { install_gc<T, Traverse, Clear>(heap_type); });
 }
 
 // gc_setup for a class that also takes the fast-call creation guard and its
@@ -124,17 +127,7 @@ template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
 py::custom_type_setup guarded_gc_setup() {
   return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
     fast::instance_setup<T>(heap_type);
-    PyTypeObject* type = &heap_type->ht_type;
-    type->tp_flags |= Py_TPFLAGS_HAVE_GC;
-    type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
-      Py_VISIT(Py_TYPE(self));
-      if (T* v = bound_value<T>(self)) return Traverse(*v, visit, arg);
-      return 0;
-    };
-    type->tp_clear = [](PyObject* self) -> int {
-      if (T* v = bound_value<T>(self)) Clear(*v);
-      return 0;
-    };
+    install_gc<T, Traverse, Clear>(heap_type);
   });
 }
 
