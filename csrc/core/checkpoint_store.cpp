@@ -149,14 +149,9 @@ bool PageUnitCheckpointStore::contains_or_pending(int64_t prefix_hash) const {
 // --------------------------------------------------------------- capacity --
 
 void PageUnitCheckpointStore::set_eviction_model(const EvictionCostModel& model) {
-  model.validate();
-  if (!eviction_.needs_rebuild(model)) {
-    eviction_.set_model(model);
-    return;
-  }
-  eviction_.clear();
-  eviction_.set_model(model);
-  for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next) eviction_.push(idx, false);
+  eviction_.reset_model(model, [this](auto&& push) {
+    for (int32_t idx = lru_head_; idx >= 0; idx = slab_[idx].next) push(idx, false);
+  });
 }
 
 int32_t PageUnitCheckpointStore::next_victim(int64_t protected_id) const {

@@ -80,6 +80,17 @@ class CheckpointEvictionOrder {
   }
   void set_model(const EvictionCostModel& m) { model_ = m; }
 
+  // Validates and installs `m`; when the segments change, re-files every
+  // checkpoint: `refile(push)` calls push(idx, is_guess) oldest first.
+  template <class Refile>
+  void reset_model(const EvictionCostModel& m, Refile&& refile) {
+    m.validate();
+    const bool rebuild = needs_rebuild(m);
+    if (rebuild) clear();
+    set_model(m);
+    if (rebuild) refile([this](int64_t idx, bool guess) { push(idx, guess); });
+  }
+
   void clear() {
     for (auto& e : entries_) e.seg = -1, e.prev = e.next = -1;
     for (auto& s : segs_) s = Seg{};

@@ -116,15 +116,10 @@ int64_t StateFreeList::lru_victim(int64_t exclude) const {
 }
 
 void StateFreeList::set_eviction_model(const EvictionCostModel& model) {
-  model.validate();
-  if (!eviction_.needs_rebuild(model)) {
-    eviction_.set_model(model);
-    return;
-  }
-  eviction_.clear();
-  eviction_.set_model(model);
   // Oldest first, so the new order starts with the ages the list had.
-  for (int64_t u = head_; u >= 0; u = units_[idx(u)].next) eviction_.push(u, units_[idx(u)].spec != 0);
+  eviction_.reset_model(model, [this](auto&& push) {
+    for (int64_t u = head_; u >= 0; u = units_[idx(u)].next) push(u, units_[idx(u)].spec != 0);
+  });
 }
 
 // ---- vacant heap ----------------------------------------------------------
