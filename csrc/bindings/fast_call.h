@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <new>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -279,35 +280,46 @@ enum SeqField : unsigned {
 
 class SeqArg {
  public:
-  SeqArg(PyObject* obj, const char* name, unsigned reads) : obj_(obj) {
-    static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<Sequence>().ptr());
-    if (PyObject_TypeCheck(obj, type)) {
-      native_ = instance_ptr<Sequence>(obj);
-      if (!native_) throw py::type_error(std::string(name) + " is a Sequence whose __init__ did not run");
-      return;
-    }
+  SeqArg(PyObject* obj, const char* name, unsigned reads) : SeqArg(obj, name, -1, reads) {}
+  // Entry `index` of a batch argument `name` (errors say "name[index]").
+  SeqArg(PyObject* obj, const char* name, Py_ssize_t index, unsigned reads)
+      : obj_(obj), name_(name), index_(index) {
+    native_ = native_of(obj, name, index);
+    if (native_) return;
     if (obj == Py_None || PyLong_Check(obj) || PyUnicode_Check(obj))
-      raise_type(name, "a statecache.Sequence or an object with its attributes", obj);
+      raise_type(label().c_str(), "a statecache.Sequence or an object with its attributes", obj);
     Sequence& snap = generic_.emplace().snap;
     if (reads & kHasCache) {
-      const int t = PyObject_IsTrue(attr(name, "has_per_req_cache").ptr());
+      const int t = PyObject_IsTrue(attr("has_per_req_cache").ptr());
       if (t < 0) throw py::error_already_set();
       snap.has_per_req_cache = t != 0;
     }
-    if (reads & kNumTokens) snap.num_tokens = int_attr(name, "num_tokens");
-    if (reads & kStateSlot) snap.state_slots = {int_attr(name, "state_slot")};
-    if (reads & kForkSrc) snap.state_fork_src = int_attr(name, "state_fork_src");
-    if (reads & kGroup) snap.per_req_cache_group = int_attr(name, "per_req_cache_group");
-    if (reads & kPending) snap.pending_checkpoint = int_attr(name, "pending_checkpoint");
+    if (reads & kNumTokens) snap.num_tokens = int_attr("num_tokens");
+    if (reads & kStateSlot) snap.state_slots = {int_attr("state_slot")};
+    if (reads & kForkSrc) snap.state_fork_src = int_attr("state_fork_src");
+    if (reads & kGroup) snap.per_req_cache_group = int_attr("per_req_cache_group");
+    if (reads & kPending) snap.pending_checkpoint = int_attr("pending_checkpoint");
     if (reads & kAnchors) {
-      snap.midstep_anchor_pos = int_attr(name, "midstep_anchor_pos", /*optional=*/true);
-      snap.checkpoint_end_pos = int_attr(name, "checkpoint_end_pos", /*optional=*/true);
+      snap.midstep_anchor_pos = int_attr("midstep_anchor_pos", /*optional=*/true);
+      snap.checkpoint_end_pos = int_attr("checkpoint_end_pos", /*optional=*/true);
     }
     generic_->read = snap;
   }
 
+  // The C++ object when `obj` is a statecache.Sequence (or a subclass), else
+  // nullptr; TypeError for one whose __init__ did not run.
+  static Sequence* native_of(PyObject* obj, const char* name, Py_ssize_t index = -1) {
+    static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<Sequence>().ptr());
+    if (!PyObject_TypeCheck(obj, type)) return nullptr;
+    Sequence* p = instance_ptr<Sequence>(obj);
+    if (!p) throw py::type_error(label_of(name, index) + " is a Sequence whose __init__ did not run");
+    return p;
+  }
+
   bool native() const { return native_ != nullptr; }
   Sequence& get() { return native_ ? *native_ : generic_->snap; }
+  // The fields as read (generic path; the fast path's live fields).
+  const Sequence& as_read() const { return native_ ? *native_ : generic_->read; }
   PyObject* object() const { return obj_; }
   py::object ref() const { return py::reinterpret_borrow<py::object>(obj_); }
 
@@ -316,7 +328,7 @@ class SeqArg {
   // pending_checkpoint). If one raises, the fields already written get the
   // values read at construction back (best effort) and the error propagates.
   // No-op on the fast path (the core writes the C++ object itself).
-  void write_back(std::initializer_list<std::pair<SeqField, int64_t>> values) {
+  void write_back(std::span<const std::pair<SeqField, int64_t>> values) {
     if (native_) return;
     size_t done = 0;
     try {
@@ -326,19 +338,31 @@ class SeqArg {
       }
     } catch (...) {
       // The error is held by the exception in flight (pybind11 fetched it).
-      for (const auto& [f, v] : values) {
-        if (done-- == 0) break;
-        try {
-          set(f, value(generic_->read, f));
-        } catch (...) {
-          PyErr_Clear();
-        }
-      }
+      restore(values.first(done));
       throw;
+    }
+  }
+  void write_back(std::initializer_list<std::pair<SeqField, int64_t>> values) {
+    write_back(std::span<const std::pair<SeqField, int64_t>>(values.begin(), values.size()));
+  }
+  // Gives the fields named in `values` their values as read back (best
+  // effort: a setter that raises now is ignored). Generic path only.
+  void restore(std::span<const std::pair<SeqField, int64_t>> values) {
+    if (native_) return;
+    for (const auto& [f, v] : values) {
+      try {
+        set(f, value(generic_->read, f));
+      } catch (...) {
+        PyErr_Clear();
+      }
     }
   }
 
  private:
+  static std::string label_of(const char* name, Py_ssize_t index) {
+    return index < 0 ? std::string(name) : std::string(name) + "[" + std::to_string(index) + "]";
+  }
+  std::string label() const { return label_of(name_, index_); }
   static const char* attr_name(SeqField f) {
     switch (f) {
       case kStateSlot: return "state_slot";
@@ -361,22 +385,24 @@ class SeqArg {
     py::object x = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
     if (!x || PyObject_SetAttrString(obj_, attr_name(f), x.ptr()) != 0) throw py::error_already_set();
   }
-  py::object attr(const char* name, const char* field, bool optional = false) {
+  py::object attr(const char* field, bool optional = false) {
     PyObject* v = PyObject_GetAttrString(obj_, field);
     if (v) return py::reinterpret_steal<py::object>(v);
     if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw py::error_already_set();
     PyErr_Clear();
     if (optional) return py::int_(0);
-    throw py::type_error(std::string(name) + " must be a statecache.Sequence or have the sequence attributes; " +
+    throw py::type_error(label() + " must be a statecache.Sequence or have the sequence attributes; " +
                          Py_TYPE(obj_)->tp_name + " has no attribute '" + field + "'");
   }
-  int64_t int_attr(const char* name, const char* field, bool optional = false) {
-    py::object v = attr(name, field, optional);
-    const std::string label = std::string(name) + "." + field;
-    return as_int(v, label.c_str());
+  int64_t int_attr(const char* field, bool optional = false) {
+    py::object v = attr(field, optional);
+    const std::string where = label() + "." + field;
+    return as_int(v, where.c_str());
   }
 
   PyObject* obj_;  // borrowed: the caller's argument, alive for the call
+  const char* name_;
+  Py_ssize_t index_;
   Sequence* native_ = nullptr;
   struct Generic {
     Sequence snap;  // what the call works on

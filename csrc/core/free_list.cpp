@@ -205,6 +205,25 @@ void StateFreeList::release(int64_t u) {
   put_back(u);
 }
 
+void StateFreeList::release_many(std::span<const int64_t> units) {
+  std::vector<int64_t> real;
+  real.reserve(units.size());
+  for (int64_t u : units) {
+    if (u < 0) continue;
+    check_owned(u);
+    real.push_back(u);
+  }
+  check_distinct(real);
+  for (int64_t u : real) put_back(u);
+}
+
+void StateFreeList::check_distinct(std::vector<int64_t> units) const {
+  // The second release would be a release of a free unit.
+  std::sort(units.begin(), units.end());
+  auto dup = std::adjacent_find(units.begin(), units.end());
+  if (dup != units.end()) bad_argument(unit_.c_str(), *dup, "is listed twice");
+}
+
 void StateFreeList::put_back(int64_t u) {
   ++units_[idx(u)].epoch;
   set_free(u, true);

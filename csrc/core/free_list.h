@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,10 @@ class StateFreeList {
   void claim(int64_t u);
   // Back to the half its hash puts it in; speculative checkpoints to the head.
   void release(int64_t u);
+  // release() of each, every entry checked first (nothing released when one
+  // fails); negative entries are skipped (a never-admitted request carries
+  // -1) and a unit listed twice is refused.
+  void release_many(std::span<const int64_t> units);
   void extend(int64_t count);
   // Gives up the top index; std::nullopt when it cannot go this pass. The
   // retired index keeps no hash and no index entry, so a later extend cannot
@@ -177,6 +182,7 @@ class StateFreeList {
   void check_unit(int64_t u) const;        // 0 <= u < size()
   void check_owned(int64_t u) const;       // in range, not free, not pinned
   void check_count(const char* name, int64_t count) const;
+  void check_distinct(std::vector<int64_t> units) const;  // none listed twice
 
   // Unchecked primitives, each a step of the reference's algorithm.
   int64_t take_vacant();
