@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <span>
@@ -124,7 +125,8 @@ class SeqBatch {
 
 // One hash list per sequence of a batch, for core/batch.h's resumable_hits:
 // `block_hashes` as given (a list or tuple of lists, tuples or 1-D integer
-// buffers), or None for each sequence's own `block_hashes`.
+// buffers, or a 2-D int64 array with a row per sequence), or None for each
+// sequence's own `block_hashes`.
 //
 // Exact-int lists and tuples are read in place, an item at a time: a read
 // runs no Python code, checks the list's current length, and keeps no item
@@ -154,6 +156,7 @@ class HashRows {
       }
       return;
     }
+    if (set_matrix(block_hashes.ptr())) return;
     py::tuple items = batch_items(block_hashes, "block_hashes", "a list of hash lists (one per sequence) or None");
     keep_.push_back(items);
     if (static_cast<size_t>(PyTuple_GET_SIZE(items.ptr())) != n) {
@@ -166,27 +169,48 @@ class HashRows {
 
   size_t size() const { return rows_.size(); }
   int64_t length(size_t r) const { return rows_[r].n; }
-  int64_t at(size_t r, int64_t k) const {
+  // f(length, hash_at) for row r, hash_at specialised to the row's kind.
+  template <class F>
+  int64_t scan(size_t r, F&& f) const {
     const Row& row = rows_[r];
     switch (row.kind) {
       case kList: {
-        if (k >= PyList_GET_SIZE(row.obj)) [[unlikely]]
-          throw py::value_error("block_hashes[" + std::to_string(r) + "] changed size while it was read");
-        return item(PyList_GET_ITEM(row.obj, k));
+        PyObject* list = row.obj;
+        return f(row.n, [this, list, r](int64_t k) {
+          if (k >= PyList_GET_SIZE(list)) [[unlikely]]
+            changed_size("block_hashes", r);
+          // Scans walk down the list: start fetching the next item's object.
+          if (k >= 4) __builtin_prefetch(PyList_GET_ITEM(list, k - 4));
+          return item(PyList_GET_ITEM(list, k));
+        });
       }
-      case kTuple:
-        if (k >= PyTuple_GET_SIZE(row.obj)) [[unlikely]]
-          throw std::out_of_range("block_hashes: read past the end");
-        return item(PyTuple_GET_ITEM(row.obj, k));
-      case kNative:
-        if (static_cast<size_t>(k) >= row.seq->block_hashes.size()) [[unlikely]]
-          throw py::value_error("seqs[" + std::to_string(r) + "].block_hashes changed size while it was read");
-        return row.seq->block_hashes[static_cast<size_t>(k)];
+      case kTuple: {
+        PyObject* tuple = row.obj;
+        return f(row.n, [this, tuple](int64_t k) {
+          if (k >= PyTuple_GET_SIZE(tuple)) [[unlikely]]
+            throw std::out_of_range("block_hashes: read past the end");
+          if (k > 0) __builtin_prefetch(PyTuple_GET_ITEM(tuple, k - 1));
+          return item(PyTuple_GET_ITEM(tuple, k));
+        });
+      }
+      case kNative: {
+        const Sequence* seq = row.seq;
+        return f(row.n, [seq, r](int64_t k) {
+          if (static_cast<size_t>(k) >= seq->block_hashes.size()) [[unlikely]]
+            changed_size("seqs[].block_hashes", r);
+          return seq->block_hashes[static_cast<size_t>(k)];
+        });
+      }
       case kData:
-      default:
-        if (k >= row.readable) [[unlikely]]
-          throw std::out_of_range("block_hashes: read past the converted prefix");
-        return row.data[k];
+      default: {
+        const int64_t* data = row.data;
+        const int64_t readable = row.readable;
+        return f(row.n, [data, readable](int64_t k) {
+          if (k >= readable) [[unlikely]]
+            throw std::out_of_range("block_hashes: read past the converted prefix");
+          return data[k];
+        });
+      }
     }
   }
   bool saw_non_exact() const { return non_exact_; }
@@ -223,13 +247,43 @@ class HashRows {
     int64_t readable = 0;           // kData: how many of data[] exist
   };
 
-  int64_t item(PyObject* it) const {
+  [[noreturn, gnu::noinline]] static void changed_size(const char* what, size_t r) {
+    throw py::value_error(std::string(what) + " of entry " + std::to_string(r) + " changed size while it was read");
+  }
+  [[gnu::always_inline]] int64_t item(PyObject* it) const {
     int64_t v = -1;
     if (!detail::exact_int_fast(it, v)) [[unlikely]] {
       non_exact_ = true;
       return -1;
     }
     return v;
+  }
+
+  // A 2-D int64 buffer (a NumPy array, row i = sequence i's hashes), read in
+  // place; false (nothing held) for anything else.
+  bool set_matrix(PyObject* obj) {
+    if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj) || !PyObject_CheckBuffer(obj)) return false;
+    Py_buffer view{};
+    if (PyObject_GetBuffer(obj, &view, PyBUF_RECORDS_RO) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    const char* f = view.format ? view.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') ++f;  // native order on a little-endian host
+    const bool int64 = view.itemsize == 8 && (std::strcmp(f, "q") == 0 || std::strcmp(f, "l") == 0 ||
+                                              std::strcmp(f, "n") == 0);
+    if (view.ndim != 2 || !int64 || (view.strides && view.strides[1] != 8)) {
+      PyBuffer_Release(&view);
+      return false;  // read as a sequence of rows
+    }
+    matrix_ = std::make_unique<Matrix>(view);
+    const Py_ssize_t row_stride = view.strides ? view.strides[0] : view.shape[1] * 8;
+    rows_.resize(static_cast<size_t>(view.shape[0]));
+    for (Py_ssize_t i = 0; i < view.shape[0]; ++i) {
+      const auto* row = reinterpret_cast<const int64_t*>(static_cast<const char*>(view.buf) + i * row_stride);
+      rows_[static_cast<size_t>(i)] = Row{kData, nullptr, view.shape[1], row, nullptr, view.shape[1]};
+    }
+    return true;
   }
 
   void set_row(size_t i, PyObject* obj, const char* name, const char* suffix) {
@@ -258,6 +312,16 @@ class HashRows {
     owned_.push_back(std::move(ints));
   }
 
+  // A held 2-D buffer export, released with the rows.
+  struct Matrix {
+    Py_buffer view;
+    explicit Matrix(const Py_buffer& v) : view(v) {}
+    Matrix(const Matrix&) = delete;
+    Matrix& operator=(const Matrix&) = delete;
+    ~Matrix() { PyBuffer_Release(&view); }
+  };
+
+  std::unique_ptr<Matrix> matrix_;
   std::vector<Row> rows_;
   std::vector<py::object> keep_;
   std::deque<std::string> labels_;  // names the buffers report errors under

@@ -11,6 +11,8 @@
 #include <pybind11/pybind11.h>
 
 #include <array>
+#include <cstring>
+#include <iterator>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -381,12 +383,27 @@ class SeqArg {
       default: return 0;
     }
   }
+  // The attribute's name as an interned str, made once: *AttrString would
+  // build a new str on every read.
+  static PyObject* interned(const char* field) {
+    static constexpr const char* kNames[] = {"has_per_req_cache",  "num_tokens",         "state_slot",
+                                             "state_fork_src",     "per_req_cache_group", "pending_checkpoint",
+                                             "midstep_anchor_pos", "checkpoint_end_pos"};
+    static PyObject* objs[std::size(kNames)] = {};
+    for (size_t i = 0; i < std::size(kNames); ++i) {
+      if (kNames[i] != field && std::strcmp(kNames[i], field) != 0) continue;
+      if (!objs[i]) objs[i] = PyUnicode_InternFromString(kNames[i]);  // lives as long as the process
+      if (!objs[i]) throw py::error_already_set();
+      return objs[i];
+    }
+    throw std::logic_error(std::string("SeqArg: unknown field ") + field);
+  }
   void set(SeqField f, int64_t v) {
     py::object x = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
-    if (!x || PyObject_SetAttrString(obj_, attr_name(f), x.ptr()) != 0) throw py::error_already_set();
+    if (!x || PyObject_SetAttr(obj_, interned(attr_name(f)), x.ptr()) != 0) throw py::error_already_set();
   }
   py::object attr(const char* field, bool optional = false) {
-    PyObject* v = PyObject_GetAttrString(obj_, field);
+    PyObject* v = PyObject_GetAttr(obj_, interned(field));
     if (v) return py::reinterpret_steal<py::object>(v);
     if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw py::error_already_set();
     PyErr_Clear();
@@ -396,7 +413,9 @@ class SeqArg {
   }
   int64_t int_attr(const char* field, bool optional = false) {
     py::object v = attr(field, optional);
-    const std::string where = label() + "." + field;
+    int64_t out = 0;
+    if (PyLong_CheckExact(v.ptr()) && exact_int_value(v.ptr(), out)) return out;
+    const std::string where = label() + "." + field;  // only off the common path
     return as_int(v, where.c_str());
   }
 

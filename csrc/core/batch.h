@@ -50,8 +50,9 @@ void check_entry(const char* name, size_t i, Check&& check) {
 }
 
 // resumable_hit for every sequence, in order. `rows` gives each sequence's
-// hash list: rows.length(i) hashes, rows.at(i, k) is hash k (read lazily:
-// a scan reads only what it needs). Any cache with
+// hash list: rows.length(i) hashes, and rows.scan(i, f) returns
+// f(n, hash_at) where hash_at(k) reads hash k (lazily: a scan reads only what
+// it needs; the reader is chosen once per row, not per hash). Any cache with
 //   int64_t resumable_hit(const Sequence&, hit, num_hashes, hash_at, assume)
 //   bool hit_within_hashes(const Sequence&, assume)  // whether hit <= length
 // works. std::invalid_argument, before any scan, for a length mismatch, a
@@ -71,8 +72,9 @@ std::vector<int64_t> resumable_hits(const Cache& cache, std::span<Sequence* cons
   std::vector<int64_t> out;
   out.reserve(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i)
-    out.push_back(cache.resumable_hit(*seqs[i], hits[i], rows.length(i),
-                                      [&rows, i](int64_t k) { return rows.at(i, k); }, assume_checkpointed));
+    out.push_back(rows.scan(i, [&](int64_t n, auto&& hash_at) {
+      return cache.resumable_hit(*seqs[i], hits[i], n, hash_at, assume_checkpointed);
+    }));
   return out;
 }
 

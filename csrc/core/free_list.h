@@ -141,14 +141,15 @@ class StateFreeList {
     // bytes first, so the cache misses overlap instead of queueing.
     constexpr int64_t kChunk = 8;
     int64_t keys[kChunk];
+    uint64_t mixed[kChunk];
     for (int64_t hi = top; hi >= 1; hi -= kChunk) {
       const int64_t n = std::min(kChunk, hi);
       for (int64_t k = 0; k < n; ++k) {
         keys[k] = hash_at(hi - 1 - k);
-        index_.prefetch(keys[k]);
+        mixed[k] = index_.prefetch(keys[k]);
       }
       for (int64_t k = 0; k < n; ++k)
-        if (index_.contains(keys[k])) return hi - k;
+        if (index_.contains(keys[k], mixed[k])) return hi - k;
     }
     return 0;
   }

@@ -64,6 +64,10 @@ class _SequenceLike(Protocol):
     checkpoint_end_pos: int
 
 _Seqish: TypeAlias = Sequence | _SequenceLike
+#: a batch's sequences (list or tuple), one entry per sequence
+_Seqs: TypeAlias = _Seq[_Seqish]
+#: a batch's hash lists, one per sequence; None: each sequence's own block_hashes
+_HashLists: TypeAlias = _Seq[_Ints] | None
 
 # --------------------------------------------------------------- constants --
 
@@ -571,10 +575,32 @@ class StateSlotPool:
         """Returns the largest L <= hit whose boundary is checkpointed here and
         leaves the resuming forward ``min_fork_tokens``; 0 is always valid.
         Raises ValueError for hit < 0, IndexError for hit > len(block_hashes)."""
+    def resumable_hits(
+        self,
+        seqs: _Seqs,
+        hits: _Ints,
+        block_hashes: _HashLists = None,
+        assume_checkpointed: bool = False,
+    ) -> list[int]:
+        """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
+        block_hashes[i], assume_checkpointed) for i ...]``, computed in one
+        call. ``block_hashes=None`` reads each sequence's own ``block_hashes``.
+        Raises ValueError, before any scan, when the lengths differ or a hit is
+        negative or past a hash list the scan reads; TypeError for an item that
+        is not a sequence or an int."""
     def checkpoint(self, seq: _Seqish, boundary_blocks: _Int, h: _Int) -> None:
         """Fork checkpoint: ``seq`` moves to a fresh slot, its old slot is filed
         under ``h`` and pinned through the next pass. Under none/replay, or
         with nothing free, nothing is kept (counted dropped)."""
+    def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
+        """Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i],
+        boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
+        The batch is checked as a whole first; raises ValueError when the
+        lengths differ, a hash is -1 or a sequence appears twice, TypeError
+        for an item that is not a sequence, and what ``checkpoint`` would
+        raise for an entry (prefixed ``seqs[i]:``); a refused batch changes
+        nothing, and so does a setter of an engine's own sequence object that
+        raises (the fields already written are restored)."""
     def applies(self, seq: _Seqish) -> bool:
         """Returns whether this pool gates or checkpoints anything for ``seq``."""
     def invalidate(self, slot: _Int) -> None:
@@ -689,12 +715,42 @@ class StateGroupPool:
     ) -> int:
         """Returns the largest L <= hit resumable from a checkpoint here; 0 is
         always valid. Raises ValueError for hit < 0, IndexError past the hashes."""
+    def resumable_hits(
+        self,
+        seqs: _Seqs,
+        hits: _Ints,
+        block_hashes: _HashLists = None,
+        assume_checkpointed: bool = False,
+    ) -> list[int]:
+        """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
+        block_hashes[i], assume_checkpointed) for i ...]``, computed in one
+        call. ``block_hashes=None`` reads each sequence's own ``block_hashes``.
+        Raises ValueError, before any scan, when the lengths differ or a hit is
+        negative or past a hash list the scan reads; TypeError for an item that
+        is not a sequence or an int."""
     def checkpoint(self, seq: _Seqish, boundary_blocks: _Int, h: _Int) -> None:
         """fork: ``seq`` moves to a fresh group, the old one is filed and
         pinned; copy: the intent is recorded for ``take_copies``; none and
         replay: nothing changes at all."""
     def forget_pending(self, seq: _Seqish) -> None:
         """Drops ``seq``'s uncommitted copy checkpoint (its group is released)."""
+    def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
+        """Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i],
+        boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
+        The batch is checked as a whole first; raises ValueError when the
+        lengths differ, a hash is -1 or a sequence appears twice, TypeError
+        for an item that is not a sequence, and what ``checkpoint`` would
+        raise for an entry (prefixed ``seqs[i]:``); a refused batch changes
+        nothing, and so does a setter of an engine's own sequence object that
+        raises (the fields already written are restored)."""
+    def forget_pending_many(self, seqs: _Seqs) -> None:
+        """Batched ``forget_pending`` (finished or preempted requests). Returns
+        None. Raises TypeError for an item that is not a sequence, before
+        anything changes."""
+    def release_many(self, groups: Iterable[_Int] | None) -> None:
+        """Hands back several groups (``release`` of each); -1 entries, None
+        and an empty list are skipped. Raises as ``release`` for any bad
+        entry, and ValueError for a group listed twice, before releasing any."""
     def record_copy(self, src: _Int, dst: _Int) -> None:
         """Schedules a group copy for the next batch."""
     def take_copies(self) -> list[tuple[int, int]]:
@@ -956,6 +1012,19 @@ class PagedStateCheckpointCoordinator:
     ) -> int:
         """Returns the longest prefix <= hit whose boundary is READY here or
         servable by the tier; 0 is always valid."""
+    def resumable_hits(
+        self,
+        seqs: _Seqs,
+        hits: _Ints,
+        block_hashes: _HashLists = None,
+        assume_checkpointed: bool = False,
+    ) -> list[int]:
+        """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
+        block_hashes[i], assume_checkpointed) for i ...]``, computed in one
+        call. ``block_hashes=None`` reads each sequence's own ``block_hashes``.
+        Raises ValueError, before any scan, when the lengths differ or a hit is
+        negative or past a hash list the scan reads; TypeError for an item that
+        is not a sequence or an int."""
     def contains(self, prefix_hash: _Int) -> bool:
         """Returns whether a READY image is filed under the hash."""
     def has_available_units(self, count: _Int, protected_hash: _Int | None = None) -> bool:
@@ -970,6 +1039,19 @@ class PagedStateCheckpointCoordinator:
         """Drops every unpinned checkpoint."""
     def forget_pending(self, seq: _Seqish) -> None:
         """Drops ``seq``'s filed, not yet begun boundary."""
+    def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
+        """Batched ``checkpoint``: the same filed boundaries (and so the same
+        store ops at the next drain) as ``checkpoint(seqs[i],
+        boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
+        The batch is checked as a whole first; raises ValueError when the
+        lengths differ, a hash is -1, a boundary is negative or a sequence
+        appears twice, TypeError for an item that is not a sequence; a refused
+        batch changes nothing."""
+    def forget_pending_many(self, seqs: _Seqs) -> None:
+        """Batched ``forget_pending`` (finished or preempted requests): drops
+        each sequence's filed boundary and a restore queued into its slot.
+        Returns None. Raises TypeError for an item that is not a sequence,
+        before anything changes."""
     def applies(self, seq: _Seqish) -> bool:
         """Returns whether this coordinator checkpoints anything for ``seq``."""
     def checkpoint_fates(self) -> dict[str, int]:
