@@ -213,6 +213,35 @@ class HashRows {
       }
     }
   }
+  // Starts loading what a scan of row r below `hit` reads first: stage 0
+  // the item pointers (lists, tuples) or hashes, stage 1 the int objects
+  // they point to. Reads only the list's length and item array pointer.
+  void prefetch(size_t r, int64_t hit, int stage) const {
+    const Row& row = rows_[r];
+    const int64_t top = std::min(hit, row.n);
+    if (top <= 0) return;
+    switch (row.kind) {
+      case kList:
+      case kTuple: {
+        PyObject* const* items = row.kind == kList ? reinterpret_cast<PyListObject*>(row.obj)->ob_item
+                                                   : reinterpret_cast<PyTupleObject*>(row.obj)->ob_item;
+        const Py_ssize_t size = row.kind == kList ? PyList_GET_SIZE(row.obj) : PyTuple_GET_SIZE(row.obj);
+        if (top > size) return;
+        if (stage == 0) {
+          __builtin_prefetch(items + top - 1);
+          if (top >= 8) __builtin_prefetch(items + top - 8);
+          return;
+        }
+        for (int64_t k = top - 1; k >= std::max<int64_t>(0, top - 4); --k) __builtin_prefetch(items[k]);
+        return;
+      }
+      case kData:
+        if (stage == 1 && top <= row.readable) __builtin_prefetch(row.data + top - 1);
+        return;
+      case kNative:
+        return;
+    }
+  }
   bool saw_non_exact() const { return non_exact_; }
 
   // Converts every list or tuple row, its first min(limits[i], length)

@@ -7,6 +7,7 @@
 // then each entry runs exactly as the per-sequence call would, in order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <span>
@@ -50,9 +51,11 @@ void check_entry(const char* name, size_t i, Check&& check) {
 }
 
 // resumable_hit for every sequence, in order. `rows` gives each sequence's
-// hash list: rows.length(i) hashes, and rows.scan(i, f) returns
-// f(n, hash_at) where hash_at(k) reads hash k (lazily: a scan reads only what
-// it needs; the reader is chosen once per row, not per hash). Any cache with
+// hash list: rows.length(i) hashes, rows.scan(i, f) returns f(n, hash_at)
+// where hash_at(k) reads hash k (lazily: a scan reads only what it needs; the
+// reader is chosen once per row, not per hash), and rows.prefetch(i, hit,
+// stage) may start loading what a scan of row i below `hit` reads first
+// (stage 0: where the hashes are, 1: the hashes). Any cache with
 //   int64_t resumable_hit(const Sequence&, hit, num_hashes, hash_at, assume)
 //   bool hit_within_hashes(const Sequence&, assume)  // whether hit <= length
 // works. std::invalid_argument, before any scan, for a length mismatch, a
@@ -71,10 +74,20 @@ std::vector<int64_t> resumable_hits(const Cache& cache, std::span<Sequence* cons
   }
   std::vector<int64_t> out;
   out.reserve(seqs.size());
-  for (size_t i = 0; i < seqs.size(); ++i)
-    out.push_back(rows.scan(i, [&](int64_t n, auto&& hash_at) {
-      return cache.resumable_hit(*seqs[i], hits[i], n, hash_at, assume_checkpointed);
+  // Hash lists of a pass are often cold (one per request, scattered in
+  // memory). While row i is scanned, row i + kAhead has its first hashes
+  // fetched (stage 1) and row i + 2 kAhead what locates them (stage 0), so
+  // those misses overlap; a per-sequence call cannot do that.
+  constexpr size_t kAhead = 4;
+  const size_t n = seqs.size();
+  for (size_t r = 0; r < std::min(n, 2 * kAhead); ++r) rows.prefetch(r, hits[r], r < kAhead ? 1 : 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + 2 * kAhead < n) rows.prefetch(i + 2 * kAhead, hits[i + 2 * kAhead], 0);
+    if (i + kAhead < n) rows.prefetch(i + kAhead, hits[i + kAhead], 1);
+    out.push_back(rows.scan(i, [&](int64_t len, auto&& hash_at) {
+      return cache.resumable_hit(*seqs[i], hits[i], len, hash_at, assume_checkpointed);
     }));
+  }
   return out;
 }
 
