@@ -11,8 +11,6 @@
 #include <pybind11/pybind11.h>
 
 #include <array>
-#include <cstring>
-#include <iterator>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -292,18 +290,18 @@ class SeqArg {
       raise_type(label().c_str(), "a statecache.Sequence or an object with its attributes", obj);
     Sequence& snap = generic_.emplace().snap;
     if (reads & kHasCache) {
-      const int t = PyObject_IsTrue(attr("has_per_req_cache").ptr());
+      const int t = PyObject_IsTrue(attr(aHasCache).ptr());
       if (t < 0) throw py::error_already_set();
       snap.has_per_req_cache = t != 0;
     }
-    if (reads & kNumTokens) snap.num_tokens = int_attr("num_tokens");
-    if (reads & kStateSlot) snap.state_slots = {int_attr("state_slot")};
-    if (reads & kForkSrc) snap.state_fork_src = int_attr("state_fork_src");
-    if (reads & kGroup) snap.per_req_cache_group = int_attr("per_req_cache_group");
-    if (reads & kPending) snap.pending_checkpoint = int_attr("pending_checkpoint");
+    if (reads & kNumTokens) snap.num_tokens = int_attr(aNumTokens);
+    if (reads & kStateSlot) snap.state_slots = {int_attr(aStateSlot)};
+    if (reads & kForkSrc) snap.state_fork_src = int_attr(aForkSrc);
+    if (reads & kGroup) snap.per_req_cache_group = int_attr(aGroup);
+    if (reads & kPending) snap.pending_checkpoint = int_attr(aPending);
     if (reads & kAnchors) {
-      snap.midstep_anchor_pos = int_attr("midstep_anchor_pos", /*optional=*/true);
-      snap.checkpoint_end_pos = int_attr("checkpoint_end_pos", /*optional=*/true);
+      snap.midstep_anchor_pos = int_attr(aAnchor, /*optional=*/true);
+      snap.checkpoint_end_pos = int_attr(aEndPos, /*optional=*/true);
     }
     generic_->read = snap;
   }
@@ -365,15 +363,6 @@ class SeqArg {
     return index < 0 ? std::string(name) : std::string(name) + "[" + std::to_string(index) + "]";
   }
   std::string label() const { return label_of(name_, index_); }
-  static const char* attr_name(SeqField f) {
-    switch (f) {
-      case kStateSlot: return "state_slot";
-      case kForkSrc: return "state_fork_src";
-      case kGroup: return "per_req_cache_group";
-      case kPending: return "pending_checkpoint";
-      default: return "?";
-    }
-  }
   static int64_t value(const Sequence& s, SeqField f) {
     switch (f) {
       case kStateSlot: return s.state_slot();
@@ -383,39 +372,47 @@ class SeqArg {
       default: return 0;
     }
   }
-  // The attribute's name as an interned str, made once: *AttrString would
-  // build a new str on every read.
-  static PyObject* interned(const char* field) {
-    static constexpr const char* kNames[] = {"has_per_req_cache",  "num_tokens",         "state_slot",
-                                             "state_fork_src",     "per_req_cache_group", "pending_checkpoint",
-                                             "midstep_anchor_pos", "checkpoint_end_pos"};
-    static PyObject* objs[std::size(kNames)] = {};
-    for (size_t i = 0; i < std::size(kNames); ++i) {
-      if (kNames[i] != field && std::strcmp(kNames[i], field) != 0) continue;
-      if (!objs[i]) objs[i] = PyUnicode_InternFromString(kNames[i]);  // lives as long as the process
-      if (!objs[i]) throw py::error_already_set();
-      return objs[i];
+  // The attributes read and written, and their names as interned strs made
+  // once (*AttrString would build a new str on every access).
+  enum Attr : uint8_t { aHasCache, aNumTokens, aStateSlot, aForkSrc, aGroup, aPending, aAnchor, aEndPos, kAttrs };
+  static const char* text(Attr a) {
+    static constexpr const char* kNames[kAttrs] = {"has_per_req_cache",  "num_tokens",         "state_slot",
+                                                   "state_fork_src",     "per_req_cache_group", "pending_checkpoint",
+                                                   "midstep_anchor_pos", "checkpoint_end_pos"};
+    return kNames[a];
+  }
+  static PyObject* interned(Attr a) {
+    static PyObject* objs[kAttrs] = {};
+    if (!objs[a]) objs[a] = PyUnicode_InternFromString(text(a));  // lives as long as the process
+    if (!objs[a]) throw py::error_already_set();
+    return objs[a];
+  }
+  static Attr attr_of(SeqField f) {
+    switch (f) {
+      case kStateSlot: return aStateSlot;
+      case kForkSrc: return aForkSrc;
+      case kGroup: return aGroup;
+      default: return aPending;
     }
-    throw std::logic_error(std::string("SeqArg: unknown field ") + field);
   }
   void set(SeqField f, int64_t v) {
     py::object x = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
-    if (!x || PyObject_SetAttr(obj_, interned(attr_name(f)), x.ptr()) != 0) throw py::error_already_set();
+    if (!x || PyObject_SetAttr(obj_, interned(attr_of(f)), x.ptr()) != 0) throw py::error_already_set();
   }
-  py::object attr(const char* field, bool optional = false) {
+  py::object attr(Attr field, bool optional = false) {
     PyObject* v = PyObject_GetAttr(obj_, interned(field));
     if (v) return py::reinterpret_steal<py::object>(v);
     if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw py::error_already_set();
     PyErr_Clear();
     if (optional) return py::int_(0);
     throw py::type_error(label() + " must be a statecache.Sequence or have the sequence attributes; " +
-                         Py_TYPE(obj_)->tp_name + " has no attribute '" + field + "'");
+                         Py_TYPE(obj_)->tp_name + " has no attribute '" + text(field) + "'");
   }
-  int64_t int_attr(const char* field, bool optional = false) {
+  int64_t int_attr(Attr field, bool optional = false) {
     py::object v = attr(field, optional);
     int64_t out = 0;
     if (PyLong_CheckExact(v.ptr()) && exact_int_value(v.ptr(), out)) return out;
-    const std::string where = label() + "." + field;  // only off the common path
+    const std::string where = label() + "." + text(field);  // only off the common path
     return as_int(v, where.c_str());
   }
 

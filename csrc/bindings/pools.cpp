@@ -100,8 +100,15 @@ decltype(auto) checkpoint_many_arg(Core& pool, SeqBatch& seqs, std::span<const i
                                    std::span<const int64_t> hashes, Run&& run, WritesOf&& writes_of) {
   if (seqs.all_native()) return run(pool, seqs.seqs(), seqs.keys(), blocks, hashes);
   const size_t n = seqs.size();
+  // Dry runs go on one scratch copy per pool type, reused (assigning into it
+  // reuses its buffers), so a batch costs copies of memory, not allocations.
+  static std::optional<Core> scratch;
   auto dry_run = [&] {
-    Core copy(pool);
+    if (scratch)
+      *scratch = pool;
+    else
+      scratch.emplace(pool);
+    Core& copy = *scratch;
     std::vector<Sequence> out;
     out.reserve(n);
     for (size_t i = 0; i < n; ++i) out.push_back(seqs.seq(i));
