@@ -321,19 +321,23 @@ PyObject* coord_checkpoint_many(PyObject* self, PyObject* const* args, Py_ssize_
   });
 }
 
-// forget_pending of each sequence; a generic one is forgotten under its
-// snapshot (refreshed with the state_slot just read), or, when nothing is
-// filed for it, with the fields read.
+// What forget_pending works on for `obj` (whose fields were read into
+// `read`): a statecache.Sequence itself; an engine object's snapshot, given
+// the state_slot just read; or, when nothing is filed for it, `read`.
+Sequence* forget_target(PyCoordinator& c, PyObject* obj, Sequence& read, bool native) {
+  if (native) return &read;
+  Sequence* snap = c.filed_snapshot(obj);
+  if (!snap) return &read;
+  snap->set_state_slot(read.state_slot());
+  return snap;
+}
+
 void forget_pending_of(PyCoordinator& c, SeqBatch& seqs) {
   then_prune(c, [&] {
-    std::vector<Sequence*> ptrs(seqs.seqs().begin(), seqs.seqs().end());
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      if (seqs.is_native(i)) continue;
-      if (Sequence* snap = c.filed_snapshot(seqs.object(i))) {
-        snap->set_state_slot(seqs.seq(i).state_slot());
-        ptrs[i] = snap;
-      }
-    }
+    std::vector<Sequence*> ptrs;
+    ptrs.reserve(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i)
+      ptrs.push_back(forget_target(c, seqs.object(i), seqs.seq(i), seqs.is_native(i)));
     c.forget_pending_many(ptrs);
   });
 }
@@ -442,8 +446,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def(
           "forget_pending",
           [](PyCoordinator& c, py::handle seq) {
-            SeqBatch one(py::make_tuple(seq), "seq", fast::kStateSlot);
-            forget_pending_of(c, one);
+            fast::SeqArg s(seq.ptr(), "seq", fast::kStateSlot);
+            then_prune(c, [&] { c.forget_pending(*forget_target(c, s.object(), s.get(), s.native())); });
           },
           py::arg("seq"))
       .def("take_checkpoint_ops",
@@ -517,7 +521,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
                              "resumable_hits($self, seqs, hits, block_hashes=None, assume_checkpointed=False)\n--\n\n"
                              "resumable_hit for each sequence, in order: returns the list of capped hits. hits: "
                              "list or NumPy int64 array; block_hashes: one hash list (list, tuple or NumPy int64 "
-                             "array) per sequence, or None for each sequence's own block_hashes. Raises "
+                             "array) per sequence, a 2-D int64 array with a row per sequence, or None for each "
+                             "sequence's own block_hashes. Raises "
                              "ValueError, before any scan, when the lengths differ or a hit is negative or past "
                              "its hash list; TypeError for an item that is not a sequence."),
       STATECACHE_FAST_METHOD("checkpoint_many", &coord_checkpoint_many,

@@ -415,8 +415,8 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       },
       {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2,
       "resumable_hit for each sequence, in order: returns the list of capped hits. hits: list or NumPy "
-      "int64 array; block_hashes: one hash list (list, tuple or NumPy int64 array) per sequence, or None "
-      "for each sequence's own block_hashes. Raises ValueError, before any scan, when the lengths differ or "
+      "int64 array; block_hashes: one hash list (list, tuple or NumPy int64 array) per sequence, a 2-D "
+      "int64 array with a row per sequence, or None for each sequence's own block_hashes. Raises ValueError, before any scan, when the lengths differ or "
       "a hit is negative or past its hash list; TypeError for an item that is not a sequence.");
   fast::def<Pool>(
       cls, "release_many",

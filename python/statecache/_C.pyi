@@ -66,8 +66,9 @@ class _SequenceLike(Protocol):
 _Seqish: TypeAlias = Sequence | _SequenceLike
 #: a batch's sequences (list or tuple), one entry per sequence
 _Seqs: TypeAlias = _Seq[_Seqish]
-#: a batch's hash lists, one per sequence; None: each sequence's own block_hashes
-_HashLists: TypeAlias = _Seq[_Ints] | None
+#: a batch's hash lists, one per sequence (or a 2-D int64 array, a row per
+#: sequence); None: each sequence's own block_hashes
+_HashLists: TypeAlias = _Seq[_Ints] | npt.NDArray[np.integer[Any]] | None
 
 # --------------------------------------------------------------- constants --
 
@@ -584,7 +585,8 @@ class StateSlotPool:
     ) -> list[int]:
         """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
         block_hashes[i], assume_checkpointed) for i ...]``, computed in one
-        call. ``block_hashes=None`` reads each sequence's own ``block_hashes``.
+        call. ``block_hashes``: a hash list per sequence, or a 2-D int64 array
+        with a row per sequence; None reads each sequence's own ``block_hashes``.
         Raises ValueError, before any scan, when the lengths differ or a hit is
         negative or past a hash list the scan reads; TypeError for an item that
         is not a sequence or an int."""
@@ -724,7 +726,8 @@ class StateGroupPool:
     ) -> list[int]:
         """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
         block_hashes[i], assume_checkpointed) for i ...]``, computed in one
-        call. ``block_hashes=None`` reads each sequence's own ``block_hashes``.
+        call. ``block_hashes``: a hash list per sequence, or a 2-D int64 array
+        with a row per sequence; None reads each sequence's own ``block_hashes``.
         Raises ValueError, before any scan, when the lengths differ or a hit is
         negative or past a hash list the scan reads; TypeError for an item that
         is not a sequence or an int."""
@@ -1021,7 +1024,8 @@ class PagedStateCheckpointCoordinator:
     ) -> list[int]:
         """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
         block_hashes[i], assume_checkpointed) for i ...]``, computed in one
-        call. ``block_hashes=None`` reads each sequence's own ``block_hashes``.
+        call. ``block_hashes``: a hash list per sequence, or a 2-D int64 array
+        with a row per sequence; None reads each sequence's own ``block_hashes``.
         Raises ValueError, before any scan, when the lengths differ or a hit is
         negative or past a hash list the scan reads; TypeError for an item that
         is not a sequence or an int."""
