@@ -426,7 +426,9 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       },
       {kUnits<Pool>}, 1,
       std::is_same_v<Pool, StateSlotPool>
-          ? "Hand back a request's set; -1 entries, None and an empty list are fine."
+          ? "Hand back a request's set; -1 entries, None and an empty list are fine. Raises ValueError / "
+            "IndexError as release does for any bad entry (and ValueError for a slot listed twice), before "
+            "releasing any."
           : "release of each group, all checked first (ValueError / IndexError naming the group, nothing "
             "released); -1 entries, None and an empty list are fine; a group listed twice is refused.");
   fast::def<Pool>(
