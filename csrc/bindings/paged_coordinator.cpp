@@ -361,6 +361,19 @@ PyObject* coord_begin_restore(PyObject* self, PyObject* const* args, Py_ssize_t 
   });
 }
 
+PyObject* coord_begin_restores(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return fast_call([&] {
+    auto a = fast_args<2>("begin_restores", {"hashes", "dst_slots"}, 2, args, nargs, kwnames);
+    PyCoordinator& c = fast_self<PyCoordinator>(self);
+    const IntSpan hashes(a[0], "hashes"), slots(a[1], "dst_slots");
+    const std::vector<uint8_t> queued = c.begin_restores(hashes.span(), slots.span());
+    py::list out(queued.size());
+    for (size_t i = 0; i < queued.size(); ++i)
+      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), Py_NewRef(queued[i] ? Py_True : Py_False));
+    return out;
+  });
+}
+
 py::dict fates(const PyCoordinator& c) {
   const PageUnitCheckpointStore& s = c.store();
   py::dict d;
@@ -537,6 +550,13 @@ accepts boundaries the attached tier ``could_serve``.)doc");
                              "None. TypeError, before anything changes, for an item that is not a sequence."),
       STATECACHE_FAST_METHOD("begin_restore", &coord_begin_restore,
                              "begin_restore(h, dst_slot)\n--\n\nQueues a restore of the READY image into dst_slot."),
+      STATECACHE_FAST_METHOD("begin_restores", &coord_begin_restores,
+                             "begin_restores($self, hashes, dst_slots)\n--\n\n"
+                             "Batched ``begin_restore``: returns the list ``[begin_restore(hashes[i], dst_slots[i]) "
+                             "for i ...]`` (True where a restore was queued), computed in one call, in order. "
+                             "``hashes``, ``dst_slots``: lists or NumPy int64 arrays. The batch is checked as a "
+                             "whole first; raises ValueError when the lengths differ or a slot is negative, "
+                             "TypeError for an item that is not an int; a refused batch changes nothing."),
   };
   for (PyMethodDef& def : fast) add_fast_method(cls, &def);
 }

@@ -151,6 +151,15 @@ void PagedStateCheckpointCoordinator::checkpoint_many(std::span<const std::share
       [&](size_t i) { checkpoint(seqs[i], boundary_blocks[i], hashes[i]); });
 }
 
+std::vector<uint8_t> PagedStateCheckpointCoordinator::begin_restores(std::span<const int64_t> hashes,
+                                                                     std::span<const int64_t> dst_slots) {
+  batch::check_length("dst_slots", dst_slots.size(), "hashes", hashes.size());
+  batch::check_nonnegative("dst_slots", dst_slots);  // the one thing begin_restore refuses
+  std::vector<uint8_t> queued(hashes.size());
+  for (size_t i = 0; i < hashes.size(); ++i) queued[i] = store_->queue_restore(hashes[i], dst_slots[i]);
+  return queued;
+}
+
 void PagedStateCheckpointCoordinator::checkpoint(const std::shared_ptr<Sequence>& seq, int64_t boundary_blocks,
                                                  int64_t prefix_hash) {
   check_checkpoint(boundary_blocks, prefix_hash);

@@ -90,8 +90,12 @@ class PagedStateCheckpointCoordinator {
   int64_t num_pending() const { return static_cast<int64_t>(pending_index_.size()); }
   bool restore_queued_for(int64_t dst_slot) const { return store_->restore_queued_for(dst_slot); }
   bool begin_restore(int64_t prefix_hash, int64_t dst_slot) {
-    return store_->begin_restore(prefix_hash, dst_slot).has_value();
+    return store_->queue_restore(prefix_hash, dst_slot);
   }
+  // begin_restore(hashes[i], dst_slots[i]) for each i, in order, once the
+  // whole batch passed what the per-item call checks (equal lengths, no
+  // negative slot); out[i] says whether restore i was queued.
+  std::vector<uint8_t> begin_restores(std::span<const int64_t> hashes, std::span<const int64_t> dst_slots);
   // Neither may run from an eviction handler inside take_checkpoint_ops
   // (std::runtime_error): the stores it is beginning are not handed out yet.
   std::pair<std::vector<CheckpointStoreOp>, std::vector<CheckpointRestoreOp>> take_checkpoint_ops();

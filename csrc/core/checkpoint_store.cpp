@@ -242,9 +242,14 @@ bool PageUnitCheckpointStore::restore_queued_for(int64_t dst_slot) const {
 }
 
 std::optional<CheckpointRestoreOp> PageUnitCheckpointStore::begin_restore(int64_t prefix_hash, int64_t dst_slot) {
+  if (!queue_restore(prefix_hash, dst_slot)) return std::nullopt;
+  return queued_restores_.back().second;
+}
+
+bool PageUnitCheckpointStore::queue_restore(int64_t prefix_hash, int64_t dst_slot) {
   if (dst_slot < 0) bad_argument("dst_slot", dst_slot, "must be >= 0");
   const int32_t* found = hash_to_checkpoint_.find(prefix_hash);
-  if (found == nullptr || slab_[*found].rec.state != CheckpointState::kReady) return std::nullopt;
+  if (found == nullptr || slab_[*found].rec.state != CheckpointState::kReady) return false;
   const int32_t idx = *found;
   Slot& s = slab_[idx];
   // Start the misses this needs together rather than one after another.
@@ -255,9 +260,9 @@ std::optional<CheckpointRestoreOp> PageUnitCheckpointStore::begin_restore(int64_
   add_pins(s, 1);
   lru_unlink(idx);
   lru_push_back(idx);
-  CheckpointRestoreOp op{dst_slot, s.rec.unit_ids, spec_.image_bytes, spec_.layout_id};
-  queued_restores_.emplace_back(checkpoint_id, op);
-  return op;
+  queued_restores_.emplace_back(checkpoint_id,
+                                 CheckpointRestoreOp{dst_slot, s.rec.unit_ids, spec_.image_bytes, spec_.layout_id});
+  return true;
 }
 
 std::vector<CheckpointRestoreOp> PageUnitCheckpointStore::take_restore_ops() {

@@ -76,6 +76,8 @@ class PageUnitCheckpointStore {
   std::optional<CheckpointStoreOp> begin_store(int64_t prefix_hash, int64_t src_slot, int64_t position = 0);
   bool restore_queued_for(int64_t dst_slot) const;
   std::optional<CheckpointRestoreOp> begin_restore(int64_t prefix_hash, int64_t dst_slot);
+  // begin_restore without handing out a copy of the op: whether one was queued.
+  bool queue_restore(int64_t prefix_hash, int64_t dst_slot);
   std::vector<CheckpointRestoreOp> take_restore_ops();
   void cancel_queued_restore(int64_t dst_slot);
   std::optional<SuspendedCheckpointRestore> suspend_queued_restore(int64_t dst_slot);
