@@ -1010,6 +1010,12 @@ class PagedStateCheckpointCoordinator:
     def begin_restore(self, h: _Int, dst_slot: _Int) -> bool:
         """Queues a restore of the READY image into ``dst_slot``; returns False
         when there is none."""
+    def begin_restores(self, hashes: _Ints, dst_slots: _Ints) -> list[bool]:
+        """Batched ``begin_restore``: returns the list ``[begin_restore(hashes[i],
+        dst_slots[i]) for i ...]`` (True where a restore was queued), computed
+        in one call, in order. The batch is checked as a whole first; raises
+        ValueError when the lengths differ or a slot is negative, TypeError for
+        an item that is not an int; a refused batch changes nothing."""
     def resumable_hit(
         self, seq: _Seqish, hit: _Int, block_hashes: _Ints, assume_checkpointed: bool = False
     ) -> int:

@@ -488,3 +488,81 @@ def test_coordinator_batch_with_a_tier_mutating_the_hash_lists():
     seqs[1].block_hashes = [7, 8, 9]
     assert c.resumable_hits(seqs, [3, 1], [(5, 6, 7), [1]]) == [0, 1]
     c.check_consistency()
+
+
+# ------------------------------------------------------------ begin_restores --
+
+def _restore_twins(seed):
+    """Two coordinators with the same READY images (and a COPYING one)."""
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=256, layout_id="r", image_bytes=256)
+    out = []
+    for _ in range(2):
+        c = sc.PagedStateCheckpointCoordinator(sc.BlockPool(128), spec, enabled=True)
+        seqs = []
+        for i in range(8):
+            s = sc.Sequence(i, num_tokens=100)
+            s.state_slots = [i]
+            seqs.append(s)
+        c.checkpoint_many(seqs, [1] * 8, [100 + i for i in range(8)])
+        c.take_checkpoint_ops()
+        c.complete_previous_batch()
+        c.complete_previous_batch()  # READY: 100..107
+        c.checkpoint(seqs[0], 2, 200)
+        c.take_checkpoint_ops()  # 200 is COPYING
+        out.append(c)
+    return out
+
+
+def _store_state(c):
+    recs = sorted((r.prefix_hash, r.state, r.pin_count, tuple(r.unit_ids)) for r in c.store.records.values())
+    return recs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_begin_restores_equals_begin_restore_calls(seed):
+    rng = random.Random(seed)
+    a, b = _restore_twins(seed)
+    pool_hashes = [100 + i for i in range(8)] + [200, 999, -1]
+    for _ in range(6):
+        n = rng.randrange(0, 12)
+        hs = [rng.choice(pool_hashes) for _ in range(n)]
+        slots = [rng.randrange(4) for _ in range(n)]  # slots repeat on purpose
+        want = [a.begin_restore(h, s) for h, s in zip(hs, slots)]
+        args = (np.array(hs, dtype=np.int64), np.array(slots, dtype=np.int64)) if rng.random() < 0.5 else (hs, slots)
+        assert b.begin_restores(*args) == want
+        assert _store_state(a) == _store_state(b)
+        ops_a, ops_b = a.take_checkpoint_ops(), b.take_checkpoint_ops()
+        assert ops_a == ops_b
+        assert [(o.dst_slot, o.unit_ids) for o in ops_a[1]] == [(o.dst_slot, o.unit_ids) for o in ops_b[1]]
+        if rng.random() < 0.5:
+            a.complete_previous_batch()
+            b.complete_previous_batch()
+        # LRU order: evicting one image at a time takes the same ones.
+        assert a.store.has_available_units(104) == b.store.has_available_units(104)
+        assert _store_state(a) == _store_state(b)
+        a.check_consistency()
+        b.check_consistency()
+
+
+def test_begin_restores_refused_batch_queues_nothing():
+    (c, _) = _restore_twins(0)
+    before = _store_state(c)
+    with pytest.raises(ValueError, match=r"dst_slots\[2\]"):
+        c.begin_restores([100, 101, 102], [0, 1, -1])
+    with pytest.raises(ValueError, match="dst_slots"):
+        c.begin_restores([100, 101], [0])
+    with pytest.raises(TypeError, match=r"hashes\[1\]"):
+        c.begin_restores([100, "x"], [0, 1])
+    with pytest.raises(TypeError, match=r"dst_slots\[0\]"):
+        c.begin_restores([100], [None])
+    with pytest.raises(TypeError, match="hashes"):
+        c.begin_restores(None, [0])
+    with pytest.raises(OverflowError):
+        c.begin_restores([2**70], [0])
+    with pytest.raises(TypeError):
+        c.begin_restores([100])
+    assert _store_state(c) == before
+    assert c.take_checkpoint_ops()[1] == ()
+    assert c.begin_restores([], []) == []
+    assert c.begin_restores(hashes=[100], dst_slots=[3]) == [True]
+    c.check_consistency()
