@@ -62,6 +62,16 @@ TEST(Batch, CoordinatorMatchesPerSequenceCalls) {
       std::vector<Sequence*> gone{sb[pass % 12].get()};
       b.forget_pending_many(gone);
     }
+    // Restores of boundaries filed in earlier passes (READY or not), into
+    // slots that may repeat.
+    std::vector<int64_t> rh, rs;
+    std::vector<uint8_t> queued_a;
+    for (int r = 0; r < 6; ++r) {
+      rh.push_back(hashes[rng() % 12][rng() % 20]);
+      rs.push_back(static_cast<int64_t>(rng() % 4));
+      queued_a.push_back(a.begin_restore(rh.back(), rs.back()));
+    }
+    ASSERT_EQ(b.begin_restores(rh, rs), queued_a);
     ASSERT_EQ(a.take_checkpoint_ops(), b.take_checkpoint_ops());
     EXPECT_EQ(a.checkpoints_kept(), b.checkpoints_kept());
     EXPECT_EQ(a.checkpoints_dropped(), b.checkpoints_dropped());
@@ -76,4 +86,12 @@ TEST(Batch, CoordinatorMatchesPerSequenceCalls) {
   EXPECT_THROW(b.checkpoint_many(two, keys, std::vector<int64_t>{1, 2}, std::vector<int64_t>{5, -1}),
                std::invalid_argument);
   EXPECT_EQ(b.num_pending(), 0);
+  // A refused restore batch queues nothing, the good entries before the bad one included.
+  b.complete_previous_batch();
+  b.complete_previous_batch();
+  EXPECT_THROW(b.begin_restores(std::vector<int64_t>{hashes[0][0], hashes[1][0]}, std::vector<int64_t>{0, -1}),
+               std::invalid_argument);
+  EXPECT_THROW(b.begin_restores(std::vector<int64_t>{hashes[0][0]}, std::vector<int64_t>{}), std::invalid_argument);
+  EXPECT_TRUE(b.take_checkpoint_ops().second.empty());
+  b.check_consistency();
 }
