@@ -21,7 +21,7 @@ reports microseconds of CPU time per scheduler pass, median over repeats
               take_checkpoint_ops and complete_previous_batch.
   coordinator, batched calls
               the same pass with statecache's batched calls (one
-              resumable_hits, begin_restore per hit, one checkpoint_many)
+              resumable_hits, one begin_restores, one checkpoint_many)
               against the reference's per-sequence pass.
 
 Run: PYTHONPATH=python python benchmarks/bench_paged.py [--repeats 7] [--eviction cost]
@@ -172,19 +172,22 @@ def coordinator(mod):
         c.complete_previous_batch()
 
     draws = [[(rng.randrange(len(prompts)), rng.getrandbits(8)) for _ in seqs] for _ in range(64)]
+    # Per request, its hash list and (the benchmark's) salt, as the batched
+    # pass has them.
+    batches = [([prompts[p_at] for p_at, _ in plan], [salt for _, salt in plan]) for plan in draws]
     turn = [0]
 
     def one_pass():
-        plan = draws[turn[0] % len(draws)]
+        ps, salts = batches[turn[0] % len(batches)]
         turn[0] += 1
+        t = turn[0]
         c.complete_previous_batch()
         resumable_hit, begin_restore, checkpoint = c.resumable_hit, c.begin_restore, c.checkpoint
-        for s, (p_at, salt) in zip(seqs, plan):
-            p = prompts[p_at]
+        for s, p, salt in zip(seqs, ps, salts):
             hit = resumable_hit(s, 63, p)
             if hit:
                 begin_restore(p[hit - 1], s.state_slot)
-            checkpoint(s, hit + 8, p[min(hit + 7, 63)] ^ salt ^ turn[0])
+            checkpoint(s, hit + 8, p[min(hit + 7, 63)] ^ salt ^ t)
         c.take_checkpoint_ops()
 
     return one_pass
@@ -192,8 +195,8 @@ def coordinator(mod):
 
 def coordinator_batched(mod):
     """The coordinator pass written with the batched calls (statecache):
-    one ``resumable_hits``, ``begin_restore`` per hit, one
-    ``checkpoint_many``; the reference side runs the per-sequence pass."""
+    one ``resumable_hits``, one ``begin_restores``, one ``checkpoint_many``;
+    the reference side runs the per-sequence pass."""
     if mod is not sc:
         return coordinator(mod)
     pool = sc.BlockPool(UNITS)
@@ -212,23 +215,23 @@ def coordinator_batched(mod):
         c.complete_previous_batch()
 
     draws = [[(rng.randrange(len(prompts)), rng.getrandbits(8)) for _ in seqs] for _ in range(64)]
+    # The same draws, as a scheduler keeps its batch: per request, its hash
+    # list and (the benchmark's) salt; the batch's slots and hit caps.
+    batches = [([prompts[p_at] for p_at, _ in plan], [salt for _, salt in plan]) for plan in draws]
     caps = [63] * len(seqs)
     slots = [s.state_slot for s in seqs]
     turn = [0]
 
     def one_pass():
-        plan = draws[turn[0] % len(draws)]
+        ps, salts = batches[turn[0] % len(batches)]
         turn[0] += 1
-        c.complete_previous_batch()
-        ps = [prompts[p_at] for p_at, _ in plan]
-        hits = c.resumable_hits(seqs, caps, ps)
-        begin_restore = c.begin_restore
-        for p, hit, slot in zip(ps, hits, slots):
-            if hit:
-                begin_restore(p[hit - 1], slot)
         t = turn[0]
+        c.complete_previous_batch()
+        hits = c.resumable_hits(seqs, caps, ps)
+        c.begin_restores([p[hit - 1] for p, hit in zip(ps, hits) if hit],
+                         [slot for slot, hit in zip(slots, hits) if hit])
         c.checkpoint_many(seqs, [hit + 8 for hit in hits],
-                          [p[min(hit + 7, 63)] ^ salt ^ t for p, hit, (_, salt) in zip(ps, hits, plan)])
+                          [p[min(hit + 7, 63)] ^ salt ^ t for p, hit, salt in zip(ps, hits, salts)])
         c.take_checkpoint_ops()
 
     return one_pass
