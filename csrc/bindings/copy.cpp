@@ -12,6 +12,7 @@
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
 #include "bindings/fast_call.h"
+#include "bindings/paged_ops.h"
 #include "core/paged_types.h"
 #include "core/span_planner.h"
 #ifdef STATECACHE_WITH_GPU
@@ -59,8 +60,8 @@ std::vector<SlotCopyOp> as_pairs(py::handle obj, const char* kind) {
 // attributes (a reference dataclass, a test stand-in) through Python.
 template <typename Op>
 bool read_bound(py::handle op, PagedCopyOp& p) {
-  if (!py::isinstance<Op>(op)) return false;
-  const Op& o = op.cast<const Op&>();
+  if (!ops::is_op<Op>(op.ptr())) return false;
+  const Op& o = ops::value_of<Op>(op.ptr());
   if constexpr (std::is_same_v<Op, CheckpointStoreOp>)
     p.slot = o.src_slot;
   else

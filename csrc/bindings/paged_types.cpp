@@ -102,6 +102,166 @@ py::tuple suspended_fields(const SuspendedCheckpointRestore& s) {
   return py::make_tuple(s.checkpoint_id, py::cast(s.operation));
 }
 
+// ---- CheckpointStoreOp / CheckpointRestoreOp (bindings/paged_ops.h) ----
+
+template <class Op>
+struct OpText;
+template <>
+struct OpText<CheckpointStoreOp> {
+  static constexpr const char* name = "CheckpointStoreOp";
+  static constexpr const char* slot = "src_slot";
+  static constexpr const char* doc =
+      "CheckpointStoreOp(src_slot, unit_ids, total_bytes, layout_id)\n--\n\n"
+      "Scatter the image part of ``src_slot`` into ``unit_ids``, in order. Frozen.";
+  static constexpr const char* init_doc =
+      "__init__($self, src_slot, unit_ids, total_bytes, layout_id)\n--\n\n"
+      "Checks the arguments as the constructor does and returns None; the value is made by the "
+      "constructor and never changes. Raises TypeError or ValueError for a bad argument.";
+  static py::tuple fields(const CheckpointStoreOp& o) { return store_fields(o); }
+  static int64_t slot_of(const CheckpointStoreOp& o) { return o.src_slot; }
+};
+template <>
+struct OpText<CheckpointRestoreOp> {
+  static constexpr const char* name = "CheckpointRestoreOp";
+  static constexpr const char* slot = "dst_slot";
+  static constexpr const char* doc =
+      "CheckpointRestoreOp(dst_slot, unit_ids, total_bytes, layout_id)\n--\n\n"
+      "Gather ``unit_ids``, in order, back into ``dst_slot``. Frozen.";
+  static constexpr const char* init_doc =
+      "__init__($self, dst_slot, unit_ids, total_bytes, layout_id)\n--\n\n"
+      "Checks the arguments as the constructor does and returns None; the value is made by the "
+      "constructor and never changes. Raises TypeError or ValueError for a bad argument.";
+  static py::tuple fields(const CheckpointRestoreOp& o) { return restore_fields(o); }
+  static int64_t slot_of(const CheckpointRestoreOp& o) { return o.dst_slot; }
+};
+
+// The value an op's constructor arguments describe; throws for bad ones.
+template <class Op>
+Op op_from_args(PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {OpText<Op>::slot, "unit_ids", "total_bytes", "layout_id", nullptr};
+  static const std::string format = std::string("OOOO:") + OpText<Op>::name;
+  PyObject *slot, *units, *total, *layout;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, format.c_str(), const_cast<char**>(kw), &slot, &units, &total,
+                                   &layout))
+    throw py::error_already_set();
+  return Op{as_int(slot, OpText<Op>::slot), as_int_list(units, "unit_ids"), as_int(total, "total_bytes"),
+            as_layout(layout)};
+}
+
+template <class Op>
+PyObject* op_new(PyTypeObject* cls, PyObject* args, PyObject* kwargs) {
+  try {
+    return ops::make<Op>(cls, op_from_args<Op>(args, kwargs));
+  } catch (...) {
+    fast::set_error_from_current();
+    return nullptr;
+  }
+}
+
+template <class Op>
+PyObject* op_init(PyObject*, PyObject* args, PyObject* kwargs) {
+  try {
+    op_from_args<Op>(args, kwargs);
+    Py_RETURN_NONE;
+  } catch (...) {
+    fast::set_error_from_current();
+    return nullptr;
+  }
+}
+
+template <class Op>
+void op_dealloc(PyObject* self) {
+  PyTypeObject* cls = Py_TYPE(self);
+  reinterpret_cast<ops::Object<Op>*>(self)->value.~Op();
+  cls->tp_free(self);
+  Py_DECREF(cls);  // a heap type's instances own a reference to it
+}
+
+// Runs `body` (returning py::object) for a slot function: C++ exceptions become Python ones.
+template <class Body>
+PyObject* op_slot(Body&& body) {
+  try {
+    return body().release().ptr();
+  } catch (...) {
+    fast::set_error_from_current();
+    return nullptr;
+  }
+}
+
+template <class Op>
+void bind_op(py::module_& m) {
+  using Text = OpText<Op>;
+  static PyGetSetDef getset[] = {
+      {Text::slot,
+       [](PyObject* self, void*) -> PyObject* {
+         return PyLong_FromLongLong(Text::slot_of(ops::value_of<Op>(self)));
+       },
+       nullptr, nullptr, nullptr},
+      {"unit_ids",
+       [](PyObject* self, void*) { return op_slot([&] { return py::object(to_tuple(ops::value_of<Op>(self).unit_ids)); }); },
+       nullptr, nullptr, nullptr},
+      {"total_bytes",
+       [](PyObject* self, void*) -> PyObject* { return PyLong_FromLongLong(ops::value_of<Op>(self).total_bytes); },
+       nullptr, nullptr, nullptr},
+      {"layout_id",
+       [](PyObject* self, void*) -> PyObject* {
+         const std::string& s = ops::value_of<Op>(self).layout_id;
+         return PyUnicode_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
+       },
+       nullptr, nullptr, nullptr},
+      {nullptr, nullptr, nullptr, nullptr, nullptr},
+  };
+  static PyMethodDef methods[] = {
+      {"__init__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&op_init<Op>)),
+       METH_VARARGS | METH_KEYWORDS, Text::init_doc},
+      {"__reduce__",
+       [](PyObject* self, PyObject*) {
+         return op_slot([&] {
+           return py::object(py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(self))),
+                                            Text::fields(ops::value_of<Op>(self))));
+         });
+       },
+       METH_NOARGS, "Returns (type, fields) for pickle and copy. Raises nothing."},
+      {nullptr, nullptr, 0, nullptr},
+  };
+  static PyType_Slot slots[] = {
+      {Py_tp_new, reinterpret_cast<void*>(&op_new<Op>)},
+      {Py_tp_dealloc, reinterpret_cast<void*>(&op_dealloc<Op>)},
+      {Py_tp_doc, const_cast<char*>(Text::doc)},
+      {Py_tp_getset, getset},
+      {Py_tp_methods, methods},
+      {Py_tp_richcompare, reinterpret_cast<void*>(+[](PyObject* a, PyObject* b, int op) -> PyObject* {
+         if ((op != Py_EQ && op != Py_NE) || !ops::is_op<Op>(b)) Py_RETURN_NOTIMPLEMENTED;
+         const bool eq = ops::value_of<Op>(a) == ops::value_of<Op>(b);
+         return Py_NewRef(eq == (op == Py_EQ) ? Py_True : Py_False);
+       })},
+      {Py_tp_hash, reinterpret_cast<void*>(+[](PyObject* self) -> Py_hash_t {
+         PyObject* fields = op_slot([&] { return py::object(Text::fields(ops::value_of<Op>(self))); });
+         if (!fields) return -1;
+         const Py_hash_t h = PyObject_Hash(fields);
+         Py_DECREF(fields);
+         return h;
+       })},
+      {Py_tp_repr, reinterpret_cast<void*>(+[](PyObject* self) {
+         return op_slot([&] {
+           static const char* const keys[] = {Text::slot, "unit_ids", "total_bytes", "layout_id"};
+           py::tuple vals = Text::fields(ops::value_of<Op>(self));
+           std::string out = py::type::of(self).attr("__name__").template cast<std::string>() + "(";
+           for (size_t i = 0; i < 4; ++i) out += (i ? ", " : "") + std::string(keys[i]) + "=" + py_repr(vals[i]);
+           return py::object(py::str(out + ")"));
+         });
+       })},
+      {0, nullptr},
+  };
+  static const std::string qualified = std::string("statecache._C.") + Text::name;
+  static PyType_Spec spec = {qualified.c_str(), static_cast<int>(sizeof(ops::Object<Op>)), 0,
+                             Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, slots};
+  PyObject* cls = PyType_FromSpec(&spec);
+  if (!cls) throw py::error_already_set();
+  ops::type<Op> = reinterpret_cast<PyTypeObject*>(cls);  // the module keeps it alive
+  m.add_object(Text::name, py::reinterpret_steal<py::object>(cls));
+}
+
 CheckpointState as_state(py::handle obj) {
   if (!PyUnicode_Check(obj.ptr())) raise_type("state", "a str", obj);
   return parse_checkpoint_state(obj.cast<std::string>());
@@ -187,33 +347,8 @@ the state layout ``layout_id``. Frozen; equality and hash by value.)doc");
                   "The spec from its wire mapping: TypeError for a non-mapping, ValueError for another key set.");
   def_value(spec, &spec_fields, {"page_unit_bytes", "slot_bytes", "layout_id", "image_bytes"}, true);
 
-  py::class_<CheckpointStoreOp> store(m, "CheckpointStoreOp",
-                                      "Scatter the image part of ``src_slot`` into ``unit_ids``, in order. Frozen.");
-  store
-      .def(py::init([](py::handle slot, py::handle units, py::handle total, py::handle layout) {
-             return CheckpointStoreOp{as_int(slot, "src_slot"), as_int_list(units, "unit_ids"),
-                                      as_int(total, "total_bytes"), as_layout(layout)};
-           }),
-           py::arg("src_slot"), py::arg("unit_ids"), py::arg("total_bytes"), py::arg("layout_id"))
-      .def_property_readonly("src_slot", [](const CheckpointStoreOp& o) { return o.src_slot; })
-      .def_property_readonly("unit_ids", [](const CheckpointStoreOp& o) { return to_tuple(o.unit_ids); })
-      .def_property_readonly("total_bytes", [](const CheckpointStoreOp& o) { return o.total_bytes; })
-      .def_property_readonly("layout_id", [](const CheckpointStoreOp& o) { return o.layout_id; });
-  def_value(store, &store_fields, {"src_slot", "unit_ids", "total_bytes", "layout_id"}, true);
-
-  py::class_<CheckpointRestoreOp> restore(m, "CheckpointRestoreOp",
-                                          "Gather ``unit_ids``, in order, back into ``dst_slot``. Frozen.");
-  restore
-      .def(py::init([](py::handle slot, py::handle units, py::handle total, py::handle layout) {
-             return CheckpointRestoreOp{as_int(slot, "dst_slot"), as_int_list(units, "unit_ids"),
-                                        as_int(total, "total_bytes"), as_layout(layout)};
-           }),
-           py::arg("dst_slot"), py::arg("unit_ids"), py::arg("total_bytes"), py::arg("layout_id"))
-      .def_property_readonly("dst_slot", [](const CheckpointRestoreOp& o) { return o.dst_slot; })
-      .def_property_readonly("unit_ids", [](const CheckpointRestoreOp& o) { return to_tuple(o.unit_ids); })
-      .def_property_readonly("total_bytes", [](const CheckpointRestoreOp& o) { return o.total_bytes; })
-      .def_property_readonly("layout_id", [](const CheckpointRestoreOp& o) { return o.layout_id; });
-  def_value(restore, &restore_fields, {"dst_slot", "unit_ids", "total_bytes", "layout_id"}, true);
+  bind_op<CheckpointStoreOp>(m);
+  bind_op<CheckpointRestoreOp>(m);
 
   py::class_<RecordHandle> record(m, "CheckpointRecord", R"doc(
 One checkpoint of the store: its hash, its page units in image order, its

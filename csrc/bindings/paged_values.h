@@ -10,6 +10,7 @@
 
 #include "bindings/convert.h"
 #include "bindings/fast_call.h"
+#include "bindings/paged_ops.h"
 #include "core/block_pool.h"
 #include "core/checkpoint_store.h"
 #include "core/paged_types.h"
