@@ -619,7 +619,8 @@ def test_bare_instances_of_every_page_class_are_refused():
             try:
                 obj = cls.__new__(cls)
             except TypeError as e:
-                assert "__init__" in str(e) or "uninitialized" in str(e), e
+                # the op values build themselves in __new__: it needs their fields
+                assert "__init__" in str(e) or "uninitialized" in str(e) or "missing required argument" in str(e), e
                 print("refused", name)
             else:
                 print("CREATED", name)
