@@ -73,7 +73,8 @@ class StateGroupPool : public CheckpointPool<GroupRetirement> {
  private:
   struct Intent {
     int64_t group;
-    uint32_t epoch;  // the group's release_epoch when recorded
+    uint32_t epoch;         // the group's release_epoch when recorded
+    int64_t position = 0;  // boundary blocks, for the eviction cost model
   };
   bool intent_alive(const Intent& i) const {
     return i.group >= 0 && i.group < size() && !is_free(i.group) && release_epoch(i.group) == i.epoch;

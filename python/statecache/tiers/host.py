@@ -1,7 +1,7 @@
 """HostTier: page-unit-sized entries in one (pinned, where a GPU exists) host
-buffer, bookkept by the C++ ``HostArena`` (hash index + ranking by recompute
-cost per byte and recency). State images and KV blocks have separate byte
-budgets (classes 0 and 1)."""
+buffer, bookkept by the C++ ``HostArena`` (hash index + ranking with the GPU
+caches' eviction cost model: recency and prefill FLOPs saved per byte). State
+images and KV blocks have separate byte budgets (classes 0 and 1)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,9 @@ class HostTier(Tier):
     """A host-memory tier of ``capacity_bytes`` in entries of ``entry_bytes``
     (the page unit size). ``state_bytes`` / ``kv_bytes``: the two classes'
     budgets (default: all of it for state images, none for KV blocks).
-    ``ranking``: ``"cost"`` (recompute cost per byte + recency) or ``"lru"``.
+    ``ranking``: ``"cost"`` (recency + value of the position) or ``"lru"``;
+    ``arena.set_eviction_policy`` installs the GPU caches' model (``Tiering``
+    copies the PAGE store's).
     """
 
     name = "host"
@@ -95,10 +97,11 @@ class HostTier(Tier):
 
     # ------------------------------ entries -------------------------------- #
 
-    def reserve(self, key: str, nbytes: int, cost: float = 0.0, klass: int | None = None):
-        """Entries for a value of ``nbytes`` (row views, in order), evicting
-        (and first demoting) by the ranking; None when the class cannot hold
-        it now. The value is invisible until ``seal``."""
+    def reserve(self, key: str, nbytes: int, position: int = 0, klass: int | None = None):
+        """Entries for a value of ``nbytes`` whose prefix ends at ``position``
+        (row views, in order), evicting (and first demoting) by the ranking;
+        None when the class cannot hold it now. The value is invisible until
+        ``seal``."""
         with self._lock:
             self._check_open()
             klass = self.klass_of(key) if klass is None else klass
@@ -109,7 +112,7 @@ class HostTier(Tier):
             if plan and self.on_evict is not None:
                 self._demote(plan)
             try:
-                got = self.arena.allocate(key, klass, count, nbytes, float(cost))
+                got = self.arena.allocate(key, klass, count, nbytes, position)
             except ValueError as e:
                 if "already in the arena" in str(e):
                     return None  # held, or still being written or read into
