@@ -1095,7 +1095,9 @@ class StateOffloadIndex:
 class HostArena:
     """Which entries of the host tier's arena hold what: ``capacity_bytes //
     entry_bytes`` entries of one buffer the caller owns; values are filed under
-    a key (bytes or str) in a budget class. ``ranking``: "lru" or "cost"."""
+    a key (bytes or str) in a budget class. Eviction ranks with the cost model
+    of the GPU caches (``set_eviction_policy``); ``ranking`` ("lru" or "cost")
+    picks the starting model."""
 
     def __init__(
         self,
@@ -1122,10 +1124,12 @@ class HostArena:
         """Returns the keys ``allocate`` would evict to fit ``count`` entries, in
         order; None when it cannot. Raises IndexError for an unknown class."""
     def allocate(
-        self, key: bytes | str, klass: _Int, count: _Int, nbytes: _Int, cost: float
+        self, key: bytes | str, klass: _Int, count: _Int, nbytes: _Int, position: _Int
     ) -> tuple[list[int], list[bytes]] | None:
-        """Reserves entries for ``key``; returns (entry ids, evicted keys), or
-        None (nothing changed). Raises IndexError for an unknown class."""
+        """Reserves entries for ``key`` (its prefix ends at ``position``, in the
+        cost model's position unit); returns (entry ids, evicted keys), or None
+        (nothing changed). Raises IndexError for an unknown class, ValueError
+        for a negative position."""
     def seal(self, key: bytes | str, meta: bytes) -> None:
         """Makes the value under ``key`` findable with ``meta``; returns None."""
     def remove(self, key: bytes | str) -> bool:
@@ -1146,6 +1150,22 @@ class HostArena:
         """Returns the keys filed, as bytes."""
     def check_consistency(self) -> None:
         """Raises AssertionError if an internal invariant is broken (tests)."""
+    def set_eviction_policy(
+        self,
+        kind: _EvictionKind = "lru",
+        *,
+        flops_per_token: float = 1.0,
+        flops_per_context_token: float = 0.0,
+        checkpoint_bytes: float = 1.0,
+        tokens_per_position: float = 1.0,
+        weight: float = 1.0,
+        guesses_first: bool = True,
+    ) -> None:
+        """Chooses how values are ranked ('lru' or 'cost'), as on the PAGE store;
+        returns None. Raises ValueError naming the argument (nothing changed)."""
+    @property
+    def eviction_policy(self) -> _EvictionPolicy:
+        """The eviction setting as a dict (the arguments of ``set_eviction_policy``)."""
 
 # ---------------------------------------------------------------- copying --
 
