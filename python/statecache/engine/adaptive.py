@@ -121,8 +121,8 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
     name = "adaptive"
 
     def __init__(self, cost: CostModel | None = None, *, seed: int = 0, sample_every: int = 4,
-                 ladder_candidates=LADDER_CANDIDATES, initial_ladder: int = 16384,
-                 horizon: int = 2048, decide_every: int = 32, warmup: int = 1024, margin: float = 0.015,
+                 ladder_candidates=LADDER_CANDIDATES, initial_ladder: int = 0,
+                 horizon: int = 2048, decide_every: int = 32, warmup: int = 256, margin: float = 0.05,
                  max_decisions: int = 256, room_ladder: int = 1024, room_share: float = 0.4,
                  room_floor: float = 0.03) -> None:
         if cost is not None and not isinstance(cost, CostModel):
@@ -249,6 +249,10 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
             else:
                 self._note("adaptive_rungs_gated")
         if not pinned and self.pages and self.room_ladder and self._pool is not None:
+            if self.room_rungs:
+                # Checked per admission, not per pass: vacancy falls as
+                # admissions take blocks, and a pass costs nothing extra.
+                self._yield_room(self._bound)
             out += self._room_rungs(ctx, anchor, n)
         if ctx.kv_hit_position > ctx.resume_position:
             out.append(Boundary(ctx.kv_hit_position, DEMAND, True))
@@ -321,9 +325,12 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
             if step and anchor_b > 1:
                 placed += max(0, (anchor_b - 1) // step - res // step)
             sh.units = sh.units * d + placed * upc
+        # Afterwards every candidate holds one where this prefix ended and
+        # where its KV hit did: resumed from it, or placed a demand rung there
+        # (whatever the setting in force happened to place).
         if anchor_b > 0:
             held[hashes[anchor_b - 1]] = None
-        if kv > actual:
+        if kv > 0:
             held[hashes[kv - 1]] = None
         # This request used its prompt blocks now, and wrote the ones it missed.
         self.clock += max(0, prompt_blocks - kv)
@@ -369,8 +376,6 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         if self._bound is not engine:
             self._bind(engine)
         caches = engine.caches
-        if self.room_rungs:
-            self._yield_room(engine)
         if not self.pages and caches.forks and caches.slot_pool is not None:
             # Rungs only into vacant room, so a guess never displaces knowledge.
             vacant = caches.slot_pool.occupancy()["slots_vacant"]
