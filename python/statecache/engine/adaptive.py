@@ -33,7 +33,8 @@ block), so a ladder pays for its memory in the hits it loses. Scores decay
 with a horizon of ``horizon`` admissions; after ``warmup`` admissions (the
 shadows start empty), every ``decide_every`` the setting moves one notch
 (candidates ordered coarse to fine) towards the best candidate if that beats
-it by ``margin`` (hysteresis). Cost per admission: a
+it by ``margin`` (a quarter of it towards a coarser one: hysteresis that
+leans against images, whose cost the LRU model undercounts). Cost per admission: a
 dict update per prompt block (C speed) and O(candidates) arithmetic; a
 sampled one adds one pass over its blocks and O(candidates x log blocks).
 Nothing is random but the salt, so a run repeats exactly.
@@ -121,7 +122,7 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
     name = "adaptive"
 
     def __init__(self, cost: CostModel | None = None, *, seed: int = 0, sample_every: int = 4,
-                 ladder_candidates=LADDER_CANDIDATES, initial_ladder: int = 0,
+                 ladder_candidates=LADDER_CANDIDATES, initial_ladder: int = 16384,
                  horizon: int = 2048, decide_every: int = 32, warmup: int = 256, margin: float = 0.05,
                  max_decisions: int = 256, room_ladder: int = 1024, room_share: float = 0.4,
                  room_floor: float = 0.03) -> None:
@@ -232,6 +233,10 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         anchor = prompt_end_anchor(ctx.num_prompt_tokens, ctx.successor_room, hbs)
         hashes = ctx.block_hashes
         if hashes and self.pages:
+            # What cached prefixes (KV blocks and images) can hold: the pool
+            # less what running requests hold now.
+            pool = self._pool
+            self.pool_blocks = pool.num_free + pool.num_reserved
             # The sample is of requests (their last prompt block), so one
             # system prompt shared by all still leaves a sample.
             last = hashes[min(len(hashes), ctx.num_prompt_tokens // ctx.hash_block_size) - 1] \
@@ -340,7 +345,11 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         self._admissions += 1
         if sampled:
             self._note("adaptive_sampled")
-        if self._admissions >= self.warmup and self._admissions % self.decide_every == 0:
+        # Decisions wait until the pool has turned over once: before that,
+        # images cost nothing (room rungs use that) and every score favours
+        # the finest ladder.
+        if self._admissions >= self.warmup and self._admissions % self.decide_every == 0 \
+                and self.clock >= self.pool_blocks:
             self._decide()
 
     def _prune(self) -> None:
@@ -360,7 +369,11 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         cur = self.current
         best = max(range(len(s)), key=lambda i: (s[i], -i))
         self._note("adaptive_decisions")
-        switch = best != cur and s[best] > s[cur] + self.margin * abs(s[cur])
+        # A finer ladder must win by ``margin``, a coarser one by a quarter of
+        # it: the shadow undercounts what images displace, so the risk is in
+        # going finer.
+        margin = self.margin if best > cur else self.margin / 4
+        switch = best != cur and s[best] > s[cur] + margin * abs(s[cur])
         if switch:
             # One notch at a time towards the best (candidates run coarse to
             # fine): a noisy score moves the setting a step, not across the range.
