@@ -35,8 +35,9 @@ shadows start empty), every ``decide_every`` the setting moves one notch
 (candidates ordered coarse to fine) towards the best candidate if that beats
 it by ``margin`` (a quarter of it towards a coarser one: hysteresis that
 leans against images, whose cost the LRU model undercounts). Cost per admission: a
-dict update per prompt block (C speed) and O(candidates) arithmetic; a
-sampled one adds one pass over its blocks and O(candidates x log blocks).
+dict update per prompt block (C speed) and O(1) arithmetic; a sampled one
+adds one pass over its blocks and O(candidates x log blocks) (scores and
+each candidate's image writes are estimated from the sample alone).
 Nothing is random but the salt, so a run repeats exactly.
 
 Eviction: the library's cost model (``set_eviction_policy("cost", ...)`` on
@@ -188,6 +189,7 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         self._pending: dict[str, int] = {}
         self._pool = None
         self._batch_blocks = 0
+        self._unsampled = 0  # admissions since the last sampled one
 
     # ------------------------------ setting ------------------------------- #
 
@@ -306,10 +308,14 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
             stamps = list(map(self.stamp.get, hashes[:limit], repeat(-self._far)))
             found: list[int] = []  # shadow checkpoints, deepest first
             scanned = limit + 1
-        for sh in self.shadows:
-            res, reach = actual, kv
-            step = sh.step
-            if sampled:
+        if sampled:
+            # Scores and image writes are kept from the sample alone (each
+            # sampled admission stands for ``sample_every``), so the others
+            # cost no per-candidate work: the decay they owe is applied here.
+            decay = d ** (self._unsampled + 1)
+            self._unsampled = 0
+            weight = self.sample_every
+            for sh in self.shadows:
                 # This candidate's images take residency from KV in proportion
                 # to what it writes, so its pool reaches back fewer KV blocks.
                 capacity = (self.pool_blocks * written / (written + sh.units)
@@ -320,16 +326,17 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
                     if hashes[scanned - 1] in held:
                         found.append(scanned)
                 res = next((j for j in found if j <= reach), 0)
+                step = sh.step
                 if step:
                     res = max(res, reach // step * step)
-                sh.gain = sh.gain * d + res * hbs * self.sample_every
-            else:
-                sh.gain *= d
-            # Units it writes: anchor, demand rung, rungs between res and anchor.
-            placed = (anchor_b > res) + (reach > res and reach != anchor_b)
-            if step and anchor_b > 1:
-                placed += max(0, (anchor_b - 1) // step - res // step)
-            sh.units = sh.units * d + placed * upc
+                # Units it writes: anchor, demand rung, rungs between res and anchor.
+                placed = (anchor_b > res) + (reach > res and reach != anchor_b)
+                if step and anchor_b > 1:
+                    placed += max(0, (anchor_b - 1) // step - res // step)
+                sh.gain = sh.gain * decay + res * hbs * weight
+                sh.units = sh.units * decay + placed * upc * weight
+        else:
+            self._unsampled += 1
         # Afterwards every candidate holds one where this prefix ended and
         # where its KV hit did: resumed from it, or placed a demand rung there
         # (whatever the setting in force happened to place).
@@ -362,7 +369,8 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
     def scores(self) -> list[float]:
         """Each candidate's shadow score: the (decayed) tokens it would have
         resumed, its own images' memory already charged (module doc)."""
-        return [sh.gain for sh in self.shadows]
+        owed = self.decay ** self._unsampled
+        return [sh.gain * owed for sh in self.shadows]
 
     def _decide(self) -> None:
         s = self.scores()
