@@ -150,15 +150,20 @@ def tiers_markdown(results: list[dict]) -> str:
 def main_tiers(args) -> int:
     gpus = [report.parse_bytes(b) for b in args.gpu_memory.split(",")]
     hosts = [report.parse_bytes(b) for b in args.host_memory.split(",")]
-    reqs = trace.load_trace(args.trace, limit=args.limit)
+    path = find_mooncake()
+    if path is None:
+        print("--tiers needs the Mooncake trace (set STATECACHE_TRACE or put ../shared/traces "
+              "beside the checkout)")
+        return 1
+    reqs = trace.load_trace(path, limit=args.limit)
     configs = [simulator.SimConfig(policy=BASELINE, geometry="hybrid-7b", memory=g, kv_memory=None,
-                                   state_memory=None, concurrency=args.concurrency,
+                                   state_memory=None, concurrency=16,
                                    max_output_tokens=args.max_output_tokens or None,
                                    host_memory=h, tier_kv_share=args.tier_kv_share)
                for g in gpus for h in hosts]
     t0 = time.perf_counter()
     results = simulator.sweep(reqs, configs, jobs=args.jobs, progress=sys.stderr.isatty())
-    print(f"{args.trace}: {len(reqs)} requests; hybrid-7b, one GPU budget for KV + PAGE images, "
+    print(f"{path}: {len(reqs)} requests; hybrid-7b, one GPU budget for KV + PAGE images, "
           f"host tier at 55 GB/s, {100 * args.tier_kv_share:.0f}% of it for KV blocks; policy {BASELINE}; {len(configs)} simulations in "
           f"{time.perf_counter() - t0:.0f} s ({args.jobs} jobs)\n")
     print(tiers_markdown(results))
