@@ -107,7 +107,7 @@ def test_engine_policies() -> None:
         enabled=True, max_num_seqs=4,
     )
 
-    from statecache.engine import Engine, AnchorLadderDemand, GuessFirstLRU
+    from statecache.engine import AnchorLadderDemand, Engine, GuessFirstLRU
     engine = Engine(config, pool, caches, runner,
                     placement=AnchorLadderDemand(), eviction=GuessFirstLRU())  # the pre-adaptive default
     # a fixed ladder under the adaptive policy: EngineConfig(checkpoint_interval_tokens=16384)
