@@ -251,7 +251,7 @@ T& self_of(PyObject* self) {
   return *t;
 }
 
-// ---- any object as `seq` (SPEC §6) --------------------------------------
+// ---- any object as `seq` (docs/contract.md, "API guarantees") ----------
 //
 // A `seq` argument is a statecache.Sequence (fast path: the C++ object, read
 // and written in place by the core) or any object with the sequence

@@ -1,4 +1,4 @@
-// BlockPool and PageUnitCheckpointStore (SPEC.md §3, §5), with the owner
+// BlockPool and PageUnitCheckpointStore (docs/contract.md, "Objects", "API guarantees"), with the owner
 // table that turns Python owners into core tokens.
 #include <pybind11/functional.h>
 

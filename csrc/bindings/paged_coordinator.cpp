@@ -1,4 +1,4 @@
-// PagedStateCheckpointCoordinator and StateOffloadIndex (SPEC.md §3, §8).
+// PagedStateCheckpointCoordinator and StateOffloadIndex (docs/contract.md, "Objects", "Tiers").
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"

@@ -87,7 +87,7 @@ class CheckpointPool : public StateFreeList {
     return fresh;
   }
 
-  // -1 means "no hash" everywhere: never a content hash (SPEC §3).
+  // -1 means "no hash" everywhere: never a content hash (docs/contract.md, "Words").
   static void check_hash(const char* name, int64_t h) {
     if (h == -1) bad_argument(name, h, "is -1, which means \"no hash\"; it cannot name a checkpoint");
   }

@@ -11,7 +11,7 @@ bool StateGroupPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t 
   (void)boundary_blocks;  // a group is one entry, not a span ending at the boundary
   check_hash("h", h);
   if (!applies(seq)) return false;
-  // SPEC.md §4: none() and replay() keep nothing, not even a dropped count.
+  // docs/contract.md, "Divergences": none() and replay() keep nothing, not even a dropped count.
   if (!transfer().forks() && !transfer().copies()) return false;
   const int64_t old = seq.per_req_cache_group;
   if (old < 0) return false;

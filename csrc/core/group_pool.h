@@ -6,7 +6,7 @@
 //   copy  the owner keeps its group; `checkpoint` only records the intent and
 //         `take_copies` (called as the next batch is built) turns it into a
 //         (src, dst) pair, filing dst at that moment.
-// Under none() and replay() nothing is ever checkpointed (SPEC.md §4).
+// Under none() and replay() nothing is ever checkpointed (docs/contract.md, "Divergences").
 #pragma once
 
 #include <cstdint>

@@ -492,8 +492,7 @@ class Sequence:
 # ------------------------------------------------------------------ pools --
 
 class StateSlotPool:
-    """Per-need state slots with fork checkpoints (docs/contract.md, "State
-    pools"): vacant slots lowest first, checkpointed ones spent LRU (guesses
+    """Per-need state slots with fork checkpoints (docs/contract.md, "Objects"): vacant slots lowest first, checkpointed ones spent LRU (guesses
     first); speculative-decode rollback slots, midstep reserve/publish,
     relocations. A copy transfer raises ValueError (use the PAGE coordinator)."""
 

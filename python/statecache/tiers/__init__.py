@@ -1,4 +1,4 @@
-"""Tiers below GPU memory (SPEC.md §8): a host-memory tier and shared tiers
+"""Tiers below GPU memory (docs/contract.md, "Tiers"): a host-memory tier and shared tiers
 on Mooncake Store or Redis, behind one batch-first interface.
 
 ``MooncakeTier`` and ``RedisTier`` import their client libraries lazily; a

@@ -1,4 +1,4 @@
-"""The interface every tier below GPU memory implements (SPEC.md §8).
+"""The interface every tier below GPU memory implements (docs/contract.md, "Tiers").
 
 Batch first: one call moves many values. A value is a list of *segments*
 (buffer-protocol objects: NumPy arrays, memoryviews, bytes for puts), stored

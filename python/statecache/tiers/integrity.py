@@ -1,4 +1,4 @@
-"""Integrity of values in lower tiers (SPEC.md §8).
+"""Integrity of values in lower tiers (docs/contract.md, "Tiers").
 
 Every value carries a header: a magic, the payload size, an XXH3-128 checksum
 of the payload bytes and the full key it was written under. A load adopts a

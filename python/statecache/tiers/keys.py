@@ -1,4 +1,4 @@
-"""Keys of lower-tier entries (SPEC.md §8): ``(layout_id, tp_rank, tp_size,
+"""Keys of lower-tier entries (docs/contract.md, "Tiers"): ``(layout_id, tp_rank, tp_size,
 prefix key)``, where the prefix key is the 128-bit chained content key of the
 token prefix (``statecache.chain_block_keys``), never the 64-bit scheduler
 hash alone. ``kind`` separates state images from KV blocks."""

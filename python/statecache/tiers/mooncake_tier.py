@@ -1,4 +1,4 @@
-"""MooncakeTier: the shared tier on Mooncake Store (DESIGN.md "Tiers").
+"""MooncakeTier: the shared tier on Mooncake Store (docs/contract.md, "Tiers").
 
 Values are written and read zero-copy from registered host memory
 (``register(buffer)``: the host tier's arena) with ``batch_put_from_multi_buffers``
