@@ -692,14 +692,14 @@ nominated to a tier (``offload_sink``), handed out pinned by
            "Raises AssertionError when an internal invariant is broken (for tests).");
   def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
   static PyMethodDef fast[] = {
-      STATECACHE_FAST_METHOD("lookup", &store_lookup, "lookup(prefix_hash)\n--\n\nThe READY checkpoint id filed under the hash, or -1."),
+      STATECACHE_FAST_METHOD("lookup", &store_lookup, "lookup($self, prefix_hash)\n--\n\nThe READY checkpoint id filed under the hash, or -1."),
       STATECACHE_FAST_METHOD("contains_or_pending", &store_contains_or_pending,
-                             "contains_or_pending(prefix_hash)\n--\n\nREADY, or a store of it is on its way."),
+                             "contains_or_pending($self, prefix_hash)\n--\n\nREADY, or a store of it is on its way."),
       STATECACHE_FAST_METHOD("begin_store", &store_begin_store,
-                             "begin_store(prefix_hash, src_slot, position=0)\n--\n\n"
+                             "begin_store($self, prefix_hash, src_slot, position=0)\n--\n\n"
                              "A CheckpointStoreOp filing a COPYING image (evicting if needed), or None."),
       STATECACHE_FAST_METHOD("begin_restore", &store_begin_restore,
-                             "begin_restore(prefix_hash, dst_slot)\n--\n\n"
+                             "begin_restore($self, prefix_hash, dst_slot)\n--\n\n"
                              "A CheckpointRestoreOp reading the READY image (pinned until the batch completes), or None."),
   };
   for (PyMethodDef& def : fast) add_fast_method(cls, &def);

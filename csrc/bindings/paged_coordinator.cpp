@@ -358,13 +358,13 @@ accepts boundaries the attached tier ``could_serve``.)doc");
   def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
   static PyMethodDef fast[] = {
       STATECACHE_FAST_METHOD("resumable_hit", &coord_resumable_hit,
-                             "resumable_hit(seq, hit, block_hashes, assume_checkpointed=False)\n--\n\n"
+                             "resumable_hit($self, seq, hit, block_hashes, assume_checkpointed=False)\n--\n\n"
                              "The longest prefix <= hit whose boundary is READY here or servable by the tier."),
       STATECACHE_FAST_METHOD("checkpoint", &coord_checkpoint,
-                             "checkpoint(seq, boundary_blocks, h)\n--\n\n"
+                             "checkpoint($self, seq, boundary_blocks, h)\n--\n\n"
                              "Files the boundary for the next take_checkpoint_ops; supersedes this sequence's older one."),
       STATECACHE_FAST_METHOD("begin_restore", &coord_begin_restore,
-                             "begin_restore(h, dst_slot)\n--\n\nQueues a restore of the READY image into dst_slot."),
+                             "begin_restore($self, h, dst_slot)\n--\n\nQueues a restore of the READY image into dst_slot."),
   };
   for (PyMethodDef& def : fast) add_fast_method(cls, &def);
 }

@@ -82,10 +82,10 @@ template <class T, class StoreOf>
 void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
   using Store = PageUnitCheckpointStore;
   static PyMethodDef contains = STATECACHE_FAST_METHOD(
-      "contains", (&fast_contains<T, StoreOf>), "contains(prefix_hash)\n--\n\nWhether a READY image is filed under the hash.");
+      "contains", (&fast_contains<T, StoreOf>), "contains($self, prefix_hash)\n--\n\nWhether a READY image is filed under the hash.");
   static PyMethodDef available = STATECACHE_FAST_METHOD(
       "has_available_units", (&fast_has_available_units<T, StoreOf>),
-      "has_available_units(count, protected_hash=None)\n--\n\n"
+      "has_available_units($self, count, protected_hash=None)\n--\n\n"
       "Whether ``count`` units could be had, evicting unpinned READY checkpoints (never the one "
       "filed under ``protected_hash``) if it came to that.");
   add_fast_method(cls, &contains);
