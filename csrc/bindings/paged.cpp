@@ -353,7 +353,9 @@ that evicted completes normally.)doc");
             const bool ok = p.reserve_units(n, token, units);
             return list_or_none(ok, units);
           },
-          py::arg("count"), py::arg("owner"))
+          py::arg("count"), py::arg("owner"),
+          "Returns ``count`` free blocks now held by ``owner``, or None (nothing taken) when fewer "
+          "are free. Raises ValueError for ``count < 0``, TypeError for an unhashable owner.")
       .def(
           "release_units",
           [](PyBlockPool& p, py::handle unit_ids, py::handle owner) {
@@ -362,7 +364,9 @@ that evicted completes normally.)doc");
             p.refuse_store_units(units, token);
             p.release_units(units, token);
           },
-          py::arg("unit_ids"), py::arg("owner"))
+          py::arg("unit_ids"), py::arg("owner"),
+          "Frees units ``owner`` holds; returns None. Raises ValueError, changing nothing, if any "
+          "unit is not held by ``owner`` or belongs to a store's image.")
       .def(
           "rekey_units",
           [](PyBlockPool& p, py::handle unit_ids, py::handle old_owner, py::handle new_owner) {
@@ -380,10 +384,14 @@ that evicted completes normally.)doc");
             p.refuse_store_units(units, old_token);
             p.rekey_units(units, old_token, new_token);
           },
-          py::arg("unit_ids"), py::arg("old_owner"), py::arg("new_owner"))
+          py::arg("unit_ids"), py::arg("old_owner"), py::arg("new_owner"),
+          "Moves units from ``old_owner`` to ``new_owner``; returns None. Raises ValueError, "
+          "changing nothing, if any unit is not held by ``old_owner`` or belongs to a store's "
+          "image.")
       .def(
           "owner_of", [](const PyBlockPool& p, py::handle unit) { return p.owners.owner(p.owner_of(as_int(unit, "unit"))); },
-          py::arg("unit"), "The owner holding ``unit``; None for a free block or one held by the KV cache.")
+          py::arg("unit"), "Returns the owner holding ``unit`` (equal to the one given), or None for a free block "
+          "or one the KV cache holds. Raises IndexError for a unit out of range.")
       .def(
           "allocate",
           [](PyBlockPool& p, py::handle count) {
@@ -391,33 +399,46 @@ that evicted completes normally.)doc");
             const bool ok = p.allocate(as_nonneg_int(count, "count"), blocks);
             return list_or_none(ok, blocks);
           },
-          py::arg("count"), "``count`` blocks with one reference each, or None (nothing taken).")
+          py::arg("count"), "Returns ``count`` blocks for the KV cache (one reference each), never-hashed first, "
+          "then least recently freed; None (nothing taken) when fewer are free. Raises ValueError "
+          "for ``count < 0``.")
       .def(
           "free", [](PyBlockPool& p, py::handle ids) { p.free(as_int_list(ids, "block_ids")); },
-          py::arg("block_ids"), "Drops one reference per listed block.")
+          py::arg("block_ids"), "Drops one reference per listed block; at zero a hashed block stays findable until it is "
+          "reused. Returns None. Raises ValueError, changing nothing, for a block the KV cache "
+          "does not hold.")
       .def(
           "incref", [](PyBlockPool& p, py::handle ids) { p.incref(as_int_list(ids, "block_ids")); },
-          py::arg("block_ids"), "Takes one more reference per listed block (a prefix hit).")
+          py::arg("block_ids"), "Takes one more reference per listed block (a prefix hit; a cached free block is taken "
+          "back). Returns None. Raises ValueError, changing nothing, for a block neither held nor "
+          "cached.")
       .def(
           "lookup", [](const PyBlockPool& p, py::handle h) { return p.lookup(as_int(h, "hash")); },
-          py::arg("hash"), "The block holding ``hash``, or -1.")
+          py::arg("hash"), "Returns the block indexed under ``hash``, or -1. Raises only for a bad argument "
+          "(docs/contract.md, \"Errors\").")
       .def(
           "publish",
           [](PyBlockPool& p, py::handle block, py::handle h) {
             return p.publish(as_int(block, "block"), as_int(h, "hash"));
           },
           py::arg("block"), py::arg("hash"),
-          "Files a full KV block under ``hash``; False when another block already holds it.")
+          "Indexes a full KV block under ``hash``; returns False when another block already holds "
+          "that hash. Raises ValueError for a block the KV cache does not hold or ``hash == -1``.")
       .def(
           "block_hash", [](const PyBlockPool& p, py::handle b) { return p.block_hash(as_int(b, "block")); },
-          py::arg("block"))
+          py::arg("block"),
+          "Returns the hash ``block`` is indexed under, or -1. Raises IndexError for a block out "
+          "of range.")
       .def(
           "ref_count", [](const PyBlockPool& p, py::handle b) { return p.ref_count(as_int(b, "block")); },
-          py::arg("block"))
+          py::arg("block"),
+          "Returns ``block``'s KV reference count. Raises IndexError for a block out of range.")
       .def("reset_prefix_cache", &BlockPool::reset_prefix_cache,
-           "Drops every hash from the index (on_evict fires for each); returns how many.")
+           "Drops every cached free block from the index (on_evict fires for each); returns how "
+          "many. Raises what an on_evict handler raised, after the pool is consistent.")
       .def("check_consistency", &BlockPool::check_consistency,
-           "Raises AssertionError when an internal invariant is broken (for tests).");
+           "Checks the pool's internal invariants (for tests); returns None. Raises AssertionError "
+          "when one is broken.");
 }
 
 // ------------------------------------------------------------ store views --
@@ -504,17 +525,22 @@ void def_mapping(py::class_<View>& cls, py::object (*get)(const std::shared_ptr<
            })
       .def("__contains__", [get](const View& v, py::handle k) { return !get(v.store, k).is_none(); })
       .def("__iter__", [keys](const View& v) { return py::iter(keys(v.store)); })
-      .def("keys", [keys](const View& v) { return keys(v.store); })
-      .def("values", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("values")()); })
-      .def("items", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("items")()); })
+      .def("keys", [keys](const View& v) { return keys(v.store); },
+          "Returns a list snapshot of the keys. Raises nothing.")
+      .def("values", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("values")()); },
+          "Returns a list snapshot of the values. Raises nothing.")
+      .def("items", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("items")()); },
+          "Returns a list snapshot of the (key, value) pairs. Raises nothing.")
       .def(
           "get",
           [get](const View& v, py::handle k, py::object dflt) {
             py::object r = get(v.store, k);
             return r.is_none() ? dflt : r;
           },
-          py::arg("key"), py::arg("default") = py::none())
-      .def("copy", [as_dict](const View& v) { return as_dict(v.store); })
+          py::arg("key"), py::arg("default") = py::none(),
+          "Returns the value under ``key``, or ``default`` when there is none. Raises nothing.")
+      .def("copy", [as_dict](const View& v) { return as_dict(v.store); },
+          "Returns a plain dict snapshot. Raises nothing.")
       .def("__eq__", [as_dict](const View& v, py::handle other) { return as_dict(v.store).equal(other); })
       .def("__repr__", [as_dict](const View& v) { return py_repr(as_dict(v.store)); });
   py::module_::import("collections.abc").attr("Mapping").attr("register")(cls);
@@ -666,11 +692,16 @@ nominated to a tier (``offload_sink``), handed out pinned by
       .def_property_readonly("records", [](py::handle self) { return make_view<RecordsView>(self); })
       .def_property_readonly("hash_to_checkpoint", [](py::handle self) { return make_view<HashIndexView>(self); })
       .def_property_readonly("store_backlog", [](py::handle self) { return make_view<BacklogView>(self); })
-      .def("take_restore_ops", [](PyStore& s) { return to_py_tuple(s.take_restore_ops()); })
+      .def("take_restore_ops", [](PyStore& s) { return to_py_tuple(s.take_restore_ops()); },
+          "Returns and clears this batch's queued restores, oldest first. Raises nothing.")
       .def("cancel_queued_restore",
-           [](PyStore& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"))
+           [](PyStore& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"),
+          "Drops the restore queued into ``dst_slot`` and its pin (no-op without one); returns "
+          "None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def("changed_since", [](const PyStore& s, py::handle g) { return changed_since_py(s, g); }, py::arg("generation"),
-           "Hashes whose READY standing could differ from what it was at ``generation``; None once the log no longer reaches back that far.")
+           "Returns the set of hashes whose READY standing may differ from what it was at "
+          "``generation``, or None when the log no longer reaches back that far (at least 4,000 "
+          "bumps are kept). Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "adopt_units",
           [](PyStore& s, py::handle unit_ids, py::handle owner, py::handle h) {
@@ -679,28 +710,48 @@ nominated to a tier (``offload_sink``), handed out pinned by
             auto pool = s.py_pool();
             return s.adopt_units(units, pool->owners.token(owner, *pool), prefix_hash);
           },
-          py::arg("unit_ids"), py::arg("owner"), py::arg("prefix_hash"))
-      .def("complete_inflight", &Store::complete_inflight)
+          py::arg("unit_ids"), py::arg("owner"), py::arg("prefix_hash"),
+          "Files units ``owner`` holds as a READY image under ``prefix_hash``; returns False "
+          "(units left with the owner) when the hash is already kept. Raises ValueError, changing "
+          "nothing, for a wrong unit count, units the owner does not hold, or ``prefix_hash == "
+          "-1``.")
+      .def("complete_inflight", &Store::complete_inflight,
+          "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
+          "Raises nothing.")
       .def("unindex", [](PyStore& s, py::handle h) { return s.unindex(as_int(h, "prefix_hash")); },
-           py::arg("prefix_hash"))
+           py::arg("prefix_hash"),
+          "Drops the unpinned image filed under ``prefix_hash``; returns whether one was dropped. "
+          "Raises only for a bad argument (docs/contract.md, \"Errors\").")
 
-      .def("clear", &Store::clear)
+      .def("clear", &Store::clear,
+          "Drops every unpinned image and returns its units to the pool; returns None. Raises what "
+          "an on_evict handler raised, after the store is consistent.")
       .def(
           "use_clock", [](PyStore& s, py::object clock) { s.use_clock(std::move(clock)); }, py::arg("clock"),
-          "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores it. For tests.")
+          "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores "
+          "it (for tests). Returns None. Raises TypeError for an object that is not callable or "
+          "None.")
       .def("check_consistency", &Store::check_consistency,
-           "Raises AssertionError when an internal invariant is broken (for tests).");
+           "Checks the store's internal invariants (for tests); returns None. Raises AssertionError "
+          "when one is broken.");
   def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
   static PyMethodDef fast[] = {
-      STATECACHE_FAST_METHOD("lookup", &store_lookup, "lookup($self, prefix_hash)\n--\n\nThe READY checkpoint id filed under the hash, or -1."),
+      STATECACHE_FAST_METHOD("lookup", &store_lookup, "lookup($self, prefix_hash)\n--\n\nReturns the READY checkpoint id filed under "
+          "``prefix_hash``, or -1. Raises only for a bad argument (docs/contract.md, \"Errors\")."),
       STATECACHE_FAST_METHOD("contains_or_pending", &store_contains_or_pending,
-                             "contains_or_pending($self, prefix_hash)\n--\n\nREADY, or a store of it is on its way."),
+                             "contains_or_pending($self, prefix_hash)\n--\n\nReturns whether an image of "
+          "``prefix_hash`` is READY or a store of it is on its way. Raises only for a bad argument "
+          "(docs/contract.md, \"Errors\")."),
       STATECACHE_FAST_METHOD("begin_store", &store_begin_store,
-                             "begin_store($self, prefix_hash, src_slot, position=0)\n--\n\n"
-                             "A CheckpointStoreOp filing a COPYING image (evicting if needed), or None."),
+                             "begin_store($self, prefix_hash, src_slot, position=0)\n--\n\nReturns the op filing a "
+          "COPYING image of ``src_slot`` taken at ``position`` (evicting unpinned READY images if "
+          "needed), or None when the units cannot be had or the hash is already kept. Raises "
+          "ValueError for ``position < 0`` or ``prefix_hash == -1``."),
       STATECACHE_FAST_METHOD("begin_restore", &store_begin_restore,
-                             "begin_restore($self, prefix_hash, dst_slot)\n--\n\n"
-                             "A CheckpointRestoreOp reading the READY image (pinned until the batch completes), or None."),
+                             "begin_restore($self, prefix_hash, dst_slot)\n--\n\nReturns an op reading the READY "
+          "image of ``prefix_hash`` into ``dst_slot`` (the image stays pinned until the batch "
+          "completes), or None when no READY image is filed under the hash. Raises only for a bad "
+          "argument (docs/contract.md, \"Errors\")."),
   };
   for (PyMethodDef& def : fast) add_fast_method(cls, &def);
 }

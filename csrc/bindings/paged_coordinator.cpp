@@ -279,14 +279,18 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def_property_readonly("checkpoints_orphaned", &Coordinator::checkpoints_orphaned)
       .def(
           "applies", [](const PyCoordinator& c, py::handle seq) { return c.applies(*as_sequence(seq, "seq")); },
-          py::arg("seq"))
+          py::arg("seq"),
+          "Returns whether this coordinator checkpoints anything for ``seq`` (enabled and the "
+          "sequence has a per-request cache). Raises TypeError when ``seq`` is not a Sequence.")
       .def(
           "attach_midstep_scratch",
           [](PyCoordinator& c, py::object pool, py::handle max_ops) {
             c.set_scratch(std::move(pool), as_nonneg_int(max_ops, "max_ops_per_batch"));
           },
           py::arg("slot_pool"), py::arg("max_ops_per_batch"),
-          "Where midstep scratch slots come from, and how many copies one batch's descriptor holds.")
+          "Borrows midstep scratch slots from ``slot_pool`` (a StateSlotPool), at most "
+          "``max_ops_per_batch`` copies a batch; returns None. Raises TypeError for another pool "
+          "type, ValueError for a negative count.")
       .def(
           "reserve_midstep",
           [](PyCoordinator& c, py::handle seq, py::handle positions) {
@@ -295,24 +299,38 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, h));
             return out;
           },
-          py::arg("seq"), py::arg("positions"))
+          py::arg("seq"), py::arg("positions"),
+          "Reserves a scratch slot per interior (position, hash) boundary of the next forward; "
+          "returns the (slot, position, hash) reservations, stopping at the first shortage (empty "
+          "without scratch). Raises ValueError for a hash of -1, TypeError for malformed positions.")
       .def(
           "publish_midstep",
           [](PyCoordinator& c, py::handle reservations, py::handle) { c.publish_midstep(as_reservations(reservations)); },
-          py::arg("reservations"), py::arg("seq") = py::none())
+          py::arg("reservations"), py::arg("seq") = py::none(),
+          "Files the reserved midstep states for the next ``take_checkpoint_ops``; returns None. "
+          "Raises ValueError for a reservation this coordinator did not hand out.")
       .def(
           "cancel_midstep",
           [](PyCoordinator& c, py::handle reservations) { c.cancel_midstep(as_reservations(reservations)); },
-          py::arg("reservations"))
+          py::arg("reservations"),
+          "Returns reserved scratch slots unused (the forward never ran); returns None. Raises "
+          "ValueError for a reservation this coordinator did not hand out.")
       .def(
           "forget_pending", [](PyCoordinator& c, py::handle seq) { c.forget_pending(*as_sequence(seq, "seq")); },
-          py::arg("seq"))
+          py::arg("seq"),
+          "Drops ``seq``'s filed boundary that no batch has begun yet; returns None. Raises "
+          "TypeError when ``seq`` is not a Sequence.")
       .def("take_checkpoint_ops",
            [](PyCoordinator& c) {
              auto [stores, restores] = c.take_checkpoint_ops();
              return py::make_tuple(to_py_tuple(std::move(stores)), to_py_tuple(std::move(restores)));
-           })
-      .def("complete_previous_batch", &Coordinator::complete_previous_batch)
+           },
+          "Begins the filed stores and returns this batch's (stores, restores) tuples. Raises "
+          "RuntimeError when called from inside itself (an eviction handler), and what an on_evict "
+          "handler raised, after the coordinator is consistent.")
+      .def("complete_previous_batch", &Coordinator::complete_previous_batch,
+          "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
+          "Raises RuntimeError when called from inside take_checkpoint_ops.")
       .def(
           "reserve_transfer_units",
           [](PyCoordinator& c, py::handle owner) -> py::object {
@@ -322,7 +340,9 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             c.pool().owners.retain(token);
             return to_tuple(*units);
           },
-          py::arg("owner"), "One image's worth of units for an external load, or None.")
+          py::arg("owner"), "Reserves one image's units under (\"state-transfer\", owner) for an external load; "
+          "returns their ids, or None when they cannot be had. Raises ValueError for owner None, "
+          "TypeError for an unhashable owner.")
       .def(
           "release_transfer_units",
           [](PyCoordinator& c, py::handle owner) {
@@ -331,7 +351,9 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             c.release_transfer_units(token);
             if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
           },
-          py::arg("owner"))
+          py::arg("owner"),
+          "Gives a transfer reservation's units back (no-op without one); returns None. Raises "
+          "TypeError for an unhashable owner.")
       .def(
           "adopt_transfer_units",
           [](PyCoordinator& c, py::handle owner, py::handle h) {
@@ -342,29 +364,46 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
             return adopted;
           },
-          py::arg("owner"), py::arg("prefix_hash"))
+          py::arg("owner"), py::arg("prefix_hash"),
+          "Files the loaded units as a READY image under ``prefix_hash``; returns False when "
+          "``owner`` holds no reservation or the hash is already kept (the units then go back). "
+          "Raises ValueError for ``prefix_hash == -1``.")
       .def(
           "attach_offload",
           [](PyCoordinator& c, py::object index, py::handle sink) {
             c.set_offload(std::move(index), as_bool(sink, "sink"));
           },
           py::arg("index"), py::kw_only(), py::arg("sink") = true,
-          "Attaches a tier (its vote, and as a sink unless ``sink=False``), or detaches with None.")
-      .def("unindex", [](PyCoordinator& c, py::handle h) { c.unindex(as_int(h, "h")); }, py::arg("h"))
-      .def("clear_index", &Coordinator::clear_index)
+          "Attaches a tier (its vote in ``resumable_hit``, and a sink for offload nominations "
+          "unless ``sink=False``), or detaches with None; returns None. Raises only for a bad "
+          "argument (docs/contract.md, \"Errors\").")
+      .def("unindex", [](PyCoordinator& c, py::handle h) { c.unindex(as_int(h, "h")); }, py::arg("h"),
+          "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
+          "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
+      .def("clear_index", &Coordinator::clear_index,
+          "Drops every unpinned checkpoint; returns None. Raises what an on_evict handler raised, "
+          "after the coordinator is consistent.")
       .def("check_consistency", &Coordinator::check_consistency,
-           "Raises AssertionError when an internal invariant of the coordinator, its store or its pool is broken (for tests).")
-      .def("checkpoint_fates", &fates);
+           "Checks the invariants of the coordinator, its store and its pool (for tests); returns "
+          "None. Raises AssertionError when one is broken.")
+      .def("checkpoint_fates", &fates,
+          "Returns a new dict of the fates (kept, dropped, evicted, orphaned, reclaimed pins) and, "
+          "with a tier attached, the tier's stats under ``state_offload_*``. Raises nothing.");
   def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
   static PyMethodDef fast[] = {
       STATECACHE_FAST_METHOD("resumable_hit", &coord_resumable_hit,
-                             "resumable_hit($self, seq, hit, block_hashes, assume_checkpointed=False)\n--\n\n"
-                             "The longest prefix <= hit whose boundary is READY here or servable by the tier."),
+                             "resumable_hit($self, seq, hit, block_hashes, assume_checkpointed=False)\n--\n\nReturns "
+          "the longest prefix <= ``hit`` whose boundary is READY here or servable by the attached "
+          "tier; 0 is always valid. Raises ValueError for ``hit < 0``, IndexError for ``hit > "
+          "len(block_hashes)``."),
       STATECACHE_FAST_METHOD("checkpoint", &coord_checkpoint,
-                             "checkpoint($self, seq, boundary_blocks, h)\n--\n\n"
-                             "Files the boundary for the next take_checkpoint_ops; supersedes this sequence's older one."),
+                             "checkpoint($self, seq, boundary_blocks, h)\n--\n\nFiles the boundary for the next "
+          "``take_checkpoint_ops`` (a newer one of the same sequence supersedes it); returns None. "
+          "Raises ValueError for ``boundary_blocks < 0`` or ``h == -1``."),
       STATECACHE_FAST_METHOD("begin_restore", &coord_begin_restore,
-                             "begin_restore($self, h, dst_slot)\n--\n\nQueues a restore of the READY image into dst_slot."),
+                             "begin_restore($self, h, dst_slot)\n--\n\nQueues a restore of the READY image filed "
+          "under ``h`` into ``dst_slot``; returns False when there is none. Raises only for a bad "
+          "argument (docs/contract.md, \"Errors\")."),
   };
   for (PyMethodDef& def : fast) add_fast_method(cls, &def);
 }
@@ -413,34 +452,52 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
       .def_property_readonly("loads_in_flight", &StateOffloadIndex::loads_in_flight)
       .def(
           "could_serve", [](const StateOffloadIndex& i, py::handle h) { return i.could_serve(as_int(h, "h")); },
-          py::arg("h"))
+          py::arg("h"),
+          "Returns ``can_load and h in hashes``. Raises only for a bad argument (docs/contract.md, "
+          "\"Errors\").")
       .def(
           "note_store_started", [](StateOffloadIndex& i, py::handle h) { i.note_store_started(as_int(h, "h")); },
-          py::arg("h"))
+          py::arg("h"),
+          "Counts a store attempt of ``h``; returns None. Raises only for a bad argument "
+          "(docs/contract.md, \"Errors\").")
       .def(
-          "note_stored", [](StateOffloadIndex& i, py::handle h) { i.note_stored(as_int(h, "h")); }, py::arg("h"))
+          "note_stored", [](StateOffloadIndex& i, py::handle h) { i.note_stored(as_int(h, "h")); }, py::arg("h"),
+          "Records that the tier now holds ``h`` (the least recently used hash is dropped past "
+          "capacity); returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "note_store_failed",
           [](StateOffloadIndex& i, py::handle h, py::handle untrusted) {
             i.note_store_failed(as_int(h, "h"), as_bool(untrusted, "untrusted"));
           },
-          py::arg("h"), py::arg("untrusted") = false)
+          py::arg("h"), py::arg("untrusted") = false,
+          "Counts a failed store of ``h`` (``untrusted``: it failed its integrity check); returns "
+          "None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
-          "forget", [](StateOffloadIndex& i, py::handle h) { return i.forget(as_int(h, "h")); }, py::arg("h"))
+          "forget", [](StateOffloadIndex& i, py::handle h) { return i.forget(as_int(h, "h")); }, py::arg("h"),
+          "Drops ``h``; returns whether it was held. Raises only for a bad argument "
+          "(docs/contract.md, \"Errors\").")
       .def(
           "request_load", [](StateOffloadIndex& i, py::handle h) { return i.request_load(as_int(h, "h")); },
-          py::arg("h"))
+          py::arg("h"),
+          "Starts a load of ``h``; returns False (nothing started) when the tier cannot serve it. "
+          "Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "complete_load", [](StateOffloadIndex& i, py::handle h) { i.complete_load(as_int(h, "h")); },
-          py::arg("h"))
+          py::arg("h"),
+          "Ends the load of ``h`` in flight; returns None. Raises ValueError when no load of ``h`` "
+          "is in flight.")
       .def(
           "fail_load",
           [](StateOffloadIndex& i, py::handle h, py::handle missing, py::handle untrusted) {
             i.fail_load(as_int(h, "h"), as_bool(missing, "missing"), as_bool(untrusted, "untrusted"));
           },
-          py::arg("h"), py::kw_only(), py::arg("missing") = false, py::arg("untrusted") = false)
+          py::arg("h"), py::kw_only(), py::arg("missing") = false, py::arg("untrusted") = false,
+          "Ends a failed load of ``h``, forgetting ``h`` when it was ``missing`` or ``untrusted``; "
+          "returns None. Raises ValueError when no load of ``h`` is in flight.")
       .def(
-          "abandon_load", [](StateOffloadIndex& i, py::handle h) { i.abandon_load(as_int(h, "h")); }, py::arg("h"))
+          "abandon_load", [](StateOffloadIndex& i, py::handle h) { i.abandon_load(as_int(h, "h")); }, py::arg("h"),
+          "Ends a load of ``h`` nobody waits for any more; returns None. Raises ValueError when no "
+          "load of ``h`` is in flight.")
       .def("stats", [](const StateOffloadIndex& i) {
         const OffloadStats& s = i.stats();
         py::dict d;
@@ -457,7 +514,9 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
         d["hashes"] = i.size();
         d["evicted"] = s.evicted;
         return d;
-      });
+      },
+          "Returns a new dict: stores and loads attempted, completed, failed, untrusted, missing "
+          "and abandoned, hashes held and evicted. Raises nothing.");
 }
 
 }  // namespace

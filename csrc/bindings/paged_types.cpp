@@ -161,7 +161,9 @@ void bind_paged_types(py::module_& m) {
         return checkpoint_copy_ops_per_batch(as_int(py::int_(py::reinterpret_borrow<py::object>(max_num_seqs)), "max_num_seqs"));
       },
       py::arg("max_num_seqs"),
-      "Copy descriptors one batch holds for PAGE checkpoints: a store and a restore per sequence.");
+      "Returns the most PAGE store + restore ops one batch of ``max_num_seqs`` sequences can "
+      "carry (two per sequence; 0 for None or 0), the executor's staging size. Raises "
+      "TypeError for a non-int (a negative count is not refused).");
 
   py::class_<PagedStateCheckpointSpec> spec(m, "PagedStateCheckpointSpec", R"doc(
 Geometry of a PAGE checkpoint image: ``image_bytes`` of a ``slot_bytes`` slot,
@@ -182,9 +184,11 @@ the state layout ``layout_id``. Frozen; equality and hash by value.)doc");
              d["image_bytes"] = s.image_bytes;
              d["layout_id"] = s.layout_id;
              return d;
-           })
+           },
+          "Returns the four fields as a new dict. Raises nothing.")
       .def_static("from_wire", &spec_from_wire, py::arg("wire"),
-                  "The spec from its wire mapping: TypeError for a non-mapping, ValueError for another key set.");
+                  "Returns the spec ``to_wire`` described. Raises TypeError for a non-mapping, ValueError "
+          "for another key set or a bad value.");
   def_value(spec, &spec_fields, {"page_unit_bytes", "slot_bytes", "layout_id", "image_bytes"}, true);
 
   py::class_<CheckpointStoreOp> store(m, "CheckpointStoreOp",

@@ -174,12 +174,18 @@ void bind_views(py::module_& m) {
             if (!v) return fallback;
             return py::int_(*v);
           },
-          py::arg("key"), py::arg("default") = py::none())
+          py::arg("key"), py::arg("default") = py::none(),
+          "Returns the index holding the checkpoint filed under ``key``, or ``default``. Raises "
+          "nothing.")
       .def("__iter__", [](const CheckpointIndexView& s) { return py::iter(s.snapshot()); })
-      .def("keys", [](const CheckpointIndexView& s) { return s.snapshot().attr("keys")(); })
-      .def("values", [](const CheckpointIndexView& s) { return s.snapshot().attr("values")(); })
-      .def("items", [](const CheckpointIndexView& s) { return s.snapshot().attr("items")(); })
-      .def("copy", &CheckpointIndexView::snapshot)
+      .def("keys", [](const CheckpointIndexView& s) { return s.snapshot().attr("keys")(); },
+          "Returns a snapshot of the hashes. Raises nothing.")
+      .def("values", [](const CheckpointIndexView& s) { return s.snapshot().attr("values")(); },
+          "Returns a snapshot of the indices. Raises nothing.")
+      .def("items", [](const CheckpointIndexView& s) { return s.snapshot().attr("items")(); },
+          "Returns a snapshot of the (hash, index) pairs. Raises nothing.")
+      .def("copy", &CheckpointIndexView::snapshot,
+          "Returns a plain dict snapshot. Raises nothing.")
       .def("__eq__",
            [](const CheckpointIndexView& s, py::handle other) -> py::object {
              if (py::isinstance<CheckpointIndexView>(other))
@@ -213,10 +219,14 @@ void bind_views(py::module_& m) {
            })
       .def("__iter__", [](const UnitHashView& s) { return py::iter(s.list()); })
       .def("__contains__", [](const UnitHashView& s, py::handle x) { return s.list().contains(x); })
-      .def("count", [](const UnitHashView& s, py::handle x) { return s.list().attr("count")(x); })
-      .def("index", [](const UnitHashView& s, py::handle x) { return s.list().attr("index")(x); })
-      .def("tolist", &UnitHashView::list)
-      .def("copy", &UnitHashView::list)
+      .def("count", [](const UnitHashView& s, py::handle x) { return s.list().attr("count")(x); },
+          "Returns how many indices carry ``value``. Raises nothing.")
+      .def("index", [](const UnitHashView& s, py::handle x) { return s.list().attr("index")(x); },
+          "Returns the first index carrying ``value``. Raises ValueError when none does.")
+      .def("tolist", &UnitHashView::list,
+          "Returns a plain list snapshot. Raises nothing.")
+      .def("copy", &UnitHashView::list,
+          "Returns a plain list snapshot. Raises nothing.")
       .def("__eq__",
            [](const UnitHashView& s, py::handle other) -> py::object {
              if (py::isinstance<UnitHashView>(other))
@@ -299,23 +309,27 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   fast::refuse_copy(cls);
   def_eviction_methods(cls, [](Pool& p) -> StateFreeList& { return p; });
   fast::def<Pool>(cls, "num_free", [](Pool& p, PyObject**) { return to_py(p.num_free()); }, {}, 0,
-                  "How many indices are free (vacant or checkpointed).");
+                  "Returns how many indices are free (vacant or checkpointed). Raises nothing.");
   fast::def<Pool>(cls, "is_free", [](Pool& p, PyObject** a) { return to_py(p.is_free(int_arg(a[0], U))); },
-                  {U}, 1, "Whether the index is on the free list.");
+                  {U}, 1, "Returns whether the index is on the free list. Raises IndexError for an index out of "
+      "range.");
   fast::def<Pool>(
       cls, "holds_checkpoint",
       [](Pool& p, PyObject** a) { return to_py(p.holds_checkpoint(int_arg(a[0], U))); }, {U}, 1,
-      "Whether the index is on the free list and still carries a checkpoint.");
+      "Returns whether the index is free and still carries a checkpoint. Raises IndexError for "
+      "an index out of range.");
   fast::def<Pool>(cls, "pop", [](Pool& p, PyObject**) { return to_py(p.pop()); }, {}, 0,
-                  "Hand out an index: vacant lowest first, else the LRU checkpoint "
-                  "(counted evicted). IndexError when nothing is free.");
+                  "Returns an index now owned by the caller: vacant lowest first, else the least recently "
+      "used checkpoint (counted evicted). Raises IndexError, changing nothing, when nothing is "
+      "free.");
   fast::def<Pool>(
       cls, "claim",
       [](Pool& p, PyObject** a) {
         p.claim(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "Take one specific free index off the free list, checkpoint and all.");
+      {U}, 1, "Takes one specific free index off the free list, checkpoint and all; returns None. "
+      "Raises ValueError for an index that is not free, IndexError for one out of range.");
   fast::def<Pool>(
       cls, "release",
       [](Pool& p, PyObject** a) {
@@ -323,38 +337,44 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         return fast::none();
       },
       {U}, 1,
-      "Hand an owned index back: to the LRU tail (head if speculative) when it carries a "
-      "checkpoint, else to the vacant half.");
+      "Hands an owned index back: to the LRU tail (the head if speculative) when it carries a "
+      "checkpoint, else to the vacant ones. Returns None. Raises ValueError for an index that "
+      "is already free, IndexError for one out of range.");
   fast::def<Pool>(
       cls, "extend",
       [](Pool& p, PyObject** a) {
         p.extend(int_arg(a[0], "count"));
         return fast::none();
       },
-      {"count"}, 1, "Add `count` indices at the top; the caller freed their bytes.");
+      {"count"}, 1, "Adds ``count`` indices at the top (the caller made room for their bytes); returns None. "
+      "Raises ValueError for ``count < 0``.");
   fast::def<Pool>(
       cls, "applies",
       [](Pool& p, PyObject** a) { return to_py(p.applies(SeqArg(a[0], "seq", fast::kHasCache).get())); },
-      {"seq"}, 1, "Whether this pool gates or checkpoints anything for seq.");
+      {"seq"}, 1, "Returns whether this pool gates or checkpoints anything for ``seq``. Raises TypeError "
+      "for an object without the sequence attributes.");
   fast::def<Pool>(
       cls, "resumable_hit",
       [](Pool& p, PyObject** a) {
         return to_py(resumable_hit_arg(p, a[0], a[1], a[2], a[3] ? py::handle(a[3]) : py::handle(Py_False)));
       },
       {"seq", "hit", "block_hashes", "assume_checkpointed=False"}, 3,
-      ""
-      "The largest L <= hit whose boundary is checkpointed and leaves the resuming forward "
-      "min_fork_tokens; 0 is always valid. block_hashes: list, tuple or NumPy int64 array.");
+      "Returns the largest L <= ``hit`` whose boundary is checkpointed here and leaves the "
+      "resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a list, "
+      "tuple or NumPy integer array. Raises ValueError for ``hit < 0``, IndexError for ``hit > "
+      "len(block_hashes)``.");
   fast::def<Pool>(
       cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(int_arg(a[0], "h"))); }, {"h"}, 1,
-      "Index holding the checkpoint for hash h, or -1.");
+      "Returns the index holding the checkpoint filed under ``h``, or -1. Raises only for a "
+      "bad argument (docs/contract.md, \"Errors\").");
   fast::def<Pool>(
       cls, "invalidate",
       [](Pool& p, PyObject** a) {
         p.invalidate(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "Drop the index's checkpoint (no-op when it has none or the pool is disabled).");
+      {U}, 1, "Drops the index's checkpoint (no-op when it has none or the pool is disabled); returns "
+      "None. Raises IndexError for an index out of range.");
   fast::def<Pool>(
       cls, "pin",
       [](Pool& p, PyObject** a) {
@@ -362,36 +382,42 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         return fast::none();
       },
       {U, "reader_is_next_batch=False"}, 1,
-      "Keep an owned index out of circulation until its reading forward was issued; "
-      "reader_is_next_batch (keyword-only) keeps it one pass longer.",
+      "Keeps an owned index out of circulation until its reading forward was issued "
+      "(``reader_is_next_batch``, keyword only: one pass longer); returns None. Raises "
+      "ValueError for a free index (claim it first), IndexError for one out of range.",
       /*positional=*/1);
   fast::def<Pool>(
       cls, "is_pinned", [](Pool& p, PyObject** a) { return to_py(p.is_pinned(int_arg(a[0], U))); }, {U}, 1,
-      "Whether some forward still has to read the index.");
+      "Returns whether a forward still has to read the index. Raises IndexError for an index "
+      "out of range.");
   fast::def<Pool>(
       cls, "pin_count", [](Pool& p, PyObject** a) { return to_py(p.pin_count(int_arg(a[0], U))); }, {U}, 1,
-      "How many readers hold the index pinned.");
+      "Returns how many readers hold the index pinned. Raises IndexError for an index out of "
+      "range.");
   fast::def<Pool>(
       cls, "unpin",
       [](Pool& p, PyObject** a) {
         p.unpin(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "Drop one pin without freeing (the caller took the index over).");
+      {U}, 1, "Drops one pin without freeing (the caller took the index over; no-op without a pin); "
+      "returns None. Raises IndexError for an index out of range.");
   fast::def<Pool>(
       cls, "drop_reader",
       [](Pool& p, PyObject** a) {
         p.drop_reader(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "A reader left before it read: unpin, and free the index if that was the last pin.");
+      {U}, 1, "A reader left before it read: unpins, and frees the index on its last pin; returns "
+      "None. Raises IndexError for an index out of range.");
   fast::def<Pool>(
       cls, "release_pins",
       [](Pool& p, PyObject**) {
         p.release_pins();
         return fast::none();
       },
-      {}, 0, "Top of pass: return every pinned index whose reading forward was issued.");
+      {}, 0, "Top of pass: frees every pinned index whose reading forward was issued; returns None. "
+      "Raises nothing.");
 
   fast::def_readonly<Pool>(cls, "enabled", [](const Pool& p) { return to_py(p.enabled()); });
   fast::def_readonly<Pool>(cls, "min_fork_tokens", [](const Pool& p) { return to_py(p.min_fork_tokens()); });
@@ -411,8 +437,12 @@ void bind_free_list_api(py::classh<Pool>& cls) {
            if (!r) return py::none();
            return py::cast(*r);
          },
-         "Give up the top index, relocating what sits on it; None when it cannot go this pass.")
-      .def("checkpoint_fates", [](const Pool& p) { return fates_dict(p.fates()); })
+         "Removes the top index; returns what the runner must relocate (an owned top moves to a "
+      "free index), or None when the top cannot go this pass or the pool is empty. Raises "
+      "nothing.")
+      .def("checkpoint_fates", [](const Pool& p) { return fates_dict(p.fates()); },
+          "Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted, "
+          "checkpoints_orphaned. Raises nothing.")
       .def_property_readonly("transfer", [](const Pool& p) { return p.transfer(); })
       // Introspection for tests: the private containers of the reference.
       .def("_check_invariants", [](const Pool& p) { p.check_invariants(); })
@@ -463,33 +493,37 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
   fast::def<P>(
       cls, "has_free", [](P& p, PyObject** a) { return to_py(p.has_free(a[0] ? int_arg(a[0], "count") : 1)); },
       {"count=1"}, 0,
-      "Whether `count` slots can be handed out (checkpoints count: pop "
-      "spends them rather than refusing).");
+      "Returns whether ``count`` slots can be handed out now (checkpointed slots count: pop "
+      "spends them). Raises ValueError for ``count < 0``.");
   fast::def<P>(
       cls, "pop_many",
       [](P& p, PyObject** a) { return to_list(p.pop_many(int_arg(a[0], "count"))).release().ptr(); },
-      {"count"}, 1, "Hand out one request's set, element 0 first.");
+      {"count"}, 1, "Returns ``count`` slots for one request, element 0 first. Raises IndexError, taking "
+      "nothing, when fewer are free; ValueError for ``count < 0``.");
   fast::def<P>(
       cls, "release_many",
       [](P& p, PyObject** a) {
         p.release_many(slots_arg(a[0]));
         return fast::none();
       },
-      {"slots"}, 1, "Hand back a request's set; -1 entries, None and an empty list are fine.");
+      {"slots"}, 1, "Hands back a request's slots; -1 entries, None and an empty list are skipped. Returns "
+      "None. Raises as ``release`` for any bad entry, before releasing any.");
   fast::def<P>(
       cls, "mark_speculative",
       [](P& p, PyObject** a) {
         p.mark_speculative(int_arg(a[0], "slot"));
         return fast::none();
       },
-      {"slot"}, 1, "File this slot's checkpoint at the LRU head when it is released.");
+      {"slot"}, 1, "Files this slot's checkpoint at the LRU head when it is released (spent first); returns "
+      "None. Raises IndexError for a slot out of range.");
   fast::def<P>(
       cls, "promote",
       [](P& p, PyObject** a) {
         p.promote(int_arg(a[0], "slot"));
         return fast::none();
       },
-      {"slot"}, 1, "A guess paid off: stop spending it first (to the LRU tail if free).");
+      {"slot"}, 1, "A guess paid off: the slot's checkpoint is no longer spent first (to the LRU tail if "
+      "free); returns None. Raises IndexError for a slot out of range.");
   fast::def<P>(
       cls, "checkpoint",
       [](P& p, PyObject** a) {
@@ -514,15 +548,18 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
-      "Fork checkpoint: seq moves to a fresh slot; the "
-      "old one is filed under h and pinned through the next pass.");
+      "Fork checkpoint: ``seq`` moves to a fresh slot and its old slot is filed under ``h``, "
+      "pinned through the next pass; under none/replay or with nothing free nothing is kept "
+      "(counted dropped). Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks "
+      "< 0``; RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
   fast::def<P>(
       cls, "unindex",
       [](P& p, PyObject** a) {
         p.unindex(int_arg(a[0], "h"));
         return fast::none();
       },
-      {"h"}, 1, "Drop the checkpoint filed under h (its KV block left the index); counts orphaned.");
+      {"h"}, 1, "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
+      "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
   cls      .def(
           "reserve_midstep",
           [](StateSlotPool& p, py::handle seq, py::handle positions) {
@@ -536,8 +573,10 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
             return out;
           },
           py::arg("seq"), py::arg("positions"),
-          "Take a destination slot per (position, hash) before the forward; returns "
-          "(slot, position, hash) tuples, stopping at the first shortage.")
+          "Reserves a destination slot per interior (position, hash) boundary before the forward; "
+      "returns (slot, position, hash) tuples, stopping at the first shortage (empty when the "
+      "backend cannot read midstep). Raises ValueError for a hash of -1, TypeError for "
+      "malformed positions.")
       .def(
           "publish_midstep",
           [](StateSlotPool& p, py::handle reservations, py::handle seq) {
@@ -547,11 +586,13 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
             p.publish_midstep(res, s ? &s->get() : nullptr);
           },
           py::arg("reservations"), py::arg("seq") = py::none(),
-          "File each reserved slot under its hash once the forward wrote it.")
+          "Files each reserved slot under its hash once the forward wrote it; returns None. Raises "
+          "ValueError for a reservation this pool did not hand out.")
       .def(
           "cancel_midstep",
           [](StateSlotPool& p, py::handle reservations) { p.cancel_midstep(reservations_arg(reservations)); },
-          py::arg("reservations"), "Return reservations whose forward never ran.")
+          py::arg("reservations"), "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
+          "reservation this pool did not hand out.")
       .def("occupancy",
            [](const StateSlotPool& p) {
              const Occupancy o = p.occupancy();
@@ -561,21 +602,26 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
              d["slots_held"] = o.held;
              d["slots_vacant"] = o.vacant;
              return d;
-           })
+           },
+          "Returns a new dict: slots_total, slots_used, slots_held, slots_vacant. Raises nothing.")
       .def(
           "record_relocation",
           [](StateSlotPool& p, py::handle src, py::handle dst) {
             p.record_relocation(as_int(src, "src"), as_int(dst, "dst"));
           },
-          py::arg("src"), py::arg("dst"), "Schedule a slot copy src -> dst for the next batch.")
+          py::arg("src"), py::arg("dst"), "Schedules a slot copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
+          "IndexError for a slot out of range.")
       .def("take_relocations",
            [](StateSlotPool& p) {
              const auto moves = p.take_relocations();
              py::tuple out(moves.size());
              for (size_t i = 0; i < moves.size(); ++i) out[i] = pair_tuple(moves[i]);
              return out;
-           })
-      .def("clear_index", [](StateSlotPool& p) { p.clear_index(); });
+           },
+          "Returns and clears the (src, dst) slot copies the next batch must run first. Raises "
+          "nothing.")
+      .def("clear_index", [](StateSlotPool& p) { p.clear_index(); },
+          "Drops every checkpoint (slots stay where they are); returns None. Raises nothing.");
   cls.def("_debug_relocations", [](const StateSlotPool& p) {
     py::list out;
     for (const auto& r : p.pending_relocations()) out.append(pair_tuple(r));
@@ -657,7 +703,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   using G = PyGroupPool;
   fast::def_readonly<G>(cls, "num_groups", [](const G& p) { return to_py(p.size()); });
   fast::def<G>(cls, "has_free", [](G& p, PyObject**) { return to_py(p.num_free() > 0); }, {}, 0,
-               "Whether a group can be handed out.");
+               "Returns whether a group can be handed out now. Raises nothing.");
   fast::def<G>(
       cls, "checkpoint",
       [](G& p, PyObject** a) {
@@ -684,8 +730,10 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
-      "fork: seq moves to a fresh group, the old one is "
-      "filed and pinned. copy: the intent is recorded and take_copies files it. none/replay: nothing.");
+      "fork: ``seq`` moves to a fresh group and the old one is filed under ``h`` and pinned; "
+      "copy: the intent is recorded for ``take_copies``; none and replay: nothing changes at "
+      "all. Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks < 0``; "
+      "RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
   fast::def<G>(
       cls, "forget_pending",
       [](G& p, PyObject** a) {
@@ -696,17 +744,20 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
           s.write_back({{fast::kPending, -1}});
         return fast::none();
       },
-      {"seq"}, 1, "Drop seq's uncommitted copy checkpoint (its group is being released).");
+      {"seq"}, 1, "Drops ``seq``'s uncommitted copy checkpoint (its group is being released); returns "
+      "None. Raises TypeError for an object without the sequence attributes.");
   fast::def<G>(
       cls, "record_copy",
       [](G& p, PyObject** a) {
         p.record_copy(int_arg(a[0], "src"), int_arg(a[1], "dst"));
         return fast::none();
       },
-      {"src", "dst"}, 2, "Schedule a group copy for the next batch.");
+      {"src", "dst"}, 2, "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
+      "IndexError for a group out of range.");
   fast::def<G>(
       cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(int_arg(a[0], "h"))); }, {"h"}, 1,
-      "Drop the checkpoint filed under h; returns the group freed, or -1.");
+      "Drops the checkpoint filed under ``h``; returns the group freed, or -1. Raises only for "
+      "a bad argument (docs/contract.md, \"Errors\").");
   fast::def<G>(
       cls, "take_copies",
       [](G& p, PyObject**) {
@@ -751,8 +802,9 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         return out.release().ptr();
       },
       {}, 0,
-      "Commit last pass's copy intents and return every (src, dst) pair the batch "
-      "being built must copy before its forward.");
+      "Files last pass's copy intents and returns every (src, dst) pair the batch being built "
+      "must copy before its forward. Raises what a generic sequence's setter raised, "
+      "committing nothing.");
   cls.def("_debug_copies", [](py::handle self) {
     const G& p = fast::self_of<G>(self.ptr());
     py::list out;

@@ -8,7 +8,8 @@ values). Types are not compared (the runtime says ``object``).
 
     python tests/python/stubcheck.py             # differences, exit 1 if any
     python tests/python/stubcheck.py --skeleton  # stub lines for new names
-    python tests/python/stubcheck.py --docs      # C++ docstrings to complete
+    python tests/python/stubcheck.py --docs      # docstrings to complete, or stub ones that drifted
+    python tests/python/stubcheck.py --sync-docs # stub docstrings rewritten from the C++ ones
 """
 
 from __future__ import annotations
@@ -380,8 +381,8 @@ def skeleton(mod: ModuleType, path: Path = STUB) -> str:
 
 
 def cxx_docstring_gaps(mod: ModuleType) -> list[str]:
-    """Runtime methods whose C++ docstring lacks a description, or says
-    nothing about errors (the stub carries both meanwhile)."""
+    """Public runtime functions and methods whose C++ docstring is missing or
+    does not say what the call returns and what it raises."""
     out = []
     for name, e in sorted(runtime_entries(mod).items()):
         if e.kind not in ("method", "static", "function") or name.rsplit(".", 1)[-1].startswith(
@@ -394,9 +395,77 @@ def cxx_docstring_gaps(mod: ModuleType) -> list[str]:
             body = "\n".join(body.splitlines()[1:]).strip()
         if not body:
             out.append(f"{name}: no docstring")
-        elif not re.search(r"rais|Error", body):
+            continue
+        if not re.search(r"\breturns?\b", body, re.I):
+            out.append(f"{name}: does not say what it returns")
+        if not re.search(r"\brais(es|e)\b", body, re.I):
             out.append(f"{name}: does not say what it raises")
     return out
+
+
+def _documented(mod: ModuleType) -> dict[str, str]:
+    """Runtime docstring bodies (signature line dropped) of the public
+    functions and methods, by qualified name."""
+    out = {}
+    for name, e in runtime_entries(mod).items():
+        member = name.rsplit(".", 1)[-1]
+        if e.kind not in ("method", "static", "function") or member.startswith("__"):
+            continue
+        lines = (e.doc or "").strip().splitlines()
+        if lines and lines[0].startswith(member + "("):
+            lines = lines[1:]
+        out[name] = "\n".join(lines).strip()
+    return out
+
+
+def _words(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+def docstring_drift(mod: ModuleType, path: Path = STUB) -> list[str]:
+    """Public functions and methods whose stub docstring says something other
+    than the C++ one (whitespace aside)."""
+    stub = stub_entries(path)
+    return [
+        f"{name}: stub {_words(stub[name].doc)!r} != module {_words(doc)!r}"
+        for name, doc in sorted(_documented(mod).items())
+        if name in stub and _words(stub[name].doc) != _words(doc)
+    ]
+
+
+def sync_docs(mod: ModuleType, path: Path = STUB) -> int:
+    """Rewrites the stub's function and method docstrings from the module's;
+    returns how many changed."""
+    import textwrap
+
+    docs = _documented(mod)
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    edits = []  # (first line, last line, new lines), 0-based inclusive
+
+    def visit(body: list[ast.stmt], owner: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, f"{node.name}.")
+            elif isinstance(node, ast.FunctionDef) and ast.get_docstring(node) is not None:
+                want = docs.get(owner + node.name)
+                if not want or _words(want) == _words(ast.get_docstring(node)):
+                    continue
+                doc = node.body[0]
+                indent = " " * doc.col_offset
+                wrapped = textwrap.wrap(
+                    _words(want).replace('"' * 3, "'" * 3), width=88 - len(indent), break_on_hyphens=False
+                )
+                block = [f'{indent}"""{wrapped[0]}'] + [indent + w for w in wrapped[1:]]
+                block[-1] += '"""'
+                end = doc.end_lineno if doc.end_lineno is not None else doc.lineno
+                edits.append((doc.lineno - 1, end - 1, [b + "\n" for b in block]))
+
+    visit(ast.parse(text).body, "")
+    for first, last, new in sorted(edits, reverse=True):
+        lines[first : last + 1] = new
+    path.write_text("".join(lines))
+    return len(edits)
 
 
 def main(argv: list[str]) -> int:
@@ -406,7 +475,11 @@ def main(argv: list[str]) -> int:
         print(skeleton(_C))
         return 0
     if "--docs" in argv:
-        print("\n".join(cxx_docstring_gaps(_C)))
+        gaps = cxx_docstring_gaps(_C) + docstring_drift(_C)
+        print("\n".join(gaps) if gaps else "every public method says what it returns and raises")
+        return 1 if gaps else 0
+    if "--sync-docs" in argv:
+        print(f"{sync_docs(_C)} stub docstrings rewritten from the module")
         return 0
     problems = compare(_C)
     print("\n".join(problems) if problems else "stub and module agree")

@@ -225,3 +225,46 @@ def test_signatures_of_bound_methods_and_their_calls():
     eq = inspect.signature(_C.StateTransfer.__eq__) if "__eq__" in vars(_C.StateTransfer) else None
     if eq is not None:
         assert [p.kind for p in eq.parameters.values()][-1] is inspect.Parameter.POSITIONAL_ONLY
+
+
+def test_every_public_method_says_what_it_returns_and_raises():
+    gaps = stubcheck.cxx_docstring_gaps(_C)
+    assert gaps == [], "\n".join(gaps)
+
+
+def test_stub_docstrings_are_the_modules():
+    drift = stubcheck.docstring_drift(_C)
+    hint = "\nrun python tests/python/stubcheck.py --sync-docs after changing a C++ docstring"
+    assert drift == [], "\n".join(drift) + hint
+
+
+def test_the_docs_check_fails_on_gaps_and_drift(tmp_path):
+    import types
+
+    fake = types.ModuleType("fake")
+
+    def quiet(x):
+        """quiet(x) -> int
+
+        Returns x."""
+
+    def silent(x):
+        """Raises nothing."""
+
+    fake.quiet, fake.silent = quiet, silent
+    assert stubcheck.cxx_docstring_gaps(fake) == [
+        "quiet: does not say what it raises",
+        "silent: does not say what it returns",
+    ]
+    text = stubcheck.STUB.read_text()
+    old = "Returns how many indices are free (vacant or checkpointed)."
+    assert old in text
+    path = tmp_path / "_C.pyi"
+    path.write_text(text.replace(old, "Returns the free count.", 1))
+    assert any(
+        line.startswith("StateGroupPool.num_free: stub") or line.startswith("StateSlotPool.num_free")
+        for line in stubcheck.docstring_drift(_C, path)
+    )
+    # and --sync-docs repairs it
+    assert stubcheck.sync_docs(_C, path) == 1
+    assert stubcheck.docstring_drift(_C, path) == []
