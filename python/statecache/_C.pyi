@@ -511,7 +511,8 @@ class Sequence:
 # ------------------------------------------------------------------ pools --
 
 class StateSlotPool:
-    """Per-need state slots with fork checkpoints (docs/contract.md, "Objects"): vacant slots lowest first, checkpointed ones spent LRU (guesses
+    """Per-need state slots with fork checkpoints (docs/contract.md, "Objects"):
+    vacant slots lowest first, checkpointed ones spent LRU (guesses
     first); speculative-decode rollback slots, midstep reserve/publish,
     relocations. A copy transfer raises ValueError (use the PAGE coordinator)."""
 
@@ -1315,7 +1316,9 @@ class HostArena:
         argument (docs/contract.md, "Errors")."""
     def __contains__(self, key: object, /) -> bool: ...
     def __len__(self) -> int: ...
-    def lookup(self, key: bytes | str, touch: bool = True) -> tuple[list[int], int, bytes, int] | None:
+    def lookup(
+        self, key: bytes | str, touch: bool = True
+    ) -> tuple[list[int], int, bytes, int] | None:
         """Returns (entry ids, nbytes, meta, klass) of the sealed value under ``key``
         (``touch``: counts as a use), or None. Raises only for a bad argument
         (docs/contract.md, "Errors")."""

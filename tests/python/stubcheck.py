@@ -453,9 +453,8 @@ def sync_docs(mod: ModuleType, path: Path = STUB) -> int:
                     continue
                 doc = node.body[0]
                 indent = " " * doc.col_offset
-                wrapped = textwrap.wrap(
-                    _words(want).replace('"' * 3, "'" * 3), width=88 - len(indent), break_on_hyphens=False
-                )
+                flat = _words(want).replace('"' * 3, "'" * 3)
+                wrapped = textwrap.wrap(flat, width=88 - len(indent), break_on_hyphens=False)
                 block = [f'{indent}"""{wrapped[0]}'] + [indent + w for w in wrapped[1:]]
                 block[-1] += '"""'
                 end = doc.end_lineno if doc.end_lineno is not None else doc.lineno
