@@ -6,6 +6,8 @@ missing one raises ImportError naming the extra to install
 (``pip install 'statecache[mooncake]'`` / ``'statecache[redis]'``).
 """
 
+from typing import TYPE_CHECKING
+
 from .base import FAILED, MISSING, TIMED_OUT, TRUNCATED, Tier, TierError
 from .host import HostTier
 from .keys import TierKey
@@ -14,7 +16,12 @@ __all__ = ["FAILED", "HostTier", "MISSING", "MooncakeTier", "RedisTier", "TIMED_
            "Tier", "TierError", "TierKey"]
 
 
-def __getattr__(name):
+if TYPE_CHECKING:  # imported on first use at run time (their clients are optional)
+    from .mooncake_tier import MooncakeTier as MooncakeTier
+    from .redis_tier import RedisTier as RedisTier
+
+
+def __getattr__(name: str) -> type[Tier]:
     if name == "MooncakeTier":
         from .mooncake_tier import MooncakeTier
         return MooncakeTier
