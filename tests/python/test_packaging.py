@@ -89,6 +89,14 @@ def test_info_text_and_json(capsys):
     assert data["build"] == _C.build_info()
 
 
+def test_python_dash_m_runs_the_cli():
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    r = subprocess.run([sys.executable, "-m", "statecache", "info", "--json"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["version"] == statecache.__version__
+
+
 def test_info_says_loudly_when_auto_found_no_toolchain(monkeypatch, capsys):
     from statecache import info
 

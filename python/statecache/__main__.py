@@ -1,0 +1,7 @@
+"""`python -m statecache` runs the CLI (the same as the `statecache` script)."""
+
+import sys
+
+from statecache.cli import main
+
+sys.exit(main())
