@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bindings/convert.h"
@@ -122,9 +123,10 @@ inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyOb
 // instance whose __init__ never ran cannot be made by ordinary code (pybind11's
 // own dispatcher would hand such an instance raw storage), and (2) appends one
 // pointer-sized field of ours to the instance layout, caching the C++ object
-// once pybind11's public caster has produced it. The cache is valid for the
-// instance's life: its holder is never replaced (a second __init__ is a
-// no-op) or released (nothing disowns these types).
+// as soon as the instance exists (pybind11's public caster produces it; see
+// cache_fills and cast_cached). The cache is valid for the instance's life:
+// its holder is never replaced (a second __init__ is a no-op) or released
+// (nothing disowns these types). Nothing here reads pybind11's own layout.
 
 // The class being called (set by the metaclass, consumed by tp_new).
 inline PyObject* constructing = nullptr;
@@ -143,8 +145,20 @@ inline PyObject* guarded_new(PyTypeObject* type, PyObject* args, PyObject* kwarg
   return base->tp_new(type, args, kwargs);
 }
 
+// Per class with a cache field: fills an instance's cache (instance_setup
+// registers it; the metaclass calls it once __init__ has run).
+using CacheFill = void (*)(PyObject*);
+inline std::vector<std::pair<PyTypeObject*, CacheFill>> cache_fills;
+
+inline void fill_cache(PyObject* obj) {
+  for (PyTypeObject* t = Py_TYPE(obj); t != nullptr; t = t->tp_base)
+    for (const auto& [type, fill] : cache_fills)
+      if (type == t) return fill(obj);
+}
+
 // The metaclass: pybind11's default with a call that marks the class being
-// constructed. Created by init_guard (common.cpp) before any class is bound.
+// constructed and, once it is, caches the C++ object in the new instance.
+// Created by init_guard (common.cpp) before any class is bound.
 inline PyObject* guarded_meta = nullptr;
 inline ternaryfunc base_meta_call = nullptr;
 
@@ -153,6 +167,7 @@ inline PyObject* guarded_meta_call(PyObject* type, PyObject* args, PyObject* kwa
   constructing = type;
   PyObject* r = base_meta_call(type, args, kwargs);
   constructing = saved;
+  if (r != nullptr) fill_cache(r);
   return r;
 }
 
@@ -162,11 +177,15 @@ template <class T>
 inline Py_ssize_t cache_offset = 0;  // 0: T's class carries no cache field
 
 template <class T>
+T* instance_ptr_slow(PyObject* obj);
+
+template <class T>
 void instance_setup(PyHeapTypeObject* heap_type) {
   PyTypeObject* t = &heap_type->ht_type;
   cache_offset<T> = t->tp_basicsize;
   t->tp_basicsize += static_cast<Py_ssize_t>(sizeof(void*));
   t->tp_new = &guarded_new;
+  cache_fills.emplace_back(t, [](PyObject* obj) { instance_ptr_slow<T>(obj); });
 }
 
 // The class_ extras that give T's class the guard and the cache field.
@@ -217,17 +236,54 @@ template <class T>
     return nullptr;
   } catch (const py::value_error&) {
     return nullptr;
+  } catch (const py::error_already_set&) {
+    return nullptr;  // the caster's Python error, dropped with the exception
   }
   if (p && cache_offset<T> != 0) *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>) = p;
   return p;
 }
 
-// The cached pointer only (nullptr when never looked up): for tp_traverse /
-// tp_clear, which must not run casts.
+// A C++ value (or shared_ptr) of T as a new Python object with its cache
+// filled: instances made in C++ do not pass through the metaclass.
+template <class T, class V>
+py::object cast_cached(V&& value) {
+  py::object o = py::cast(std::forward<V>(value));
+  instance_ptr_slow<T>(o.ptr());
+  return o;
+}
+
+// The cached pointer only, for tp_traverse / tp_clear, which must not run
+// casts. Filled when the instance was made (by calling the class, or by
+// cast_cached); nullptr only for an instance whose __init__ did not run.
 template <class T>
 inline T* cached_instance(PyObject* obj) {
   if (cache_offset<T> == 0) return nullptr;
   return *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>);
+}
+
+// Registers tp_traverse / tp_clear for a bound class that holds Python
+// objects: `visit_all(T&, visitproc, arg)` visits each reference the object
+// owns exactly once, `clear_all(T&)` drops them (the C++ object stays usable).
+// The class also takes the creation guard and the pointer cache the collector
+// reads (fast::instance_setup; pybind11 takes one custom_type_setup per
+// class): declare it with py::metaclass(fast::guarded_metaclass()), and make
+// instances in C++ with fast::cast_cached.
+template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
+py::custom_type_setup gc_setup() {
+  return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+    instance_setup<T>(heap_type);
+    PyTypeObject* type = &heap_type->ht_type;
+    type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+    type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
+      Py_VISIT(Py_TYPE(self));
+      if (T* v = cached_instance<T>(self)) return Traverse(*v, visit, arg);
+      return 0;
+    };
+    type->tp_clear = [](PyObject* self) -> int {
+      if (T* v = cached_instance<T>(self)) Clear(*v);
+      return 0;
+    };
+  });
 }
 
 // `obj` must be an instance of T's class (method descriptors and getsets

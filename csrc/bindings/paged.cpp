@@ -177,7 +177,7 @@ void PyBlockPool::evicted(int64_t hash) {
     e.restore();
     report_callback_error("BlockPool.on_evict");
   } catch (...) {
-    py::detail::try_translate_exceptions();
+    fast::set_error_from_current();  // the module's one C++ -> Python mapping
     report_callback_error("BlockPool.on_evict");
   }
 }
@@ -302,7 +302,8 @@ void clear_pool(PyBlockPool& p) {
 }
 
 void bind_block_pool(py::module_& m) {
-  py::classh<PyBlockPool> cls(m, "BlockPool", gc_setup<PyBlockPool, &traverse_pool, &clear_pool>(), R"doc(
+  py::classh<PyBlockPool> cls(m, "BlockPool", py::metaclass(fast::guarded_metaclass()),
+                              fast::gc_setup<PyBlockPool, &traverse_pool, &clear_pool>(), R"doc(
 One pool of ``num_blocks`` blocks shared by the KV prefix cache and PAGE
 checkpoint units.
 
@@ -465,11 +466,11 @@ void clear_view(View& v) {
 }
 
 template <class View>
-View make_view(py::handle store_obj) {
+py::object make_view(py::handle store_obj) {
   View v;
   v.owner = py::reinterpret_borrow<py::object>(store_obj);
   v.store = store_obj.cast<std::shared_ptr<PyStore>>();
-  return v;
+  return fast::cast_cached<View>(std::move(v));
 }
 
 py::object record_or_none(const std::shared_ptr<Store>& s, py::handle key) {
@@ -511,7 +512,7 @@ py::dict index_dict(const std::shared_ptr<Store>& s) {
 
 // Read-only mapping protocol over one of the store's tables.
 template <class View>
-void def_mapping(py::class_<View>& cls, py::object (*get)(const std::shared_ptr<Store>&, py::handle),
+void def_mapping(py::classh<View>& cls, py::object (*get)(const std::shared_ptr<Store>&, py::handle),
                  py::list (*keys)(const std::shared_ptr<Store>&), py::dict (*as_dict)(const std::shared_ptr<Store>&),
                  int64_t (*size)(const Store&)) {
   refuse_uninitialized(cls);
@@ -550,14 +551,17 @@ int64_t num_records(const Store& s) { return s.num_records(); }
 int64_t num_indexed(const Store& s) { return s.hash_index_size(); }
 
 void bind_store_views(py::module_& m) {
-  py::class_<RecordsView> records(m, "CheckpointRecordsView", gc_setup<RecordsView, &traverse_view<RecordsView>, &clear_view<RecordsView>>(),
+  py::classh<RecordsView> records(m, "CheckpointRecordsView", py::metaclass(fast::guarded_metaclass()),
+                                  fast::gc_setup<RecordsView, &traverse_view<RecordsView>, &clear_view<RecordsView>>(),
                                   "Live read-only mapping checkpoint id -> CheckpointRecord (live, read-only), oldest first.");
   def_mapping(records, &record_or_none, &record_keys, &records_dict, &num_records);
-  py::class_<HashIndexView> index(m, "CheckpointHashIndexView", gc_setup<HashIndexView, &traverse_view<HashIndexView>, &clear_view<HashIndexView>>(),
+  py::classh<HashIndexView> index(m, "CheckpointHashIndexView", py::metaclass(fast::guarded_metaclass()),
+                                  fast::gc_setup<HashIndexView, &traverse_view<HashIndexView>, &clear_view<HashIndexView>>(),
                                   "Live read-only mapping hash -> READY checkpoint id, in the order they became READY.");
   def_mapping(index, &index_or_none, &index_keys, &index_dict, &num_indexed);
 
-  py::class_<BacklogView> backlog(m, "OffloadBacklogView", gc_setup<BacklogView, &traverse_view<BacklogView>, &clear_view<BacklogView>>(),
+  py::classh<BacklogView> backlog(m, "OffloadBacklogView", py::metaclass(fast::guarded_metaclass()),
+                                  fast::gc_setup<BacklogView, &traverse_view<BacklogView>, &clear_view<BacklogView>>(),
                                   "Live view of the checkpoint ids nominated for offload, oldest first.");
   refuse_uninitialized(backlog);
   refuse_pickling(backlog);
@@ -663,7 +667,7 @@ void clear_store(PyStore& s) {
 
 void bind_store(py::module_& m) {
   py::classh<PyStore> cls(m, "PageUnitCheckpointStore", py::metaclass(fast::guarded_metaclass()),
-                          guarded_gc_setup<PyStore, &traverse_store, &clear_store>(), R"doc(
+                          fast::gc_setup<PyStore, &traverse_store, &clear_store>(), R"doc(
 Content index and unit ownership for PAGE checkpoint images.
 
 ``begin_store`` files a COPYING record whose units the next batch scatters

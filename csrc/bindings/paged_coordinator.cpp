@@ -77,7 +77,7 @@ class PyCoordinator : public Coordinator {
                 py::object offload, bool readable_midstep)
       : Coordinator(make_store(pool_obj, pool, std::move(spec), !offload.is_none()), enabled, readable_midstep),
         pool_(std::move(pool)) {
-    store_obj = py::cast(std::static_pointer_cast<PyStore>(store_ptr()));
+    store_obj = fast::cast_cached<PyStore>(std::static_pointer_cast<PyStore>(store_ptr()));
     set_offload(std::move(offload), true);
   }
 
@@ -249,7 +249,7 @@ py::dict fates(const PyCoordinator& c) {
 
 void bind_coordinator(py::module_& m) {
   py::classh<PyCoordinator> cls(m, "PagedStateCheckpointCoordinator", py::metaclass(fast::guarded_metaclass()),
-                                guarded_gc_setup<PyCoordinator, &traverse_coordinator, &clear_coordinator>(), R"doc(
+                                fast::gc_setup<PyCoordinator, &traverse_coordinator, &clear_coordinator>(), R"doc(
 Schedules PAGE checkpoints for per-request state.
 
 ``checkpoint(seq, blocks, h)`` files a boundary (a newer one from the same

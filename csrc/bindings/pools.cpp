@@ -109,6 +109,7 @@ py::dict fates_dict(const CheckpointFates& f) {
 // iterated in insertion order like the reference's dict.
 struct CheckpointIndexView {
   std::shared_ptr<const StateFreeList> pool;
+  py::object owner;  // the pool's Python object: a cycle through the view is collectable
 
   py::dict snapshot() const {
     py::dict d;
@@ -144,6 +145,7 @@ struct CheckpointIndexView {
 // allocated (it grows with extend and never shrinks, as the reference's list).
 struct UnitHashView {
   std::shared_ptr<const StateFreeList> pool;
+  py::object owner;  // as CheckpointIndexView's
   int64_t size() const { return pool->capacity(); }
   py::list list() const {
     py::list out(static_cast<size_t>(size()));
@@ -153,9 +155,21 @@ struct UnitHashView {
   }
 };
 
+template <class View>
+int traverse_view(View& v, visitproc visit, void* arg) {
+  Py_VISIT(v.owner.ptr());
+  return 0;
+}
+template <class View>
+void clear_view(View& v) {
+  py::object old = std::move(v.owner);
+  v.owner = py::none();
+}
+
 void bind_views(py::module_& m) {
-  py::classh<CheckpointIndexView> index_view(m, "CheckpointIndexView", py::is_final(),
-                                             STATECACHE_GUARDED(CheckpointIndexView),
+  py::classh<CheckpointIndexView> index_view(
+      m, "CheckpointIndexView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
+      fast::gc_setup<CheckpointIndexView, &traverse_view<CheckpointIndexView>, &clear_view<CheckpointIndexView>>(),
                                              "Read-only live mapping: prefix hash -> index holding its checkpoint.");
   fast::refuse_copy(index_view);
   index_view
@@ -203,7 +217,9 @@ void bind_views(py::module_& m) {
       .def("__repr__", [](const CheckpointIndexView& s) { return py_repr(s.snapshot()); });
   m.attr("CheckpointIndexView").attr("__hash__") = py::none();
 
-  py::classh<UnitHashView> hash_view(m, "UnitHashView", py::is_final(), STATECACHE_GUARDED(UnitHashView),
+  py::classh<UnitHashView> hash_view(
+      m, "UnitHashView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
+      fast::gc_setup<UnitHashView, &traverse_view<UnitHashView>, &clear_view<UnitHashView>>(),
                                      "Read-only live sequence: the prefix hash each index carries, -1 for none.");
   fast::refuse_copy(hash_view);
   hash_view
@@ -461,11 +477,14 @@ void bind_free_list_api(py::classh<Pool>& cls) {
 
 template <class Pool>
 void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* hash_name) {
-  cls.def_property_readonly(index_name, [](const std::shared_ptr<Pool>& p) {
-    return CheckpointIndexView{std::shared_ptr<const StateFreeList>(p)};
+  cls.def_property_readonly(index_name, [](py::handle self) {
+    std::shared_ptr<const StateFreeList> p = self.cast<std::shared_ptr<Pool>>();
+    return fast::cast_cached<CheckpointIndexView>(
+        CheckpointIndexView{std::move(p), py::reinterpret_borrow<py::object>(self)});
   });
-  cls.def_property_readonly(hash_name, [](const std::shared_ptr<Pool>& p) {
-    return UnitHashView{std::shared_ptr<const StateFreeList>(p)};
+  cls.def_property_readonly(hash_name, [](py::handle self) {
+    std::shared_ptr<const StateFreeList> p = self.cast<std::shared_ptr<Pool>>();
+    return fast::cast_cached<UnitHashView>(UnitHashView{std::move(p), py::reinterpret_borrow<py::object>(self)});
   });
 }
 
@@ -658,30 +677,21 @@ struct PyGroupPool : StateGroupPool {
   }
 };
 
+int traverse_group_pool(PyGroupPool& p, visitproc visit, void* arg) {
+  for (const py::object& o : p.pending_seqs) Py_VISIT(o.ptr());
+  return 0;
+}
+
+void clear_group_pool(PyGroupPool& p) {
+  p.drop_pending();
+  std::vector<py::object> gone;
+  gone.swap(p.pending_seqs);  // released after the pool is consistent
+}
+
 void bind_group_pool(py::module_& m) {
   py::classh<PyGroupPool> cls(
       m, "StateGroupPool", py::is_final(), py::metaclass(fast::guarded_metaclass()),
-      py::custom_type_setup([](PyHeapTypeObject* heap_type) {
-        fast::instance_setup<PyGroupPool>(heap_type);
-        PyTypeObject* type = &heap_type->ht_type;
-        type->tp_flags |= Py_TPFLAGS_HAVE_GC;
-        // Only the cached pointer is read here (no casts while the collector
-        // runs); every pending sequence was added by a fast method, which set it.
-        type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
-          Py_VISIT(Py_TYPE(self));
-          if (PyGroupPool* p = fast::cached_instance<PyGroupPool>(self))
-            for (const py::object& o : p->pending_seqs) Py_VISIT(o.ptr());
-          return 0;
-        };
-        type->tp_clear = [](PyObject* self) -> int {
-          if (PyGroupPool* p = fast::cached_instance<PyGroupPool>(self)) {
-            p->drop_pending();
-            std::vector<py::object> gone;
-            gone.swap(p->pending_seqs);  // released after the pool is consistent
-          }
-          return 0;
-        };
-      }),
+      fast::gc_setup<PyGroupPool, &traverse_group_pool, &clear_group_pool>(),
       R"doc(
 Per-request state groups plus the checkpoint index over the free ones.
 
