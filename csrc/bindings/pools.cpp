@@ -143,7 +143,7 @@ struct CheckpointIndexView {
 
 // `slot_hash` / `group_hash`: a live sequence of ints, one per index ever
 // allocated (it grows with extend and never shrinks, as the reference's list).
-struct UnitHashView {
+struct IndexHashView {
   std::shared_ptr<const StateFreeList> pool;
   py::object owner;  // as CheckpointIndexView's
   int64_t size() const { return pool->capacity(); }
@@ -217,15 +217,15 @@ void bind_views(py::module_& m) {
       .def("__repr__", [](const CheckpointIndexView& s) { return py_repr(s.snapshot()); });
   m.attr("CheckpointIndexView").attr("__hash__") = py::none();
 
-  py::classh<UnitHashView> hash_view(
-      m, "UnitHashView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
-      fast::gc_setup<UnitHashView, &traverse_view<UnitHashView>, &clear_view<UnitHashView>>(),
+  py::classh<IndexHashView> hash_view(
+      m, "IndexHashView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
+      fast::gc_setup<IndexHashView, &traverse_view<IndexHashView>, &clear_view<IndexHashView>>(),
                                      "Read-only live sequence: the prefix hash each index carries, -1 for none.");
   fast::refuse_copy(hash_view);
   hash_view
-      .def("__len__", [](const UnitHashView& s) { return s.size(); })
+      .def("__len__", [](const IndexHashView& s) { return s.size(); })
       .def("__getitem__",
-           [](const UnitHashView& s, py::handle i) -> py::object {
+           [](const IndexHashView& s, py::handle i) -> py::object {
              if (PySlice_Check(i.ptr())) return s.list()[py::reinterpret_borrow<py::slice>(i)];
              int64_t k = as_int(i, "index");
              const int64_t n = s.size();
@@ -233,20 +233,20 @@ void bind_views(py::module_& m) {
              if (k < 0 || k >= n) throw py::index_error("list index out of range");
              return py::int_(s.pool->hash_of(k));
            })
-      .def("__iter__", [](const UnitHashView& s) { return py::iter(s.list()); })
-      .def("__contains__", [](const UnitHashView& s, py::handle x) { return s.list().contains(x); })
-      .def("count", [](const UnitHashView& s, py::handle x) { return s.list().attr("count")(x); },
+      .def("__iter__", [](const IndexHashView& s) { return py::iter(s.list()); })
+      .def("__contains__", [](const IndexHashView& s, py::handle x) { return s.list().contains(x); })
+      .def("count", [](const IndexHashView& s, py::handle x) { return s.list().attr("count")(x); },
           "Returns how many indices carry ``value``. Raises nothing.")
-      .def("index", [](const UnitHashView& s, py::handle x) { return s.list().attr("index")(x); },
+      .def("index", [](const IndexHashView& s, py::handle x) { return s.list().attr("index")(x); },
           "Returns the first index carrying ``value``. Raises ValueError when none does.")
-      .def("tolist", &UnitHashView::list,
+      .def("tolist", &IndexHashView::list,
           "Returns a plain list snapshot. Raises nothing.")
-      .def("copy", &UnitHashView::list,
+      .def("copy", &IndexHashView::list,
           "Returns a plain list snapshot. Raises nothing.")
       .def("__eq__",
-           [](const UnitHashView& s, py::handle other) -> py::object {
-             if (py::isinstance<UnitHashView>(other))
-               return py::bool_(s.list().equal(other.cast<const UnitHashView&>().list()));
+           [](const IndexHashView& s, py::handle other) -> py::object {
+             if (py::isinstance<IndexHashView>(other))
+               return py::bool_(s.list().equal(other.cast<const IndexHashView&>().list()));
              if (!PyList_Check(other.ptr())) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
              return py::bool_(s.list().equal(other));
            })
@@ -256,12 +256,12 @@ void bind_views(py::module_& m) {
              if (eq.is(py::reinterpret_borrow<py::object>(Py_NotImplemented))) return eq;
              return py::bool_(!eq.cast<bool>());
            })
-      .def("__repr__", [](const UnitHashView& s) { return py_repr(s.list()); });
-  m.attr("UnitHashView").attr("__hash__") = py::none();
+      .def("__repr__", [](const IndexHashView& s) { return py_repr(s.list()); });
+  m.attr("IndexHashView").attr("__hash__") = py::none();
 
   py::module_ abc = py::module_::import("collections.abc");
   abc.attr("Mapping").attr("register")(m.attr("CheckpointIndexView"));
-  abc.attr("Sequence").attr("register")(m.attr("UnitHashView"));
+  abc.attr("Sequence").attr("register")(m.attr("IndexHashView"));
 }
 
 // ---- retirement records -----------------------------------------------------
@@ -309,7 +309,7 @@ void bind_retirement(py::module_& m, const char* name, const char* doc) {
 
 // The reference's parameter name for an index of each pool.
 template <class Pool>
-constexpr const char* kUnit = std::is_same_v<Pool, StateSlotPool> ? "slot" : "group";
+constexpr const char* kIndexKind = std::is_same_v<Pool, StateSlotPool> ? "slot" : "group";
 
 inline int64_t int_arg(PyObject* o, const char* name) { return as_int(py::handle(o), name); }
 inline bool bool_arg(PyObject* o, const char* name, bool fallback) {
@@ -320,7 +320,7 @@ inline bool bool_arg(PyObject* o, const char* name, bool fallback) {
 // go through fast::def (see fast_call.h); the rest through pybind11.
 template <class Pool, class Retire>
 void bind_free_list_api(py::classh<Pool>& cls) {
-  constexpr const char* U = kUnit<Pool>;
+  constexpr const char* U = kIndexKind<Pool>;
   using fast::to_py;
   fast::refuse_copy(cls);
   def_eviction_methods(cls, [](Pool& p) -> StateFreeList& { return p; });
@@ -466,11 +466,11 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       .def("_debug_state", [](const Pool& p) {
         py::dict d;
         d["checkpointed"] = to_list(p.lru_order());
-        d["speculative"] = to_list(p.speculative_units());
+        d["speculative"] = to_list(p.speculative_indices());
         py::dict pins;
-        for (int64_t x : p.pinned_units()) pins[py::int_(x)] = p.pin_count(x);
+        for (int64_t x : p.pinned_indices()) pins[py::int_(x)] = p.pin_count(x);
         d["pinned"] = pins;
-        d["deferred"] = to_list(p.deferred_units());
+        d["deferred"] = to_list(p.deferred_indices());
         return d;
       });
 }
@@ -484,7 +484,7 @@ void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* ha
   });
   cls.def_property_readonly(hash_name, [](py::handle self) {
     std::shared_ptr<const StateFreeList> p = self.cast<std::shared_ptr<Pool>>();
-    return fast::cast_cached<UnitHashView>(UnitHashView{std::move(p), py::reinterpret_borrow<py::object>(self)});
+    return fast::cast_cached<IndexHashView>(IndexHashView{std::move(p), py::reinterpret_borrow<py::object>(self)});
   });
 }
 

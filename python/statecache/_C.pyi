@@ -360,7 +360,7 @@ class IntListView:
     def copy(self) -> list[int]:
         """Returns a plain list snapshot. Raises nothing."""
 
-class UnitHashView:
+class IndexHashView:
     """``slot_hash`` / ``group_hash``: the hash filed at each index (-1 if none)."""
 
     def __len__(self) -> int: ...
@@ -540,7 +540,7 @@ class StateSlotPool:
     @property
     def hash_to_slot(self) -> CheckpointIndexView: ...
     @property
-    def slot_hash(self) -> UnitHashView: ...
+    def slot_hash(self) -> IndexHashView: ...
     def has_free(self, count: _Int = 1) -> bool:
         """Returns whether ``count`` slots can be handed out now (checkpointed
         slots count: pop spends them). Raises ValueError for ``count < 0``."""
@@ -705,7 +705,7 @@ class StateGroupPool:
     @property
     def hash_to_group(self) -> CheckpointIndexView: ...
     @property
-    def group_hash(self) -> UnitHashView: ...
+    def group_hash(self) -> IndexHashView: ...
     def has_free(self) -> bool:
         """Returns whether a group can be handed out now. Raises nothing."""
     def num_free(self) -> int:
