@@ -232,6 +232,12 @@ def test_every_public_method_says_what_it_returns_and_raises():
     assert gaps == [], "\n".join(gaps)
 
 
+def test_python_layers_say_what_they_return_and_raise():
+    gaps = stubcheck.python_docstring_gaps()
+    assert gaps == [], "\n".join(gaps)
+    assert stubcheck.python_docstring_gaps({"statecache.tiers.servers": ["ServerProcess"]}) != []
+
+
 def test_stub_docstrings_are_the_modules():
     drift = stubcheck.docstring_drift(_C)
     hint = "\nrun python tests/python/stubcheck.py --sync-docs after changing a C++ docstring"
