@@ -612,42 +612,6 @@ namespace {
 
 // ---- hot methods (fastcall) ----
 
-PyObject* store_lookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<1>("lookup", {"prefix_hash"}, 1, args, nargs, kwnames);
-    const Store& s = fast_self<PyStore>(self);
-    return py::reinterpret_steal<py::object>(PyLong_FromLongLong(s.lookup(as_int(a[0], "prefix_hash"))));
-  });
-}
-
-PyObject* store_contains_or_pending(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<1>("contains_or_pending", {"prefix_hash"}, 1, args, nargs, kwnames);
-    const Store& s = fast_self<PyStore>(self);
-    return py::reinterpret_steal<py::object>(PyBool_FromLong(s.contains_or_pending(as_int(a[0], "prefix_hash"))));
-  });
-}
-
-PyObject* store_begin_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&]() -> py::object {
-    auto a = fast_args<3>("begin_store", {"prefix_hash", "src_slot", "position"}, 2, args, nargs, kwnames);
-    Store& s = fast_self<PyStore>(self);
-    const int64_t position = a[2] == nullptr ? 0 : as_int(a[2], "position");
-    if (position < 0) bad_argument("position", position, "must be >= 0");
-    auto op = s.begin_store(as_int(a[0], "prefix_hash"), as_int(a[1], "src_slot"), position);
-    return op ? py::cast(std::move(*op)) : py::none();
-  });
-}
-
-PyObject* store_begin_restore(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&]() -> py::object {
-    auto a = fast_args<2>("begin_restore", {"prefix_hash", "dst_slot"}, 2, args, nargs, kwnames);
-    Store& s = fast_self<PyStore>(self);
-    auto op = s.begin_restore(as_int(a[0], "prefix_hash"), as_int(a[1], "dst_slot"));
-    return op ? py::cast(std::move(*op)) : py::none();
-  });
-}
-
 py::object pool_object(const PyStore& s) {
   if (!s.pool_obj.is_none()) return s.pool_obj;
   return py::cast(s.py_pool());
@@ -739,25 +703,40 @@ nominated to a tier (``offload_sink``), handed out pinned by
            "Checks the store's internal invariants (for tests); returns None. Raises AssertionError "
           "when one is broken.");
   def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
-  static PyMethodDef fast[] = {
-      STATECACHE_FAST_METHOD("lookup", &store_lookup, "lookup($self, prefix_hash)\n--\n\nReturns the READY checkpoint id filed under "
-          "``prefix_hash``, or -1. Raises only for a bad argument (docs/contract.md, \"Errors\")."),
-      STATECACHE_FAST_METHOD("contains_or_pending", &store_contains_or_pending,
-                             "contains_or_pending($self, prefix_hash)\n--\n\nReturns whether an image of "
-          "``prefix_hash`` is READY or a store of it is on its way. Raises only for a bad argument "
-          "(docs/contract.md, \"Errors\")."),
-      STATECACHE_FAST_METHOD("begin_store", &store_begin_store,
-                             "begin_store($self, prefix_hash, src_slot, position=0)\n--\n\nReturns the op filing a "
-          "COPYING image of ``src_slot`` taken at ``position`` (evicting unpinned READY images if "
-          "needed), or None when the units cannot be had or the hash is already kept. Raises "
-          "ValueError for ``position < 0`` or ``prefix_hash == -1``."),
-      STATECACHE_FAST_METHOD("begin_restore", &store_begin_restore,
-                             "begin_restore($self, prefix_hash, dst_slot)\n--\n\nReturns an op reading the READY "
-          "image of ``prefix_hash`` into ``dst_slot`` (the image stays pinned until the batch "
-          "completes), or None when no READY image is filed under the hash. Raises only for a bad "
-          "argument (docs/contract.md, \"Errors\")."),
-  };
-  for (PyMethodDef& def : fast) add_fast_method(cls, &def);
+  using fast::to_py;
+  fast::def<PyStore>(
+      cls, "lookup", [](PyStore& s, PyObject** a) { return to_py(s.lookup(as_int(a[0], "prefix_hash"))); },
+      {"prefix_hash"}, 1,
+      "Returns the READY checkpoint id filed under ``prefix_hash``, or -1. Raises only for a bad "
+      "argument (docs/contract.md, \"Errors\").");
+  fast::def<PyStore>(
+      cls, "contains_or_pending",
+      [](PyStore& s, PyObject** a) { return to_py(s.contains_or_pending(as_int(a[0], "prefix_hash"))); },
+      {"prefix_hash"}, 1,
+      "Returns whether an image of ``prefix_hash`` is READY or a store of it is on its way. Raises "
+      "only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::def<PyStore>(
+      cls, "begin_store",
+      [](PyStore& s, PyObject** a) -> PyObject* {
+        const int64_t position = a[2] == nullptr ? 0 : as_int(a[2], "position");
+        if (position < 0) bad_argument("position", position, "must be >= 0");
+        auto op = s.begin_store(as_int(a[0], "prefix_hash"), as_int(a[1], "src_slot"), position);
+        return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
+      },
+      {"prefix_hash", "src_slot", "position=0"}, 2,
+      "Returns the op filing a COPYING image of ``src_slot`` taken at ``position`` (evicting "
+      "unpinned READY images if needed), or None when the units cannot be had or the hash is "
+      "already kept. Raises ValueError for ``position < 0`` or ``prefix_hash == -1``.");
+  fast::def<PyStore>(
+      cls, "begin_restore",
+      [](PyStore& s, PyObject** a) -> PyObject* {
+        auto op = s.begin_restore(as_int(a[0], "prefix_hash"), as_int(a[1], "dst_slot"));
+        return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
+      },
+      {"prefix_hash", "dst_slot"}, 2,
+      "Returns an op reading the READY image of ``prefix_hash`` into ``dst_slot`` (the image "
+      "stays pinned until the batch completes), or None when no READY image is filed under the "
+      "hash. Raises only for a bad argument (docs/contract.md, \"Errors\").");
 }
 
 }  // namespace

@@ -55,42 +55,27 @@ inline py::list sources(const std::vector<PageUnitCheckpointStore::Source>& srcs
   return out;
 }
 
-template <class T, class StoreOf>
-PyObject* fast_contains(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<1>("contains", {"prefix_hash"}, 1, args, nargs, kwnames);
-    PageUnitCheckpointStore& s = StoreOf{}(fast_self<T>(self));
-    return py::reinterpret_steal<py::object>(PyBool_FromLong(s.contains(as_int(a[0], "prefix_hash"))));
-  });
-}
-
-template <class T, class StoreOf>
-PyObject* fast_has_available_units(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<2>("has_available_units", {"count", "protected_hash"}, 1, args, nargs, kwnames);
-    PageUnitCheckpointStore& s = StoreOf{}(fast_self<T>(self));
-    std::optional<int64_t> protected_hash;
-    if (a[1] != nullptr && a[1] != Py_None) protected_hash = as_int(a[1], "protected_hash");
-    const bool ok = s.has_available_units(as_int(a[0], "count"), protected_hash);
-    return py::reinterpret_steal<py::object>(PyBool_FromLong(ok));
-  });
-}
-
 // `StoreOf{}(self)` gives the PageUnitCheckpointStore& behind `self` (a
 // stateless lambda, so the fast methods can name it).
 template <class T, class StoreOf>
 void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
   using Store = PageUnitCheckpointStore;
-  static PyMethodDef contains = STATECACHE_FAST_METHOD(
-      "contains", (&fast_contains<T, StoreOf>), "contains($self, prefix_hash)\n--\n\nReturns whether a READY image is filed under "
-      "``prefix_hash``. Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  static PyMethodDef available = STATECACHE_FAST_METHOD(
-      "has_available_units", (&fast_has_available_units<T, StoreOf>),
-      "has_available_units($self, count, protected_hash=None)\n--\n\nReturns whether ``count`` "
-      "units could be had, evicting unpinned READY images if it came to that (never the one "
-      "filed under ``protected_hash``). Raises ValueError for ``count < 0``.");
-  add_fast_method(cls, &contains);
-  add_fast_method(cls, &available);
+  fast::def<T>(
+      cls, "contains",
+      [](T& self, PyObject** a) { return fast::to_py(StoreOf{}(self).contains(as_int(a[0], "prefix_hash"))); },
+      {"prefix_hash"}, 1,
+      "Returns whether a READY image is filed under ``prefix_hash``. Raises only for a bad argument "
+      "(docs/contract.md, \"Errors\").");
+  fast::def<T>(
+      cls, "has_available_units",
+      [](T& self, PyObject** a) {
+        std::optional<int64_t> protected_hash;
+        if (a[1] != nullptr && a[1] != Py_None) protected_hash = as_int(a[1], "protected_hash");
+        return fast::to_py(StoreOf{}(self).has_available_units(as_int(a[0], "count"), protected_hash));
+      },
+      {"count", "protected_hash=None"}, 1,
+      "Returns whether ``count`` units could be had, evicting unpinned READY images if it came to "
+      "that (never the one filed under ``protected_hash``). Raises ValueError for ``count < 0``.");
   def_eviction_methods(cls, [store_of](T& self) -> Store& { return store_of(self); });
   cls.def(
           "ensure_free_units",
