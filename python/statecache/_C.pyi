@@ -1,15 +1,16 @@
 # Type stubs for statecache._C, the C++ extension (pybind11).
 #
 # Kept by hand; tests/python/test_stubs.py compares this file with the built
-# module (names, kinds and parameters) and fails on any drift. After changing
-# the bindings run `python tests/python/stubcheck.py` for the differences and
-# `python tests/python/stubcheck.py --skeleton` for stub lines of new names.
+# module (names, kinds, parameters and the methods' docstrings) and fails on
+# any drift. After changing the bindings run `python tests/python/stubcheck.py`
+# for the differences, `--skeleton` for stub lines of new names and
+# `--sync-docs` to copy the C++ docstrings of methods here.
 #
 # Conventions of the whole API (docs/contract.md, "Errors"): a bad argument
 # raises TypeError (wrong type), ValueError (bad value), IndexError (slot,
 # group, block or unit out of range) or OverflowError (an int beyond int64),
-# naming the argument, before anything changes. "Raises" below lists what a
-# method raises beyond that.
+# naming the argument, before anything changes. A docstring's "Raises only for
+# a bad argument" means exactly that; otherwise it names what else it raises.
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from collections.abc import Sequence as _Seq
