@@ -217,6 +217,7 @@ def test_signatures_of_bound_methods_and_their_calls():
     assert str(inspect.signature(_C.StateSlotPool.__init__)) == (
         "(self, num_slots, transfer=None, hash_block_size=1, enabled=True)"
     )
+    assert str(inspect.signature(_C.BlockPool)) == "(num_blocks, on_evict=None)"  # the class
     # calls through the signed functions behave as before: values, keywords, errors
     assert pool.allocate(count=2) == [0, 1]
     with pytest.raises(TypeError, match="count"):
