@@ -150,10 +150,16 @@ inline PyObject* guarded_new(PyTypeObject* type, PyObject* args, PyObject* kwarg
 using CacheFill = void (*)(PyObject*);
 inline std::vector<std::pair<PyTypeObject*, CacheFill>> cache_fills;
 
-inline void fill_cache(PyObject* obj) {
-  for (PyTypeObject* t = Py_TYPE(obj); t != nullptr; t = t->tp_base)
-    for (const auto& [type, fill] : cache_fills)
-      if (type == t) return fill(obj);
+// Never throws (it runs inside a C slot): an instance it cannot fill keeps an
+// empty cache, as one made before the fill existed would.
+inline void fill_cache(PyObject* obj) noexcept {
+  try {
+    for (PyTypeObject* t = Py_TYPE(obj); t != nullptr; t = t->tp_base)
+      for (const auto& [type, fill] : cache_fills)
+        if (type == t) return fill(obj);
+  } catch (...) {
+    PyErr_Clear();
+  }
 }
 
 // The metaclass: pybind11's default with a call that marks the class being
