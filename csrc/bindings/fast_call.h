@@ -199,28 +199,21 @@ void instance_setup(PyHeapTypeObject* heap_type) {
   ::pybind11::metaclass(::statecache::bindings::fast::guarded_metaclass()), \
       ::pybind11::custom_type_setup(&::statecache::bindings::fast::instance_setup<T>)
 
-// Pickling and copying would go through cls.__new__: refuse them up front
-// with TypeError (value types define __reduce__ instead).
+// For a live object (a pool, a store, a view): pickling and copying raise
+// TypeError up front (they would go through cls.__new__; value types define
+// __reduce__ instead).
+inline PyObject* refuse_live_copy(PyObject* self) {
+  PyErr_Format(PyExc_TypeError, "cannot pickle or copy a %s (it is a live object, not a value)",
+               Py_TYPE(self)->tp_name);
+  return nullptr;
+}
+
 inline void refuse_copy(py::handle cls) {
   static PyMethodDef defs[] = {
-      {"__reduce_ex__",
-       [](PyObject* self, PyObject*) -> PyObject* {
-         PyErr_Format(PyExc_TypeError, "cannot pickle '%s' object", Py_TYPE(self)->tp_name);
-         return nullptr;
-       },
-       METH_O, nullptr},
-      {"__copy__",
-       [](PyObject* self, PyObject*) -> PyObject* {
-         PyErr_Format(PyExc_TypeError, "cannot copy '%s' object", Py_TYPE(self)->tp_name);
-         return nullptr;
-       },
-       METH_NOARGS, nullptr},
-      {"__deepcopy__",
-       [](PyObject* self, PyObject*) -> PyObject* {
-         PyErr_Format(PyExc_TypeError, "cannot copy '%s' object", Py_TYPE(self)->tp_name);
-         return nullptr;
-       },
-       METH_O, nullptr},
+      {"__reduce_ex__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O, nullptr},
+      {"__reduce__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS, nullptr},
+      {"__copy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS, nullptr},
+      {"__deepcopy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O, nullptr},
   };
   for (PyMethodDef& d : defs) {
     py::object descr =

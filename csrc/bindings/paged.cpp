@@ -263,17 +263,6 @@ void refuse_uninitialized(py::handle cls) {
   PyType_Modified(type);
 }
 
-void refuse_pickling(py::handle cls) {
-  auto refuse = [](py::handle self, py::args) {
-    throw py::type_error(std::string("cannot pickle or copy a ") + Py_TYPE(self.ptr())->tp_name +
-                         " (it is a live object, not a value)");
-  };
-  py::setattr(cls, "__reduce_ex__", py::cpp_function(refuse, py::is_method(cls), py::name("__reduce_ex__")));
-  py::setattr(cls, "__reduce__", py::cpp_function(refuse, py::is_method(cls), py::name("__reduce__")));
-  py::setattr(cls, "__copy__", py::cpp_function(refuse, py::is_method(cls), py::name("__copy__")));
-  py::setattr(cls, "__deepcopy__", py::cpp_function(refuse, py::is_method(cls), py::name("__deepcopy__")));
-}
-
 std::shared_ptr<PyBlockPool> as_block_pool(py::handle obj, const char* name) {
   if (!py::isinstance<PyBlockPool>(obj)) raise_type(name, "a statecache.BlockPool", obj);
   return obj.cast<std::shared_ptr<PyBlockPool>>();
@@ -322,7 +311,7 @@ recently freed first, and only once no never-hashed block is free); then
 exception it raises is reported through ``sys.unraisablehook`` and the call
 that evicted completes normally.)doc");
   refuse_uninitialized(cls);
-  refuse_pickling(cls);
+  fast::refuse_copy(cls);
   cls.def(py::init([](py::handle num_blocks, py::handle on_evict) {
             if (!on_evict.is_none() && !PyCallable_Check(on_evict.ptr()))
               raise_type("on_evict", "a callable or None", on_evict);
@@ -516,7 +505,7 @@ void def_mapping(py::classh<View>& cls, py::object (*get)(const std::shared_ptr<
                  py::list (*keys)(const std::shared_ptr<Store>&), py::dict (*as_dict)(const std::shared_ptr<Store>&),
                  int64_t (*size)(const Store&)) {
   refuse_uninitialized(cls);
-  refuse_pickling(cls);
+  fast::refuse_copy(cls);
   cls.def("__len__", [size](const View& v) { return size(*v.store); })
       .def("__getitem__",
            [get](const View& v, py::handle k) {
@@ -564,7 +553,7 @@ void bind_store_views(py::module_& m) {
                                   fast::gc_setup<BacklogView, &traverse_view<BacklogView>, &clear_view<BacklogView>>(),
                                   "Live view of the checkpoint ids nominated for offload, oldest first.");
   refuse_uninitialized(backlog);
-  refuse_pickling(backlog);
+  fast::refuse_copy(backlog);
   backlog
       .def("__len__", [](const BacklogView& v) { return v.store->store_backlog().size(); })
       .def("__bool__", [](const BacklogView& v) { return !v.store->store_backlog().empty(); })
@@ -640,7 +629,7 @@ only state ``lookup`` finds. READY unpinned checkpoints are spent least
 recently used first when units run short. Offload: READY checkpoints are
 nominated to a tier (``offload_sink``), handed out pinned by
 ``take_offload_stores`` and unpinned in two phases.)doc");
-  refuse_pickling(cls);
+  fast::refuse_copy(cls);
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle sink) {
             auto p = as_block_pool(pool, "pool");
             const PagedStateCheckpointSpec sp = as_spec(spec, "spec");

@@ -258,7 +258,7 @@ out this batch's ``(stores, restores)``; ``complete_previous_batch()`` at the
 top of the next pass makes them READY. Midstep positions borrow scratch slots
 from the pool given to ``attach_midstep_scratch``. ``resumable_hit`` also
 accepts boundaries the attached tier ``could_serve``.)doc");
-  refuse_pickling(cls);
+  fast::refuse_copy(cls);
   cls.attr("successor_room") = 0.0;
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle enabled, py::object offload,
                       py::handle readable_midstep) {
@@ -417,7 +417,7 @@ struct OffloadHashesView {
 void bind_offload_index(py::module_& m) {
   py::class_<OffloadHashesView> hashes(m, "OffloadHashesView", "Hashes a tier holds, least recently used first.");
   refuse_uninitialized(hashes);
-  refuse_pickling(hashes);
+  fast::refuse_copy(hashes);
   hashes
       .def("__len__", [](const OffloadHashesView& v) { return v.index->size(); })
       .def("__contains__",
@@ -432,7 +432,7 @@ Which hashes a tier below GPU memory holds (a capped LRU), and its load
 bookkeeping. Membership is optimistic: a hash once stored counts until it is
 forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
   refuse_uninitialized(index);
-  refuse_pickling(index);
+  fast::refuse_copy(index);
   index
       .def(py::init([](py::handle can_store, py::handle can_load, py::handle capacity) {
              std::optional<int64_t> cap;

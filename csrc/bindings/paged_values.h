@@ -90,12 +90,10 @@ class PyStore : public PageUnitCheckpointStore {
 void report_callback_error(const char* where);
 
 // For a bound class: `cls.__new__(cls)` raises TypeError (an instance
-// without its C++ value would crash the first method), and pickling or
-// copying raises TypeError unless the class defines its own __reduce__.
-// type(...) still allocates through the tp_new slot; a Python subclass is
-// allocated as before (pybind11 checks that its __init__ ran).
+// without its C++ value would crash the first method). type(...) still
+// allocates through the tp_new slot; a Python subclass is allocated as before
+// (pybind11 checks that its __init__ ran).
 void refuse_uninitialized(py::handle cls);
-void refuse_pickling(py::handle cls);
 
 // What Python's CheckpointRecord holds: a value of its own (constructed from
 // Python), or a live handle on one of a store's records, which reads the

@@ -337,6 +337,8 @@ class CheckpointRecord:
 class IntListView:
     """A live list view over one of a Sequence's int-list fields."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __len__(self) -> int: ...
     @overload
     def __getitem__(self, index: SupportsIndex, /) -> int: ...
@@ -364,6 +366,8 @@ class IntListView:
 class IndexHashView:
     """``slot_hash`` / ``group_hash``: the hash filed at each index (-1 if none)."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __len__(self) -> int: ...
     def __getitem__(self, index: Any, /) -> Any: ...
     def __iter__(self) -> Iterator[int]: ...
@@ -382,6 +386,8 @@ class IndexHashView:
 class CheckpointIndexView:
     """``hash_to_slot`` / ``hash_to_group``: a live read-only mapping hash -> index."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __len__(self) -> int: ...
     def __getitem__(self, key: _Int, /) -> int:
         """Raises KeyError for a hash with no checkpoint."""
@@ -476,6 +482,8 @@ class Sequence:
     """The per-request fields the pools read and write; subclass it in the
     engine (call ``super().__init__``); extra attributes are allowed."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __init__(
         self,
         seq_id: Any = None,
@@ -517,6 +525,8 @@ class StateSlotPool:
     first); speculative-decode rollback slots, midstep reserve/publish,
     relocations. A copy transfer raises ValueError (use the PAGE coordinator)."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __init__(
         self,
         num_slots: _Int,
@@ -683,6 +693,8 @@ class StateGroupPool:
     checkpoints (copies are filed by ``take_copies`` as the next batch is
     built). Same free-list rules as ``StateSlotPool``."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __init__(
         self,
         num_groups: _Int,
