@@ -182,8 +182,14 @@ inline py::handle guarded_metaclass() { return py::handle(guarded_meta); }
 template <class T>
 inline Py_ssize_t cache_offset = 0;  // 0: T's class carries no cache field
 
+// Caches the C++ object of `obj`, an instance of T's class (or a subclass)
+// whose __init__ has run, so its holder is constructed and the public raw
+// pointer cast answers (whatever the holder type).
 template <class T>
-T* instance_ptr_slow(PyObject* obj);
+void remember_instance(PyObject* obj) {
+  T* p = py::cast<T*>(py::handle(obj));
+  if (p && cache_offset<T> != 0) *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>) = p;
+}
 
 template <class T>
 void instance_setup(PyHeapTypeObject* heap_type) {
@@ -191,7 +197,7 @@ void instance_setup(PyHeapTypeObject* heap_type) {
   cache_offset<T> = t->tp_basicsize;
   t->tp_basicsize += static_cast<Py_ssize_t>(sizeof(void*));
   t->tp_new = &guarded_new;
-  cache_fills.emplace_back(t, [](PyObject* obj) { instance_ptr_slow<T>(obj); });
+  cache_fills.emplace_back(t, &remember_instance<T>);
 }
 
 // The class_ extras that give T's class the guard and the cache field.
@@ -235,8 +241,6 @@ template <class T>
     return nullptr;
   } catch (const py::value_error&) {
     return nullptr;
-  } catch (const py::error_already_set&) {
-    return nullptr;  // the caster's Python error, dropped with the exception
   }
   if (p && cache_offset<T> != 0) *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>) = p;
   return p;
@@ -247,7 +251,7 @@ template <class T>
 template <class T, class V>
 py::object cast_cached(V&& value) {
   py::object o = py::cast(std::forward<V>(value));
-  instance_ptr_slow<T>(o.ptr());
+  remember_instance<T>(o.ptr());
   return o;
 }
 

@@ -223,46 +223,6 @@ void PyStore::use_clock(py::object fn) {
   clock = std::move(fn);
 }
 
-// ------------------------------------------------- uninitialised / pickle --
-
-namespace {
-
-PyObject* bare_new(PyObject* cls, PyObject* args, PyObject* kwargs) {
-  PyObject* type = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : nullptr;
-  if (type == nullptr || !PyType_Check(type) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type),
-                                                                 reinterpret_cast<PyTypeObject*>(cls))) {
-    PyErr_Format(PyExc_TypeError, "%s.__new__(X): X must be a subtype of %s", reinterpret_cast<PyTypeObject*>(cls)->tp_name,
-                 reinterpret_cast<PyTypeObject*>(cls)->tp_name);
-    return nullptr;
-  }
-  if (type == cls) {
-    PyErr_Format(PyExc_TypeError, "%s cannot be created without __init__; call %s(...)",
-                 reinterpret_cast<PyTypeObject*>(cls)->tp_name, reinterpret_cast<PyTypeObject*>(cls)->tp_name);
-    return nullptr;
-  }
-  py::tuple rest = py::reinterpret_steal<py::tuple>(PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args)));
-  if (!rest) return nullptr;
-  return reinterpret_cast<PyTypeObject*>(cls)->tp_new(reinterpret_cast<PyTypeObject*>(type), rest.ptr(), kwargs);
-}
-
-}  // namespace
-
-void refuse_uninitialized(py::handle cls) {
-  static PyMethodDef def = {"__new__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&bare_new)),
-                            METH_VARARGS | METH_KEYWORDS, "Refuses a bare instance; call the class instead."};
-  py::object fn = py::reinterpret_steal<py::object>(PyCFunction_New(&def, cls.ptr()));
-  if (!fn) throw py::error_already_set();
-  // Straight into the type's dict: setattr would also replace the tp_new
-  // slot, which the class's own constructor still needs.
-  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
-  if (PyDict_SetItemString(type->tp_dict, "__new__", fn.ptr()) != 0) throw py::error_already_set();
-  // A slot of its own, so that the base's __new__ (pybind11_object.__new__(cls))
-  // refuses this class as "not safe" instead of allocating a bare instance.
-  static newfunc allocate = type->tp_new;
-  type->tp_new = [](PyTypeObject* t, PyObject* args, PyObject* kwargs) { return allocate(t, args, kwargs); };
-  PyType_Modified(type);
-}
-
 std::shared_ptr<PyBlockPool> as_block_pool(py::handle obj, const char* name) {
   if (!py::isinstance<PyBlockPool>(obj)) raise_type(name, "a statecache.BlockPool", obj);
   return obj.cast<std::shared_ptr<PyBlockPool>>();
@@ -310,7 +270,6 @@ recently freed first, and only once no never-hashed block is free); then
 ``on_evict(hash)`` is called, after the pool is consistent again; an
 exception it raises is reported through ``sys.unraisablehook`` and the call
 that evicted completes normally.)doc");
-  refuse_uninitialized(cls);
   fast::refuse_copy(cls);
   cls.def(py::init([](py::handle num_blocks, py::handle on_evict) {
             if (!on_evict.is_none() && !PyCallable_Check(on_evict.ptr()))
@@ -504,7 +463,6 @@ template <class View>
 void def_mapping(py::classh<View>& cls, py::object (*get)(const std::shared_ptr<Store>&, py::handle),
                  py::list (*keys)(const std::shared_ptr<Store>&), py::dict (*as_dict)(const std::shared_ptr<Store>&),
                  int64_t (*size)(const Store&)) {
-  refuse_uninitialized(cls);
   fast::refuse_copy(cls);
   cls.def("__len__", [size](const View& v) { return size(*v.store); })
       .def("__getitem__",
@@ -552,7 +510,6 @@ void bind_store_views(py::module_& m) {
   py::classh<BacklogView> backlog(m, "OffloadBacklogView", py::metaclass(fast::guarded_metaclass()),
                                   fast::gc_setup<BacklogView, &traverse_view<BacklogView>, &clear_view<BacklogView>>(),
                                   "Live view of the checkpoint ids nominated for offload, oldest first.");
-  refuse_uninitialized(backlog);
   fast::refuse_copy(backlog);
   backlog
       .def("__len__", [](const BacklogView& v) { return v.store->store_backlog().size(); })

@@ -415,8 +415,8 @@ struct OffloadHashesView {
 };
 
 void bind_offload_index(py::module_& m) {
-  py::class_<OffloadHashesView> hashes(m, "OffloadHashesView", "Hashes a tier holds, least recently used first.");
-  refuse_uninitialized(hashes);
+  py::class_<OffloadHashesView> hashes(m, "OffloadHashesView", STATECACHE_GUARDED(OffloadHashesView),
+                                       "Hashes a tier holds, least recently used first.");
   fast::refuse_copy(hashes);
   hashes
       .def("__len__", [](const OffloadHashesView& v) { return v.index->size(); })
@@ -427,11 +427,10 @@ void bind_offload_index(py::module_& m) {
       .def("__iter__", [](const OffloadHashesView& v) { return py::iter(to_list(v.index->hashes())); })
       .def("__repr__", [](const OffloadHashesView& v) { return py_repr(to_list(v.index->hashes())); });
 
-  py::classh<StateOffloadIndex> index(m, "StateOffloadIndex", R"doc(
+  py::classh<StateOffloadIndex> index(m, "StateOffloadIndex", STATECACHE_GUARDED(StateOffloadIndex), R"doc(
 Which hashes a tier below GPU memory holds (a capped LRU), and its load
 bookkeeping. Membership is optimistic: a hash once stored counts until it is
 forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
-  refuse_uninitialized(index);
   fast::refuse_copy(index);
   index
       .def(py::init([](py::handle can_store, py::handle can_load, py::handle capacity) {

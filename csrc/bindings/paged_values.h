@@ -89,11 +89,6 @@ class PyStore : public PageUnitCheckpointStore {
 // call completes); `where` names the callback.
 void report_callback_error(const char* where);
 
-// For a bound class: `cls.__new__(cls)` raises TypeError (an instance
-// without its C++ value would crash the first method). type(...) still
-// allocates through the tp_new slot; a Python subclass is allocated as before
-// (pybind11 checks that its __init__ ran).
-void refuse_uninitialized(py::handle cls);
 
 // What Python's CheckpointRecord holds: a value of its own (constructed from
 // Python), or a live handle on one of a store's records, which reads the
