@@ -457,15 +457,19 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
   PyObject* a[kMaxParams] = {};
   if (!parse(params_of<F>, args, nargs, kwnames, a)) return nullptr;
   try {
-    return F{}(self_of<T>(self), a);
+    if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a)), py::object>)
+      return F{}(self_of<T>(self), a).release().ptr();
+    else
+      return F{}(self_of<T>(self), a);
   } catch (...) {
     set_error_from_current();
     return nullptr;
   }
 }
 
-// Registers `F` (a captureless lambda PyObject*(T&, PyObject** args)) as
-// method `name` of class `cls`. `names` are the parameter names; the first
+// Registers `F` (a captureless lambda PyObject*(T&, PyObject** args) giving a
+// new reference, or py::object(T&, PyObject** args)) as method `name` of
+// class `cls`. `names` are the parameter names; the first
 // `required` have no default, and only the first `positional` may be passed
 // positionally (-1: all of them).
 template <class T, class F>
