@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 
+#include "bindings/batch_args.h"
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
 #include "bindings/eviction.h"
@@ -69,20 +70,80 @@ std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* nam
 // release_many's argument: like the reference's `slots or ()`, anything
 // falsy (None, an empty list) is nothing to release; other iterables of ints
 // are read whole before anything is released.
-std::vector<int64_t> slots_arg(PyObject* obj) {
+std::vector<int64_t> slots_arg(PyObject* obj, const char* name = "slots") {
   std::vector<int64_t> v;
   py::handle h(obj);
   if (PyList_Check(obj) || PyTuple_Check(obj) || PyObject_CheckBuffer(obj)) {
-    append_ints(h, "slots", v);
+    append_ints(h, name, v);
     return v;
   }
   const int truth = PyObject_IsTrue(obj);
   if (truth < 0) throw py::error_already_set();
   if (truth == 0) return v;
   if (PyUnicode_Check(obj) || !PyObject_HasAttrString(obj, "__iter__"))
-    raise_type("slots", "an iterable of ints", h);
-  append_ints(h, "slots", v);  // sets, generators: read whole first
+    raise_type(name, "an iterable of ints", h);
+  append_ints(h, name, v);  // sets, generators: read whole first
   return v;
+}
+
+// checkpoint_many(seqs, boundary_blocks, hashes) of a pool (`Core`, run by
+// `run(pool, seqs, keys, blocks, hashes)`), SeqArg's pattern for a batch.
+// All statecache.Sequence: the core validates and applies in one go. With
+// other objects among them, the batch first runs on a copy of the pool (which
+// validates it and tells what it writes on each object), `writes_of(i,
+// before, after, w)` picks the fields the per-sequence call would set, they
+// are written back in order (all restored if a setter raises), a second run
+// on a fresh copy checks that the setters changed nothing the batch depends
+// on, and only then does the pool change. Returns what the last run returns.
+template <class Core, class Run, class WritesOf>
+decltype(auto) checkpoint_many_arg(Core& pool, SeqBatch& seqs, std::span<const int64_t> blocks,
+                                   std::span<const int64_t> hashes, Run&& run, WritesOf&& writes_of) {
+  if (seqs.all_native()) return run(pool, seqs.seqs(), seqs.keys(), blocks, hashes);
+  const size_t n = seqs.size();
+  // Dry runs go on one scratch copy per pool type, reused (assigning into it
+  // reuses its buffers), so a batch costs copies of memory, not allocations.
+  static std::optional<Core> scratch;
+  auto dry_run = [&] {
+    if (scratch)
+      *scratch = pool;
+    else
+      scratch.emplace(pool);
+    Core& copy = *scratch;
+    std::vector<Sequence> out;
+    out.reserve(n);
+    for (size_t i = 0; i < n; ++i) out.push_back(seqs.seq(i));
+    std::vector<Sequence*> ptrs;
+    ptrs.reserve(n);
+    for (Sequence& s : out) ptrs.push_back(&s);
+    run(copy, ptrs, seqs.keys(), blocks, hashes);
+    return out;
+  };
+  const std::vector<Sequence> after = dry_run();
+  std::vector<SeqBatch::Writes> writes;
+  for (size_t i = 0; i < n; ++i) {
+    if (seqs.is_native(i)) continue;
+    SeqBatch::Writes w;
+    w.entry = i;
+    writes_of(i, seqs.seq(i), after[i], w);
+    if (w.count) writes.push_back(w);
+  }
+  seqs.write_back(writes);
+  std::vector<Sequence> again;
+  try {
+    again = dry_run();
+  } catch (...) {
+    seqs.restore(writes);
+    throw;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Sequence &x = after[i], &y = again[i];
+    if (x.state_slot() != y.state_slot() || x.state_fork_src != y.state_fork_src ||
+        x.per_req_cache_group != y.per_req_cache_group || x.pending_checkpoint != y.pending_checkpoint) {
+      seqs.restore(writes);
+      throw std::runtime_error("the pool changed while seqs' fields were written back; nothing was filed");
+    }
+  }
+  return run(pool, seqs.seqs(), seqs.keys(), blocks, hashes);
 }
 
 std::vector<MidstepReservation> reservations_arg(py::handle obj) {
@@ -310,6 +371,8 @@ void bind_retirement(py::module_& m, const char* name, const char* doc) {
 // The reference's parameter name for an index of each pool.
 template <class Pool>
 constexpr const char* kIndexKind = std::is_same_v<Pool, StateSlotPool> ? "slot" : "group";
+template <class Pool>
+constexpr const char* kIndexKinds = std::is_same_v<Pool, StateSlotPool> ? "slots" : "groups";
 
 inline int64_t int_arg(PyObject* o, const char* name) { return as_int(py::handle(o), name); }
 inline bool bool_arg(PyObject* o, const char* name, bool fallback) {
@@ -379,6 +442,32 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       "resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a list, "
       "tuple or NumPy integer array. Raises ValueError for ``hit < 0``, IndexError for ``hit > "
       "len(block_hashes)``.");
+  fast::def<Pool>(
+      cls, "resumable_hits",
+      [](Pool& p, PyObject** a) {
+        return resumable_hits_arg(p, a[0], a[1], a[2], a[3], fast::kHasCache | fast::kNumTokens).release().ptr();
+      },
+      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2,
+      "Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i], block_hashes[i], "
+      "assume_checkpointed) for i ...]``, computed in one call. ``hits``: a list or NumPy "
+      "int64 array; ``block_hashes``: one hash list per sequence, or None for each sequence's "
+      "own ``block_hashes``. Raises ValueError, before any scan, when the lengths differ or a "
+      "hit is negative or past a hash list the scan reads; TypeError for an item that is not a "
+      "sequence or an int.");
+  fast::def<Pool>(
+      cls, "release_many",
+      [](Pool& p, PyObject** a) {
+        p.release_many(slots_arg(a[0], kIndexKinds<Pool>));
+        return fast::none();
+      },
+      {kIndexKinds<Pool>}, 1,
+      std::is_same_v<Pool, StateSlotPool>
+          ? "Hands back a request's slots; -1 entries, None and an empty list are skipped. Returns None. "
+            "Raises as ``release`` for any bad entry, and ValueError for a slot listed twice, before "
+            "releasing any."
+          : "Hands back several groups (``release`` of each); -1 entries, None and an empty list are "
+            "skipped. Returns None. Raises as ``release`` for any bad entry, and ValueError for a group "
+            "listed twice, before releasing any.");
   fast::def<Pool>(
       cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(int_arg(a[0], "h"))); }, {"h"}, 1,
       "Returns the index holding the checkpoint filed under ``h``, or -1. Raises only for a "
@@ -520,14 +609,6 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       {"count"}, 1, "Returns ``count`` slots for one request, element 0 first. Raises IndexError, taking "
       "nothing, when fewer are free; ValueError for ``count < 0``.");
   fast::def<P>(
-      cls, "release_many",
-      [](P& p, PyObject** a) {
-        p.release_many(slots_arg(a[0]));
-        return fast::none();
-      },
-      {"slots"}, 1, "Hands back a request's slots; -1 entries, None and an empty list are skipped. Returns "
-      "None. Raises as ``release`` for any bad entry, before releasing any.");
-  fast::def<P>(
       cls, "mark_speculative",
       [](P& p, PyObject** a) {
         p.mark_speculative(int_arg(a[0], "slot"));
@@ -571,6 +652,30 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       "pinned through the next pass; under none/replay or with nothing free nothing is kept "
       "(counted dropped). Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks "
       "< 0``; RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
+  fast::def<P>(
+      cls, "checkpoint_many",
+      [](P& p, PyObject** a) {
+        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
+        SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kStateSlot | fast::kForkSrc | fast::kAnchors);
+        checkpoint_many_arg<StateSlotPool>(
+            p, seqs, blocks.span(), hashes.span(),
+            [](StateSlotPool& pool, std::span<Sequence* const> ss, std::span<const uintptr_t> keys,
+               std::span<const int64_t> bs, std::span<const int64_t> hs) { pool.checkpoint_many(ss, keys, bs, hs); },
+            [](size_t, const Sequence& before, const Sequence& after, SeqBatch::Writes& w) {
+              if (after.state_slot() == before.state_slot()) return;  // did not fork
+              w.add(fast::kStateSlot, after.state_slot());
+              w.add(fast::kForkSrc, after.state_fork_src);
+            });
+        return fast::none();
+      },
+      {"seqs", "boundary_blocks", "hashes"}, 3,
+      "Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i], boundary_blocks[i], "
+      "hashes[i])`` for each i in order. Returns None. The batch is checked as a whole first; "
+      "raises ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
+      "TypeError for an item that is not a sequence, and what ``checkpoint`` would raise for "
+      "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing, and so does a setter "
+      "of an engine's own sequence object that raises (the fields already written are "
+      "restored).");
   fast::def<P>(
       cls, "unindex",
       [](P& p, PyObject** a) {
@@ -744,6 +849,61 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "copy: the intent is recorded for ``take_copies``; none and replay: nothing changes at "
       "all. Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks < 0``; "
       "RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
+  fast::def<G>(
+      cls, "checkpoint_many",
+      [](G& p, PyObject** a) {
+        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
+        SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kGroup | fast::kPending | fast::kForkSrc);
+        const std::span<const int64_t> hs = hashes.span();
+        const std::vector<size_t> joined = checkpoint_many_arg<StateGroupPool>(
+            p, seqs, blocks.span(), hs,
+            [](StateGroupPool& pool, std::span<Sequence* const> ss, std::span<const uintptr_t> keys,
+               std::span<const int64_t> bs, std::span<const int64_t> h) { return pool.checkpoint_many(ss, keys, bs, h); },
+            [&p, hs](size_t i, const Sequence& before, const Sequence& after, SeqBatch::Writes& w) {
+              if (after.per_req_cache_group != before.per_req_cache_group) {
+                w.add(fast::kGroup, after.per_req_cache_group);
+                w.add(fast::kForkSrc, after.state_fork_src);
+              } else if (p.plan_intent(before, hs[i])) {
+                w.add(fast::kPending, hs[i]);
+              }
+            });
+        // The intent list and its mirror change together, with no Python
+        // code in between.
+        for (size_t i : joined) p.pending_seqs.push_back(seqs.ref(i));
+        return fast::none();
+      },
+      {"seqs", "boundary_blocks", "hashes"}, 3,
+      "Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i], boundary_blocks[i], "
+      "hashes[i])`` for each i in order. Returns None. The batch is checked as a whole first; "
+      "raises ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
+      "TypeError for an item that is not a sequence, and what ``checkpoint`` would raise for "
+      "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing, and so does a setter "
+      "of an engine's own sequence object that raises (the fields already written are "
+      "restored).");
+  fast::def<G>(
+      cls, "forget_pending_many",
+      [](G& p, PyObject** a) {
+        SeqBatch seqs(a[0], "seqs", fast::kPending);
+        // Generic objects first (a failing setter restores what was written,
+        // nothing else changed), then the statecache.Sequence fields.
+        std::vector<SeqBatch::Writes> writes;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          if (seqs.is_native(i)) continue;
+          SeqBatch::Writes w;
+          w.entry = i;
+          w.add(fast::kPending, -1);
+          writes.push_back(w);
+        }
+        seqs.write_back(writes);
+        std::vector<Sequence*> native;
+        for (size_t i = 0; i < seqs.size(); ++i)
+          if (seqs.is_native(i)) native.push_back(&seqs.seq(i));
+        p.forget_pending_many(native);
+        return fast::none();
+      },
+      {"seqs"}, 1,
+      "Batched ``forget_pending`` (finished or preempted requests). Returns None. Raises "
+      "TypeError for an item that is not a sequence, before anything changes.");
   fast::def<G>(
       cls, "forget_pending",
       [](G& p, PyObject** a) {

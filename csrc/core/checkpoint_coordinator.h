@@ -3,9 +3,11 @@
 // transfer images and the vote of a tier below GPU memory.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -60,16 +62,43 @@ class PagedStateCheckpointCoordinator {
     if (hit < 0) bad_argument("hit", hit, "must be >= 0");
     if (assume_checkpointed) return hit;  // reads no hash
     if (hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
-    for (int64_t i = hit - 1; i >= 0; --i)
-      if (assume_checkpointed || reachable(hash_at(i))) return i + 1;
+    // In chunks: read a chunk's hashes and start loading their index slots,
+    // then test them in order (the tier's vote, which may run Python code,
+    // is asked exactly as a one-by-one scan asks it).
+    constexpr int64_t kChunk = 8;
+    int64_t keys[kChunk];
+    for (int64_t hi = hit; hi >= 1; hi -= kChunk) {
+      const int64_t n = std::min(kChunk, hi);
+      for (int64_t k = 0; k < n; ++k) {
+        keys[k] = hash_at(hi - 1 - k);
+        store_->prefetch(keys[k]);
+      }
+      for (int64_t k = 0; k < n; ++k)
+        if (reachable(keys[k])) return hi - k;
+    }
     return 0;
+  }
+  // Whether resumable_hit reads seq's hash list, so that `hit` must lie
+  // within it.
+  bool hit_within_hashes(const Sequence& seq, bool assume_checkpointed) const {
+    return applies(seq) && !assume_checkpointed;
   }
   bool reachable(int64_t prefix_hash) const;
   bool contains(int64_t prefix_hash) const { return store_->contains(prefix_hash); }
 
   // ---- boundaries ----
   void checkpoint(const std::shared_ptr<Sequence>& seq, int64_t boundary_blocks, int64_t prefix_hash);
+  // What checkpoint checks before it changes anything; throws as it would.
+  static void check_checkpoint(int64_t boundary_blocks, int64_t prefix_hash);
+  // checkpoint(seqs[i], boundary_blocks[i], hashes[i]) for each i, the whole
+  // batch checked first (core/batch.h); keys[i] is seqs[i]'s identity.
+  void checkpoint_many(std::span<const std::shared_ptr<Sequence>> seqs, std::span<const uintptr_t> keys,
+                       std::span<const int64_t> boundary_blocks, std::span<const int64_t> hashes);
   void forget_pending(const Sequence& seq);
+  // A finished pass's requests: forget_pending of each, in order.
+  void forget_pending_many(std::span<Sequence* const> seqs) {
+    for (const Sequence* s : seqs) forget_pending(*s);
+  }
   int64_t num_pending() const { return static_cast<int64_t>(pending_index_.size()); }
   bool restore_queued_for(int64_t dst_slot) const { return store_->restore_queued_for(dst_slot); }
   bool begin_restore(int64_t prefix_hash, int64_t dst_slot) {

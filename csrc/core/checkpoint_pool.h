@@ -52,10 +52,14 @@ class CheckpointPool : public StateFreeList {
                         bool assume_checkpointed = false) const {
     if (hit < 0) bad_argument("hit", hit, "must be >= 0");
     if (!applies(seq) || transfer_.replays()) return hit;
-    if ((reads_assumed_hashes_ || !assume_checkpointed) && hit > num_hashes)
-      out_of_range("hit", hit, num_hashes + 1);
+    if (hit_within_hashes(seq, assume_checkpointed) && hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
     return scan_resumable(seq.num_tokens, hit, min_fork_tokens(), hash_block_size_,
                           assume_checkpointed, hash_at);
+  }
+  // Whether resumable_hit reads seq's hash list, so that `hit` must lie
+  // within it.
+  bool hit_within_hashes(const Sequence& seq, bool assume_checkpointed) const {
+    return applies(seq) && !transfer_.replays() && (reads_assumed_hashes_ || !assume_checkpointed);
   }
   int64_t resumable_hit(const Sequence& seq, int64_t hit, std::span<const int64_t> hashes,
                         bool assume_checkpointed = false) const {

@@ -205,6 +205,25 @@ void StateFreeList::release(int64_t u) {
   put_back(u);
 }
 
+void StateFreeList::release_many(std::span<const int64_t> indices) {
+  std::vector<int64_t> real;
+  real.reserve(indices.size());
+  for (int64_t u : indices) {
+    if (u < 0) continue;
+    check_owned(u);
+    real.push_back(u);
+  }
+  check_distinct(real);
+  for (int64_t u : real) put_back(u);
+}
+
+void StateFreeList::check_distinct(std::vector<int64_t> indices) const {
+  // The second release would be a release of a free index.
+  std::sort(indices.begin(), indices.end());
+  auto dup = std::adjacent_find(indices.begin(), indices.end());
+  if (dup != indices.end()) bad_argument(kind_.c_str(), *dup, "is listed twice");
+}
+
 void StateFreeList::put_back(int64_t u) {
   ++records_[idx(u)].epoch;
   set_free(u, true);

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,10 @@ class StateFreeList {
   void claim(int64_t u);
   // Back to the half its hash puts it in; speculative checkpoints to the head.
   void release(int64_t u);
+  // release() of each, every entry checked first (nothing released when one
+  // fails); negative entries are skipped (a never-admitted request carries
+  // -1) and an index listed twice is refused.
+  void release_many(std::span<const int64_t> indices);
   void extend(int64_t count);
   // Gives up the top index; std::nullopt when it cannot go this pass. The
   // retired index keeps no hash and no index entry, so a later extend cannot
@@ -136,14 +141,15 @@ class StateFreeList {
     // bytes first, so the cache misses overlap instead of queueing.
     constexpr int64_t kChunk = 8;
     int64_t keys[kChunk];
+    uint64_t mixed[kChunk];
     for (int64_t hi = top; hi >= 1; hi -= kChunk) {
       const int64_t n = std::min(kChunk, hi);
       for (int64_t k = 0; k < n; ++k) {
         keys[k] = hash_at(hi - 1 - k);
-        index_.prefetch(keys[k]);
+        mixed[k] = index_.prefetch(keys[k]);
       }
       for (int64_t k = 0; k < n; ++k)
-        if (index_.contains(keys[k])) return hi - k;
+        if (index_.contains(keys[k], mixed[k])) return hi - k;
     }
     return 0;
   }
@@ -177,6 +183,7 @@ class StateFreeList {
   void check_in_range(int64_t u) const;        // 0 <= u < size()
   void check_owned(int64_t u) const;       // in range, not free, not pinned
   void check_count(const char* name, int64_t count) const;
+  void check_distinct(std::vector<int64_t> indices) const;  // none listed twice
 
   // Unchecked primitives, each a step of the reference's algorithm.
   int64_t take_vacant();

@@ -65,6 +65,10 @@ class _SequenceLike(Protocol):
     checkpoint_end_pos: int
 
 _Seqish: TypeAlias = Sequence | _SequenceLike
+#: a batch's sequences (list or tuple), one entry per sequence
+_Seqs: TypeAlias = _Seq[_Seqish]
+#: a batch's hash lists, one per sequence; None: each sequence's own block_hashes
+_HashLists: TypeAlias = _Seq[_Ints] | None
 
 # --------------------------------------------------------------- constants --
 
@@ -570,7 +574,8 @@ class StateSlotPool:
         for an index that is already free, IndexError for one out of range."""
     def release_many(self, slots: Iterable[_Int] | None) -> None:
         """Hands back a request's slots; -1 entries, None and an empty list are skipped.
-        Returns None. Raises as ``release`` for any bad entry, before releasing any."""
+        Returns None. Raises as ``release`` for any bad entry, and ValueError for a slot
+        listed twice, before releasing any."""
     def claim(self, slot: _Int) -> None:
         """Takes one specific free index off the free list, checkpoint and all; returns
         None. Raises ValueError for an index that is not free, IndexError for one out of
@@ -616,12 +621,34 @@ class StateSlotPool:
         the resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a
         list, tuple or NumPy integer array. Raises ValueError for ``hit < 0``,
         IndexError for ``hit > len(block_hashes)``."""
+    def resumable_hits(
+        self,
+        seqs: _Seqs,
+        hits: _Ints,
+        block_hashes: _HashLists = None,
+        assume_checkpointed: bool = False,
+    ) -> list[int]:
+        """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
+        block_hashes[i], assume_checkpointed) for i ...]``, computed in one call.
+        ``hits``: a list or NumPy int64 array; ``block_hashes``: one hash list per
+        sequence, or None for each sequence's own ``block_hashes``. Raises ValueError,
+        before any scan, when the lengths differ or a hit is negative or past a hash
+        list the scan reads; TypeError for an item that is not a sequence or an int."""
     def checkpoint(self, seq: _Seqish, boundary_blocks: _Int, h: _Int) -> None:
         """Fork checkpoint: ``seq`` moves to a fresh slot and its old slot is filed under
         ``h``, pinned through the next pass; under none/replay or with nothing free
         nothing is kept (counted dropped). Returns None. Raises ValueError for ``h ==
         -1`` or ``boundary_blocks < 0``; RuntimeError, filing nothing, when a generic
         sequence's setter changed the pool."""
+    def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
+        """Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i],
+        boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
+        The batch is checked as a whole first; raises ValueError when the
+        lengths differ, a hash is -1 or a sequence appears twice, TypeError
+        for an item that is not a sequence, and what ``checkpoint`` would
+        raise for an entry (prefixed ``seqs[i]:``); a refused batch changes
+        nothing, and so does a setter of an engine's own sequence object that
+        raises (the fields already written are restored)."""
     def applies(self, seq: _Seqish) -> bool:
         """Returns whether this pool gates or checkpoints anything for ``seq``. Raises
         TypeError for an object without the sequence attributes."""
@@ -770,6 +797,19 @@ class StateGroupPool:
         the resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a
         list, tuple or NumPy integer array. Raises ValueError for ``hit < 0``,
         IndexError for ``hit > len(block_hashes)``."""
+    def resumable_hits(
+        self,
+        seqs: _Seqs,
+        hits: _Ints,
+        block_hashes: _HashLists = None,
+        assume_checkpointed: bool = False,
+    ) -> list[int]:
+        """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
+        block_hashes[i], assume_checkpointed) for i ...]``, computed in one call.
+        ``hits``: a list or NumPy int64 array; ``block_hashes``: one hash list per
+        sequence, or None for each sequence's own ``block_hashes``. Raises ValueError,
+        before any scan, when the lengths differ or a hit is negative or past a hash
+        list the scan reads; TypeError for an item that is not a sequence or an int."""
     def checkpoint(self, seq: _Seqish, boundary_blocks: _Int, h: _Int) -> None:
         """fork: ``seq`` moves to a fresh group and the old one is filed under ``h`` and
         pinned; copy: the intent is recorded for ``take_copies``; none and replay:
@@ -779,6 +819,23 @@ class StateGroupPool:
     def forget_pending(self, seq: _Seqish) -> None:
         """Drops ``seq``'s uncommitted copy checkpoint (its group is being released);
         returns None. Raises TypeError for an object without the sequence attributes."""
+    def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
+        """Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i],
+        boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
+        The batch is checked as a whole first; raises ValueError when the
+        lengths differ, a hash is -1 or a sequence appears twice, TypeError
+        for an item that is not a sequence, and what ``checkpoint`` would
+        raise for an entry (prefixed ``seqs[i]:``); a refused batch changes
+        nothing, and so does a setter of an engine's own sequence object that
+        raises (the fields already written are restored)."""
+    def forget_pending_many(self, seqs: _Seqs) -> None:
+        """Batched ``forget_pending`` (finished or preempted requests). Returns
+        None. Raises TypeError for an item that is not a sequence, before
+        anything changes."""
+    def release_many(self, groups: Iterable[_Int] | None) -> None:
+        """Hands back several groups (``release`` of each); -1 entries, None and an empty
+        list are skipped. Returns None. Raises as ``release`` for any bad entry, and
+        ValueError for a group listed twice, before releasing any."""
     def record_copy(self, src: _Int, dst: _Int) -> None:
         """Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None.
         Raises IndexError for a group out of range."""
@@ -1083,7 +1140,7 @@ class PagedStateCheckpointCoordinator:
     def checkpoint(self, seq: _Seqish, boundary_blocks: _Int, h: _Int) -> None:
         """Files the boundary for the next ``take_checkpoint_ops`` (a newer one of the same
         sequence supersedes it); returns None. Raises ValueError for ``boundary_blocks <
-        0`` or ``h == -1``."""
+        0`` or ``h == -1``, TypeError for an object without the sequence attributes."""
     def take_checkpoint_ops(
         self,
     ) -> tuple[tuple[CheckpointStoreOp, ...], tuple[CheckpointRestoreOp, ...]]:
@@ -1100,6 +1157,19 @@ class PagedStateCheckpointCoordinator:
         """Returns the longest prefix <= ``hit`` whose boundary is READY here or servable
         by the attached tier; 0 is always valid. Raises ValueError for ``hit < 0``,
         IndexError for ``hit > len(block_hashes)``."""
+    def resumable_hits(
+        self,
+        seqs: _Seqs,
+        hits: _Ints,
+        block_hashes: _HashLists = None,
+        assume_checkpointed: bool = False,
+    ) -> list[int]:
+        """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
+        block_hashes[i], assume_checkpointed) for i ...]``, computed in one call.
+        ``hits``: a list or NumPy int64 array; ``block_hashes``: one hash list per
+        sequence, or None for each sequence's own ``block_hashes``. Raises ValueError,
+        before any scan, when the lengths differ or a hit is negative or past a hash
+        list the scan reads; TypeError for an item that is not a sequence or an int."""
     def contains(self, prefix_hash: _Int) -> bool:
         """Returns whether a READY image is filed under ``prefix_hash``. Raises only for a
         bad argument (docs/contract.md, "Errors")."""
@@ -1119,12 +1189,26 @@ class PagedStateCheckpointCoordinator:
         """Drops every unpinned checkpoint; returns None. Raises what an on_evict handler
         raised, after the coordinator is consistent."""
     def forget_pending(self, seq: _Seqish) -> None:
-        """Drops ``seq``'s filed boundary that no batch has begun yet; returns None. Raises
-        TypeError when ``seq`` is not a Sequence."""
+        """Drops ``seq``'s filed boundary that no batch has begun yet (and a restore queued
+        into its slot); returns None. Raises TypeError for an object without the
+        sequence attributes."""
+    def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
+        """Batched ``checkpoint``: the same filed boundaries (and so the same
+        store ops at the next drain) as ``checkpoint(seqs[i],
+        boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
+        The batch is checked as a whole first; raises ValueError when the
+        lengths differ, a hash is -1, a boundary is negative or a sequence
+        appears twice, TypeError for an item that is not a sequence; a refused
+        batch changes nothing."""
+    def forget_pending_many(self, seqs: _Seqs) -> None:
+        """Batched ``forget_pending`` (finished or preempted requests): drops
+        each sequence's filed boundary and a restore queued into its slot.
+        Returns None. Raises TypeError for an item that is not a sequence,
+        before anything changes."""
     def applies(self, seq: _Seqish) -> bool:
         """Returns whether this coordinator checkpoints anything for ``seq`` (enabled and
-        the sequence has a per-request cache). Raises TypeError when ``seq`` is not a
-        Sequence."""
+        the sequence has a per-request cache). Raises TypeError for an object without
+        the sequence attributes."""
     def checkpoint_fates(self) -> dict[str, int]:
         """Returns a new dict of the fates (kept, dropped, evicted, orphaned, reclaimed
         pins) and, with a tier attached, the tier's stats under ``state_offload_*``.

@@ -18,22 +18,26 @@ def test_one_scheduler_pass() -> None:
     import statecache as sc
 
     pool = sc.StateSlotPool(1024, sc.StateTransfer.fork(16), hash_block_size=16)
-    seq = sc.Sequence(seq_id=1, num_tokens=1056, num_prompt_tokens=1056)
-    seq.state_slots = pool.pop_many(1)                     # admitted: one committed slot
-    hashes = list(range(100, 166))                         # chained hashes of its full blocks
+    seqs = [sc.Sequence(seq_id=i, num_tokens=1056, num_prompt_tokens=1056) for i in range(4)]
+    for seq in seqs:
+        seq.state_slots = pool.pop_many(1)                 # admitted: one committed slot each
+        seq.block_hashes = [1000 * seq.seq_id + b for b in range(66)]  # chained hashes of its full blocks
 
     pool.release_pins()                                    # top of pass: last batch was issued
-    hit = pool.resumable_hit(seq, 64, hashes)              # cap a 64-block KV hit: 0 here
-    src = pool.lookup(hashes[hit - 1]) if hit else -1      # resume: promote, claim, pin(src)
+    hits = pool.resumable_hits(seqs, [64] * len(seqs))     # cap each 64-block KV hit: 0 here
     relocations = pool.take_relocations()                  # maintenance ops before the forward
     # ... forward runs ...
-    pool.checkpoint(seq, 32, hashes[31])                   # postprocess: keep the boundary at block 32
-    assert pool.lookup(hashes[31]) == seq.state_fork_src   # old slot filed, pinned through next pass
-    pool.release_many(seq.state_slots)                     # request finished
-    pool.drop_reader(seq.state_fork_src)                   # ... and its read obligation
+    pool.checkpoint_many(seqs, [32] * len(seqs),           # postprocess: keep block 32 of each
+                         [seq.block_hashes[31] for seq in seqs])
+    assert pool.lookup(seqs[0].block_hashes[31]) == seqs[0].state_fork_src  # filed, pinned through next pass
+    done = seqs[:2]                                        # two requests finished
+    pool.release_many([slot for seq in done for slot in seq.state_slots])
+    for seq in done:
+        pool.drop_reader(seq.state_fork_src)               # ... and their read obligations
     print(pool.checkpoint_fates(), pool.occupancy())
 
-    assert (hit, src, relocations) == (0, -1, ())
+    assert hits == [0, 0, 0, 0] and relocations == ()
+    assert pool.checkpoint_fates()["checkpoints_kept"] == 4 and pool.num_free() == 1024 - 2 - 2
 
 
 def test_paged_checkpoints() -> None:
