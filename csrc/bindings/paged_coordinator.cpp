@@ -303,19 +303,23 @@ py::object coord_checkpoint_many(PyCoordinator& c, PyObject** a) {
   return py::none();
 }
 
-// forget_pending of each sequence; a generic one is forgotten under its
-// snapshot (refreshed with the state_slot just read), or, when nothing is
-// filed for it, with the fields read.
+// What forget_pending works on for `obj` (whose fields were read into
+// `read`): a statecache.Sequence itself; an engine object's snapshot, given
+// the state_slot just read; or, when nothing is filed for it, `read`.
+Sequence* forget_target(PyCoordinator& c, PyObject* obj, Sequence& read, bool native) {
+  if (native) return &read;
+  Sequence* snap = c.filed_snapshot(obj);
+  if (!snap) return &read;
+  snap->set_state_slot(read.state_slot());
+  return snap;
+}
+
 void forget_pending_of(PyCoordinator& c, SeqBatch& seqs) {
   then_prune(c, [&] {
-    std::vector<Sequence*> ptrs(seqs.seqs().begin(), seqs.seqs().end());
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      if (seqs.is_native(i)) continue;
-      if (Sequence* snap = c.filed_snapshot(seqs.object(i))) {
-        snap->set_state_slot(seqs.seq(i).state_slot());
-        ptrs[i] = snap;
-      }
-    }
+    std::vector<Sequence*> ptrs;
+    ptrs.reserve(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i)
+      ptrs.push_back(forget_target(c, seqs.object(i), seqs.seq(i), seqs.is_native(i)));
     c.forget_pending_many(ptrs);
   });
 }
@@ -428,8 +432,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def(
           "forget_pending",
           [](PyCoordinator& c, py::handle seq) {
-            SeqBatch one(py::make_tuple(seq), "seq", fast::kStateSlot);
-            forget_pending_of(c, one);
+            fast::SeqArg s(seq.ptr(), "seq", fast::kStateSlot);
+            then_prune(c, [&] { c.forget_pending(*forget_target(c, s.object(), s.get(), s.native())); });
           },
           py::arg("seq"),
           "Drops ``seq``'s filed boundary that no batch has begun yet (and a restore queued into "
@@ -526,8 +530,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2,
       "Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i], block_hashes[i], "
       "assume_checkpointed) for i ...]``, computed in one call. ``hits``: a list or NumPy "
-      "int64 array; ``block_hashes``: one hash list per sequence, or None for each sequence's "
-      "own ``block_hashes``. Raises ValueError, before any scan, when the lengths differ or a "
+      "int64 array; ``block_hashes``: one hash list per sequence, a 2-D int64 array with a row "
+      "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the lengths differ or a "
       "hit is negative or past a hash list the scan reads; TypeError for an item that is not a "
       "sequence or an int.");
   fast::def<PyCoordinator>(

@@ -450,8 +450,8 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2,
       "Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i], block_hashes[i], "
       "assume_checkpointed) for i ...]``, computed in one call. ``hits``: a list or NumPy "
-      "int64 array; ``block_hashes``: one hash list per sequence, or None for each sequence's "
-      "own ``block_hashes``. Raises ValueError, before any scan, when the lengths differ or a "
+      "int64 array; ``block_hashes``: one hash list per sequence, a 2-D int64 array with a row "
+      "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the lengths differ or a "
       "hit is negative or past a hash list the scan reads; TypeError for an item that is not a "
       "sequence or an int.");
   fast::def<Pool>(

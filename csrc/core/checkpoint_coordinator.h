@@ -62,20 +62,8 @@ class PagedStateCheckpointCoordinator {
     if (hit < 0) bad_argument("hit", hit, "must be >= 0");
     if (assume_checkpointed) return hit;  // reads no hash
     if (hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
-    // In chunks: read a chunk's hashes and start loading their index slots,
-    // then test them in order (the tier's vote, which may run Python code,
-    // is asked exactly as a one-by-one scan asks it).
-    constexpr int64_t kChunk = 8;
-    int64_t keys[kChunk];
-    for (int64_t hi = hit; hi >= 1; hi -= kChunk) {
-      const int64_t n = std::min(kChunk, hi);
-      for (int64_t k = 0; k < n; ++k) {
-        keys[k] = hash_at(hi - 1 - k);
-        store_->prefetch(keys[k]);
-      }
-      for (int64_t k = 0; k < n; ++k)
-        if (reachable(keys[k])) return hi - k;
-    }
+    for (int64_t i = hit - 1; i >= 0; --i)
+      if (reachable(hash_at(i))) return i + 1;
     return 0;
   }
   // Whether resumable_hit reads seq's hash list, so that `hit` must lie

@@ -67,8 +67,9 @@ class _SequenceLike(Protocol):
 _Seqish: TypeAlias = Sequence | _SequenceLike
 #: a batch's sequences (list or tuple), one entry per sequence
 _Seqs: TypeAlias = _Seq[_Seqish]
-#: a batch's hash lists, one per sequence; None: each sequence's own block_hashes
-_HashLists: TypeAlias = _Seq[_Ints] | None
+#: a batch's hash lists, one per sequence (or a 2-D int64 array, a row per
+#: sequence); None: each sequence's own block_hashes
+_HashLists: TypeAlias = _Seq[_Ints] | npt.NDArray[np.integer[Any]] | None
 
 # --------------------------------------------------------------- constants --
 
@@ -631,9 +632,10 @@ class StateSlotPool:
         """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
         block_hashes[i], assume_checkpointed) for i ...]``, computed in one call.
         ``hits``: a list or NumPy int64 array; ``block_hashes``: one hash list per
-        sequence, or None for each sequence's own ``block_hashes``. Raises ValueError,
-        before any scan, when the lengths differ or a hit is negative or past a hash
-        list the scan reads; TypeError for an item that is not a sequence or an int."""
+        sequence, a 2-D int64 array with a row per sequence, or None for each sequence's
+        own ``block_hashes``. Raises ValueError, before any scan, when the lengths
+        differ or a hit is negative or past a hash list the scan reads; TypeError for an
+        item that is not a sequence or an int."""
     def checkpoint(self, seq: _Seqish, boundary_blocks: _Int, h: _Int) -> None:
         """Fork checkpoint: ``seq`` moves to a fresh slot and its old slot is filed under
         ``h``, pinned through the next pass; under none/replay or with nothing free
@@ -807,9 +809,10 @@ class StateGroupPool:
         """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
         block_hashes[i], assume_checkpointed) for i ...]``, computed in one call.
         ``hits``: a list or NumPy int64 array; ``block_hashes``: one hash list per
-        sequence, or None for each sequence's own ``block_hashes``. Raises ValueError,
-        before any scan, when the lengths differ or a hit is negative or past a hash
-        list the scan reads; TypeError for an item that is not a sequence or an int."""
+        sequence, a 2-D int64 array with a row per sequence, or None for each sequence's
+        own ``block_hashes``. Raises ValueError, before any scan, when the lengths
+        differ or a hit is negative or past a hash list the scan reads; TypeError for an
+        item that is not a sequence or an int."""
     def checkpoint(self, seq: _Seqish, boundary_blocks: _Int, h: _Int) -> None:
         """fork: ``seq`` moves to a fresh group and the old one is filed under ``h`` and
         pinned; copy: the intent is recorded for ``take_copies``; none and replay:
@@ -1167,9 +1170,10 @@ class PagedStateCheckpointCoordinator:
         """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
         block_hashes[i], assume_checkpointed) for i ...]``, computed in one call.
         ``hits``: a list or NumPy int64 array; ``block_hashes``: one hash list per
-        sequence, or None for each sequence's own ``block_hashes``. Raises ValueError,
-        before any scan, when the lengths differ or a hit is negative or past a hash
-        list the scan reads; TypeError for an item that is not a sequence or an int."""
+        sequence, a 2-D int64 array with a row per sequence, or None for each sequence's
+        own ``block_hashes``. Raises ValueError, before any scan, when the lengths
+        differ or a hit is negative or past a hash list the scan reads; TypeError for an
+        item that is not a sequence or an int."""
     def contains(self, prefix_hash: _Int) -> bool:
         """Returns whether a READY image is filed under ``prefix_hash``. Raises only for a
         bad argument (docs/contract.md, "Errors")."""

@@ -461,3 +461,30 @@ def test_group_release_many():
     p.release_many(np.array([-1, gs[1], gs[2]]))
     p.release_many((gs[0],))
     assert p.num_free() == 48
+
+
+def test_coordinator_batch_with_a_tier_mutating_the_hash_lists():
+    """A tier's vote runs Python code between reads: a list it shrinks is
+    refused (as the per-sequence call refuses it), one it reassigns on a
+    statecache.Sequence is read afresh, and nothing changes."""
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=256, layout_id="t", image_bytes=256)
+    hashes = [1, 2, 3, 4, 5, 6]
+    seqs = [sc.Sequence(0), sc.Sequence(1)]
+    for i, s in enumerate(seqs):
+        s.state_slots = [i]
+        s.block_hashes = [7, 8, 9]
+
+    class Tier:
+        def could_serve(self, h):
+            hashes.clear()
+            seqs[1].block_hashes = [1]  # the C++ vector behind seqs[1] is replaced
+            return h == 1
+
+    c = sc.PagedStateCheckpointCoordinator(sc.BlockPool(64), spec, True, offload=Tier())
+    with pytest.raises(ValueError, match="block_hashes"):
+        c.resumable_hits(seqs[:1], [6], [hashes])
+    with pytest.raises(ValueError, match="block_hashes"):
+        c.resumable_hits(seqs, [3, 3])  # seqs[1]'s own list shrank to one hash
+    seqs[1].block_hashes = [7, 8, 9]
+    assert c.resumable_hits(seqs, [3, 1], [(5, 6, 7), [1]]) == [0, 1]
+    c.check_consistency()
