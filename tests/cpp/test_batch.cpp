@@ -51,7 +51,7 @@ std::vector<Sequence*> ptrs_of(std::vector<Sequence>& seqs) {
   return out;
 }
 
-// Two identical pools, each with `n` sequences owning one unit and hash
+// Two identical pools, each with `n` sequences owning one index and hash
 // lists drawn from a small set of prefixes (so checkpoints are shared).
 template <class Pool>
 struct Twins {
