@@ -19,6 +19,10 @@ reports microseconds of CPU time per scheduler pass, median over repeats
   coordinator per pass, 64 sequences through the coordinator: resumable_hit
               over 64-block hash lists, begin_restore, checkpoint; then
               take_checkpoint_ops and complete_previous_batch.
+  coordinator, batched calls
+              the same pass with statecache's batched calls (one
+              resumable_hits, begin_restore per hit, one checkpoint_many)
+              against the reference's per-sequence pass.
 
 Run: PYTHONPATH=python python benchmarks/bench_paged.py [--repeats 7] [--eviction cost]
 
@@ -186,6 +190,50 @@ def coordinator(mod):
     return one_pass
 
 
+def coordinator_batched(mod):
+    """The coordinator pass written with the batched calls (statecache):
+    one ``resumable_hits``, ``begin_restore`` per hit, one
+    ``checkpoint_many``; the reference side runs the per-sequence pass."""
+    if mod is not sc:
+        return coordinator(mod)
+    pool = sc.BlockPool(UNITS)
+    c = with_eviction(mod, mod.PagedStateCheckpointCoordinator(pool, mod.PagedStateCheckpointSpec(**SPEC), True))
+    rng = random.Random(5)
+    seqs = []
+    for i in range(64):
+        s = sc.Sequence(seq_id=i)
+        s.state_slots = [i]
+        seqs.append(s)
+    prompts = [[rng.getrandbits(62) for _ in range(64)] for _ in range(512)]
+    for p in prompts:  # the same warm store as `coordinator`
+        for b in range(7, 64, 8):
+            c.checkpoint(seqs[0], b + 1, p[b])
+            c.take_checkpoint_ops()
+        c.complete_previous_batch()
+
+    draws = [[(rng.randrange(len(prompts)), rng.getrandbits(8)) for _ in seqs] for _ in range(64)]
+    caps = [63] * len(seqs)
+    slots = [s.state_slot for s in seqs]
+    turn = [0]
+
+    def one_pass():
+        plan = draws[turn[0] % len(draws)]
+        turn[0] += 1
+        c.complete_previous_batch()
+        ps = [prompts[p_at] for p_at, _ in plan]
+        hits = c.resumable_hits(seqs, caps, ps)
+        begin_restore = c.begin_restore
+        for p, hit, slot in zip(ps, hits, slots):
+            if hit:
+                begin_restore(p[hit - 1], slot)
+        t = turn[0]
+        c.checkpoint_many(seqs, [hit + 8 for hit in hits],
+                          [p[min(hit + 7, 63)] ^ salt ^ t for p, hit, (_, salt) in zip(ps, hits, plan)])
+        c.take_checkpoint_ops()
+
+    return one_pass
+
+
 def time_side_by_side(ours, theirs, passes: int, repeats: int) -> tuple[float, float]:
     """Median µs per pass of each side, alternating the two every repeat.
 
@@ -221,7 +269,8 @@ def main() -> None:
     if ref is None:
         sys.exit("reference modules not found; set STATECACHE_REFERENCE_DIR")
     rows = []
-    workloads = (("pass", scheduler_pass), ("churn", churn), ("admission", admission), ("coordinator", coordinator))
+    workloads = (("pass", scheduler_pass), ("churn", churn), ("admission", admission), ("coordinator", coordinator),
+                 ("coordinator, batched calls", coordinator_batched))
     for name, build in workloads:
         ours, theirs = time_side_by_side(build(sc), build(ref), args.passes, args.repeats)
         rows.append((name, ours, theirs, theirs / ours))

@@ -1,11 +1,15 @@
-// Vectorcall methods and getters for the pools' hot paths.
+// Vectorcall methods and getters for the hot paths (pools, PAGE store and
+// coordinator), and the instance guard and pointer cache they and the
+// collector use.
 //
 // A serving loop calls the pools once or more per sequence per pass, and
 // pybind11's generic dispatcher costs a few times a plain Python method call,
-// which is more than most of these methods' work. Methods registered here are
-// CPython METH_FASTCALL descriptors with a small keyword parser: positional and
+// which is more than most of these methods' work. fast::def registers a
+// CPython METH_FASTCALL descriptor with a small keyword parser: positional and
 // keyword forms, defaults and keyword-only parameters as the reference has
-// them, and C++ exceptions mapped as everywhere else in the module.
+// them, a text signature built from the same parameter list, and C++
+// exceptions mapped as everywhere else in the module. It is the one way a
+// fast method is defined.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -15,9 +19,11 @@
 #include <memory>
 #include <optional>
 #include <new>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bindings/convert.h"
@@ -69,16 +75,16 @@ inline void set_error_from_current() {
   }
 }
 
-// Fills out[i] for each parameter; optional ones not given stay nullptr.
-// Returns false with a TypeError set, the way CPython words it.
-// Fills out[i] for each of the `n` parameters `names` of `func`; optional ones
-// not given stay nullptr. Returns false with a TypeError set, the way CPython
-// words it. Allocates nothing.
-inline bool parse_args(const char* func, const char* const* names, int n, int required, int positional,
-                       PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) {
-  if (nargs > positional) {
-    PyErr_Format(PyExc_TypeError, "%s() takes %d positional argument%s but %zd were given", func, positional,
-                 positional == 1 ? "" : "s", nargs);
+// Fills out[i] for each parameter of `p`; optional ones not given stay
+// nullptr. Returns false with a TypeError set, the way CPython words it.
+// Allocates nothing.
+inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                  PyObject** out) {
+  const char* func = p.func.c_str();
+  const int n = static_cast<int>(p.cnames.size());
+  if (nargs > p.positional) {
+    PyErr_Format(PyExc_TypeError, "%s() takes %d positional argument%s but %zd were given", func, p.positional,
+                 p.positional == 1 ? "" : "s", nargs);
     return false;
   }
   for (Py_ssize_t i = 0; i < nargs; ++i) out[i] = args[i];
@@ -88,7 +94,7 @@ inline bool parse_args(const char* func, const char* const* names, int n, int re
       PyObject* key = PyTuple_GET_ITEM(kwnames, k);
       int slot = -1;
       for (int i = 0; i < n; ++i)
-        if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) slot = i;
+        if (PyUnicode_CompareWithASCIIString(key, p.cnames[static_cast<size_t>(i)]) == 0) slot = i;
       if (slot < 0) {
         PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", func, key);
         return false;
@@ -100,18 +106,12 @@ inline bool parse_args(const char* func, const char* const* names, int n, int re
       out[slot] = args[nargs + k];
     }
   }
-  for (int i = 0; i < required; ++i)
+  for (int i = 0; i < p.required; ++i)
     if (!out[i]) {
-      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", func, names[i]);
+      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", func, p.cnames[static_cast<size_t>(i)]);
       return false;
     }
   return true;
-}
-
-inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
-                  PyObject** out) {
-  return parse_args(p.func.c_str(), p.cnames.data(), static_cast<int>(p.cnames.size()), p.required, p.positional,
-                    args, nargs, kwnames, out);
 }
 
 // ---- instances: found without pybind11 internals, never uninitialized ----
@@ -122,9 +122,10 @@ inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyOb
 // instance whose __init__ never ran cannot be made by ordinary code (pybind11's
 // own dispatcher would hand such an instance raw storage), and (2) appends one
 // pointer-sized field of ours to the instance layout, caching the C++ object
-// once pybind11's public caster has produced it. The cache is valid for the
-// instance's life: its holder is never replaced (a second __init__ is a
-// no-op) or released (nothing disowns these types).
+// as soon as the instance exists (pybind11's public caster produces it; see
+// cache_fills and cast_cached). The cache is valid for the instance's life:
+// its holder is never replaced (a second __init__ is a no-op) or released
+// (nothing disowns these types). Nothing here reads pybind11's own layout.
 
 // The class being called (set by the metaclass, consumed by tp_new).
 inline PyObject* constructing = nullptr;
@@ -143,8 +144,26 @@ inline PyObject* guarded_new(PyTypeObject* type, PyObject* args, PyObject* kwarg
   return base->tp_new(type, args, kwargs);
 }
 
+// Per class with a cache field: fills an instance's cache (instance_setup
+// registers it; the metaclass calls it once __init__ has run).
+using CacheFill = void (*)(PyObject*);
+inline std::vector<std::pair<PyTypeObject*, CacheFill>> cache_fills;
+
+// Never throws (it runs inside a C slot): an instance it cannot fill keeps an
+// empty cache, as one made before the fill existed would.
+inline void fill_cache(PyObject* obj) noexcept {
+  try {
+    for (PyTypeObject* t = Py_TYPE(obj); t != nullptr; t = t->tp_base)
+      for (const auto& [type, fill] : cache_fills)
+        if (type == t) return fill(obj);
+  } catch (...) {
+    PyErr_Clear();
+  }
+}
+
 // The metaclass: pybind11's default with a call that marks the class being
-// constructed. Created by init_guard (common.cpp) before any class is bound.
+// constructed and, once it is, caches the C++ object in the new instance.
+// Created by init_guard (common.cpp) before any class is bound.
 inline PyObject* guarded_meta = nullptr;
 inline ternaryfunc base_meta_call = nullptr;
 
@@ -153,6 +172,7 @@ inline PyObject* guarded_meta_call(PyObject* type, PyObject* args, PyObject* kwa
   constructing = type;
   PyObject* r = base_meta_call(type, args, kwargs);
   constructing = saved;
+  if (r != nullptr) fill_cache(r);
   return r;
 }
 
@@ -161,12 +181,22 @@ inline py::handle guarded_metaclass() { return py::handle(guarded_meta); }
 template <class T>
 inline Py_ssize_t cache_offset = 0;  // 0: T's class carries no cache field
 
+// Caches the C++ object of `obj`, an instance of T's class (or a subclass)
+// whose __init__ has run, so its holder is constructed and the public raw
+// pointer cast answers (whatever the holder type).
+template <class T>
+void remember_instance(PyObject* obj) {
+  T* p = py::cast<T*>(py::handle(obj));
+  if (p && cache_offset<T> != 0) *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>) = p;
+}
+
 template <class T>
 void instance_setup(PyHeapTypeObject* heap_type) {
   PyTypeObject* t = &heap_type->ht_type;
   cache_offset<T> = t->tp_basicsize;
   t->tp_basicsize += static_cast<Py_ssize_t>(sizeof(void*));
   t->tp_new = &guarded_new;
+  cache_fills.emplace_back(t, &remember_instance<T>);
 }
 
 // The class_ extras that give T's class the guard and the cache field.
@@ -174,28 +204,21 @@ void instance_setup(PyHeapTypeObject* heap_type) {
   ::pybind11::metaclass(::statecache::bindings::fast::guarded_metaclass()), \
       ::pybind11::custom_type_setup(&::statecache::bindings::fast::instance_setup<T>)
 
-// Pickling and copying would go through cls.__new__: refuse them up front
-// with TypeError (value types define __reduce__ instead).
+// For a live object (a pool, a store, a view): pickling and copying raise
+// TypeError up front (they would go through cls.__new__; value types define
+// __reduce__ instead).
+inline PyObject* refuse_live_copy(PyObject* self) {
+  PyErr_Format(PyExc_TypeError, "cannot pickle or copy a %s (it is a live object, not a value)",
+               Py_TYPE(self)->tp_name);
+  return nullptr;
+}
+
 inline void refuse_copy(py::handle cls) {
   static PyMethodDef defs[] = {
-      {"__reduce_ex__",
-       [](PyObject* self, PyObject*) -> PyObject* {
-         PyErr_Format(PyExc_TypeError, "cannot pickle '%s' object", Py_TYPE(self)->tp_name);
-         return nullptr;
-       },
-       METH_O, nullptr},
-      {"__copy__",
-       [](PyObject* self, PyObject*) -> PyObject* {
-         PyErr_Format(PyExc_TypeError, "cannot copy '%s' object", Py_TYPE(self)->tp_name);
-         return nullptr;
-       },
-       METH_NOARGS, nullptr},
-      {"__deepcopy__",
-       [](PyObject* self, PyObject*) -> PyObject* {
-         PyErr_Format(PyExc_TypeError, "cannot copy '%s' object", Py_TYPE(self)->tp_name);
-         return nullptr;
-       },
-       METH_O, nullptr},
+      {"__reduce_ex__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O, nullptr},
+      {"__reduce__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS, nullptr},
+      {"__copy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS, nullptr},
+      {"__deepcopy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O, nullptr},
   };
   for (PyMethodDef& d : defs) {
     py::object descr =
@@ -222,12 +245,47 @@ template <class T>
   return p;
 }
 
-// The cached pointer only (nullptr when never looked up): for tp_traverse /
-// tp_clear, which must not run casts.
+// A C++ value (or shared_ptr) of T as a new Python object with its cache
+// filled: instances made in C++ do not pass through the metaclass.
+template <class T, class V>
+py::object cast_cached(V&& value) {
+  py::object o = py::cast(std::forward<V>(value));
+  remember_instance<T>(o.ptr());
+  return o;
+}
+
+// The cached pointer only, for tp_traverse / tp_clear, which must not run
+// casts. Filled when the instance was made (by calling the class, or by
+// cast_cached); nullptr only for an instance whose __init__ did not run.
 template <class T>
 inline T* cached_instance(PyObject* obj) {
   if (cache_offset<T> == 0) return nullptr;
   return *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>);
+}
+
+// Registers tp_traverse / tp_clear for a bound class that holds Python
+// objects: `visit_all(T&, visitproc, arg)` visits each reference the object
+// owns exactly once, `clear_all(T&)` drops them (the C++ object stays usable).
+// The class also takes the creation guard and the pointer cache the collector
+// reads (fast::instance_setup; pybind11 takes one custom_type_setup per
+// class): declare it with py::metaclass(fast::guarded_metaclass()), and make
+// instances in C++ with fast::cast_cached.
+template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
+py::custom_type_setup gc_setup() {
+  return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+    instance_setup<T>(heap_type);
+    PyTypeObject* type = &heap_type->ht_type;
+    type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+    type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
+      Py_VISIT(Py_TYPE(self));
+      if (T* v = cached_instance<T>(self)) return Traverse(*v, visit, arg);
+      return 0;
+    };
+    type->tp_clear = [](PyObject* self) -> int {
+      if (T* v = cached_instance<T>(self)) Clear(*v);
+      return 0;
+    };
+  });
 }
 
 // `obj` must be an instance of T's class (method descriptors and getsets
@@ -251,7 +309,7 @@ T& self_of(PyObject* self) {
   return *t;
 }
 
-// ---- any object as `seq` (SPEC §6) --------------------------------------
+// ---- any object as `seq` (docs/contract.md, "API guarantees") ----------
 //
 // A `seq` argument is a statecache.Sequence (fast path: the C++ object, read
 // and written in place by the core) or any object with the sequence
@@ -279,35 +337,46 @@ enum SeqField : unsigned {
 
 class SeqArg {
  public:
-  SeqArg(PyObject* obj, const char* name, unsigned reads) : obj_(obj) {
-    static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<Sequence>().ptr());
-    if (PyObject_TypeCheck(obj, type)) {
-      native_ = instance_ptr<Sequence>(obj);
-      if (!native_) throw py::type_error(std::string(name) + " is a Sequence whose __init__ did not run");
-      return;
-    }
+  SeqArg(PyObject* obj, const char* name, unsigned reads) : SeqArg(obj, name, -1, reads) {}
+  // Entry `index` of a batch argument `name` (errors say "name[index]").
+  SeqArg(PyObject* obj, const char* name, Py_ssize_t index, unsigned reads)
+      : obj_(obj), name_(name), index_(index) {
+    native_ = native_of(obj, name, index);
+    if (native_) return;
     if (obj == Py_None || PyLong_Check(obj) || PyUnicode_Check(obj))
-      raise_type(name, "a statecache.Sequence or an object with its attributes", obj);
+      raise_type(label().c_str(), "a statecache.Sequence or an object with its attributes", obj);
     Sequence& snap = generic_.emplace().snap;
     if (reads & kHasCache) {
-      const int t = PyObject_IsTrue(attr(name, "has_per_req_cache").ptr());
+      const int t = PyObject_IsTrue(attr(aHasCache).ptr());
       if (t < 0) throw py::error_already_set();
       snap.has_per_req_cache = t != 0;
     }
-    if (reads & kNumTokens) snap.num_tokens = int_attr(name, "num_tokens");
-    if (reads & kStateSlot) snap.state_slots = {int_attr(name, "state_slot")};
-    if (reads & kForkSrc) snap.state_fork_src = int_attr(name, "state_fork_src");
-    if (reads & kGroup) snap.per_req_cache_group = int_attr(name, "per_req_cache_group");
-    if (reads & kPending) snap.pending_checkpoint = int_attr(name, "pending_checkpoint");
+    if (reads & kNumTokens) snap.num_tokens = int_attr(aNumTokens);
+    if (reads & kStateSlot) snap.state_slots = {int_attr(aStateSlot)};
+    if (reads & kForkSrc) snap.state_fork_src = int_attr(aForkSrc);
+    if (reads & kGroup) snap.per_req_cache_group = int_attr(aGroup);
+    if (reads & kPending) snap.pending_checkpoint = int_attr(aPending);
     if (reads & kAnchors) {
-      snap.midstep_anchor_pos = int_attr(name, "midstep_anchor_pos", /*optional=*/true);
-      snap.checkpoint_end_pos = int_attr(name, "checkpoint_end_pos", /*optional=*/true);
+      snap.midstep_anchor_pos = int_attr(aAnchor, /*optional=*/true);
+      snap.checkpoint_end_pos = int_attr(aEndPos, /*optional=*/true);
     }
     generic_->read = snap;
   }
 
+  // The C++ object when `obj` is a statecache.Sequence (or a subclass), else
+  // nullptr; TypeError for one whose __init__ did not run.
+  static Sequence* native_of(PyObject* obj, const char* name, Py_ssize_t index = -1) {
+    static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<Sequence>().ptr());
+    if (!PyObject_TypeCheck(obj, type)) return nullptr;
+    Sequence* p = instance_ptr<Sequence>(obj);
+    if (!p) throw py::type_error(label_of(name, index) + " is a Sequence whose __init__ did not run");
+    return p;
+  }
+
   bool native() const { return native_ != nullptr; }
   Sequence& get() { return native_ ? *native_ : generic_->snap; }
+  // The fields as read (generic path; the fast path's live fields).
+  const Sequence& as_read() const { return native_ ? *native_ : generic_->read; }
   PyObject* object() const { return obj_; }
   py::object ref() const { return py::reinterpret_borrow<py::object>(obj_); }
 
@@ -316,7 +385,7 @@ class SeqArg {
   // pending_checkpoint). If one raises, the fields already written get the
   // values read at construction back (best effort) and the error propagates.
   // No-op on the fast path (the core writes the C++ object itself).
-  void write_back(std::initializer_list<std::pair<SeqField, int64_t>> values) {
+  void write_back(std::span<const std::pair<SeqField, int64_t>> values) {
     if (native_) return;
     size_t done = 0;
     try {
@@ -326,28 +395,31 @@ class SeqArg {
       }
     } catch (...) {
       // The error is held by the exception in flight (pybind11 fetched it).
-      for (const auto& [f, v] : values) {
-        if (done-- == 0) break;
-        try {
-          set(f, value(generic_->read, f));
-        } catch (...) {
-          PyErr_Clear();
-        }
-      }
+      restore(values.first(done));
       throw;
+    }
+  }
+  void write_back(std::initializer_list<std::pair<SeqField, int64_t>> values) {
+    write_back(std::span<const std::pair<SeqField, int64_t>>(values.begin(), values.size()));
+  }
+  // Gives the fields named in `values` their values as read back (best
+  // effort: a setter that raises now is ignored). Generic path only.
+  void restore(std::span<const std::pair<SeqField, int64_t>> values) {
+    if (native_) return;
+    for (const auto& [f, v] : values) {
+      try {
+        set(f, value(generic_->read, f));
+      } catch (...) {
+        PyErr_Clear();
+      }
     }
   }
 
  private:
-  static const char* attr_name(SeqField f) {
-    switch (f) {
-      case kStateSlot: return "state_slot";
-      case kForkSrc: return "state_fork_src";
-      case kGroup: return "per_req_cache_group";
-      case kPending: return "pending_checkpoint";
-      default: return "?";
-    }
+  static std::string label_of(const char* name, Py_ssize_t index) {
+    return index < 0 ? std::string(name) : std::string(name) + "[" + std::to_string(index) + "]";
   }
+  std::string label() const { return label_of(name_, index_); }
   static int64_t value(const Sequence& s, SeqField f) {
     switch (f) {
       case kStateSlot: return s.state_slot();
@@ -357,26 +429,53 @@ class SeqArg {
       default: return 0;
     }
   }
+  // The attributes read and written, and their names as interned strs made
+  // once (*AttrString would build a new str on every access).
+  enum Attr : uint8_t { aHasCache, aNumTokens, aStateSlot, aForkSrc, aGroup, aPending, aAnchor, aEndPos, kAttrs };
+  static const char* text(Attr a) {
+    static constexpr const char* kNames[kAttrs] = {"has_per_req_cache",  "num_tokens",         "state_slot",
+                                                   "state_fork_src",     "per_req_cache_group", "pending_checkpoint",
+                                                   "midstep_anchor_pos", "checkpoint_end_pos"};
+    return kNames[a];
+  }
+  static PyObject* interned(Attr a) {
+    static PyObject* objs[kAttrs] = {};
+    if (!objs[a]) objs[a] = PyUnicode_InternFromString(text(a));  // lives as long as the process
+    if (!objs[a]) throw py::error_already_set();
+    return objs[a];
+  }
+  static Attr attr_of(SeqField f) {
+    switch (f) {
+      case kStateSlot: return aStateSlot;
+      case kForkSrc: return aForkSrc;
+      case kGroup: return aGroup;
+      default: return aPending;
+    }
+  }
   void set(SeqField f, int64_t v) {
     py::object x = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
-    if (!x || PyObject_SetAttrString(obj_, attr_name(f), x.ptr()) != 0) throw py::error_already_set();
+    if (!x || PyObject_SetAttr(obj_, interned(attr_of(f)), x.ptr()) != 0) throw py::error_already_set();
   }
-  py::object attr(const char* name, const char* field, bool optional = false) {
-    PyObject* v = PyObject_GetAttrString(obj_, field);
+  py::object attr(Attr field, bool optional = false) {
+    PyObject* v = PyObject_GetAttr(obj_, interned(field));
     if (v) return py::reinterpret_steal<py::object>(v);
     if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw py::error_already_set();
     PyErr_Clear();
     if (optional) return py::int_(0);
-    throw py::type_error(std::string(name) + " must be a statecache.Sequence or have the sequence attributes; " +
-                         Py_TYPE(obj_)->tp_name + " has no attribute '" + field + "'");
+    throw py::type_error(label() + " must be a statecache.Sequence or have the sequence attributes; " +
+                         Py_TYPE(obj_)->tp_name + " has no attribute '" + text(field) + "'");
   }
-  int64_t int_attr(const char* name, const char* field, bool optional = false) {
-    py::object v = attr(name, field, optional);
-    const std::string label = std::string(name) + "." + field;
-    return as_int(v, label.c_str());
+  int64_t int_attr(Attr field, bool optional = false) {
+    py::object v = attr(field, optional);
+    int64_t out = 0;
+    if (PyLong_CheckExact(v.ptr()) && exact_int_value(v.ptr(), out)) return out;
+    const std::string where = label() + "." + text(field);  // only off the common path
+    return as_int(v, where.c_str());
   }
 
   PyObject* obj_;  // borrowed: the caller's argument, alive for the call
+  const char* name_;
+  Py_ssize_t index_;
   Sequence* native_ = nullptr;
   struct Generic {
     Sequence snap;  // what the call works on
@@ -398,15 +497,19 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
   PyObject* a[kMaxParams] = {};
   if (!parse(params_of<F>, args, nargs, kwnames, a)) return nullptr;
   try {
-    return F{}(self_of<T>(self), a);
+    if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a)), py::object>)
+      return F{}(self_of<T>(self), a).release().ptr();
+    else
+      return F{}(self_of<T>(self), a);
   } catch (...) {
     set_error_from_current();
     return nullptr;
   }
 }
 
-// Registers `F` (a captureless lambda PyObject*(T&, PyObject** args)) as
-// method `name` of class `cls`. `names` are the parameter names; the first
+// Registers `F` (a captureless lambda PyObject*(T&, PyObject** args) giving a
+// new reference, or py::object(T&, PyObject** args)) as method `name` of
+// class `cls`. `names` are the parameter names; the first
 // `required` have no default, and only the first `positional` may be passed
 // positionally (-1: all of them).
 template <class T, class F>
@@ -494,58 +597,3 @@ void def_property(py::handle cls, const char* name, Get, Set, const char* doc = 
 }
 
 }  // namespace statecache::bindings::fast
-
-namespace statecache::bindings {
-
-namespace py = pybind11;
-
-// Hand-written METH_FASTCALL functions (the PAGE side's hot methods) use the
-// same helpers: fast_args parses, fast_self finds the instance, fast_call
-// maps exceptions, add_fast_method installs the descriptor.
-
-// Matches (args, nargs, kwnames) to `names`; the first `required` must be
-// given, all may be positional. Missing optional arguments are nullptr.
-template <size_t N>
-std::array<PyObject*, N> fast_args(const char* fn, const std::array<const char*, N>& names, size_t required,
-                                   PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static_assert(N <= fast::kMaxParams, "too many parameters for a fast method");
-  PyObject* out[fast::kMaxParams] = {};
-  if (!fast::parse_args(fn, names.data(), static_cast<int>(N), static_cast<int>(required), static_cast<int>(N), args,
-                        nargs, kwnames, out))
-    throw py::error_already_set();
-  std::array<PyObject*, N> a{};
-  for (size_t i = 0; i < N; ++i) a[i] = out[i];
-  return a;
-}
-
-// The C++ object behind `self`; TypeError when its __init__ did not run.
-template <class T>
-T& fast_self(PyObject* self) {
-  return fast::self_of<T>(self);
-}
-
-// Runs `body` (returning py::object) and maps C++ exceptions to Python ones.
-template <class Body>
-PyObject* fast_call(Body&& body) {
-  try {
-    return body().release().ptr();
-  } catch (...) {
-    fast::set_error_from_current();
-    return nullptr;
-  }
-}
-
-// Installs `def` (static storage) on the bound class as a method descriptor.
-inline void add_fast_method(py::handle cls, PyMethodDef* def) {
-  py::object descr =
-      py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), def));
-  if (!descr) throw py::error_already_set();
-  py::setattr(cls, def->ml_name, descr);
-}
-
-#define STATECACHE_FAST_METHOD(name, fn, doc)                                                       \
-  PyMethodDef {                                                                                     \
-    name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fn)), METH_FASTCALL | METH_KEYWORDS, doc \
-  }
-
-}  // namespace statecache::bindings

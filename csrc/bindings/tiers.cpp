@@ -76,13 +76,17 @@ findable once sealed. Eviction ranks with the cost model of the GPU caches
         d["evictions"] = c.evictions;
         d["refused"] = c.refused;
         return d;
-      }, py::arg("klass"))
+      }, py::arg("klass"),
+          "Returns a new dict of class ``klass``: budget_entries, used_entries, values, evictions, "
+          "refused. Raises IndexError for an unknown class.")
       .def("victims", [](const HostArena& a, py::handle klass, py::handle count) -> py::object {
         auto v = a.victims(as_class(a, klass), as_int(count, "count"));
         if (!v) return py::none();
         return to_py_keys(*v);
       }, py::arg("klass"), py::arg("count"),
-      "Keys ``allocate`` would evict to fit ``count`` entries, in order; None when it cannot.")
+      "Returns the keys ``allocate`` would evict to fit ``count`` entries in class ``klass``, "
+          "in order; None when they cannot be made to fit. Raises IndexError for an unknown class, "
+          "ValueError for ``count < 0``.")
       .def("allocate", [](HostArena& a, py::handle key, py::handle klass, py::handle count,
                           py::handle nbytes, py::handle position) -> py::object {
         std::vector<std::string> evicted;
@@ -91,15 +95,23 @@ findable once sealed. Eviction ranks with the cost model of the GPU caches
         if (!e) return py::none();
         return py::make_tuple(to_py_entries(*e), to_py_keys(evicted));
       }, py::arg("key"), py::arg("klass"), py::arg("count"), py::arg("nbytes"), py::arg("position"),
-      "Reserve entries for ``key`` (its prefix ends at ``position``): ``(entry_ids, evicted_keys)``, "
-      "or None (nothing changed).")
+      "Reserves ``count`` entries for ``key`` (its prefix ends at ``position``, in the eviction "
+          "model's position unit), evicting unpinned values of its class; returns (entry ids, "
+          "evicted keys), or None (nothing changed) when they cannot be had. Raises IndexError for "
+          "an unknown class, ValueError for a bad count, nbytes or position or a key already present.")
       .def("seal", [](HostArena& a, py::handle key, py::bytes meta) {
         a.seal(as_key(key, "key"), meta.cast<std::string>());
-      }, py::arg("key"), py::arg("meta"))
+      }, py::arg("key"), py::arg("meta"),
+          "Makes the value under ``key`` findable, with ``meta``; returns None. Raises ValueError "
+          "for a key not allocated or already sealed.")
       .def("remove", [](HostArena& a, py::handle key) { return a.remove(as_key(key, "key")); },
-           py::arg("key"))
+           py::arg("key"),
+          "Drops the value under ``key``; returns whether one was there. Raises only for a bad "
+          "argument (docs/contract.md, \"Errors\").")
       .def("contains", [](const HostArena& a, py::handle key) { return a.contains(as_key(key, "key")); },
-           py::arg("key"))
+           py::arg("key"),
+          "Returns whether a sealed value is filed under ``key``. Raises only for a bad argument "
+          "(docs/contract.md, \"Errors\").")
       .def("__contains__", [](const HostArena& a, py::handle key) {
         return PyBytes_Check(key.ptr()) || PyUnicode_Check(key.ptr()) ? a.contains(as_key(key, "key")) : false;
       })
@@ -109,12 +121,23 @@ findable once sealed. Eviction ranks with the cost model of the GPU caches
         if (v == nullptr) return py::none();
         return py::make_tuple(to_py_entries(v->entries), v->nbytes, py::bytes(v->meta), v->klass);
       }, py::arg("key"), py::arg("touch") = true,
-      "``(entry_ids, nbytes, meta, klass)`` of a sealed value, or None.")
-      .def("pin", [](HostArena& a, py::handle key) { a.pin(as_key(key, "key")); }, py::arg("key"))
-      .def("unpin", [](HostArena& a, py::handle key) { a.unpin(as_key(key, "key")); }, py::arg("key"))
-      .def("pins", [](const HostArena& a, py::handle key) { return a.pins(as_key(key, "key")); }, py::arg("key"))
-      .def("keys", [](const HostArena& a) { return to_py_keys(a.keys()); })
-      .def("check_consistency", &HostArena::check_consistency);
+      "Returns (entry ids, nbytes, meta, klass) of the sealed value under ``key`` (``touch``: "
+          "counts as a use), or None. Raises only for a bad argument (docs/contract.md, "
+          "\"Errors\").")
+      .def("pin", [](HostArena& a, py::handle key) { a.pin(as_key(key, "key")); }, py::arg("key"),
+          "Pins the sealed value under ``key`` (never evicted while pinned); returns None. Raises "
+          "ValueError for a key that is not a sealed value.")
+      .def("unpin", [](HostArena& a, py::handle key) { a.unpin(as_key(key, "key")); }, py::arg("key"),
+          "Drops one pin of the value under ``key``; returns None. Raises ValueError for a key "
+          "that is not pinned.")
+      .def("pins", [](const HostArena& a, py::handle key) { return a.pins(as_key(key, "key")); }, py::arg("key"),
+          "Returns the pin count of the value under ``key`` (0 without one). Raises only for a bad "
+          "argument (docs/contract.md, \"Errors\").")
+      .def("keys", [](const HostArena& a) { return to_py_keys(a.keys()); },
+          "Returns the keys filed, as a list of bytes. Raises nothing.")
+      .def("check_consistency", &HostArena::check_consistency,
+          "Checks the arena's internal invariants (for tests); returns None. Raises AssertionError "
+          "when one is broken.");
   def_eviction_methods(arena, [](HostArena& a) -> HostArena& { return a; });
 }
 

@@ -4,6 +4,8 @@
 #include <string>
 #include <unordered_set>
 
+#include "core/batch.h"
+
 namespace statecache {
 
 PagedStateCheckpointCoordinator::PagedStateCheckpointCoordinator(std::shared_ptr<BlockPool> pool,
@@ -135,10 +137,23 @@ void PagedStateCheckpointCoordinator::supersede(const Sequence* seq) {
   ++dropped_;
 }
 
-void PagedStateCheckpointCoordinator::checkpoint(const std::shared_ptr<Sequence>& seq, int64_t boundary_blocks,
-                                                 int64_t prefix_hash) {
+void PagedStateCheckpointCoordinator::check_checkpoint(int64_t boundary_blocks, int64_t prefix_hash) {
   if (boundary_blocks < 0) bad_argument("boundary_blocks", boundary_blocks, "must be >= 0");
   if (prefix_hash == -1) bad_argument("h", prefix_hash, "-1 means no hash");
+}
+
+void PagedStateCheckpointCoordinator::checkpoint_many(std::span<const std::shared_ptr<Sequence>> seqs,
+                                                      std::span<const uintptr_t> keys,
+                                                      std::span<const int64_t> boundary_blocks,
+                                                      std::span<const int64_t> hashes) {
+  batch::checkpoint_many(
+      seqs.size(), keys, boundary_blocks, hashes, [&](size_t i) { check_checkpoint(boundary_blocks[i], hashes[i]); },
+      [&](size_t i) { checkpoint(seqs[i], boundary_blocks[i], hashes[i]); });
+}
+
+void PagedStateCheckpointCoordinator::checkpoint(const std::shared_ptr<Sequence>& seq, int64_t boundary_blocks,
+                                                 int64_t prefix_hash) {
+  check_checkpoint(boundary_blocks, prefix_hash);
   if (!applies(*seq) || seq->state_slot() < 0) return;
   supersede(seq.get());
   pending_index_[key_of(seq.get())] = static_cast<int64_t>(pending_.size());

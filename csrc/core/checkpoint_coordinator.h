@@ -1,11 +1,13 @@
-// Schedules PAGE checkpoints for per-request state (SPEC.md §3, §7): which
+// Schedules PAGE checkpoints for per-request state (docs/contract.md, "The pass"): which
 // boundaries to store at the next drain, midstep scratch stores, external
 // transfer images and the vote of a tier below GPU memory.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -61,15 +63,30 @@ class PagedStateCheckpointCoordinator {
     if (assume_checkpointed) return hit;  // reads no hash
     if (hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
     for (int64_t i = hit - 1; i >= 0; --i)
-      if (assume_checkpointed || reachable(hash_at(i))) return i + 1;
+      if (reachable(hash_at(i))) return i + 1;
     return 0;
+  }
+  // Whether resumable_hit reads seq's hash list, so that `hit` must lie
+  // within it.
+  bool hit_within_hashes(const Sequence& seq, bool assume_checkpointed) const {
+    return applies(seq) && !assume_checkpointed;
   }
   bool reachable(int64_t prefix_hash) const;
   bool contains(int64_t prefix_hash) const { return store_->contains(prefix_hash); }
 
   // ---- boundaries ----
   void checkpoint(const std::shared_ptr<Sequence>& seq, int64_t boundary_blocks, int64_t prefix_hash);
+  // What checkpoint checks before it changes anything; throws as it would.
+  static void check_checkpoint(int64_t boundary_blocks, int64_t prefix_hash);
+  // checkpoint(seqs[i], boundary_blocks[i], hashes[i]) for each i, the whole
+  // batch checked first (core/batch.h); keys[i] is seqs[i]'s identity.
+  void checkpoint_many(std::span<const std::shared_ptr<Sequence>> seqs, std::span<const uintptr_t> keys,
+                       std::span<const int64_t> boundary_blocks, std::span<const int64_t> hashes);
   void forget_pending(const Sequence& seq);
+  // A finished pass's requests: forget_pending of each, in order.
+  void forget_pending_many(std::span<Sequence* const> seqs) {
+    for (const Sequence* s : seqs) forget_pending(*s);
+  }
   int64_t num_pending() const { return static_cast<int64_t>(pending_index_.size()); }
   bool restore_queued_for(int64_t dst_slot) const { return store_->restore_queued_for(dst_slot); }
   bool begin_restore(int64_t prefix_hash, int64_t dst_slot) {

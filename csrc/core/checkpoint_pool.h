@@ -52,10 +52,14 @@ class CheckpointPool : public StateFreeList {
                         bool assume_checkpointed = false) const {
     if (hit < 0) bad_argument("hit", hit, "must be >= 0");
     if (!applies(seq) || transfer_.replays()) return hit;
-    if ((reads_assumed_hashes_ || !assume_checkpointed) && hit > num_hashes)
-      out_of_range("hit", hit, num_hashes + 1);
+    if (hit_within_hashes(seq, assume_checkpointed) && hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
     return scan_resumable(seq.num_tokens, hit, min_fork_tokens(), hash_block_size_,
                           assume_checkpointed, hash_at);
+  }
+  // Whether resumable_hit reads seq's hash list, so that `hit` must lie
+  // within it.
+  bool hit_within_hashes(const Sequence& seq, bool assume_checkpointed) const {
+    return applies(seq) && !transfer_.replays() && (reads_assumed_hashes_ || !assume_checkpointed);
   }
   int64_t resumable_hit(const Sequence& seq, int64_t hit, std::span<const int64_t> hashes,
                         bool assume_checkpointed = false) const {
@@ -77,7 +81,7 @@ class CheckpointPool : public StateFreeList {
     p.fresh = peek_pop();
     return p;
   }
-  // Carries out a plan_fork: returns the fresh unit, files `old` under h.
+  // Carries out a plan_fork: returns the fresh index, files `old` under h.
   int64_t apply_fork(const ForkPlan& p, int64_t h, int64_t position = 0) {
     if (p.dropped) ++fates_.dropped;
     if (!p.forks) return -1;
@@ -87,7 +91,7 @@ class CheckpointPool : public StateFreeList {
     return fresh;
   }
 
-  // -1 means "no hash" everywhere: never a content hash (SPEC §3).
+  // -1 means "no hash" everywhere: never a content hash (docs/contract.md, "Words").
   static void check_hash(const char* name, int64_t h) {
     if (h == -1) bad_argument(name, h, "is -1, which means \"no hash\"; it cannot name a checkpoint");
   }
@@ -102,8 +106,8 @@ class CheckpointPool : public StateFreeList {
   // when checkpoints are assumed (the slot pool's reference reads the list
   // either way, the group pool's does not).
   CheckpointPool(int64_t count, StateTransfer transfer, int64_t hash_block_size, bool enabled,
-                 const char* unit, bool reads_assumed_hashes)
-      : StateFreeList(count, enabled, unit),
+                 const char* kind, bool reads_assumed_hashes)
+      : StateFreeList(count, enabled, kind),
         transfer_(std::move(transfer)),
         hash_block_size_(hash_block_size),
         reads_assumed_hashes_(reads_assumed_hashes) {

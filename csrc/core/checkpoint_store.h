@@ -1,4 +1,4 @@
-// Content index and unit ownership for PAGE checkpoint images (SPEC.md §3).
+// Content index and unit ownership for PAGE checkpoint images (docs/contract.md, "Objects").
 //
 // A checkpoint is COPYING from `begin_store` until the batch that scatters it
 // has been issued (`complete_inflight`), then READY (findable, on the LRU),
@@ -53,6 +53,8 @@ class PageUnitCheckpointStore {
   // The index holds READY records only (check_consistency), so membership
   // needs no visit to the record.
   bool contains(int64_t prefix_hash) const { return hash_to_checkpoint_.contains(prefix_hash); }
+  // Starts loading what contains(prefix_hash) reads (a scan's next hashes).
+  [[gnu::always_inline]] void prefetch(int64_t prefix_hash) const { hash_to_checkpoint_.prefetch(prefix_hash); }
   bool contains_or_pending(int64_t prefix_hash) const;
 
   // ---- capacity ----

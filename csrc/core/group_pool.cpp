@@ -1,5 +1,7 @@
 #include "core/group_pool.h"
 
+#include "core/batch.h"
+
 namespace statecache {
 
 StateGroupPool::StateGroupPool(int64_t num_groups, StateTransfer transfer, int64_t hash_block_size,
@@ -7,16 +9,25 @@ StateGroupPool::StateGroupPool(int64_t num_groups, StateTransfer transfer, int64
     : CheckpointPool(num_groups, std::move(transfer), hash_block_size, enabled, "group",
                      /*reads_assumed_hashes=*/false) {}
 
+void StateGroupPool::check_checkpoint(const Sequence& seq, int64_t h) const {
+  check_hash("h", h);
+  if (!applies(seq) || (!transfer().forks() && !transfer().copies())) return;
+  const int64_t old = seq.per_req_cache_group;
+  if (old < 0) return;
+  check_index("seq.per_req_cache_group", old, size());
+  if (transfer().forks() && is_free(old))
+    bad_argument("seq.per_req_cache_group", old, "is free, so the sequence does not own it");
+}
+
 bool StateGroupPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h) {
   // A group is one entry, not a span ending at the boundary: the boundary
   // only tells the eviction cost model what a hit there saves.
-  check_hash("h", h);
+  check_checkpoint(seq, h);
   if (!applies(seq)) return false;
-  // SPEC.md §4: none() and replay() keep nothing, not even a dropped count.
+  // docs/contract.md, "Divergences": none() and replay() keep nothing, not even a dropped count.
   if (!transfer().forks() && !transfer().copies()) return false;
   const int64_t old = seq.per_req_cache_group;
   if (old < 0) return false;
-  check_index("seq.per_req_cache_group", old, size());
   if (transfer().copies()) {
     // A later boundary supersedes an earlier one: only the last is true. A
     // sequence whose earlier intent died with its group joins again.
@@ -43,15 +54,24 @@ bool StateGroupPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t 
   return false;
 }
 
+std::vector<size_t> StateGroupPool::checkpoint_many(std::span<Sequence* const> seqs, std::span<const uintptr_t> keys,
+                                                    std::span<const int64_t> boundary_blocks,
+                                                    std::span<const int64_t> hashes) {
+  // An entry's checks hold for the whole batch: no checkpoint frees a group
+  // a sequence owns.
+  std::vector<size_t> joined;
+  batch::checkpoint_many(
+      seqs.size(), keys, boundary_blocks, hashes, [&](size_t i) { check_checkpoint(*seqs[i], hashes[i]); },
+      [&](size_t i) {
+        if (checkpoint(*seqs[i], boundary_blocks[i], hashes[i])) joined.push_back(i);
+      });
+  return joined;
+}
+
 ForkPlan StateGroupPool::plan_checkpoint(const Sequence& seq, int64_t h) {
-  check_hash("h", h);
-  if (!applies(seq) || !transfer().forks()) return {};
-  const int64_t old = seq.per_req_cache_group;
-  if (old < 0) return {};
-  check_index("seq.per_req_cache_group", old, size());
-  if (is_free(old))
-    bad_argument("seq.per_req_cache_group", old, "is free, so the sequence does not own it");
-  return plan_fork(old);
+  check_checkpoint(seq, h);
+  if (!applies(seq) || !transfer().forks() || seq.per_req_cache_group < 0) return {};
+  return plan_fork(seq.per_req_cache_group);
 }
 
 bool StateGroupPool::plan_intent(const Sequence& seq, int64_t h) const {

@@ -6,7 +6,7 @@
 //   copy  the owner keeps its group; `checkpoint` only records the intent and
 //         `take_copies` (called as the next batch is built) turns it into a
 //         (src, dst) pair, filing dst at that moment.
-// Under none() and replay() nothing is ever checkpointed (SPEC.md §4).
+// Under none() and replay() nothing is ever checkpointed (docs/contract.md, "Divergences").
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,13 @@ class StateGroupPool : public CheckpointPool<GroupRetirement> {
   // the sequence, and a group handed to another request is filed under the
   // first one's hash).
   bool checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h);
+  // checkpoint(*seqs[i], boundary_blocks[i], hashes[i]) for each i, the whole
+  // batch checked first (core/batch.h); keys[i] is seqs[i]'s identity.
+  // Returns the entries that joined the pending list, in order.
+  std::vector<size_t> checkpoint_many(std::span<Sequence* const> seqs, std::span<const uintptr_t> keys,
+                                      std::span<const int64_t> boundary_blocks, std::span<const int64_t> hashes);
+  // What checkpoint checks before it changes anything; throws as it would.
+  void check_checkpoint(const Sequence& seq, int64_t h) const;
   // The fork case in two steps (as StateSlotPool's); an empty plan for copy
   // and the cases that keep nothing.
   ForkPlan plan_checkpoint(const Sequence& seq, int64_t h);
@@ -56,6 +63,9 @@ class StateGroupPool : public CheckpointPool<GroupRetirement> {
   // Forgets every pending intent (the caller drops its mirror too).
   void drop_pending() { pending_.clear(); }
   void forget_pending(Sequence& seq) { seq.pending_checkpoint = -1; }
+  void forget_pending_many(std::span<Sequence* const> seqs) {
+    for (Sequence* s : seqs) forget_pending(*s);
+  }
   void record_copy(int64_t src, int64_t dst);
   // Commits the pending intents, then hands over every pending pair.
   // `seqs[i]` are the fields of pending entry i's sequence (pending_count()

@@ -28,10 +28,9 @@ class HashIndex {
   // and most of those lookups are misses.
   [[gnu::always_inline]] const int64_t* find(int64_t key) const {
     if (table_.empty()) return nullptr;
-    const uint64_t m = mix(key);
     // A byte-per-cell counting filter answers most misses.
-    if (filter_[filter_slot(m)] == 0) return nullptr;
-    return probe(key, m);
+    if (filter_[filter_slot(key)] == 0) return nullptr;
+    return probe(key, mix(key));
   }
   [[gnu::always_inline]] bool contains(int64_t key) const { return find(key) != nullptr; }
   int64_t get(int64_t key, int64_t fallback) const {
@@ -66,17 +65,25 @@ class HashIndex {
       ++used_;
     }
     table_[slot] = Cell{static_cast<int32_t>(entries_.size()), t};
-    filter_add(m);
+    filter_add(key);
     entries_.push_back({key, value, true});
     ++live_;
     return absent;
   }
 
-  // Brings the key's home cell towards the cache ahead of a find().
+  // Brings the key's filter byte towards the cache ahead of a contains();
+  // returns its position, which that contains() then reuses.
   // always_inline: a non-inlined call would be seen as side-effect free and
   // dropped whole, prefetch included.
-  [[gnu::always_inline]] void prefetch(int64_t key) const {
-    if (!table_.empty()) __builtin_prefetch(filter_.data() + filter_slot(mix(key)));
+  [[gnu::always_inline]] size_t prefetch(int64_t key) const {
+    const size_t f = filter_slot(key);
+    __builtin_prefetch(filter_.data() + f);
+    return f;
+  }
+  // contains(key), given `at` = prefetch(key).
+  [[gnu::always_inline]] bool contains(int64_t key, size_t at) const {
+    if (filter_[at] == 0) return false;
+    return probe(key, mix(key)) != nullptr;
   }
 
   bool erase(int64_t key) {
@@ -89,7 +96,7 @@ class HashIndex {
       if (c.tag == t && c.entry >= 0 && entries_[static_cast<size_t>(c.entry)].key == key) {
         entries_[static_cast<size_t>(c.entry)].live = false;
         table_[i].entry = kTomb;
-        filter_remove(m);
+        filter_remove(key);
         --live_;
         // Dead entries are compacted away once they outnumber the live ones,
         // so a steady erase/insert churn reuses the same storage.
@@ -153,15 +160,20 @@ class HashIndex {
     }
   }
 
-  // The filter is indexed by bits the table does not use. A counter that
-  // reaches 255 sticks (it may then over-report, never under-report).
-  size_t filter_slot(uint64_t mixed) const { return static_cast<size_t>(mixed >> 40) & mask_; }
-  void filter_add(uint64_t mixed) {
-    uint8_t& c = filter_[filter_slot(mixed)];
+  // The filter has its own, cheaper hash (one multiply, top bits): a scan
+  // tests it for every block it reads, and a filter collision only costs a
+  // probe, never a wrong answer. A counter that reaches 255 sticks (it may
+  // then over-report, never under-report). Never empty (sized in the
+  // constructor), so a scan needs no emptiness test.
+  size_t filter_slot(int64_t key) const {
+    return static_cast<size_t>((static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ULL) >> filter_shift_);
+  }
+  void filter_add(int64_t key) {
+    uint8_t& c = filter_[filter_slot(key)];
     if (c != 255) ++c;
   }
-  void filter_remove(uint64_t mixed) {
-    uint8_t& c = filter_[filter_slot(mixed)];
+  void filter_remove(int64_t key) {
+    uint8_t& c = filter_[filter_slot(key)];
     if (c != 255) --c;
   }
 
@@ -178,10 +190,11 @@ class HashIndex {
     table_.assign(cap, Cell{});
     mask_ = cap - 1;
     filter_.assign(cap, 0);
+    filter_shift_ = 64 - __builtin_ctzll(cap);
     used_ = w;
     for (size_t k = 0; k < w; ++k) {
       const uint64_t m = mix(entries_[k].key);
-      filter_add(m);
+      filter_add(entries_[k].key);
       size_t i = m & mask_;
       while (table_[i].entry != kEmpty) i = (i + 1) & mask_;
       table_[i] = Cell{static_cast<int32_t>(k), tag(m)};
@@ -190,7 +203,8 @@ class HashIndex {
 
   std::vector<Entry> entries_;
   std::vector<Cell> table_;
-  std::vector<uint8_t> filter_;  // one counter per table cell
+  std::vector<uint8_t> filter_ = std::vector<uint8_t>(2, 0);  // one counter per table cell (2 before any)
+  int filter_shift_ = 63;                                     // 64 - log2(filter_.size())
   size_t mask_ = 0;
   size_t live_ = 0;
   size_t used_ = 0;  // table cells not empty (live + tombstones)

@@ -1,4 +1,4 @@
-// Bookkeeping of the host tier's pinned arena (SPEC.md §8, DESIGN.md "Tiers").
+// Bookkeeping of the host tier's pinned arena (docs/contract.md, "Tiers").
 //
 // The arena is `num_entries` fixed-size entries (one page unit each) in one
 // host buffer the caller owns; this class decides which entries hold what.

@@ -2,19 +2,9 @@
 
 #include <algorithm>
 
+#include "core/batch.h"
+
 namespace statecache {
-
-namespace {
-
-// Rejects a slot listed twice in one batch: the second release would be a
-// release of a free slot.
-void check_distinct(std::vector<int64_t> slots, const char* name) {
-  std::sort(slots.begin(), slots.end());
-  auto dup = std::adjacent_find(slots.begin(), slots.end());
-  if (dup != slots.end()) bad_argument(name, *dup, "is listed twice");
-}
-
-}  // namespace
 
 StateSlotPool::StateSlotPool(int64_t num_slots, StateTransfer transfer, int64_t hash_block_size,
                              bool enabled)
@@ -35,31 +25,33 @@ std::vector<int64_t> StateSlotPool::pop_many(int64_t count) {
   return out;
 }
 
-void StateSlotPool::release_many(std::span<const int64_t> slots) {
-  std::vector<int64_t> real;
-  real.reserve(slots.size());
-  for (int64_t s : slots) {
-    if (s < 0) continue;
-    check_owned(s);
-    real.push_back(s);
-  }
-  check_distinct(real, "slot");
-  for (int64_t s : real) put_back(s);
-}
-
 void StateSlotPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h) {
   const ForkPlan plan = plan_checkpoint(seq, h);
   apply_checkpoint(seq, plan, boundary_blocks, h);
 }
 
-ForkPlan StateSlotPool::plan_checkpoint(const Sequence& seq, int64_t h) {
+void StateSlotPool::check_checkpoint(const Sequence& seq, int64_t h) const {
   check_hash("h", h);
-  if (!applies(seq) || !transfer().forks()) return {};
+  if (!applies(seq) || !transfer().forks()) return;
   const int64_t old = seq.state_slot();
-  if (old < 0) return {};
+  if (old < 0) return;
   check_index("seq.state_slot", old, size());
   if (is_free(old)) bad_argument("seq.state_slot", old, "is free, so the sequence does not own it");
-  return plan_fork(old);
+}
+
+ForkPlan StateSlotPool::plan_checkpoint(const Sequence& seq, int64_t h) {
+  check_checkpoint(seq, h);
+  if (!applies(seq) || !transfer().forks() || seq.state_slot() < 0) return {};
+  return plan_fork(seq.state_slot());
+}
+
+void StateSlotPool::checkpoint_many(std::span<Sequence* const> seqs, std::span<const uintptr_t> keys,
+                                    std::span<const int64_t> boundary_blocks, std::span<const int64_t> hashes) {
+  // An entry's checks hold for the whole batch: no checkpoint frees a slot
+  // a sequence owns.
+  batch::checkpoint_many(
+      seqs.size(), keys, boundary_blocks, hashes, [&](size_t i) { check_checkpoint(*seqs[i], hashes[i]); },
+      [&](size_t i) { checkpoint(*seqs[i], boundary_blocks[i], hashes[i]); });
 }
 
 void StateSlotPool::apply_checkpoint(Sequence& seq, const ForkPlan& plan, int64_t boundary_blocks, int64_t h) {
@@ -121,14 +113,14 @@ void StateSlotPool::check_returnable(std::span<const MidstepReservation> reserva
   std::vector<int64_t> slots;
   slots.reserve(reservations.size());
   for (const auto& r : reservations) {
-    check_unit(r.slot);
+    check_in_range(r.slot);
     if (!is_reserved(r.slot))
       bad_argument("reservations slot", r.slot, "is not a live midstep reservation of this pool");
     check_owned(r.slot);
     check_hash("reservations hash", r.hash);
     slots.push_back(r.slot);
   }
-  check_distinct(std::move(slots), "slot");
+  check_distinct(std::move(slots));
 }
 
 void StateSlotPool::publish_midstep(std::span<const MidstepReservation> reservations,

@@ -46,12 +46,16 @@ class StateSlotPool : public CheckpointPool<SlotRetirement>, public ScratchSlotS
   // One request's set, element 0 first. std::out_of_range (nothing taken)
   // when fewer than `count` are free.
   std::vector<int64_t> pop_many(int64_t count);
-  // Negative entries are skipped (never-admitted requests carry -1).
-  void release_many(std::span<const int64_t> slots);
 
   // Fork checkpoint: the owner moves to a fresh slot, the old one is filed
   // under `h` and pinned until the batch the next pass builds has read it.
   void checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h);
+  // checkpoint(*seqs[i], boundary_blocks[i], hashes[i]) for each i, the whole
+  // batch checked first (core/batch.h); keys[i] is seqs[i]'s identity.
+  void checkpoint_many(std::span<Sequence* const> seqs, std::span<const uintptr_t> keys,
+                       std::span<const int64_t> boundary_blocks, std::span<const int64_t> hashes);
+  // What checkpoint checks before it changes anything; throws as it would.
+  void check_checkpoint(const Sequence& seq, int64_t h) const;
   // checkpoint in two steps: the decision (validates, changes nothing) and
   // its execution on the same sequence fields.
   ForkPlan plan_checkpoint(const Sequence& seq, int64_t h);

@@ -273,6 +273,13 @@ class SlotPoolCase(Case):
             lst = [10**12, Reentrant(lambda: p.pop()), 10**12 + 1]
             return p.resumable_hit(s, 3, lst)
 
+        def checkpoint_many():
+            if self.owned:
+                s.state_slots = [self.owned[-1]]
+            p.checkpoint_many(a(lambda: [s]), a(lambda: [rng.randrange(1, 5)]), a(lambda: [self.h()]))
+            if s.state_slots:
+                self.owned[-1:] = [s.state_slot]
+
         return [
             ("pop", pop), ("release", release), ("checkpoint", checkpoint), ("reserve", reserve),
             ("publish", lambda: p.publish_midstep(a(lambda: self.res), None)),
@@ -282,6 +289,10 @@ class SlotPoolCase(Case):
             ("resumable_hit", lambda: p.resumable_hit(s, a(lambda: rng.randrange(65)), a(lambda: list(s.block_hashes)))),
             ("resumable_hit_views", lambda: p.resumable_hit(s, 64, s.block_hashes)),
             ("reentrant_list", reentrant_list),
+            ("resumable_hits", lambda: p.resumable_hits(a(lambda: [s, s]), a(lambda: [rng.randrange(65), 3]),
+                                                        a(lambda: [list(s.block_hashes), [10**12, 5, 6]]))),
+            ("resumable_hits_own", lambda: p.resumable_hits(a(lambda: [s]), a(lambda: [3]))),
+            ("checkpoint_many", checkpoint_many),
             ("lookup", lambda: p.lookup(a(self.h))),
             ("claim", lambda: p.claim(a(self.slot))),
             ("pin", lambda: p.pin(a(self.slot))),
@@ -330,6 +341,11 @@ class GroupPoolCase(Case):
             ("pop", pop), ("release", release),
             ("checkpoint", lambda: p.checkpoint(s, 1, a(lambda: rng.choice([21, 22, -1])))),
             ("take_copies", p.take_copies), ("forget_pending", lambda: p.forget_pending(s)),
+            ("checkpoint_many", lambda: p.checkpoint_many(a(lambda: [s]), a(lambda: [1]),
+                                                          a(lambda: [rng.choice([21, 22, -1])]))),
+            ("forget_pending_many", lambda: p.forget_pending_many(a(lambda: [s, s]))),
+            ("release_many", lambda: p.release_many(a(lambda: list(self.owned[-1:])))),
+            ("resumable_hits", lambda: p.resumable_hits(a(lambda: [s]), a(lambda: [3]), a(lambda: [[21, 22, 23]]))),
             ("record_copy", lambda: p.record_copy(a(lambda: rng.randrange(12)), a(lambda: rng.randrange(12)))),
             ("resumable_hit", lambda: p.resumable_hit(s, a(lambda: 3), a(lambda: [21, 22, 23]))),
             ("lookup", lambda: p.lookup(a(lambda: 21))),
@@ -438,6 +454,10 @@ class PagedCase(Case):
             ("adopt_units", lambda: st.adopt_units(a(lambda: tuple(self.kv[:4])), a(self.owner), a(lambda: 9))),
             ("reset_prefix_cache", p.reset_prefix_cache),
             ("forget_pending", lambda: c.forget_pending(s)),
+            ("checkpoint_many", lambda: c.checkpoint_many(a(lambda: [s]), a(lambda: [1]),
+                                                          a(lambda: [rng.randrange(1, 60)]))),
+            ("resumable_hits", lambda: c.resumable_hits(a(lambda: [s]), a(lambda: [3]), a(lambda: [[1, 2, 3]]))),
+            ("forget_pending_many", lambda: c.forget_pending_many(a(lambda: [s]))),
             ("owner_of", lambda: p.owner_of(a(lambda: rng.randrange(40)))),
             ("changed_since", lambda: st.changed_since(a(lambda: 0))),
             ("has_available_units", lambda: c.has_available_units(a(lambda: 4), a(lambda: None))),

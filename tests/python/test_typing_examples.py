@@ -5,7 +5,7 @@ the README appears here line for line, so the two cannot drift apart."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,22 +18,26 @@ def test_one_scheduler_pass() -> None:
     import statecache as sc
 
     pool = sc.StateSlotPool(1024, sc.StateTransfer.fork(16), hash_block_size=16)
-    seq = sc.Sequence(seq_id=1, num_tokens=1056, num_prompt_tokens=1056)
-    seq.state_slots = pool.pop_many(1)                     # admitted: one committed slot
-    hashes = list(range(100, 166))                         # chained hashes of its full blocks
+    seqs = [sc.Sequence(seq_id=i, num_tokens=1056, num_prompt_tokens=1056) for i in range(4)]
+    for seq in seqs:
+        seq.state_slots = pool.pop_many(1)                 # admitted: one committed slot each
+        seq.block_hashes = [1000 * seq.seq_id + b for b in range(66)]  # chained hashes of its full blocks
 
     pool.release_pins()                                    # top of pass: last batch was issued
-    hit = pool.resumable_hit(seq, 64, hashes)              # cap a 64-block KV hit: 0 here
-    src = pool.lookup(hashes[hit - 1]) if hit else -1      # resume: promote, claim, pin(src)
+    hits = pool.resumable_hits(seqs, [64] * len(seqs))     # cap each 64-block KV hit: 0 here
     relocations = pool.take_relocations()                  # maintenance ops before the forward
     # ... forward runs ...
-    pool.checkpoint(seq, 32, hashes[31])                   # postprocess: keep the boundary at block 32
-    assert pool.lookup(hashes[31]) == seq.state_fork_src   # old slot filed, pinned through next pass
-    pool.release_many(seq.state_slots)                     # request finished
-    pool.drop_reader(seq.state_fork_src)                   # ... and its read obligation
+    pool.checkpoint_many(seqs, [32] * len(seqs),           # postprocess: keep block 32 of each
+                         [seq.block_hashes[31] for seq in seqs])
+    assert pool.lookup(seqs[0].block_hashes[31]) == seqs[0].state_fork_src  # filed, pinned through next pass
+    done = seqs[:2]                                        # two requests finished
+    pool.release_many([slot for seq in done for slot in seq.state_slots])
+    for seq in done:
+        pool.drop_reader(seq.state_fork_src)               # ... and their read obligations
     print(pool.checkpoint_fates(), pool.occupancy())
 
-    assert (hit, src, relocations) == (0, -1, ())
+    assert hits == [0, 0, 0, 0] and relocations == ()
+    assert pool.checkpoint_fates()["checkpoints_kept"] == 4 and pool.num_free() == 1024 - 2 - 2
 
 
 def test_paged_checkpoints() -> None:
@@ -107,7 +111,7 @@ def test_engine_policies() -> None:
         enabled=True, max_num_seqs=4,
     )
 
-    from statecache.engine import Engine, AnchorLadderDemand, GuessFirstLRU
+    from statecache.engine import AnchorLadderDemand, Engine, GuessFirstLRU
     engine = Engine(config, pool, caches, runner,
                     placement=AnchorLadderDemand(), eviction=GuessFirstLRU())  # the pre-adaptive default
     # a fixed ladder under the adaptive policy: EngineConfig(checkpoint_interval_tokens=16384)
@@ -161,34 +165,30 @@ class _FakeMooncakeStore:
 def test_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
     # README: tiers below GPU memory. Runs without 512 GiB of host memory or a
     # Mooncake cluster: the host buffer is one row, the store a stand-in.
-    # statecache.tiers is not annotated yet; pyproject.toml does not list it
-    # among the skipped modules, so mypy would check it under --strict if this
-    # example's import were followed: hidden from mypy until one or the other.
-    if not TYPE_CHECKING:
-        import importlib
+    import statecache.tiers.host as host_module
+    import statecache.tiers.mooncake_tier as mooncake_tier
 
-        host_module = importlib.import_module("statecache.tiers.host")
-        mooncake_tier = importlib.import_module("statecache.tiers.mooncake_tier")
+    def small_buffer(
+        num_entries: int, entry_bytes: int, pin_memory: bool | None
+    ) -> tuple[host_module.Rows, Any]:
+        arr = np.empty((1, entry_bytes), dtype=np.uint8)
+        return arr, arr
 
-        def small_buffer(num_entries, entry_bytes, pin_memory):
-            arr = np.empty((1, entry_bytes), dtype=np.uint8)
-            return arr, arr
+    monkeypatch.setattr(host_module, "_allocate_buffer", small_buffer)
+    monkeypatch.setattr(mooncake_tier, "_import_store", lambda: _FakeMooncakeStore)
+    unit_bytes = 8192                                    # the tiny qwen3next's page unit
 
-        monkeypatch.setattr(host_module, "_allocate_buffer", small_buffer)
-        monkeypatch.setattr(mooncake_tier, "_import_store", lambda: _FakeMooncakeStore)
-        unit_bytes = 8192                                    # the tiny qwen3next's page unit
+    from statecache.models import build_engine
+    from statecache.tiers import HostTier, MooncakeTier
 
-        from statecache.models import build_engine
-        from statecache.tiers import HostTier, MooncakeTier
+    host = HostTier(512 << 30, unit_bytes, kv_bytes=256 << 30)      # entry = one page unit
+    shared = MooncakeTier("10.0.0.5:50051", "http://10.0.0.5:8080/metadata", protocol="rdma",
+                          device_names="mlx5_0")
+    engine = build_engine("qwen3next", "page", tiers=[host, shared])  # or Engine(..., tiers=[...])
 
-        host = HostTier(512 << 30, unit_bytes, kv_bytes=256 << 30)      # entry = one page unit
-        shared = MooncakeTier("10.0.0.5:50051", "http://10.0.0.5:8080/metadata", protocol="rdma",
-                              device_names="mlx5_0")
-        engine = build_engine("qwen3next", "page", tiers=[host, shared])  # or Engine(..., tiers=[...])
-
-        assert engine.tiering is not None
-        shared.close()
-        host.close()
+    assert engine.tiering is not None
+    shared.close()
+    host.close()
 
 
 def test_typed_api_catches_misuse() -> None:

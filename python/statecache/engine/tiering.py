@@ -1,4 +1,4 @@
-"""Tiers below GPU memory for the reference engine (SPEC.md §8, issue 10).
+"""Tiers below GPU memory for the reference engine (docs/contract.md, "Tiers").
 
 Order: GPU (PAGE store, KV block pool) -> host (``HostTier``) -> shared
 (``MooncakeTier`` / ``RedisTier``). ``Tiering`` moves state images and KV
