@@ -102,6 +102,10 @@ def time_many(fns, reps: int, flush: torch.Tensor) -> list[float]:
     return [statistics.median(a.elapsed_time(b) for a, b in e) / 1e3 for e in ev]
 
 
+def current_stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
 def graph_of(fn) -> torch.cuda.CUDAGraph:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -171,7 +175,7 @@ def bench_layout(name, args, flush, rng):
         # Ceiling: one contiguous copy of the same bytes.
         src = torch.empty(payload, dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)
-        g_copy = graph_of(lambda: dst.copy_(src))
+        g_copy = graph_of(lambda dst=dst, src=src: dst.copy_(src))
         # Torch baseline (stores): gather rows into a padded image, scatter unit rows.
         slot_idx = torch.arange(n, device=dev)
         unit_idx = torch.tensor(ids, device=dev)
@@ -181,7 +185,9 @@ def bench_layout(name, args, flush, rng):
             cols.append((pr, pos, pr.shape[1]))
             pos += pr.shape[1]
 
-        def torch_store():
+        # The loop's values are bound as defaults: graph_of calls it now, and
+        # they are deleted before the next iteration.
+        def torch_store(w=w, img=img, slot_idx=slot_idx, unit_idx=unit_idx, cols=cols, n=n):
             p = 0
             for sr in w.state_rows:
                 img[:, p:p + sr.shape[1]].copy_(sr.index_select(0, slot_idx))
@@ -208,9 +214,8 @@ def bench_layout(name, args, flush, rng):
         torch.cuda.synchronize()
         for sr in w.state_rows:  # images are whole slots here
             assert torch.equal(sr[w.max_ops:w.max_ops + n], sr[:n]), f"{name}: a restore differs from its source"
-        stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
-        g_kernel = graph_of(lambda: cap._engine.launch(stream(), False, False))
-        g_kernel_r = graph_of(lambda: cap_r._engine.launch(stream(), False, False))
+        g_kernel = graph_of(lambda cap=cap: cap._engine.launch(current_stream(), False, False))
+        g_kernel_r = graph_of(lambda cap_r=cap_r: cap_r._engine.launch(current_stream(), False, False))
         times = time_many([g_copy.replay, g_torch.replay, cap.graph.replay, g_kernel.replay, cap_r.graph.replay,
                            g_kernel_r.replay], args.reps, flush)
         for key, t in zip(("copy", "torch", "sc", "kernel", "sc_restore", "kernel_restore"), times):
@@ -238,7 +243,7 @@ def bench_layout(name, args, flush, rng):
         torch.cuda.synchronize()
         r["whole_us"] = (time.perf_counter() - t0) / reps * 1e6
         r["host_limit_us"] = n * 1.0 + 10.0
-        tb = lambda us: 2 * payload / (us * 1e-6) / 1e12  # noqa: E731
+        tb = lambda us, payload=payload: 2 * payload / (us * 1e-6) / 1e12  # noqa: E731
         for key in ("copy", "torch", "sc", "kernel", "whole", "sc_restore", "kernel_restore"):
             r[f"{key}_tbs"] = tb(r[f"{key}_us"])
         for key in ("sc", "kernel", "whole", "sc_restore", "kernel_restore"):

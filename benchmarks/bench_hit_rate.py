@@ -99,6 +99,34 @@ def table(results: list[dict], names: list[str]) -> tuple[str, list[dict]]:
     return "\n".join(lines), checks
 
 
+def per_trace_time(timing: dict, repeats: int) -> str:
+    """Library time per pass per trace, default against the old default:
+    each cell's median over its runs of mean us/pass, pooled over the
+    trace's cells by passes (total library time / total passes)."""
+    lines = [f"\nlibrary time per pass by trace (thread CPU time; each cell the median of {repeats} "
+             f"run(s), pooled over the trace's cells by passes):\n",
+             f"| trace | {DEFAULT} us/pass | {BASELINE} us/pass | ratio | per-cell ratios |",
+             "|---|---:|---:|---:|---|"]
+    traces = sorted({k[0] for k in timing}, key=[k[0] for k in timing].index)
+    for t in traces:
+        tot = {DEFAULT: [0.0, 0], BASELINE: [0.0, 0]}
+        ratios = []
+        for key, runs in timing.items():
+            if key[0] != t or key[3] not in tot:
+                continue
+            us = statistics.median(u for u, _ in runs)
+            tot[key[3]][0] += us * runs[0][1]
+            tot[key[3]][1] += runs[0][1]
+            other = timing.get(key[:3] + (BASELINE,)) if key[3] == DEFAULT else None
+            if other:
+                ratios.append(us / statistics.median(u for u, _ in other))
+        if not (tot[DEFAULT][1] and tot[BASELINE][1]):
+            continue
+        a, b = (tot[n][0] / tot[n][1] for n in (DEFAULT, BASELINE))
+        lines.append(f"| {t} | {a:.1f} | {b:.1f} | {a / b:.2f} | {min(ratios):.2f}-{max(ratios):.2f} |")
+    return "\n".join(lines)
+
+
 def tiers_markdown(results: list[dict]) -> str:
     base = {r["config"]["memory"]: r for r in results if not r["host_memory"]}
     lines = ["| GPU memory | host tier | KV-only hit | state-gated hit | x no host tier | "
@@ -122,15 +150,20 @@ def tiers_markdown(results: list[dict]) -> str:
 def main_tiers(args) -> int:
     gpus = [report.parse_bytes(b) for b in args.gpu_memory.split(",")]
     hosts = [report.parse_bytes(b) for b in args.host_memory.split(",")]
-    reqs = trace.load_trace(args.trace, limit=args.limit)
+    path = find_mooncake()
+    if path is None:
+        print("--tiers needs the Mooncake trace (set STATECACHE_TRACE or put ../shared/traces "
+              "beside the checkout)")
+        return 1
+    reqs = trace.load_trace(path, limit=args.limit)
     configs = [simulator.SimConfig(policy=BASELINE, geometry="hybrid-7b", memory=g, kv_memory=None,
-                                   state_memory=None, concurrency=args.concurrency,
+                                   state_memory=None, concurrency=16,
                                    max_output_tokens=args.max_output_tokens or None,
                                    host_memory=h, tier_kv_share=args.tier_kv_share)
                for g in gpus for h in hosts]
     t0 = time.perf_counter()
     results = simulator.sweep(reqs, configs, jobs=args.jobs, progress=sys.stderr.isatty())
-    print(f"{args.trace}: {len(reqs)} requests; hybrid-7b, one GPU budget for KV + PAGE images, "
+    print(f"{path}: {len(reqs)} requests; hybrid-7b, one GPU budget for KV + PAGE images, "
           f"host tier at 55 GB/s, {100 * args.tier_kv_share:.0f}% of it for KV blocks; policy {BASELINE}; {len(configs)} simulations in "
           f"{time.perf_counter() - t0:.0f} s ({args.jobs} jobs)\n")
     print(tiers_markdown(results))
@@ -157,6 +190,10 @@ def main(argv=None) -> int:
     p.add_argument("--host-memory", default="0,256GB,1TB", help="--tiers: host tier budgets")
     p.add_argument("--tier-kv-share", type=float, default=0.8,
                    help="--tiers: share of the host tier for KV blocks")
+    p.add_argument("--timing-repeats", type=int, default=1,
+                   help="runs of the default and the old default per cell for the time per pass "
+                        "(alternating; each cell's median is used): on a shared machine one run's "
+                        "figure moves by 10-40%%")
     args = p.parse_args(argv)
     if args.tiers:
         return main_tiers(args)
@@ -179,6 +216,7 @@ def main(argv=None) -> int:
         else:
             p.error(f"--traces: unknown trace {t!r}")
     all_results, all_checks, t_start = [], [], time.perf_counter()
+    timing: dict = {}  # (trace, geometry, budget, policy) -> [(mean us/pass, passes)]
     for tname, reqs in traces:
         for geo in args.geometries.split(","):
             configs = [simulator.SimConfig(policy=n, geometry=geo, memory=m, kv_memory=None,
@@ -196,6 +234,18 @@ def main(argv=None) -> int:
             print(md + "\n", flush=True)
             all_results += results
             all_checks += [dict(c, trace=tname, geometry=geo) for c in checks]
+            for r in results:
+                timing.setdefault((tname, geo, r["state_memory"], r["policy"]), []).append(
+                    (r["library_us_per_pass_mean"], r["passes"]))
+            extra = [simulator.SimConfig(policy=n, geometry=geo, memory=m, kv_memory=None,
+                                         state_memory=None,
+                                         max_output_tokens=args.max_output_tokens or None)
+                     for _ in range(args.timing_repeats - 1)
+                     for m in budgets_for(tname, reqs, geo) for n in (DEFAULT, BASELINE)
+                     if n in names]
+            for r in simulator.sweep(reqs, extra, jobs=args.jobs) if extra else []:
+                timing[(tname, geo, r["state_memory"], r["policy"])].append(
+                    (r["library_us_per_pass_mean"], r["passes"]))
 
     gap_ok = [c for c in all_checks if c["gap"] >= -0.5]
     share_ok = [c for c in all_checks if c["largest"] and c["share"] >= 0.95]
@@ -225,6 +275,7 @@ def main(argv=None) -> int:
         print(f"library time per pass, {DEFAULT} / {BASELINE} over {len(med)} cells: median of the "
               f"per-cell ratios of median us/pass {statistics.median(med):.2f}, of mean us/pass "
               f"{statistics.median(mean):.2f} (range {min(mean):.2f}-{max(mean):.2f})")
+    print(per_trace_time(timing, args.timing_repeats))
     print(f"\n{len(all_results)} simulations in {time.perf_counter() - t_start:.0f} s "
           f"({args.jobs} jobs)")
     if args.json:

@@ -13,6 +13,8 @@ void bind_paged_coordinator(pybind11::module_& m);  // coordinator + offload ind
 void bind_copy(pybind11::module_& m);     // span planner, CPU executor, GPU launch
 void bind_hashing(pybind11::module_& m);  // chained token-block hashes and 128-bit prefix keys
 void bind_tiers(pybind11::module_& m);    // host tier arena
+// Last: text signatures for the pybind11-bound functions (signatures.cpp).
+void add_text_signatures(pybind11::module_& m);
 
 }  // namespace statecache::bindings
 

@@ -75,22 +75,29 @@ Frozen; equality and hash by value.)doc");
       .def_property_readonly("forks", &StateTransfer::forks)
       .def_property_readonly("replays", &StateTransfer::replays)
       .def_property_readonly("successor_room", &StateTransfer::successor_room)
-      .def_static("none", [] { return StateTransfer(TransferKind::kNone); })
-      .def_static("replay", [] { return StateTransfer(TransferKind::kReplay); })
+      .def_static("none", [] { return StateTransfer(TransferKind::kNone); },
+          "Returns the transfer that keeps nothing (every hit is capped to 0). Raises nothing.")
+      .def_static("replay", [] { return StateTransfer(TransferKind::kReplay); },
+          "Returns the transfer whose resuming forward rebuilds the state: hits never shrink and "
+          "nothing is kept. Raises nothing.")
       .def_static(
           "fork",
           [](py::handle tokens, py::handle readable) {
             return StateTransfer(TransferKind::kFork, as_int(tokens, "tokens"), std::nullopt,
                                  as_bool(readable, "readable_midstep"));
           },
-          py::arg("tokens"), py::arg("readable_midstep") = false)
+          py::arg("tokens"), py::arg("readable_midstep") = false,
+          "Returns a fork transfer whose successor forward commits ``tokens``. Raises ValueError "
+          "for ``tokens <= 0``.")
       .def_static(
           "copy",
           [](py::handle layout, py::handle readable) {
             return StateTransfer(TransferKind::kCopy, 0, as_layout_id(layout),
                                  as_bool(readable, "readable_midstep"));
           },
-          py::arg("layout_id") = py::none(), py::arg("readable_midstep") = false)
+          py::arg("layout_id") = py::none(), py::arg("readable_midstep") = false,
+          "Returns a copy (PAGE) transfer for the page layout ``layout_id``. Raises only for a bad "
+          "argument (docs/contract.md, \"Errors\").")
       .def_static(
           "from_config",
           [](py::handle kind, py::handle fork_tokens, py::handle layout, py::handle readable) {
@@ -101,7 +108,9 @@ Frozen; equality and hash by value.)doc");
             return StateTransfer(k, tokens, as_layout_id(layout), as_bool(readable, "readable_midstep"));
           },
           py::arg("kind"), py::arg("fork_tokens") = 0, py::arg("paged_layout_id") = py::none(),
-          py::arg("readable_midstep") = false)
+          py::arg("readable_midstep") = false,
+          "Returns the transfer an engine configuration names. Raises ValueError as the "
+          "constructor does.")
       .def("to_wire",
            [](const StateTransfer& t) {
              py::dict d;
@@ -110,7 +119,9 @@ Frozen; equality and hash by value.)doc");
              d["paged_layout_id"] = layout_or_none(t);
              d["readable_midstep"] = py::bool_(t.readable_midstep);
              return d;
-           })
+           },
+          "Returns a new dict with exactly kind, fork_tokens, paged_layout_id and "
+          "readable_midstep. Raises nothing.")
       .def_static(
           "from_wire",
           [](py::handle wire) {
@@ -129,7 +140,9 @@ Frozen; equality and hash by value.)doc");
             return make_transfer(get("kind"), get("fork_tokens"), get("paged_layout_id"),
                                  get("readable_midstep"));
           },
-          py::arg("wire"))
+          py::arg("wire"),
+          "Returns the transfer ``to_wire`` described. Raises TypeError for a non-mapping, "
+          "ValueError for another key set or a bad value.")
       .def("__eq__",
            [](const StateTransfer& a, py::handle b) -> py::object {
              if (!py::isinstance<StateTransfer>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
@@ -184,13 +197,18 @@ void bind_int_list(py::module_& m) {
                if (e == v) return true;
              return false;
            })
-      .def("append", [](IntListView& s, py::handle x) { s.v().push_back(as_int(x, "value")); })
+      .def("append", [](IntListView& s, py::handle x) { s.v().push_back(as_int(x, "value")); },
+          "Appends ``value``; returns None. Raises TypeError (or OverflowError) for a value that "
+          "is not an int64.")
       .def("extend",
            [](IntListView& s, py::handle xs) {
              const std::vector<int64_t> add = as_int_list(xs, "values");  // all or nothing
              s.v().insert(s.v().end(), add.begin(), add.end());
-           })
-      .def("clear", [](IntListView& s) { s.v().clear(); })
+           },
+          "Appends every element of ``values``, all or none; returns None. Raises TypeError (or "
+          "OverflowError) for an element that is not an int64, adding nothing.")
+      .def("clear", [](IntListView& s) { s.v().clear(); },
+          "Empties the list; returns None. Raises nothing.")
       .def(
           "pop",
           [](IntListView& s, py::handle i) {
@@ -199,8 +217,11 @@ void bind_int_list(py::module_& m) {
             s.v().erase(s.v().begin() + static_cast<ptrdiff_t>(k));
             return x;
           },
-          py::arg("index") = -1)
-      .def("copy", [](const IntListView& s) { return to_list(s.v()); })
+          py::arg("index") = -1,
+          "Removes and returns the element at ``index`` (the last by default). Raises IndexError "
+          "when the list is empty or ``index`` is out of range.")
+      .def("copy", [](const IntListView& s) { return to_list(s.v()); },
+          "Returns a plain list snapshot. Raises nothing.")
       .def("__eq__",
            [](const IntListView& s, py::handle other) {
              if (py::isinstance<IntListView>(other)) return s.v() == other.cast<const IntListView&>().v();

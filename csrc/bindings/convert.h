@@ -45,7 +45,7 @@ inline std::string py_repr(py::handle obj) {
                        py_repr(got));
 }
 
-// An int that does not fit: OverflowError as SPEC §3 says, and a ValueError
+// An int that does not fit: OverflowError as docs/contract.md, "Errors" says, and a ValueError
 // too, since it is a bad value (set up by bind_common; OverflowError before).
 inline PyObject* int_range_error = PyExc_OverflowError;
 

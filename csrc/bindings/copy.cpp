@@ -155,15 +155,21 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
           [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores,
              py::handle restores) { return p.compile(as_batch(relocations, copies, stores, restores)); },
           py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(),
-          py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple())
+          py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple(),
+          "Returns the compiled batch. Raises ValueError naming the first bad op (layout id, "
+          "total_bytes, unit count, a slot or unit out of range, two writers of one destination, "
+          "an op reading what another writes), before compiling anything.")
       .def(
           "validate",
           [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores,
              py::handle restores) { p.validate(as_batch(relocations, copies, stores, restores)); },
           py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(),
-          py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple())
+          py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple(),
+          "Checks a batch as ``compile`` does; returns None. Raises ValueError as ``compile`` does.")
       // Holds the GIL: another thread could free or resize a tensor mid-copy.
-      .def("run_on_cpu", &SpanPlanner::run_on_cpu, py::arg("batch"))
+      .def("run_on_cpu", &SpanPlanner::run_on_cpu, py::arg("batch"),
+          "Copies every span of ``batch`` with memcpy (host memory only); returns None. Raises "
+          "ValueError for a batch of another planner.")
       .def(
           "spans",
           [](const SpanPlanner& p, const CompiledBatch& b) {
@@ -171,7 +177,9 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
             for (const CopySpan& s : p.spans(b)) out.append(py::make_tuple(s.src, s.dst, s.bytes));
             return out;
           },
-          py::arg("batch"));
+          py::arg("batch"),
+          "Returns the batch's spans as (src address, dst address, bytes) tuples. Raises "
+          "ValueError for a batch of another planner.");
 
 #ifdef STATECACHE_WITH_GPU
   py::class_<GpuCopyEngine>(m, "_GpuCopyEngine", STATECACHE_GUARDED(GpuCopyEngine), R"doc(
@@ -197,21 +205,31 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
           [](GpuCopyEngine& e, const CompiledBatch& batch, py::handle stream) {
             e.submit(batch, static_cast<uintptr_t>(as_nonneg_int(stream, "stream")));
           },
-          py::arg("batch"), py::arg("stream"))
-      .def("stage", &GpuCopyEngine::stage, py::arg("batch"))
+          py::arg("batch"), py::arg("stream"),
+          "Stages ``batch`` and launches its copy on the raw stream handle ``stream``; returns "
+          "None. Raises ValueError for a batch this engine cannot hold, RuntimeError for a "
+          "CUDA/HIP error.")
+      .def("stage", &GpuCopyEngine::stage, py::arg("batch"),
+          "Fills the next staging buffer with ``batch``'s descriptors, waiting until the device "
+          "read it last time; returns None. Raises ValueError for a batch this engine cannot hold, "
+          "RuntimeError for a CUDA/HIP error.")
       .def(
           "launch",
           [](GpuCopyEngine& e, py::handle stream, py::handle full_transfer, py::handle copy_descriptors) {
             e.launch(static_cast<uintptr_t>(as_nonneg_int(stream, "stream")),
                      as_bool(full_transfer, "full_transfer"), as_bool(copy_descriptors, "copy_descriptors"));
           },
-          py::arg("stream"), py::arg("full_transfer") = false, py::arg("copy_descriptors") = true)
+          py::arg("stream"), py::arg("full_transfer") = false, py::arg("copy_descriptors") = true,
+          "Enqueues the descriptor copy and the kernel on ``stream`` (capturable in a CUDA graph); "
+          "returns None. Raises RuntimeError for a CUDA/HIP error.")
       .def(
           "record_consumed",
           [](GpuCopyEngine& e, py::handle stream) {
             e.record_consumed(static_cast<uintptr_t>(as_nonneg_int(stream, "stream")));
           },
-          py::arg("stream"))
+          py::arg("stream"),
+          "Marks the staging buffer as read once ``stream`` reaches this point; returns None. "
+          "Raises RuntimeError for a CUDA/HIP error.")
       .def_property_readonly("device", &GpuCopyEngine::device)
       .def_property_readonly("num_sms", &GpuCopyEngine::num_sms)
       .def_property_readonly("grid_blocks", &GpuCopyEngine::grid_blocks)

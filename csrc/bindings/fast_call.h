@@ -1,11 +1,15 @@
-// Vectorcall methods and getters for the pools' hot paths.
+// Vectorcall methods and getters for the hot paths (pools, PAGE store and
+// coordinator), and the instance guard and pointer cache they and the
+// collector use.
 //
 // A serving loop calls the pools once or more per sequence per pass, and
 // pybind11's generic dispatcher costs a few times a plain Python method call,
-// which is more than most of these methods' work. Methods registered here are
-// CPython METH_FASTCALL descriptors with a small keyword parser: positional and
+// which is more than most of these methods' work. fast::def registers a
+// CPython METH_FASTCALL descriptor with a small keyword parser: positional and
 // keyword forms, defaults and keyword-only parameters as the reference has
-// them, and C++ exceptions mapped as everywhere else in the module.
+// them, a text signature built from the same parameter list, and C++
+// exceptions mapped as everywhere else in the module. It is the one way a
+// fast method is defined.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -19,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bindings/convert.h"
@@ -70,16 +75,16 @@ inline void set_error_from_current() {
   }
 }
 
-// Fills out[i] for each parameter; optional ones not given stay nullptr.
-// Returns false with a TypeError set, the way CPython words it.
-// Fills out[i] for each of the `n` parameters `names` of `func`; optional ones
-// not given stay nullptr. Returns false with a TypeError set, the way CPython
-// words it. Allocates nothing.
-inline bool parse_args(const char* func, const char* const* names, int n, int required, int positional,
-                       PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) {
-  if (nargs > positional) {
-    PyErr_Format(PyExc_TypeError, "%s() takes %d positional argument%s but %zd were given", func, positional,
-                 positional == 1 ? "" : "s", nargs);
+// Fills out[i] for each parameter of `p`; optional ones not given stay
+// nullptr. Returns false with a TypeError set, the way CPython words it.
+// Allocates nothing.
+inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                  PyObject** out) {
+  const char* func = p.func.c_str();
+  const int n = static_cast<int>(p.cnames.size());
+  if (nargs > p.positional) {
+    PyErr_Format(PyExc_TypeError, "%s() takes %d positional argument%s but %zd were given", func, p.positional,
+                 p.positional == 1 ? "" : "s", nargs);
     return false;
   }
   for (Py_ssize_t i = 0; i < nargs; ++i) out[i] = args[i];
@@ -89,7 +94,7 @@ inline bool parse_args(const char* func, const char* const* names, int n, int re
       PyObject* key = PyTuple_GET_ITEM(kwnames, k);
       int slot = -1;
       for (int i = 0; i < n; ++i)
-        if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) slot = i;
+        if (PyUnicode_CompareWithASCIIString(key, p.cnames[static_cast<size_t>(i)]) == 0) slot = i;
       if (slot < 0) {
         PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", func, key);
         return false;
@@ -101,18 +106,12 @@ inline bool parse_args(const char* func, const char* const* names, int n, int re
       out[slot] = args[nargs + k];
     }
   }
-  for (int i = 0; i < required; ++i)
+  for (int i = 0; i < p.required; ++i)
     if (!out[i]) {
-      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", func, names[i]);
+      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", func, p.cnames[static_cast<size_t>(i)]);
       return false;
     }
   return true;
-}
-
-inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
-                  PyObject** out) {
-  return parse_args(p.func.c_str(), p.cnames.data(), static_cast<int>(p.cnames.size()), p.required, p.positional,
-                    args, nargs, kwnames, out);
 }
 
 // ---- instances: found without pybind11 internals, never uninitialized ----
@@ -123,9 +122,10 @@ inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyOb
 // instance whose __init__ never ran cannot be made by ordinary code (pybind11's
 // own dispatcher would hand such an instance raw storage), and (2) appends one
 // pointer-sized field of ours to the instance layout, caching the C++ object
-// once pybind11's public caster has produced it. The cache is valid for the
-// instance's life: its holder is never replaced (a second __init__ is a
-// no-op) or released (nothing disowns these types).
+// as soon as the instance exists (pybind11's public caster produces it; see
+// cache_fills and cast_cached). The cache is valid for the instance's life:
+// its holder is never replaced (a second __init__ is a no-op) or released
+// (nothing disowns these types). Nothing here reads pybind11's own layout.
 
 // The class being called (set by the metaclass, consumed by tp_new).
 inline PyObject* constructing = nullptr;
@@ -144,8 +144,26 @@ inline PyObject* guarded_new(PyTypeObject* type, PyObject* args, PyObject* kwarg
   return base->tp_new(type, args, kwargs);
 }
 
+// Per class with a cache field: fills an instance's cache (instance_setup
+// registers it; the metaclass calls it once __init__ has run).
+using CacheFill = void (*)(PyObject*);
+inline std::vector<std::pair<PyTypeObject*, CacheFill>> cache_fills;
+
+// Never throws (it runs inside a C slot): an instance it cannot fill keeps an
+// empty cache, as one made before the fill existed would.
+inline void fill_cache(PyObject* obj) noexcept {
+  try {
+    for (PyTypeObject* t = Py_TYPE(obj); t != nullptr; t = t->tp_base)
+      for (const auto& [type, fill] : cache_fills)
+        if (type == t) return fill(obj);
+  } catch (...) {
+    PyErr_Clear();
+  }
+}
+
 // The metaclass: pybind11's default with a call that marks the class being
-// constructed. Created by init_guard (common.cpp) before any class is bound.
+// constructed and, once it is, caches the C++ object in the new instance.
+// Created by init_guard (common.cpp) before any class is bound.
 inline PyObject* guarded_meta = nullptr;
 inline ternaryfunc base_meta_call = nullptr;
 
@@ -154,6 +172,7 @@ inline PyObject* guarded_meta_call(PyObject* type, PyObject* args, PyObject* kwa
   constructing = type;
   PyObject* r = base_meta_call(type, args, kwargs);
   constructing = saved;
+  if (r != nullptr) fill_cache(r);
   return r;
 }
 
@@ -162,12 +181,22 @@ inline py::handle guarded_metaclass() { return py::handle(guarded_meta); }
 template <class T>
 inline Py_ssize_t cache_offset = 0;  // 0: T's class carries no cache field
 
+// Caches the C++ object of `obj`, an instance of T's class (or a subclass)
+// whose __init__ has run, so its holder is constructed and the public raw
+// pointer cast answers (whatever the holder type).
+template <class T>
+void remember_instance(PyObject* obj) {
+  T* p = py::cast<T*>(py::handle(obj));
+  if (p && cache_offset<T> != 0) *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>) = p;
+}
+
 template <class T>
 void instance_setup(PyHeapTypeObject* heap_type) {
   PyTypeObject* t = &heap_type->ht_type;
   cache_offset<T> = t->tp_basicsize;
   t->tp_basicsize += static_cast<Py_ssize_t>(sizeof(void*));
   t->tp_new = &guarded_new;
+  cache_fills.emplace_back(t, &remember_instance<T>);
 }
 
 // The class_ extras that give T's class the guard and the cache field.
@@ -175,28 +204,21 @@ void instance_setup(PyHeapTypeObject* heap_type) {
   ::pybind11::metaclass(::statecache::bindings::fast::guarded_metaclass()), \
       ::pybind11::custom_type_setup(&::statecache::bindings::fast::instance_setup<T>)
 
-// Pickling and copying would go through cls.__new__: refuse them up front
-// with TypeError (value types define __reduce__ instead).
+// For a live object (a pool, a store, a view): pickling and copying raise
+// TypeError up front (they would go through cls.__new__; value types define
+// __reduce__ instead).
+inline PyObject* refuse_live_copy(PyObject* self) {
+  PyErr_Format(PyExc_TypeError, "cannot pickle or copy a %s (it is a live object, not a value)",
+               Py_TYPE(self)->tp_name);
+  return nullptr;
+}
+
 inline void refuse_copy(py::handle cls) {
   static PyMethodDef defs[] = {
-      {"__reduce_ex__",
-       [](PyObject* self, PyObject*) -> PyObject* {
-         PyErr_Format(PyExc_TypeError, "cannot pickle '%s' object", Py_TYPE(self)->tp_name);
-         return nullptr;
-       },
-       METH_O, nullptr},
-      {"__copy__",
-       [](PyObject* self, PyObject*) -> PyObject* {
-         PyErr_Format(PyExc_TypeError, "cannot copy '%s' object", Py_TYPE(self)->tp_name);
-         return nullptr;
-       },
-       METH_NOARGS, nullptr},
-      {"__deepcopy__",
-       [](PyObject* self, PyObject*) -> PyObject* {
-         PyErr_Format(PyExc_TypeError, "cannot copy '%s' object", Py_TYPE(self)->tp_name);
-         return nullptr;
-       },
-       METH_O, nullptr},
+      {"__reduce_ex__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O, nullptr},
+      {"__reduce__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS, nullptr},
+      {"__copy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS, nullptr},
+      {"__deepcopy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O, nullptr},
   };
   for (PyMethodDef& d : defs) {
     py::object descr =
@@ -223,12 +245,47 @@ template <class T>
   return p;
 }
 
-// The cached pointer only (nullptr when never looked up): for tp_traverse /
-// tp_clear, which must not run casts.
+// A C++ value (or shared_ptr) of T as a new Python object with its cache
+// filled: instances made in C++ do not pass through the metaclass.
+template <class T, class V>
+py::object cast_cached(V&& value) {
+  py::object o = py::cast(std::forward<V>(value));
+  remember_instance<T>(o.ptr());
+  return o;
+}
+
+// The cached pointer only, for tp_traverse / tp_clear, which must not run
+// casts. Filled when the instance was made (by calling the class, or by
+// cast_cached); nullptr only for an instance whose __init__ did not run.
 template <class T>
 inline T* cached_instance(PyObject* obj) {
   if (cache_offset<T> == 0) return nullptr;
   return *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>);
+}
+
+// Registers tp_traverse / tp_clear for a bound class that holds Python
+// objects: `visit_all(T&, visitproc, arg)` visits each reference the object
+// owns exactly once, `clear_all(T&)` drops them (the C++ object stays usable).
+// The class also takes the creation guard and the pointer cache the collector
+// reads (fast::instance_setup; pybind11 takes one custom_type_setup per
+// class): declare it with py::metaclass(fast::guarded_metaclass()), and make
+// instances in C++ with fast::cast_cached.
+template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
+py::custom_type_setup gc_setup() {
+  return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+    instance_setup<T>(heap_type);
+    PyTypeObject* type = &heap_type->ht_type;
+    type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+    type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
+      Py_VISIT(Py_TYPE(self));
+      if (T* v = cached_instance<T>(self)) return Traverse(*v, visit, arg);
+      return 0;
+    };
+    type->tp_clear = [](PyObject* self) -> int {
+      if (T* v = cached_instance<T>(self)) Clear(*v);
+      return 0;
+    };
+  });
 }
 
 // `obj` must be an instance of T's class (method descriptors and getsets
@@ -252,7 +309,7 @@ T& self_of(PyObject* self) {
   return *t;
 }
 
-// ---- any object as `seq` (SPEC §6) --------------------------------------
+// ---- any object as `seq` (docs/contract.md, "API guarantees") ----------
 //
 // A `seq` argument is a statecache.Sequence (fast path: the C++ object, read
 // and written in place by the core) or any object with the sequence
@@ -440,15 +497,19 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
   PyObject* a[kMaxParams] = {};
   if (!parse(params_of<F>, args, nargs, kwnames, a)) return nullptr;
   try {
-    return F{}(self_of<T>(self), a);
+    if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a)), py::object>)
+      return F{}(self_of<T>(self), a).release().ptr();
+    else
+      return F{}(self_of<T>(self), a);
   } catch (...) {
     set_error_from_current();
     return nullptr;
   }
 }
 
-// Registers `F` (a captureless lambda PyObject*(T&, PyObject** args)) as
-// method `name` of class `cls`. `names` are the parameter names; the first
+// Registers `F` (a captureless lambda PyObject*(T&, PyObject** args) giving a
+// new reference, or py::object(T&, PyObject** args)) as method `name` of
+// class `cls`. `names` are the parameter names; the first
 // `required` have no default, and only the first `positional` may be passed
 // positionally (-1: all of them).
 template <class T, class F>
@@ -536,58 +597,3 @@ void def_property(py::handle cls, const char* name, Get, Set, const char* doc = 
 }
 
 }  // namespace statecache::bindings::fast
-
-namespace statecache::bindings {
-
-namespace py = pybind11;
-
-// Hand-written METH_FASTCALL functions (the PAGE side's hot methods) use the
-// same helpers: fast_args parses, fast_self finds the instance, fast_call
-// maps exceptions, add_fast_method installs the descriptor.
-
-// Matches (args, nargs, kwnames) to `names`; the first `required` must be
-// given, all may be positional. Missing optional arguments are nullptr.
-template <size_t N>
-std::array<PyObject*, N> fast_args(const char* fn, const std::array<const char*, N>& names, size_t required,
-                                   PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static_assert(N <= fast::kMaxParams, "too many parameters for a fast method");
-  PyObject* out[fast::kMaxParams] = {};
-  if (!fast::parse_args(fn, names.data(), static_cast<int>(N), static_cast<int>(required), static_cast<int>(N), args,
-                        nargs, kwnames, out))
-    throw py::error_already_set();
-  std::array<PyObject*, N> a{};
-  for (size_t i = 0; i < N; ++i) a[i] = out[i];
-  return a;
-}
-
-// The C++ object behind `self`; TypeError when its __init__ did not run.
-template <class T>
-T& fast_self(PyObject* self) {
-  return fast::self_of<T>(self);
-}
-
-// Runs `body` (returning py::object) and maps C++ exceptions to Python ones.
-template <class Body>
-PyObject* fast_call(Body&& body) {
-  try {
-    return body().release().ptr();
-  } catch (...) {
-    fast::set_error_from_current();
-    return nullptr;
-  }
-}
-
-// Installs `def` (static storage) on the bound class as a method descriptor.
-inline void add_fast_method(py::handle cls, PyMethodDef* def) {
-  py::object descr =
-      py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), def));
-  if (!descr) throw py::error_already_set();
-  py::setattr(cls, def->ml_name, descr);
-}
-
-#define STATECACHE_FAST_METHOD(name, fn, doc)                                                       \
-  PyMethodDef {                                                                                     \
-    name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fn)), METH_FASTCALL | METH_KEYWORDS, doc \
-  }
-
-}  // namespace statecache::bindings

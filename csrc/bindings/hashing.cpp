@@ -61,7 +61,8 @@ in the hash of block ``i-1``, starting from ``parent_hash`` (-1: the root), so
 one hash names the whole prefix. A trailing partial block is ignored. To extend
 a sequence's hashes, pass the tokens from the next block boundary on and the
 last hash as ``parent_hash``. Never returns -1 (the library's "none").
-Returns a list of ints, or an int64 NumPy array with ``as_numpy=True``.)doc");
+Returns a list of ints, or an int64 NumPy array with ``as_numpy=True``. Raises
+ValueError for ``block_size <= 0``, TypeError for tokens that are not ints.)doc");
 
   m.def(
       "chain_block_keys",
@@ -99,12 +100,15 @@ block ``i``'s tokens, under a deployment key derived from ``seed`` (an int) and
 it. ``parent_key``: the 16-byte key to chain from (None: the root). Returns
 ``(hashes, keys)``: the 64-bit scheduler hash of each block (derived from its
 key, never -1) and the keys packed as ``16 * n`` bytes (key ``i`` is
-``keys[16*i:16*i+16]``, little-endian). A trailing partial block is ignored.)doc");
+``keys[16*i:16*i+16]``, little-endian). A trailing partial block is ignored.
+Raises ValueError for ``block_size <= 0`` or a ``parent_key`` that is not 16
+bytes, TypeError for a ``salt`` that is not bytes, str or None.)doc");
 
   m.def(
       "scheduler_hash",
       [](py::handle key) { return scheduler_hash(as_prefix_key(key, "key")); }, py::arg("key"),
-      "The 64-bit scheduler hash a 16-byte prefix key names (never -1).");
+      "Returns the 64-bit scheduler hash (never -1) the 16-byte prefix key ``key`` names. Raises "
+      "TypeError for a key that is not bytes, ValueError for one that is not 16 bytes.");
 }
 
 }  // namespace statecache::bindings

@@ -33,9 +33,9 @@ PYBIND11_MODULE(_C, m) {
         d["sanitized"] = static_cast<bool>(STATECACHE_SANITIZED);
         return d;
       },
-      "build_info() -> dict[str, str | bool]\n\n"
       "Facts fixed when the extension was compiled: version, build_type, gpu_request (the "
       "STATECACHE_CUDA setting), gpu_backend ('cuda', 'hip' or 'none'), gpu_archs "
       "(comma-separated), gpu_compiler, gpu_note (why there are no kernels, or ''), "
       "cxx_compiler, pybind11, sanitized. Returns a new dict; raises nothing.");
+  add_text_signatures(m);
 }

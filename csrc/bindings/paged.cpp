@@ -1,4 +1,4 @@
-// BlockPool and PageUnitCheckpointStore (SPEC.md §3, §5), with the owner
+// BlockPool and PageUnitCheckpointStore (docs/contract.md, "Objects", "API guarantees"), with the owner
 // table that turns Python owners into core tokens.
 #include <pybind11/functional.h>
 
@@ -177,7 +177,7 @@ void PyBlockPool::evicted(int64_t hash) {
     e.restore();
     report_callback_error("BlockPool.on_evict");
   } catch (...) {
-    py::detail::try_translate_exceptions();
+    fast::set_error_from_current();  // the module's one C++ -> Python mapping
     report_callback_error("BlockPool.on_evict");
   }
 }
@@ -223,57 +223,6 @@ void PyStore::use_clock(py::object fn) {
   clock = std::move(fn);
 }
 
-// ------------------------------------------------- uninitialised / pickle --
-
-namespace {
-
-PyObject* bare_new(PyObject* cls, PyObject* args, PyObject* kwargs) {
-  PyObject* type = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : nullptr;
-  if (type == nullptr || !PyType_Check(type) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type),
-                                                                 reinterpret_cast<PyTypeObject*>(cls))) {
-    PyErr_Format(PyExc_TypeError, "%s.__new__(X): X must be a subtype of %s", reinterpret_cast<PyTypeObject*>(cls)->tp_name,
-                 reinterpret_cast<PyTypeObject*>(cls)->tp_name);
-    return nullptr;
-  }
-  if (type == cls) {
-    PyErr_Format(PyExc_TypeError, "%s cannot be created without __init__; call %s(...)",
-                 reinterpret_cast<PyTypeObject*>(cls)->tp_name, reinterpret_cast<PyTypeObject*>(cls)->tp_name);
-    return nullptr;
-  }
-  py::tuple rest = py::reinterpret_steal<py::tuple>(PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args)));
-  if (!rest) return nullptr;
-  return reinterpret_cast<PyTypeObject*>(cls)->tp_new(reinterpret_cast<PyTypeObject*>(type), rest.ptr(), kwargs);
-}
-
-}  // namespace
-
-void refuse_uninitialized(py::handle cls) {
-  static PyMethodDef def = {"__new__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&bare_new)),
-                            METH_VARARGS | METH_KEYWORDS, "Refuses a bare instance; call the class instead."};
-  py::object fn = py::reinterpret_steal<py::object>(PyCFunction_New(&def, cls.ptr()));
-  if (!fn) throw py::error_already_set();
-  // Straight into the type's dict: setattr would also replace the tp_new
-  // slot, which the class's own constructor still needs.
-  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
-  if (PyDict_SetItemString(type->tp_dict, "__new__", fn.ptr()) != 0) throw py::error_already_set();
-  // A slot of its own, so that the base's __new__ (pybind11_object.__new__(cls))
-  // refuses this class as "not safe" instead of allocating a bare instance.
-  static newfunc allocate = type->tp_new;
-  type->tp_new = [](PyTypeObject* t, PyObject* args, PyObject* kwargs) { return allocate(t, args, kwargs); };
-  PyType_Modified(type);
-}
-
-void refuse_pickling(py::handle cls) {
-  auto refuse = [](py::handle self, py::args) {
-    throw py::type_error(std::string("cannot pickle or copy a ") + Py_TYPE(self.ptr())->tp_name +
-                         " (it is a live object, not a value)");
-  };
-  py::setattr(cls, "__reduce_ex__", py::cpp_function(refuse, py::is_method(cls), py::name("__reduce_ex__")));
-  py::setattr(cls, "__reduce__", py::cpp_function(refuse, py::is_method(cls), py::name("__reduce__")));
-  py::setattr(cls, "__copy__", py::cpp_function(refuse, py::is_method(cls), py::name("__copy__")));
-  py::setattr(cls, "__deepcopy__", py::cpp_function(refuse, py::is_method(cls), py::name("__deepcopy__")));
-}
-
 std::shared_ptr<PyBlockPool> as_block_pool(py::handle obj, const char* name) {
   if (!py::isinstance<PyBlockPool>(obj)) raise_type(name, "a statecache.BlockPool", obj);
   return obj.cast<std::shared_ptr<PyBlockPool>>();
@@ -302,7 +251,8 @@ void clear_pool(PyBlockPool& p) {
 }
 
 void bind_block_pool(py::module_& m) {
-  py::classh<PyBlockPool> cls(m, "BlockPool", gc_setup<PyBlockPool, &traverse_pool, &clear_pool>(), R"doc(
+  py::classh<PyBlockPool> cls(m, "BlockPool", py::metaclass(fast::guarded_metaclass()),
+                              fast::gc_setup<PyBlockPool, &traverse_pool, &clear_pool>(), R"doc(
 One pool of ``num_blocks`` blocks shared by the KV prefix cache and PAGE
 checkpoint units.
 
@@ -320,8 +270,7 @@ recently freed first, and only once no never-hashed block is free); then
 ``on_evict(hash)`` is called, after the pool is consistent again; an
 exception it raises is reported through ``sys.unraisablehook`` and the call
 that evicted completes normally.)doc");
-  refuse_uninitialized(cls);
-  refuse_pickling(cls);
+  fast::refuse_copy(cls);
   cls.def(py::init([](py::handle num_blocks, py::handle on_evict) {
             if (!on_evict.is_none() && !PyCallable_Check(on_evict.ptr()))
               raise_type("on_evict", "a callable or None", on_evict);
@@ -353,7 +302,9 @@ that evicted completes normally.)doc");
             const bool ok = p.reserve_units(n, token, units);
             return list_or_none(ok, units);
           },
-          py::arg("count"), py::arg("owner"))
+          py::arg("count"), py::arg("owner"),
+          "Returns ``count`` free blocks now held by ``owner``, or None (nothing taken) when fewer "
+          "are free. Raises ValueError for ``count < 0``, TypeError for an unhashable owner.")
       .def(
           "release_units",
           [](PyBlockPool& p, py::handle unit_ids, py::handle owner) {
@@ -362,7 +313,9 @@ that evicted completes normally.)doc");
             p.refuse_store_units(units, token);
             p.release_units(units, token);
           },
-          py::arg("unit_ids"), py::arg("owner"))
+          py::arg("unit_ids"), py::arg("owner"),
+          "Frees units ``owner`` holds; returns None. Raises ValueError, changing nothing, if any "
+          "unit is not held by ``owner`` or belongs to a store's image.")
       .def(
           "rekey_units",
           [](PyBlockPool& p, py::handle unit_ids, py::handle old_owner, py::handle new_owner) {
@@ -380,10 +333,14 @@ that evicted completes normally.)doc");
             p.refuse_store_units(units, old_token);
             p.rekey_units(units, old_token, new_token);
           },
-          py::arg("unit_ids"), py::arg("old_owner"), py::arg("new_owner"))
+          py::arg("unit_ids"), py::arg("old_owner"), py::arg("new_owner"),
+          "Moves units from ``old_owner`` to ``new_owner``; returns None. Raises ValueError, "
+          "changing nothing, if any unit is not held by ``old_owner`` or belongs to a store's "
+          "image.")
       .def(
           "owner_of", [](const PyBlockPool& p, py::handle unit) { return p.owners.owner(p.owner_of(as_int(unit, "unit"))); },
-          py::arg("unit"), "The owner holding ``unit``; None for a free block or one held by the KV cache.")
+          py::arg("unit"), "Returns the owner holding ``unit`` (equal to the one given), or None for a free block "
+          "or one the KV cache holds. Raises IndexError for a unit out of range.")
       .def(
           "allocate",
           [](PyBlockPool& p, py::handle count) {
@@ -391,33 +348,46 @@ that evicted completes normally.)doc");
             const bool ok = p.allocate(as_nonneg_int(count, "count"), blocks);
             return list_or_none(ok, blocks);
           },
-          py::arg("count"), "``count`` blocks with one reference each, or None (nothing taken).")
+          py::arg("count"), "Returns ``count`` blocks for the KV cache (one reference each), never-hashed first, "
+          "then least recently freed; None (nothing taken) when fewer are free. Raises ValueError "
+          "for ``count < 0``.")
       .def(
           "free", [](PyBlockPool& p, py::handle ids) { p.free(as_int_list(ids, "block_ids")); },
-          py::arg("block_ids"), "Drops one reference per listed block.")
+          py::arg("block_ids"), "Drops one reference per listed block; at zero a hashed block stays findable until it is "
+          "reused. Returns None. Raises ValueError, changing nothing, for a block the KV cache "
+          "does not hold.")
       .def(
           "incref", [](PyBlockPool& p, py::handle ids) { p.incref(as_int_list(ids, "block_ids")); },
-          py::arg("block_ids"), "Takes one more reference per listed block (a prefix hit).")
+          py::arg("block_ids"), "Takes one more reference per listed block (a prefix hit; a cached free block is taken "
+          "back). Returns None. Raises ValueError, changing nothing, for a block neither held nor "
+          "cached.")
       .def(
           "lookup", [](const PyBlockPool& p, py::handle h) { return p.lookup(as_int(h, "hash")); },
-          py::arg("hash"), "The block holding ``hash``, or -1.")
+          py::arg("hash"), "Returns the block indexed under ``hash``, or -1. Raises only for a bad argument "
+          "(docs/contract.md, \"Errors\").")
       .def(
           "publish",
           [](PyBlockPool& p, py::handle block, py::handle h) {
             return p.publish(as_int(block, "block"), as_int(h, "hash"));
           },
           py::arg("block"), py::arg("hash"),
-          "Files a full KV block under ``hash``; False when another block already holds it.")
+          "Indexes a full KV block under ``hash``; returns False when another block already holds "
+          "that hash. Raises ValueError for a block the KV cache does not hold or ``hash == -1``.")
       .def(
           "block_hash", [](const PyBlockPool& p, py::handle b) { return p.block_hash(as_int(b, "block")); },
-          py::arg("block"))
+          py::arg("block"),
+          "Returns the hash ``block`` is indexed under, or -1. Raises IndexError for a block out "
+          "of range.")
       .def(
           "ref_count", [](const PyBlockPool& p, py::handle b) { return p.ref_count(as_int(b, "block")); },
-          py::arg("block"))
+          py::arg("block"),
+          "Returns ``block``'s KV reference count. Raises IndexError for a block out of range.")
       .def("reset_prefix_cache", &BlockPool::reset_prefix_cache,
-           "Drops every hash from the index (on_evict fires for each); returns how many.")
+           "Drops every cached free block from the index (on_evict fires for each); returns how "
+          "many. Raises what an on_evict handler raised, after the pool is consistent.")
       .def("check_consistency", &BlockPool::check_consistency,
-           "Raises AssertionError when an internal invariant is broken (for tests).");
+           "Checks the pool's internal invariants (for tests); returns None. Raises AssertionError "
+          "when one is broken.");
 }
 
 // ------------------------------------------------------------ store views --
@@ -444,11 +414,11 @@ void clear_view(View& v) {
 }
 
 template <class View>
-View make_view(py::handle store_obj) {
+py::object make_view(py::handle store_obj) {
   View v;
   v.owner = py::reinterpret_borrow<py::object>(store_obj);
   v.store = store_obj.cast<std::shared_ptr<PyStore>>();
-  return v;
+  return fast::cast_cached<View>(std::move(v));
 }
 
 py::object record_or_none(const std::shared_ptr<Store>& s, py::handle key) {
@@ -490,11 +460,10 @@ py::dict index_dict(const std::shared_ptr<Store>& s) {
 
 // Read-only mapping protocol over one of the store's tables.
 template <class View>
-void def_mapping(py::class_<View>& cls, py::object (*get)(const std::shared_ptr<Store>&, py::handle),
+void def_mapping(py::classh<View>& cls, py::object (*get)(const std::shared_ptr<Store>&, py::handle),
                  py::list (*keys)(const std::shared_ptr<Store>&), py::dict (*as_dict)(const std::shared_ptr<Store>&),
                  int64_t (*size)(const Store&)) {
-  refuse_uninitialized(cls);
-  refuse_pickling(cls);
+  fast::refuse_copy(cls);
   cls.def("__len__", [size](const View& v) { return size(*v.store); })
       .def("__getitem__",
            [get](const View& v, py::handle k) {
@@ -504,17 +473,22 @@ void def_mapping(py::class_<View>& cls, py::object (*get)(const std::shared_ptr<
            })
       .def("__contains__", [get](const View& v, py::handle k) { return !get(v.store, k).is_none(); })
       .def("__iter__", [keys](const View& v) { return py::iter(keys(v.store)); })
-      .def("keys", [keys](const View& v) { return keys(v.store); })
-      .def("values", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("values")()); })
-      .def("items", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("items")()); })
+      .def("keys", [keys](const View& v) { return keys(v.store); },
+          "Returns a list snapshot of the keys. Raises nothing.")
+      .def("values", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("values")()); },
+          "Returns a list snapshot of the values. Raises nothing.")
+      .def("items", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("items")()); },
+          "Returns a list snapshot of the (key, value) pairs. Raises nothing.")
       .def(
           "get",
           [get](const View& v, py::handle k, py::object dflt) {
             py::object r = get(v.store, k);
             return r.is_none() ? dflt : r;
           },
-          py::arg("key"), py::arg("default") = py::none())
-      .def("copy", [as_dict](const View& v) { return as_dict(v.store); })
+          py::arg("key"), py::arg("default") = py::none(),
+          "Returns the value under ``key``, or ``default`` when there is none. Raises nothing.")
+      .def("copy", [as_dict](const View& v) { return as_dict(v.store); },
+          "Returns a plain dict snapshot. Raises nothing.")
       .def("__eq__", [as_dict](const View& v, py::handle other) { return as_dict(v.store).equal(other); })
       .def("__repr__", [as_dict](const View& v) { return py_repr(as_dict(v.store)); });
   py::module_::import("collections.abc").attr("Mapping").attr("register")(cls);
@@ -524,17 +498,19 @@ int64_t num_records(const Store& s) { return s.num_records(); }
 int64_t num_indexed(const Store& s) { return s.hash_index_size(); }
 
 void bind_store_views(py::module_& m) {
-  py::class_<RecordsView> records(m, "CheckpointRecordsView", gc_setup<RecordsView, &traverse_view<RecordsView>, &clear_view<RecordsView>>(),
+  py::classh<RecordsView> records(m, "CheckpointRecordsView", py::metaclass(fast::guarded_metaclass()),
+                                  fast::gc_setup<RecordsView, &traverse_view<RecordsView>, &clear_view<RecordsView>>(),
                                   "Live read-only mapping checkpoint id -> CheckpointRecord (live, read-only), oldest first.");
   def_mapping(records, &record_or_none, &record_keys, &records_dict, &num_records);
-  py::class_<HashIndexView> index(m, "CheckpointHashIndexView", gc_setup<HashIndexView, &traverse_view<HashIndexView>, &clear_view<HashIndexView>>(),
+  py::classh<HashIndexView> index(m, "CheckpointHashIndexView", py::metaclass(fast::guarded_metaclass()),
+                                  fast::gc_setup<HashIndexView, &traverse_view<HashIndexView>, &clear_view<HashIndexView>>(),
                                   "Live read-only mapping hash -> READY checkpoint id, in the order they became READY.");
   def_mapping(index, &index_or_none, &index_keys, &index_dict, &num_indexed);
 
-  py::class_<BacklogView> backlog(m, "OffloadBacklogView", gc_setup<BacklogView, &traverse_view<BacklogView>, &clear_view<BacklogView>>(),
+  py::classh<BacklogView> backlog(m, "OffloadBacklogView", py::metaclass(fast::guarded_metaclass()),
+                                  fast::gc_setup<BacklogView, &traverse_view<BacklogView>, &clear_view<BacklogView>>(),
                                   "Live view of the checkpoint ids nominated for offload, oldest first.");
-  refuse_uninitialized(backlog);
-  refuse_pickling(backlog);
+  fast::refuse_copy(backlog);
   backlog
       .def("__len__", [](const BacklogView& v) { return v.store->store_backlog().size(); })
       .def("__bool__", [](const BacklogView& v) { return !v.store->store_backlog().empty(); })
@@ -582,42 +558,6 @@ namespace {
 
 // ---- hot methods (fastcall) ----
 
-PyObject* store_lookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<1>("lookup", {"prefix_hash"}, 1, args, nargs, kwnames);
-    const Store& s = fast_self<PyStore>(self);
-    return py::reinterpret_steal<py::object>(PyLong_FromLongLong(s.lookup(as_int(a[0], "prefix_hash"))));
-  });
-}
-
-PyObject* store_contains_or_pending(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<1>("contains_or_pending", {"prefix_hash"}, 1, args, nargs, kwnames);
-    const Store& s = fast_self<PyStore>(self);
-    return py::reinterpret_steal<py::object>(PyBool_FromLong(s.contains_or_pending(as_int(a[0], "prefix_hash"))));
-  });
-}
-
-PyObject* store_begin_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&]() -> py::object {
-    auto a = fast_args<3>("begin_store", {"prefix_hash", "src_slot", "position"}, 2, args, nargs, kwnames);
-    Store& s = fast_self<PyStore>(self);
-    const int64_t position = a[2] == nullptr ? 0 : as_int(a[2], "position");
-    if (position < 0) bad_argument("position", position, "must be >= 0");
-    auto op = s.begin_store(as_int(a[0], "prefix_hash"), as_int(a[1], "src_slot"), position);
-    return op ? py::cast(std::move(*op)) : py::none();
-  });
-}
-
-PyObject* store_begin_restore(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&]() -> py::object {
-    auto a = fast_args<2>("begin_restore", {"prefix_hash", "dst_slot"}, 2, args, nargs, kwnames);
-    Store& s = fast_self<PyStore>(self);
-    auto op = s.begin_restore(as_int(a[0], "prefix_hash"), as_int(a[1], "dst_slot"));
-    return op ? py::cast(std::move(*op)) : py::none();
-  });
-}
-
 py::object pool_object(const PyStore& s) {
   if (!s.pool_obj.is_none()) return s.pool_obj;
   return py::cast(s.py_pool());
@@ -637,7 +577,7 @@ void clear_store(PyStore& s) {
 
 void bind_store(py::module_& m) {
   py::classh<PyStore> cls(m, "PageUnitCheckpointStore", py::metaclass(fast::guarded_metaclass()),
-                          guarded_gc_setup<PyStore, &traverse_store, &clear_store>(), R"doc(
+                          fast::gc_setup<PyStore, &traverse_store, &clear_store>(), R"doc(
 Content index and unit ownership for PAGE checkpoint images.
 
 ``begin_store`` files a COPYING record whose units the next batch scatters
@@ -646,7 +586,7 @@ only state ``lookup`` finds. READY unpinned checkpoints are spent least
 recently used first when units run short. Offload: READY checkpoints are
 nominated to a tier (``offload_sink``), handed out pinned by
 ``take_offload_stores`` and unpinned in two phases.)doc");
-  refuse_pickling(cls);
+  fast::refuse_copy(cls);
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle sink) {
             auto p = as_block_pool(pool, "pool");
             const PagedStateCheckpointSpec sp = as_spec(spec, "spec");
@@ -666,11 +606,16 @@ nominated to a tier (``offload_sink``), handed out pinned by
       .def_property_readonly("records", [](py::handle self) { return make_view<RecordsView>(self); })
       .def_property_readonly("hash_to_checkpoint", [](py::handle self) { return make_view<HashIndexView>(self); })
       .def_property_readonly("store_backlog", [](py::handle self) { return make_view<BacklogView>(self); })
-      .def("take_restore_ops", [](PyStore& s) { return to_py_tuple(s.take_restore_ops()); })
+      .def("take_restore_ops", [](PyStore& s) { return to_py_tuple(s.take_restore_ops()); },
+          "Returns and clears this batch's queued restores, oldest first. Raises nothing.")
       .def("cancel_queued_restore",
-           [](PyStore& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"))
+           [](PyStore& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"),
+          "Drops the restore queued into ``dst_slot`` and its pin (no-op without one); returns "
+          "None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def("changed_since", [](const PyStore& s, py::handle g) { return changed_since_py(s, g); }, py::arg("generation"),
-           "Hashes whose READY standing could differ from what it was at ``generation``; None once the log no longer reaches back that far.")
+           "Returns the set of hashes whose READY standing may differ from what it was at "
+          "``generation``, or None when the log no longer reaches back that far (at least 4,000 "
+          "bumps are kept). Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "adopt_units",
           [](PyStore& s, py::handle unit_ids, py::handle owner, py::handle h) {
@@ -679,30 +624,65 @@ nominated to a tier (``offload_sink``), handed out pinned by
             auto pool = s.py_pool();
             return s.adopt_units(units, pool->owners.token(owner, *pool), prefix_hash);
           },
-          py::arg("unit_ids"), py::arg("owner"), py::arg("prefix_hash"))
-      .def("complete_inflight", &Store::complete_inflight)
+          py::arg("unit_ids"), py::arg("owner"), py::arg("prefix_hash"),
+          "Files units ``owner`` holds as a READY image under ``prefix_hash``; returns False "
+          "(units left with the owner) when the hash is already kept. Raises ValueError, changing "
+          "nothing, for a wrong unit count, units the owner does not hold, or ``prefix_hash == "
+          "-1``.")
+      .def("complete_inflight", &Store::complete_inflight,
+          "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
+          "Raises nothing.")
       .def("unindex", [](PyStore& s, py::handle h) { return s.unindex(as_int(h, "prefix_hash")); },
-           py::arg("prefix_hash"))
+           py::arg("prefix_hash"),
+          "Drops the unpinned image filed under ``prefix_hash``; returns whether one was dropped. "
+          "Raises only for a bad argument (docs/contract.md, \"Errors\").")
 
-      .def("clear", &Store::clear)
+      .def("clear", &Store::clear,
+          "Drops every unpinned image and returns its units to the pool; returns None. Raises what "
+          "an on_evict handler raised, after the store is consistent.")
       .def(
           "use_clock", [](PyStore& s, py::object clock) { s.use_clock(std::move(clock)); }, py::arg("clock"),
-          "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores it. For tests.")
+          "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores "
+          "it (for tests). Returns None. Raises TypeError for an object that is not callable or "
+          "None.")
       .def("check_consistency", &Store::check_consistency,
-           "Raises AssertionError when an internal invariant is broken (for tests).");
+           "Checks the store's internal invariants (for tests); returns None. Raises AssertionError "
+          "when one is broken.");
   def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
-  static PyMethodDef fast[] = {
-      STATECACHE_FAST_METHOD("lookup", &store_lookup, "lookup(prefix_hash)\n--\n\nThe READY checkpoint id filed under the hash, or -1."),
-      STATECACHE_FAST_METHOD("contains_or_pending", &store_contains_or_pending,
-                             "contains_or_pending(prefix_hash)\n--\n\nREADY, or a store of it is on its way."),
-      STATECACHE_FAST_METHOD("begin_store", &store_begin_store,
-                             "begin_store(prefix_hash, src_slot, position=0)\n--\n\n"
-                             "A CheckpointStoreOp filing a COPYING image (evicting if needed), or None."),
-      STATECACHE_FAST_METHOD("begin_restore", &store_begin_restore,
-                             "begin_restore(prefix_hash, dst_slot)\n--\n\n"
-                             "A CheckpointRestoreOp reading the READY image (pinned until the batch completes), or None."),
-  };
-  for (PyMethodDef& def : fast) add_fast_method(cls, &def);
+  using fast::to_py;
+  fast::def<PyStore>(
+      cls, "lookup", [](PyStore& s, PyObject** a) { return to_py(s.lookup(as_int(a[0], "prefix_hash"))); },
+      {"prefix_hash"}, 1,
+      "Returns the READY checkpoint id filed under ``prefix_hash``, or -1. Raises only for a bad "
+      "argument (docs/contract.md, \"Errors\").");
+  fast::def<PyStore>(
+      cls, "contains_or_pending",
+      [](PyStore& s, PyObject** a) { return to_py(s.contains_or_pending(as_int(a[0], "prefix_hash"))); },
+      {"prefix_hash"}, 1,
+      "Returns whether an image of ``prefix_hash`` is READY or a store of it is on its way. Raises "
+      "only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::def<PyStore>(
+      cls, "begin_store",
+      [](PyStore& s, PyObject** a) -> PyObject* {
+        const int64_t position = a[2] == nullptr ? 0 : as_int(a[2], "position");
+        if (position < 0) bad_argument("position", position, "must be >= 0");
+        auto op = s.begin_store(as_int(a[0], "prefix_hash"), as_int(a[1], "src_slot"), position);
+        return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
+      },
+      {"prefix_hash", "src_slot", "position=0"}, 2,
+      "Returns the op filing a COPYING image of ``src_slot`` taken at ``position`` (evicting "
+      "unpinned READY images if needed), or None when the units cannot be had or the hash is "
+      "already kept. Raises ValueError for ``position < 0`` or ``prefix_hash == -1``.");
+  fast::def<PyStore>(
+      cls, "begin_restore",
+      [](PyStore& s, PyObject** a) -> PyObject* {
+        auto op = s.begin_restore(as_int(a[0], "prefix_hash"), as_int(a[1], "dst_slot"));
+        return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
+      },
+      {"prefix_hash", "dst_slot"}, 2,
+      "Returns an op reading the READY image of ``prefix_hash`` into ``dst_slot`` (the image "
+      "stays pinned until the batch completes), or None when no READY image is filed under the "
+      "hash. Raises only for a bad argument (docs/contract.md, \"Errors\").");
 }
 
 }  // namespace

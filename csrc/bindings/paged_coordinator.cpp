@@ -1,4 +1,4 @@
-// PagedStateCheckpointCoordinator and StateOffloadIndex (SPEC.md §3, §8).
+// PagedStateCheckpointCoordinator and StateOffloadIndex (docs/contract.md, "Objects", "Tiers").
 #include <pybind11/stl.h>
 
 #include <unordered_map>
@@ -80,7 +80,7 @@ class PyCoordinator : public Coordinator {
                 py::object offload, bool readable_midstep)
       : Coordinator(make_store(pool_obj, pool, std::move(spec), !offload.is_none()), enabled, readable_midstep),
         pool_(std::move(pool)) {
-    store_obj = py::cast(std::static_pointer_cast<PyStore>(store_ptr()));
+    store_obj = fast::cast_cached<PyStore>(std::static_pointer_cast<PyStore>(store_ptr()));
     set_offload(std::move(offload), true);
   }
 
@@ -130,7 +130,7 @@ class PyCoordinator : public Coordinator {
     return py::cast(std::static_pointer_cast<PyStore>(store_ptr()));
   }
 
-  // ---- sequences that are not statecache.Sequence (SPEC §6) ----
+  // ---- sequences that are not statecache.Sequence (docs/contract.md, "API guarantees") ----
   //
   // The core files a boundary under a Sequence it keeps until the drain and
   // tells sequences apart by that object. An engine's own request object
@@ -265,60 +265,42 @@ int64_t hit_for(const Coordinator& c, const Sequence& seq, int64_t hit, py::hand
   });
 }
 
-// ---- hot methods (fastcall) ----
+// ---- hot methods (fast::def) ----
 
-PyObject* coord_resumable_hit(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<4>("resumable_hit", {"seq", "hit", "block_hashes", "assume_checkpointed"}, 3, args, nargs,
-                          kwnames);
-    const PyCoordinator& c = fast_self<PyCoordinator>(self);
-    fast::SeqArg seq(a[0], "seq", fast::kHasCache);
-    const bool assume = a[3] != nullptr && as_bool(a[3], "assume_checkpointed");
-    return py::reinterpret_steal<py::object>(
-        PyLong_FromLongLong(hit_for(c, seq.get(), as_int(a[1], "hit"), a[2], assume)));
-  });
+py::object coord_resumable_hit(PyCoordinator& c, PyObject** a) {
+  fast::SeqArg seq(a[0], "seq", fast::kHasCache);
+  const bool assume = a[3] != nullptr && as_bool(a[3], "assume_checkpointed");
+  return py::reinterpret_steal<py::object>(
+      PyLong_FromLongLong(hit_for(c, seq.get(), as_int(a[1], "hit"), a[2], assume)));
 }
 
-PyObject* coord_resumable_hits(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<4>("resumable_hits", {"seqs", "hits", "block_hashes", "assume_checkpointed"}, 2, args, nargs,
-                          kwnames);
-    const PyCoordinator& c = fast_self<PyCoordinator>(self);
-    return resumable_hits_arg(c, a[0], a[1], a[2], a[3], fast::kHasCache);
-  });
+py::object coord_resumable_hits(PyCoordinator& c, PyObject** a) {
+  return resumable_hits_arg(c, a[0], a[1], a[2], a[3], fast::kHasCache);
 }
 
-PyObject* coord_checkpoint(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<3>("checkpoint", {"seq", "boundary_blocks", "h"}, 3, args, nargs, kwnames);
-    PyCoordinator& c = fast_self<PyCoordinator>(self);
-    const int64_t blocks = as_int(a[1], "boundary_blocks");
-    const int64_t h = as_int(a[2], "h");
-    fast::SeqArg seq(a[0], "seq", fast::kHasCache | fast::kStateSlot);
-    if (seq.native()) {
-      c.checkpoint(as_sequence(a[0], "seq"), blocks, h);
-      return py::none();
-    }
-    then_prune(c, [&] { c.checkpoint(c.filed_as(seq), blocks, h); });
+py::object coord_checkpoint(PyCoordinator& c, PyObject** a) {
+  const int64_t blocks = as_int(a[1], "boundary_blocks");
+  const int64_t h = as_int(a[2], "h");
+  fast::SeqArg seq(a[0], "seq", fast::kHasCache | fast::kStateSlot);
+  if (seq.native()) {
+    c.checkpoint(as_sequence(a[0], "seq"), blocks, h);
     return py::none();
-  });
+  }
+  then_prune(c, [&] { c.checkpoint(c.filed_as(seq), blocks, h); });
+  return py::none();
 }
 
-PyObject* coord_checkpoint_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<3>("checkpoint_many", {"seqs", "boundary_blocks", "hashes"}, 3, args, nargs, kwnames);
-    PyCoordinator& c = fast_self<PyCoordinator>(self);
-    const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
-    SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kStateSlot);
-    then_prune(c, [&] {
-      std::vector<std::shared_ptr<Sequence>> filed;
-      filed.reserve(seqs.size());
-      for (size_t i = 0; i < seqs.size(); ++i)
-        filed.push_back(seqs.is_native(i) ? as_sequence(seqs.object(i), "seqs") : c.filed_as(*seqs.generic(i)));
-      c.checkpoint_many(filed, seqs.keys(), blocks.span(), hashes.span());
-    });
-    return py::none();
+py::object coord_checkpoint_many(PyCoordinator& c, PyObject** a) {
+  const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
+  SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kStateSlot);
+  then_prune(c, [&] {
+    std::vector<std::shared_ptr<Sequence>> filed;
+    filed.reserve(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i)
+      filed.push_back(seqs.is_native(i) ? as_sequence(seqs.object(i), "seqs") : c.filed_as(*seqs.generic(i)));
+    c.checkpoint_many(filed, seqs.keys(), blocks.span(), hashes.span());
   });
+  return py::none();
 }
 
 // What forget_pending works on for `obj` (whose fields were read into
@@ -342,36 +324,24 @@ void forget_pending_of(PyCoordinator& c, SeqBatch& seqs) {
   });
 }
 
-PyObject* coord_forget_pending_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<1>("forget_pending_many", {"seqs"}, 1, args, nargs, kwnames);
-    PyCoordinator& c = fast_self<PyCoordinator>(self);
-    SeqBatch seqs(a[0], "seqs", fast::kStateSlot);
-    forget_pending_of(c, seqs);
-    return py::none();
-  });
+py::object coord_forget_pending_many(PyCoordinator& c, PyObject** a) {
+  SeqBatch seqs(a[0], "seqs", fast::kStateSlot);
+  forget_pending_of(c, seqs);
+  return py::none();
 }
 
-PyObject* coord_begin_restore(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<2>("begin_restore", {"h", "dst_slot"}, 2, args, nargs, kwnames);
-    PyCoordinator& c = fast_self<PyCoordinator>(self);
-    const int64_t h = as_int(a[0], "h");
-    return py::reinterpret_steal<py::object>(PyBool_FromLong(c.begin_restore(h, as_int(a[1], "dst_slot"))));
-  });
+py::object coord_begin_restore(PyCoordinator& c, PyObject** a) {
+  const int64_t h = as_int(a[0], "h");
+  return py::reinterpret_steal<py::object>(PyBool_FromLong(c.begin_restore(h, as_int(a[1], "dst_slot"))));
 }
 
-PyObject* coord_begin_restores(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<2>("begin_restores", {"hashes", "dst_slots"}, 2, args, nargs, kwnames);
-    PyCoordinator& c = fast_self<PyCoordinator>(self);
-    const IntSpan hashes(a[0], "hashes"), slots(a[1], "dst_slots");
-    const std::vector<uint8_t> queued = c.begin_restores(hashes.span(), slots.span());
-    py::list out(queued.size());
-    for (size_t i = 0; i < queued.size(); ++i)
-      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), Py_NewRef(queued[i] ? Py_True : Py_False));
-    return out;
-  });
+py::object coord_begin_restores(PyCoordinator& c, PyObject** a) {
+  const IntSpan hashes(a[0], "hashes"), slots(a[1], "dst_slots");
+  const std::vector<uint8_t> queued = c.begin_restores(hashes.span(), slots.span());
+  py::list out(queued.size());
+  for (size_t i = 0; i < queued.size(); ++i)
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), Py_NewRef(queued[i] ? Py_True : Py_False));
+  return out;
 }
 
 py::dict fates(const PyCoordinator& c) {
@@ -398,7 +368,7 @@ py::dict fates(const PyCoordinator& c) {
 
 void bind_coordinator(py::module_& m) {
   py::classh<PyCoordinator> cls(m, "PagedStateCheckpointCoordinator", py::metaclass(fast::guarded_metaclass()),
-                                guarded_gc_setup<PyCoordinator, &traverse_coordinator, &clear_coordinator>(), R"doc(
+                                fast::gc_setup<PyCoordinator, &traverse_coordinator, &clear_coordinator>(), R"doc(
 Schedules PAGE checkpoints for per-request state.
 
 ``checkpoint(seq, blocks, h)`` files a boundary (a newer one from the same
@@ -407,7 +377,7 @@ out this batch's ``(stores, restores)``; ``complete_previous_batch()`` at the
 top of the next pass makes them READY. Midstep positions borrow scratch slots
 from the pool given to ``attach_midstep_scratch``. ``resumable_hit`` also
 accepts boundaries the attached tier ``could_serve``.)doc");
-  refuse_pickling(cls);
+  fast::refuse_copy(cls);
   cls.attr("successor_room") = 0.0;
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle enabled, py::object offload,
                       py::handle readable_midstep) {
@@ -431,14 +401,19 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           [](const PyCoordinator& c, py::handle seq) {
             return c.applies(fast::SeqArg(seq.ptr(), "seq", fast::kHasCache).get());
           },
-          py::arg("seq"))
+          py::arg("seq"),
+          "Returns whether this coordinator checkpoints anything for ``seq`` (enabled and the "
+          "sequence has a per-request cache). Raises TypeError for an object without the sequence "
+          "attributes.")
       .def(
           "attach_midstep_scratch",
           [](PyCoordinator& c, py::object pool, py::handle max_ops) {
             c.set_scratch(std::move(pool), as_nonneg_int(max_ops, "max_ops_per_batch"));
           },
           py::arg("slot_pool"), py::arg("max_ops_per_batch"),
-          "Where midstep scratch slots come from, and how many copies one batch's descriptor holds.")
+          "Borrows midstep scratch slots from ``slot_pool`` (a StateSlotPool), at most "
+          "``max_ops_per_batch`` copies a batch; returns None. Raises TypeError for another pool "
+          "type, ValueError for a negative count.")
       .def(
           "reserve_midstep",
           [](PyCoordinator& c, py::handle seq, py::handle positions) {
@@ -447,22 +422,31 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, h));
             return out;
           },
-          py::arg("seq"), py::arg("positions"))
+          py::arg("seq"), py::arg("positions"),
+          "Reserves a scratch slot per interior (position, hash) boundary of the next forward; "
+          "returns the (slot, position, hash) reservations, stopping at the first shortage (empty "
+          "without scratch). Raises ValueError for a hash of -1, TypeError for malformed positions.")
       .def(
           "publish_midstep",
           [](PyCoordinator& c, py::handle reservations, py::handle) { c.publish_midstep(as_reservations(reservations)); },
-          py::arg("reservations"), py::arg("seq") = py::none())
+          py::arg("reservations"), py::arg("seq") = py::none(),
+          "Files the reserved midstep states for the next ``take_checkpoint_ops``; returns None. "
+          "Raises ValueError for a reservation this coordinator did not hand out.")
       .def(
           "cancel_midstep",
           [](PyCoordinator& c, py::handle reservations) { c.cancel_midstep(as_reservations(reservations)); },
-          py::arg("reservations"))
+          py::arg("reservations"),
+          "Returns reserved scratch slots unused (the forward never ran); returns None. Raises "
+          "ValueError for a reservation this coordinator did not hand out.")
       .def(
           "forget_pending",
           [](PyCoordinator& c, py::handle seq) {
             fast::SeqArg s(seq.ptr(), "seq", fast::kStateSlot);
             then_prune(c, [&] { c.forget_pending(*forget_target(c, s.object(), s.get(), s.native())); });
           },
-          py::arg("seq"))
+          py::arg("seq"),
+          "Drops ``seq``'s filed boundary that no batch has begun yet (and a restore queued into "
+          "its slot); returns None. Raises TypeError for an object without the sequence attributes.")
       .def("take_checkpoint_ops",
            [](PyCoordinator& c) {
              // The drain reads each filed sequence's state_slot; an engine
@@ -470,8 +454,13 @@ accepts boundaries the attached tier ``could_serve``.)doc");
              c.refresh_generic();
              auto [stores, restores] = then_prune(c, [&] { return c.take_checkpoint_ops(); });
              return py::make_tuple(to_py_tuple(std::move(stores)), to_py_tuple(std::move(restores)));
-           })
-      .def("complete_previous_batch", &Coordinator::complete_previous_batch)
+           },
+          "Begins the filed stores and returns this batch's (stores, restores) tuples. Raises "
+          "RuntimeError when called from inside itself (an eviction handler), and what an on_evict "
+          "handler raised, after the coordinator is consistent.")
+      .def("complete_previous_batch", &Coordinator::complete_previous_batch,
+          "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
+          "Raises RuntimeError when called from inside take_checkpoint_ops.")
       .def(
           "reserve_transfer_units",
           [](PyCoordinator& c, py::handle owner) -> py::object {
@@ -481,7 +470,9 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             c.pool().owners.retain(token);
             return to_tuple(*units);
           },
-          py::arg("owner"), "One image's worth of units for an external load, or None.")
+          py::arg("owner"), "Reserves one image's units under (\"state-transfer\", owner) for an external load; "
+          "returns their ids, or None when they cannot be had. Raises ValueError for owner None, "
+          "TypeError for an unhashable owner.")
       .def(
           "release_transfer_units",
           [](PyCoordinator& c, py::handle owner) {
@@ -490,7 +481,9 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             c.release_transfer_units(token);
             if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
           },
-          py::arg("owner"))
+          py::arg("owner"),
+          "Gives a transfer reservation's units back (no-op without one); returns None. Raises "
+          "TypeError for an unhashable owner.")
       .def(
           "adopt_transfer_units",
           [](PyCoordinator& c, py::handle owner, py::handle h) {
@@ -501,14 +494,19 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
             return adopted;
           },
-          py::arg("owner"), py::arg("prefix_hash"))
+          py::arg("owner"), py::arg("prefix_hash"),
+          "Files the loaded units as a READY image under ``prefix_hash``; returns False when "
+          "``owner`` holds no reservation or the hash is already kept (the units then go back). "
+          "Raises ValueError for ``prefix_hash == -1``.")
       .def(
           "attach_offload",
           [](PyCoordinator& c, py::object index, py::handle sink) {
             c.set_offload(std::move(index), as_bool(sink, "sink"));
           },
           py::arg("index"), py::kw_only(), py::arg("sink") = true,
-          "Attaches a tier (its vote, and as a sink unless ``sink=False``), or detaches with None.")
+          "Attaches a tier (its vote in ``resumable_hit``, and a sink for offload nominations "
+          "unless ``sink=False``), or detaches with None; returns None. Raises only for a bad "
+          "argument (docs/contract.md, \"Errors\").")
       .def(
           "unindex",
           [](PyCoordinator& c, py::handle h) {
@@ -517,48 +515,67 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             c.unindex(prefix_hash);
             if (c.num_pending() != pending) c.prune_generic();
           },
-          py::arg("h"))
-      .def("clear_index", [](PyCoordinator& c) { then_prune(c, [&] { c.clear_index(); }); })
+          py::arg("h"),
+          "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
+          "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
+      .def("clear_index", [](PyCoordinator& c) { then_prune(c, [&] { c.clear_index(); }); },
+          "Drops every unpinned checkpoint; returns None. Raises what an on_evict handler raised, "
+          "after the coordinator is consistent.")
       .def("check_consistency", &Coordinator::check_consistency,
-           "Raises AssertionError when an internal invariant of the coordinator, its store or its pool is broken (for tests).")
-      .def("checkpoint_fates", &fates);
+           "Checks the invariants of the coordinator, its store and its pool (for tests); returns "
+          "None. Raises AssertionError when one is broken.")
+      .def("checkpoint_fates", &fates,
+          "Returns a new dict of the fates (kept, dropped, evicted, orphaned, reclaimed pins) and, "
+          "with a tier attached, the tier's stats under ``state_offload_*``. Raises nothing.");
   def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
-  static PyMethodDef fast[] = {
-      STATECACHE_FAST_METHOD("resumable_hit", &coord_resumable_hit,
-                             "resumable_hit(seq, hit, block_hashes, assume_checkpointed=False)\n--\n\n"
-                             "The longest prefix <= hit whose boundary is READY here or servable by the tier."),
-      STATECACHE_FAST_METHOD("checkpoint", &coord_checkpoint,
-                             "checkpoint(seq, boundary_blocks, h)\n--\n\n"
-                             "Files the boundary for the next take_checkpoint_ops; supersedes this sequence's older one."),
-      STATECACHE_FAST_METHOD("resumable_hits", &coord_resumable_hits,
-                             "resumable_hits($self, seqs, hits, block_hashes=None, assume_checkpointed=False)\n--\n\n"
-                             "resumable_hit for each sequence, in order: returns the list of capped hits. hits: "
-                             "list or NumPy int64 array; block_hashes: one hash list (list, tuple or NumPy int64 "
-                             "array) per sequence, a 2-D int64 array with a row per sequence, or None for each "
-                             "sequence's own block_hashes. Raises "
-                             "ValueError, before any scan, when the lengths differ or a hit is negative or past "
-                             "its hash list; TypeError for an item that is not a sequence."),
-      STATECACHE_FAST_METHOD("checkpoint_many", &coord_checkpoint_many,
-                             "checkpoint_many($self, seqs, boundary_blocks, hashes)\n--\n\n"
-                             "checkpoint(seqs[i], boundary_blocks[i], hashes[i]) for each i, in order; returns "
-                             "None. The batch is checked as a whole first: ValueError when the lengths differ, a "
-                             "hash is -1, a boundary is negative or a sequence appears twice, TypeError for an "
-                             "item that is not a sequence; a refused batch changes nothing."),
-      STATECACHE_FAST_METHOD("forget_pending_many", &coord_forget_pending_many,
-                             "forget_pending_many($self, seqs)\n--\n\n"
-                             "forget_pending of each sequence, in order (finished or preempted requests); returns "
-                             "None. TypeError, before anything changes, for an item that is not a sequence."),
-      STATECACHE_FAST_METHOD("begin_restore", &coord_begin_restore,
-                             "begin_restore(h, dst_slot)\n--\n\nQueues a restore of the READY image into dst_slot."),
-      STATECACHE_FAST_METHOD("begin_restores", &coord_begin_restores,
-                             "begin_restores($self, hashes, dst_slots)\n--\n\n"
-                             "Batched ``begin_restore``: returns the list ``[begin_restore(hashes[i], dst_slots[i]) "
-                             "for i ...]`` (True where a restore was queued), computed in one call, in order. "
-                             "``hashes``, ``dst_slots``: lists or NumPy int64 arrays. The batch is checked as a "
-                             "whole first; raises ValueError when the lengths differ or a slot is negative, "
-                             "TypeError for an item that is not an int; a refused batch changes nothing."),
-  };
-  for (PyMethodDef& def : fast) add_fast_method(cls, &def);
+  fast::def<PyCoordinator>(
+      cls, "resumable_hit", [](PyCoordinator& c, PyObject** a) { return coord_resumable_hit(c, a); },
+      {"seq", "hit", "block_hashes", "assume_checkpointed=False"}, 3,
+      "Returns the longest prefix <= ``hit`` whose boundary is READY here or servable by the "
+      "attached tier; 0 is always valid. Raises ValueError for ``hit < 0``, IndexError for "
+      "``hit > len(block_hashes)``.");
+  fast::def<PyCoordinator>(
+      cls, "resumable_hits", [](PyCoordinator& c, PyObject** a) { return coord_resumable_hits(c, a); },
+      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2,
+      "Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i], block_hashes[i], "
+      "assume_checkpointed) for i ...]``, computed in one call. ``hits``: a list or NumPy "
+      "int64 array; ``block_hashes``: one hash list per sequence, a 2-D int64 array with a row "
+      "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the lengths differ or a "
+      "hit is negative or past a hash list the scan reads; TypeError for an item that is not a "
+      "sequence or an int.");
+  fast::def<PyCoordinator>(
+      cls, "checkpoint", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint(c, a); },
+      {"seq", "boundary_blocks", "h"}, 3,
+      "Files the boundary for the next ``take_checkpoint_ops`` (a newer one of the same "
+      "sequence supersedes it); returns None. Raises ValueError for ``boundary_blocks < 0`` or "
+      "``h == -1``, TypeError for an object without the sequence attributes.");
+  fast::def<PyCoordinator>(
+      cls, "checkpoint_many", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint_many(c, a); },
+      {"seqs", "boundary_blocks", "hashes"}, 3,
+      "Batched ``checkpoint``: the same filed boundaries (and so the same store ops at the "
+      "next drain) as ``checkpoint(seqs[i], boundary_blocks[i], hashes[i])`` for each i in "
+      "order. Returns None. The batch is checked as a whole first; raises ValueError when the "
+      "lengths differ, a hash is -1, a boundary is negative or a sequence appears twice, "
+      "TypeError for an item that is not a sequence; a refused batch changes nothing.");
+  fast::def<PyCoordinator>(
+      cls, "forget_pending_many", [](PyCoordinator& c, PyObject** a) { return coord_forget_pending_many(c, a); },
+      {"seqs"}, 1,
+      "Batched ``forget_pending`` (finished or preempted requests): drops each sequence's "
+      "filed boundary and a restore queued into its slot. Returns None. Raises TypeError for "
+      "an item that is not a sequence, before anything changes.");
+  fast::def<PyCoordinator>(
+      cls, "begin_restore", [](PyCoordinator& c, PyObject** a) { return coord_begin_restore(c, a); },
+      {"h", "dst_slot"}, 2,
+      "Queues a restore of the READY image filed under ``h`` into ``dst_slot``; returns False "
+      "when there is none. Raises only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::def<PyCoordinator>(
+      cls, "begin_restores", [](PyCoordinator& c, PyObject** a) { return coord_begin_restores(c, a); },
+      {"hashes", "dst_slots"}, 2,
+      "Batched ``begin_restore``: returns the list ``[begin_restore(hashes[i], dst_slots[i]) for "
+      "i ...]`` (True where a restore was queued), computed in one call, in order. ``hashes``, "
+      "``dst_slots``: lists or NumPy int64 arrays. The batch is checked as a whole first; raises "
+      "ValueError when the lengths differ or a slot is negative, TypeError for an item that is "
+      "not an int; a refused batch changes nothing.");
 }
 
 // ----------------------------------------------------------- offload index --
@@ -568,9 +585,9 @@ struct OffloadHashesView {
 };
 
 void bind_offload_index(py::module_& m) {
-  py::class_<OffloadHashesView> hashes(m, "OffloadHashesView", "Hashes a tier holds, least recently used first.");
-  refuse_uninitialized(hashes);
-  refuse_pickling(hashes);
+  py::class_<OffloadHashesView> hashes(m, "OffloadHashesView", STATECACHE_GUARDED(OffloadHashesView),
+                                       "Hashes a tier holds, least recently used first.");
+  fast::refuse_copy(hashes);
   hashes
       .def("__len__", [](const OffloadHashesView& v) { return v.index->size(); })
       .def("__contains__",
@@ -580,12 +597,11 @@ void bind_offload_index(py::module_& m) {
       .def("__iter__", [](const OffloadHashesView& v) { return py::iter(to_list(v.index->hashes())); })
       .def("__repr__", [](const OffloadHashesView& v) { return py_repr(to_list(v.index->hashes())); });
 
-  py::classh<StateOffloadIndex> index(m, "StateOffloadIndex", R"doc(
+  py::classh<StateOffloadIndex> index(m, "StateOffloadIndex", STATECACHE_GUARDED(StateOffloadIndex), R"doc(
 Which hashes a tier below GPU memory holds (a capped LRU), and its load
 bookkeeping. Membership is optimistic: a hash once stored counts until it is
 forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
-  refuse_uninitialized(index);
-  refuse_pickling(index);
+  fast::refuse_copy(index);
   index
       .def(py::init([](py::handle can_store, py::handle can_load, py::handle capacity) {
              std::optional<int64_t> cap;
@@ -605,34 +621,52 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
       .def_property_readonly("loads_in_flight", &StateOffloadIndex::loads_in_flight)
       .def(
           "could_serve", [](const StateOffloadIndex& i, py::handle h) { return i.could_serve(as_int(h, "h")); },
-          py::arg("h"))
+          py::arg("h"),
+          "Returns ``can_load and h in hashes``. Raises only for a bad argument (docs/contract.md, "
+          "\"Errors\").")
       .def(
           "note_store_started", [](StateOffloadIndex& i, py::handle h) { i.note_store_started(as_int(h, "h")); },
-          py::arg("h"))
+          py::arg("h"),
+          "Counts a store attempt of ``h``; returns None. Raises only for a bad argument "
+          "(docs/contract.md, \"Errors\").")
       .def(
-          "note_stored", [](StateOffloadIndex& i, py::handle h) { i.note_stored(as_int(h, "h")); }, py::arg("h"))
+          "note_stored", [](StateOffloadIndex& i, py::handle h) { i.note_stored(as_int(h, "h")); }, py::arg("h"),
+          "Records that the tier now holds ``h`` (the least recently used hash is dropped past "
+          "capacity); returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "note_store_failed",
           [](StateOffloadIndex& i, py::handle h, py::handle untrusted) {
             i.note_store_failed(as_int(h, "h"), as_bool(untrusted, "untrusted"));
           },
-          py::arg("h"), py::arg("untrusted") = false)
+          py::arg("h"), py::arg("untrusted") = false,
+          "Counts a failed store of ``h`` (``untrusted``: it failed its integrity check); returns "
+          "None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
-          "forget", [](StateOffloadIndex& i, py::handle h) { return i.forget(as_int(h, "h")); }, py::arg("h"))
+          "forget", [](StateOffloadIndex& i, py::handle h) { return i.forget(as_int(h, "h")); }, py::arg("h"),
+          "Drops ``h``; returns whether it was held. Raises only for a bad argument "
+          "(docs/contract.md, \"Errors\").")
       .def(
           "request_load", [](StateOffloadIndex& i, py::handle h) { return i.request_load(as_int(h, "h")); },
-          py::arg("h"))
+          py::arg("h"),
+          "Starts a load of ``h``; returns False (nothing started) when the tier cannot serve it. "
+          "Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "complete_load", [](StateOffloadIndex& i, py::handle h) { i.complete_load(as_int(h, "h")); },
-          py::arg("h"))
+          py::arg("h"),
+          "Ends the load of ``h`` in flight; returns None. Raises ValueError when no load of ``h`` "
+          "is in flight.")
       .def(
           "fail_load",
           [](StateOffloadIndex& i, py::handle h, py::handle missing, py::handle untrusted) {
             i.fail_load(as_int(h, "h"), as_bool(missing, "missing"), as_bool(untrusted, "untrusted"));
           },
-          py::arg("h"), py::kw_only(), py::arg("missing") = false, py::arg("untrusted") = false)
+          py::arg("h"), py::kw_only(), py::arg("missing") = false, py::arg("untrusted") = false,
+          "Ends a failed load of ``h``, forgetting ``h`` when it was ``missing`` or ``untrusted``; "
+          "returns None. Raises ValueError when no load of ``h`` is in flight.")
       .def(
-          "abandon_load", [](StateOffloadIndex& i, py::handle h) { i.abandon_load(as_int(h, "h")); }, py::arg("h"))
+          "abandon_load", [](StateOffloadIndex& i, py::handle h) { i.abandon_load(as_int(h, "h")); }, py::arg("h"),
+          "Ends a load of ``h`` nobody waits for any more; returns None. Raises ValueError when no "
+          "load of ``h`` is in flight.")
       .def("stats", [](const StateOffloadIndex& i) {
         const OffloadStats& s = i.stats();
         py::dict d;
@@ -649,7 +683,9 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
         d["hashes"] = i.size();
         d["evicted"] = s.evicted;
         return d;
-      });
+      },
+          "Returns a new dict: stores and loads attempted, completed, failed, untrusted, missing "
+          "and abandoned, hashes held and evicted. Raises nothing.");
 }
 
 }  // namespace

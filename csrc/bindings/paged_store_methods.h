@@ -55,71 +55,71 @@ inline py::list sources(const std::vector<PageUnitCheckpointStore::Source>& srcs
   return out;
 }
 
-template <class T, class StoreOf>
-PyObject* fast_contains(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<1>("contains", {"prefix_hash"}, 1, args, nargs, kwnames);
-    PageUnitCheckpointStore& s = StoreOf{}(fast_self<T>(self));
-    return py::reinterpret_steal<py::object>(PyBool_FromLong(s.contains(as_int(a[0], "prefix_hash"))));
-  });
-}
-
-template <class T, class StoreOf>
-PyObject* fast_has_available_units(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return fast_call([&] {
-    auto a = fast_args<2>("has_available_units", {"count", "protected_hash"}, 1, args, nargs, kwnames);
-    PageUnitCheckpointStore& s = StoreOf{}(fast_self<T>(self));
-    std::optional<int64_t> protected_hash;
-    if (a[1] != nullptr && a[1] != Py_None) protected_hash = as_int(a[1], "protected_hash");
-    const bool ok = s.has_available_units(as_int(a[0], "count"), protected_hash);
-    return py::reinterpret_steal<py::object>(PyBool_FromLong(ok));
-  });
-}
-
 // `StoreOf{}(self)` gives the PageUnitCheckpointStore& behind `self` (a
 // stateless lambda, so the fast methods can name it).
 template <class T, class StoreOf>
 void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
   using Store = PageUnitCheckpointStore;
-  static PyMethodDef contains = STATECACHE_FAST_METHOD(
-      "contains", (&fast_contains<T, StoreOf>), "contains(prefix_hash)\n--\n\nWhether a READY image is filed under the hash.");
-  static PyMethodDef available = STATECACHE_FAST_METHOD(
-      "has_available_units", (&fast_has_available_units<T, StoreOf>),
-      "has_available_units(count, protected_hash=None)\n--\n\n"
-      "Whether ``count`` units could be had, evicting unpinned READY checkpoints (never the one "
-      "filed under ``protected_hash``) if it came to that.");
-  add_fast_method(cls, &contains);
-  add_fast_method(cls, &available);
+  fast::def<T>(
+      cls, "contains",
+      [](T& self, PyObject** a) { return fast::to_py(StoreOf{}(self).contains(as_int(a[0], "prefix_hash"))); },
+      {"prefix_hash"}, 1,
+      "Returns whether a READY image is filed under ``prefix_hash``. Raises only for a bad argument "
+      "(docs/contract.md, \"Errors\").");
+  fast::def<T>(
+      cls, "has_available_units",
+      [](T& self, PyObject** a) {
+        std::optional<int64_t> protected_hash;
+        if (a[1] != nullptr && a[1] != Py_None) protected_hash = as_int(a[1], "protected_hash");
+        return fast::to_py(StoreOf{}(self).has_available_units(as_int(a[0], "count"), protected_hash));
+      },
+      {"count", "protected_hash=None"}, 1,
+      "Returns whether ``count`` units could be had, evicting unpinned READY images if it came to "
+      "that (never the one filed under ``protected_hash``). Raises ValueError for ``count < 0``.");
   def_eviction_methods(cls, [store_of](T& self) -> Store& { return store_of(self); });
   cls.def(
           "ensure_free_units",
           [store_of](T& self, py::handle count) { return store_of(self).ensure_free_units(as_int(count, "count")); },
-          py::arg("count"), "Evicts until ``count`` units are free; refuses an unreachable count before evicting.")
+          py::arg("count"), "Evicts unpinned READY images until ``count`` units are free; returns whether they are "
+      "(an unreachable count is refused before evicting anything). Raises ValueError for "
+      "``count < 0``.")
       .def(
           "restore_queued_for",
           [store_of](T& self, py::handle slot) { return store_of(self).restore_queued_for(as_int(slot, "dst_slot")); },
-          py::arg("dst_slot"))
+          py::arg("dst_slot"),
+          "Returns whether a restore into ``dst_slot`` is queued. Raises only for a bad argument "
+          "(docs/contract.md, \"Errors\").")
       .def(
           "suspend_queued_restore",
           [store_of](T& self, py::handle slot) -> py::object {
             auto r = store_of(self).suspend_queued_restore(as_int(slot, "dst_slot"));
             return r ? py::cast(std::move(*r)) : py::none();
           },
-          py::arg("dst_slot"))
+          py::arg("dst_slot"),
+          "Takes the restore queued into ``dst_slot`` out of the batch, keeping its pin; returns "
+          "it, or None when none is queued. Raises AssertionError, changing nothing, when two "
+          "restores are queued for the slot.")
       .def(
           "resume_suspended_restore",
           [store_of](T& self, const SuspendedCheckpointRestore& r) { store_of(self).resume_suspended_restore(r); },
-          py::arg("restore"))
+          py::arg("restore"),
+          "Queues a suspended restore again; returns None. Raises ValueError for a restore this "
+          "store did not suspend (or already resumed or released), AssertionError when its image "
+          "lost its pin.")
       .def(
           "release_suspended_restore",
           [store_of](T& self, const SuspendedCheckpointRestore& r) { store_of(self).release_suspended_restore(r); },
-          py::arg("restore"))
+          py::arg("restore"),
+          "Drops a suspended restore and its pin; returns None. Raises ValueError for a restore "
+          "this store did not suspend (or already resumed or released).")
       .def(
           "take_offload_stores",
           [store_of](T& self, py::handle max_inflight) {
             return sources(store_of(self).take_offload_stores(as_int(max_inflight, "max_inflight")));
           },
-          py::arg("max_inflight"), "``(operation, unit_ids)`` to hand the tier now, each pinned.")
+          py::arg("max_inflight"), "Returns up to ``max_inflight`` (operation, unit ids) pairs to hand the tier now, each "
+          "source pinned (none when ``max_inflight`` are already out). Raises only for a bad "
+          "argument (docs/contract.md, \"Errors\").")
       .def(
           "acquire_checkpoint_source",
           [store_of](T& self, py::handle h, py::handle max_inflight) {
@@ -127,33 +127,42 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
                 as_int(h, "prefix_hash"), optional_int(max_inflight, "max_inflight")));
           },
           py::arg("prefix_hash"), py::kw_only(), py::arg("max_inflight") = py::none(),
-          "Leases a READY image's units to an external transfer (never reclaimed by time).")
+          "Pins a READY image for an external transfer (never reclaimed by time); returns "
+          "(operation id, unit ids), or None when there is no such image or ``max_inflight`` are "
+          "out. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "release_offload_store_source",
           [store_of](T& self, py::handle op) {
             if (auto id = as_operation_id(op)) store_of(self).release_offload_store_source(*id);
           },
-          py::arg("op"), "Phase one: the units were read; they go back, the operation stays dispatched.")
+          py::arg("op"), "Phase one: the units were read out, so the source's pin goes; the operation stays "
+          "dispatched. Returns None. Raises TypeError for an unhashable op.")
       .def(
           "settle_offload_store",
           [store_of](T& self, py::handle op) {
             if (auto id = as_operation_id(op)) store_of(self).settle_offload_store(*id);
           },
-          py::arg("op"), "Phase two: the store reported; the operation is retired.")
-      .def("has_offload_pins", [store_of](T& self) { return store_of(self).has_offload_pins(); })
+          py::arg("op"), "Phase two: the tier write completed; the operation is retired. Returns None. Raises "
+          "TypeError for an unhashable op.")
+      .def("has_offload_pins", [store_of](T& self) { return store_of(self).has_offload_pins(); },
+          "Returns whether any offload pin is held. Raises nothing.")
       .def(
           "reclaim_stale_offload_pins",
           [store_of](T& self, py::handle timeout) {
             return store_of(self).reclaim_stale_offload_pins(as_seconds(timeout, "timeout_s"));
           },
-          py::arg("timeout_s"), "Takes back pins older than ``timeout_s`` seconds; ``<= 0`` reclaims nothing.")
+          py::arg("timeout_s"), "Takes back offload pins older than ``timeout_s`` seconds (monotonic clock); returns how "
+          "many. ``timeout_s <= 0`` reclaims nothing. Raises TypeError for a value that is not a "
+          "number of seconds.")
       .def(
           "was_reclaimed",
           [store_of](T& self, py::handle op) {
             auto id = as_operation_id(op);
             return id.has_value() && store_of(self).was_reclaimed(*id);
           },
-          py::arg("op"));
+          py::arg("op"),
+          "Returns whether a stale-pin reclamation took the operation's pin. Raises TypeError for "
+          "an unhashable op.");
   (void)sizeof(Store);
 }
 

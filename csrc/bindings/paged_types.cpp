@@ -61,7 +61,6 @@ template <class T, class Fields>
 void def_value(py::class_<T>& cls, Fields fields, std::initializer_list<const char*> names,
                bool frozen) {
   std::vector<std::string> keys(names.begin(), names.end());
-  refuse_uninitialized(cls);
   cls.def("__eq__", [](const T& a, py::handle b) -> py::object {
     if (!py::isinstance<T>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
     return py::bool_(a == b.cast<const T&>());
@@ -321,9 +320,11 @@ void bind_paged_types(py::module_& m) {
         return checkpoint_copy_ops_per_batch(as_int(py::int_(py::reinterpret_borrow<py::object>(max_num_seqs)), "max_num_seqs"));
       },
       py::arg("max_num_seqs"),
-      "Copy descriptors one batch holds for PAGE checkpoints: a store and a restore per sequence.");
+      "Returns the most PAGE store + restore ops one batch of ``max_num_seqs`` sequences can "
+      "carry (two per sequence; 0 for None or 0), the executor's staging size. Raises "
+      "TypeError for a non-int (a negative count is not refused).");
 
-  py::class_<PagedStateCheckpointSpec> spec(m, "PagedStateCheckpointSpec", R"doc(
+  py::class_<PagedStateCheckpointSpec> spec(m, "PagedStateCheckpointSpec", STATECACHE_GUARDED(PagedStateCheckpointSpec), R"doc(
 Geometry of a PAGE checkpoint image: ``image_bytes`` of a ``slot_bytes`` slot,
 scattered over ``units_per_checkpoint`` page units of ``page_unit_bytes``, for
 the state layout ``layout_id``. Frozen; equality and hash by value.)doc");
@@ -342,15 +343,17 @@ the state layout ``layout_id``. Frozen; equality and hash by value.)doc");
              d["image_bytes"] = s.image_bytes;
              d["layout_id"] = s.layout_id;
              return d;
-           })
+           },
+          "Returns the four fields as a new dict. Raises nothing.")
       .def_static("from_wire", &spec_from_wire, py::arg("wire"),
-                  "The spec from its wire mapping: TypeError for a non-mapping, ValueError for another key set.");
+                  "Returns the spec ``to_wire`` described. Raises TypeError for a non-mapping, ValueError "
+          "for another key set or a bad value.");
   def_value(spec, &spec_fields, {"page_unit_bytes", "slot_bytes", "layout_id", "image_bytes"}, true);
 
   bind_op<CheckpointStoreOp>(m);
   bind_op<CheckpointRestoreOp>(m);
 
-  py::class_<RecordHandle> record(m, "CheckpointRecord", R"doc(
+  py::class_<RecordHandle> record(m, "CheckpointRecord", STATECACHE_GUARDED(RecordHandle), R"doc(
 One checkpoint of the store: its hash, its page units in image order, its
 state (``"COPYING"``, ``"READY"`` or ``"EVICTING"``) and its pin count. The
 store's ``records`` hands out live, read-only records: they follow the store,
@@ -378,7 +381,7 @@ a plain mutable value.)doc");
   def_value(record, &record_fields, {"prefix_hash", "unit_ids", "state", "pin_count"}, false);
 
   py::class_<SuspendedCheckpointRestore> suspended(
-      m, "SuspendedCheckpointRestore",
+      m, "SuspendedCheckpointRestore", STATECACHE_GUARDED(SuspendedCheckpointRestore),
       "A queued restore taken off the next batch; it still pins its checkpoint. Frozen.");
   suspended
       .def(py::init([](py::handle cid, const CheckpointRestoreOp& op) {

@@ -90,55 +90,6 @@ class PyStore : public PageUnitCheckpointStore {
 // call completes); `where` names the callback.
 void report_callback_error(const char* where);
 
-// The C++ object behind a bound instance, or nullptr when it was never
-// initialised (cls.__new__(cls)) or already cleared.
-template <class T>
-T* bound_value(PyObject* self) {
-  auto v_h = reinterpret_cast<py::detail::instance*>(self)->get_value_and_holder();
-  if (!v_h.holder_constructed()) return nullptr;
-  return static_cast<T*>(v_h.value_ptr());
-}
-
-// Registers tp_traverse / tp_clear for a bound class that holds Python
-// objects: `visit_all(T&, visitproc, arg)` visits each reference the object
-// owns exactly once, `clear_all(T&)` drops them (the C++ object stays usable).
-template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
-void install_gc(PyHeapTypeObject* heap_type) {
-  PyTypeObject* type = &heap_type->ht_type;
-  type->tp_flags |= Py_TPFLAGS_HAVE_GC;
-  type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
-    Py_VISIT(Py_TYPE(self));
-    if (T* v = bound_value<T>(self)) return Traverse(*v, visit, arg);
-    return 0;
-  };
-  type->tp_clear = [](PyObject* self) -> int {
-    if (T* v = bound_value<T>(self)) Clear(*v);
-    return 0;
-  };
-}
-
-template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
-py::custom_type_setup gc_setup() {
-  return py::custom_type_setup([](PyHeapTypeObject* heap_type) { install_gc<T, Traverse, Clear>(heap_type); });
-}
-
-// gc_setup for a class that also takes the fast-call creation guard and its
-// pointer cache (pybind11 takes one custom_type_setup per class).
-template <class T, int (*Traverse)(T&, visitproc, void*), void (*Clear)(T&)>
-py::custom_type_setup guarded_gc_setup() {
-  return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
-    fast::instance_setup<T>(heap_type);
-    install_gc<T, Traverse, Clear>(heap_type);
-  });
-}
-
-// For a bound class: `cls.__new__(cls)` raises TypeError (an instance
-// without its C++ value would crash the first method), and pickling or
-// copying raises TypeError unless the class defines its own __reduce__.
-// type(...) still allocates through the tp_new slot; a Python subclass is
-// allocated as before (pybind11 checks that its __init__ ran).
-void refuse_uninitialized(py::handle cls);
-void refuse_pickling(py::handle cls);
 
 // What Python's CheckpointRecord holds: a value of its own (constructed from
 // Python), or a live handle on one of a store's records, which reads the

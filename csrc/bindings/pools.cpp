@@ -170,6 +170,7 @@ py::dict fates_dict(const CheckpointFates& f) {
 // iterated in insertion order like the reference's dict.
 struct CheckpointIndexView {
   std::shared_ptr<const StateFreeList> pool;
+  py::object owner;  // the pool's Python object: a cycle through the view is collectable
 
   py::dict snapshot() const {
     py::dict d;
@@ -203,8 +204,9 @@ struct CheckpointIndexView {
 
 // `slot_hash` / `group_hash`: a live sequence of ints, one per index ever
 // allocated (it grows with extend and never shrinks, as the reference's list).
-struct UnitHashView {
+struct IndexHashView {
   std::shared_ptr<const StateFreeList> pool;
+  py::object owner;  // as CheckpointIndexView's
   int64_t size() const { return pool->capacity(); }
   py::list list() const {
     py::list out(static_cast<size_t>(size()));
@@ -214,9 +216,21 @@ struct UnitHashView {
   }
 };
 
+template <class View>
+int traverse_view(View& v, visitproc visit, void* arg) {
+  Py_VISIT(v.owner.ptr());
+  return 0;
+}
+template <class View>
+void clear_view(View& v) {
+  py::object old = std::move(v.owner);
+  v.owner = py::none();
+}
+
 void bind_views(py::module_& m) {
-  py::classh<CheckpointIndexView> index_view(m, "CheckpointIndexView", py::is_final(),
-                                             STATECACHE_GUARDED(CheckpointIndexView),
+  py::classh<CheckpointIndexView> index_view(
+      m, "CheckpointIndexView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
+      fast::gc_setup<CheckpointIndexView, &traverse_view<CheckpointIndexView>, &clear_view<CheckpointIndexView>>(),
                                              "Read-only live mapping: prefix hash -> index holding its checkpoint.");
   fast::refuse_copy(index_view);
   index_view
@@ -235,12 +249,18 @@ void bind_views(py::module_& m) {
             if (!v) return fallback;
             return py::int_(*v);
           },
-          py::arg("key"), py::arg("default") = py::none())
+          py::arg("key"), py::arg("default") = py::none(),
+          "Returns the index holding the checkpoint filed under ``key``, or ``default``. Raises "
+          "nothing.")
       .def("__iter__", [](const CheckpointIndexView& s) { return py::iter(s.snapshot()); })
-      .def("keys", [](const CheckpointIndexView& s) { return s.snapshot().attr("keys")(); })
-      .def("values", [](const CheckpointIndexView& s) { return s.snapshot().attr("values")(); })
-      .def("items", [](const CheckpointIndexView& s) { return s.snapshot().attr("items")(); })
-      .def("copy", &CheckpointIndexView::snapshot)
+      .def("keys", [](const CheckpointIndexView& s) { return s.snapshot().attr("keys")(); },
+          "Returns a snapshot of the hashes. Raises nothing.")
+      .def("values", [](const CheckpointIndexView& s) { return s.snapshot().attr("values")(); },
+          "Returns a snapshot of the indices. Raises nothing.")
+      .def("items", [](const CheckpointIndexView& s) { return s.snapshot().attr("items")(); },
+          "Returns a snapshot of the (hash, index) pairs. Raises nothing.")
+      .def("copy", &CheckpointIndexView::snapshot,
+          "Returns a plain dict snapshot. Raises nothing.")
       .def("__eq__",
            [](const CheckpointIndexView& s, py::handle other) -> py::object {
              if (py::isinstance<CheckpointIndexView>(other))
@@ -258,13 +278,15 @@ void bind_views(py::module_& m) {
       .def("__repr__", [](const CheckpointIndexView& s) { return py_repr(s.snapshot()); });
   m.attr("CheckpointIndexView").attr("__hash__") = py::none();
 
-  py::classh<UnitHashView> hash_view(m, "UnitHashView", py::is_final(), STATECACHE_GUARDED(UnitHashView),
+  py::classh<IndexHashView> hash_view(
+      m, "IndexHashView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
+      fast::gc_setup<IndexHashView, &traverse_view<IndexHashView>, &clear_view<IndexHashView>>(),
                                      "Read-only live sequence: the prefix hash each index carries, -1 for none.");
   fast::refuse_copy(hash_view);
   hash_view
-      .def("__len__", [](const UnitHashView& s) { return s.size(); })
+      .def("__len__", [](const IndexHashView& s) { return s.size(); })
       .def("__getitem__",
-           [](const UnitHashView& s, py::handle i) -> py::object {
+           [](const IndexHashView& s, py::handle i) -> py::object {
              if (PySlice_Check(i.ptr())) return s.list()[py::reinterpret_borrow<py::slice>(i)];
              int64_t k = as_int(i, "index");
              const int64_t n = s.size();
@@ -272,16 +294,20 @@ void bind_views(py::module_& m) {
              if (k < 0 || k >= n) throw py::index_error("list index out of range");
              return py::int_(s.pool->hash_of(k));
            })
-      .def("__iter__", [](const UnitHashView& s) { return py::iter(s.list()); })
-      .def("__contains__", [](const UnitHashView& s, py::handle x) { return s.list().contains(x); })
-      .def("count", [](const UnitHashView& s, py::handle x) { return s.list().attr("count")(x); })
-      .def("index", [](const UnitHashView& s, py::handle x) { return s.list().attr("index")(x); })
-      .def("tolist", &UnitHashView::list)
-      .def("copy", &UnitHashView::list)
+      .def("__iter__", [](const IndexHashView& s) { return py::iter(s.list()); })
+      .def("__contains__", [](const IndexHashView& s, py::handle x) { return s.list().contains(x); })
+      .def("count", [](const IndexHashView& s, py::handle x) { return s.list().attr("count")(x); },
+          "Returns how many indices carry ``value``. Raises nothing.")
+      .def("index", [](const IndexHashView& s, py::handle x) { return s.list().attr("index")(x); },
+          "Returns the first index carrying ``value``. Raises ValueError when none does.")
+      .def("tolist", &IndexHashView::list,
+          "Returns a plain list snapshot. Raises nothing.")
+      .def("copy", &IndexHashView::list,
+          "Returns a plain list snapshot. Raises nothing.")
       .def("__eq__",
-           [](const UnitHashView& s, py::handle other) -> py::object {
-             if (py::isinstance<UnitHashView>(other))
-               return py::bool_(s.list().equal(other.cast<const UnitHashView&>().list()));
+           [](const IndexHashView& s, py::handle other) -> py::object {
+             if (py::isinstance<IndexHashView>(other))
+               return py::bool_(s.list().equal(other.cast<const IndexHashView&>().list()));
              if (!PyList_Check(other.ptr())) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
              return py::bool_(s.list().equal(other));
            })
@@ -291,12 +317,12 @@ void bind_views(py::module_& m) {
              if (eq.is(py::reinterpret_borrow<py::object>(Py_NotImplemented))) return eq;
              return py::bool_(!eq.cast<bool>());
            })
-      .def("__repr__", [](const UnitHashView& s) { return py_repr(s.list()); });
-  m.attr("UnitHashView").attr("__hash__") = py::none();
+      .def("__repr__", [](const IndexHashView& s) { return py_repr(s.list()); });
+  m.attr("IndexHashView").attr("__hash__") = py::none();
 
   py::module_ abc = py::module_::import("collections.abc");
   abc.attr("Mapping").attr("register")(m.attr("CheckpointIndexView"));
-  abc.attr("Sequence").attr("register")(m.attr("UnitHashView"));
+  abc.attr("Sequence").attr("register")(m.attr("IndexHashView"));
 }
 
 // ---- retirement records -----------------------------------------------------
@@ -344,9 +370,9 @@ void bind_retirement(py::module_& m, const char* name, const char* doc) {
 
 // The reference's parameter name for an index of each pool.
 template <class Pool>
-constexpr const char* kUnit = std::is_same_v<Pool, StateSlotPool> ? "slot" : "group";
+constexpr const char* kIndexKind = std::is_same_v<Pool, StateSlotPool> ? "slot" : "group";
 template <class Pool>
-constexpr const char* kUnits = std::is_same_v<Pool, StateSlotPool> ? "slots" : "groups";
+constexpr const char* kIndexKinds = std::is_same_v<Pool, StateSlotPool> ? "slots" : "groups";
 
 inline int64_t int_arg(PyObject* o, const char* name) { return as_int(py::handle(o), name); }
 inline bool bool_arg(PyObject* o, const char* name, bool fallback) {
@@ -357,28 +383,32 @@ inline bool bool_arg(PyObject* o, const char* name, bool fallback) {
 // go through fast::def (see fast_call.h); the rest through pybind11.
 template <class Pool, class Retire>
 void bind_free_list_api(py::classh<Pool>& cls) {
-  constexpr const char* U = kUnit<Pool>;
+  constexpr const char* U = kIndexKind<Pool>;
   using fast::to_py;
   fast::refuse_copy(cls);
   def_eviction_methods(cls, [](Pool& p) -> StateFreeList& { return p; });
   fast::def<Pool>(cls, "num_free", [](Pool& p, PyObject**) { return to_py(p.num_free()); }, {}, 0,
-                  "How many indices are free (vacant or checkpointed).");
+                  "Returns how many indices are free (vacant or checkpointed). Raises nothing.");
   fast::def<Pool>(cls, "is_free", [](Pool& p, PyObject** a) { return to_py(p.is_free(int_arg(a[0], U))); },
-                  {U}, 1, "Whether the index is on the free list.");
+                  {U}, 1, "Returns whether the index is on the free list. Raises IndexError for an index out of "
+      "range.");
   fast::def<Pool>(
       cls, "holds_checkpoint",
       [](Pool& p, PyObject** a) { return to_py(p.holds_checkpoint(int_arg(a[0], U))); }, {U}, 1,
-      "Whether the index is on the free list and still carries a checkpoint.");
+      "Returns whether the index is free and still carries a checkpoint. Raises IndexError for "
+      "an index out of range.");
   fast::def<Pool>(cls, "pop", [](Pool& p, PyObject**) { return to_py(p.pop()); }, {}, 0,
-                  "Hand out an index: vacant lowest first, else the LRU checkpoint "
-                  "(counted evicted). IndexError when nothing is free.");
+                  "Returns an index now owned by the caller: vacant lowest first, else the least recently "
+      "used checkpoint (counted evicted). Raises IndexError, changing nothing, when nothing is "
+      "free.");
   fast::def<Pool>(
       cls, "claim",
       [](Pool& p, PyObject** a) {
         p.claim(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "Take one specific free index off the free list, checkpoint and all.");
+      {U}, 1, "Takes one specific free index off the free list, checkpoint and all; returns None. "
+      "Raises ValueError for an index that is not free, IndexError for one out of range.");
   fast::def<Pool>(
       cls, "release",
       [](Pool& p, PyObject** a) {
@@ -386,61 +416,70 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         return fast::none();
       },
       {U}, 1,
-      "Hand an owned index back: to the LRU tail (head if speculative) when it carries a "
-      "checkpoint, else to the vacant half.");
+      "Hands an owned index back: to the LRU tail (the head if speculative) when it carries a "
+      "checkpoint, else to the vacant ones. Returns None. Raises ValueError for an index that "
+      "is already free, IndexError for one out of range.");
   fast::def<Pool>(
       cls, "extend",
       [](Pool& p, PyObject** a) {
         p.extend(int_arg(a[0], "count"));
         return fast::none();
       },
-      {"count"}, 1, "Add `count` indices at the top; the caller freed their bytes.");
+      {"count"}, 1, "Adds ``count`` indices at the top (the caller made room for their bytes); returns None. "
+      "Raises ValueError for ``count < 0``.");
   fast::def<Pool>(
       cls, "applies",
       [](Pool& p, PyObject** a) { return to_py(p.applies(SeqArg(a[0], "seq", fast::kHasCache).get())); },
-      {"seq"}, 1, "Whether this pool gates or checkpoints anything for seq.");
+      {"seq"}, 1, "Returns whether this pool gates or checkpoints anything for ``seq``. Raises TypeError "
+      "for an object without the sequence attributes.");
   fast::def<Pool>(
       cls, "resumable_hit",
       [](Pool& p, PyObject** a) {
         return to_py(resumable_hit_arg(p, a[0], a[1], a[2], a[3] ? py::handle(a[3]) : py::handle(Py_False)));
       },
       {"seq", "hit", "block_hashes", "assume_checkpointed=False"}, 3,
-      ""
-      "The largest L <= hit whose boundary is checkpointed and leaves the resuming forward "
-      "min_fork_tokens; 0 is always valid. block_hashes: list, tuple or NumPy int64 array.");
+      "Returns the largest L <= ``hit`` whose boundary is checkpointed here and leaves the "
+      "resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a list, "
+      "tuple or NumPy integer array. Raises ValueError for ``hit < 0``, IndexError for ``hit > "
+      "len(block_hashes)``.");
   fast::def<Pool>(
       cls, "resumable_hits",
       [](Pool& p, PyObject** a) {
         return resumable_hits_arg(p, a[0], a[1], a[2], a[3], fast::kHasCache | fast::kNumTokens).release().ptr();
       },
       {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2,
-      "resumable_hit for each sequence, in order: returns the list of capped hits. hits: list or NumPy "
-      "int64 array; block_hashes: one hash list (list, tuple or NumPy int64 array) per sequence, a 2-D "
-      "int64 array with a row per sequence, or None for each sequence's own block_hashes. Raises ValueError, before any scan, when the lengths differ or "
-      "a hit is negative or past its hash list; TypeError for an item that is not a sequence.");
+      "Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i], block_hashes[i], "
+      "assume_checkpointed) for i ...]``, computed in one call. ``hits``: a list or NumPy "
+      "int64 array; ``block_hashes``: one hash list per sequence, a 2-D int64 array with a row "
+      "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the lengths differ or a "
+      "hit is negative or past a hash list the scan reads; TypeError for an item that is not a "
+      "sequence or an int.");
   fast::def<Pool>(
       cls, "release_many",
       [](Pool& p, PyObject** a) {
-        p.release_many(slots_arg(a[0], kUnits<Pool>));
+        p.release_many(slots_arg(a[0], kIndexKinds<Pool>));
         return fast::none();
       },
-      {kUnits<Pool>}, 1,
+      {kIndexKinds<Pool>}, 1,
       std::is_same_v<Pool, StateSlotPool>
-          ? "Hand back a request's set; -1 entries, None and an empty list are fine. Raises ValueError / "
-            "IndexError as release does for any bad entry (and ValueError for a slot listed twice), before "
+          ? "Hands back a request's slots; -1 entries, None and an empty list are skipped. Returns None. "
+            "Raises as ``release`` for any bad entry, and ValueError for a slot listed twice, before "
             "releasing any."
-          : "release of each group, all checked first (ValueError / IndexError naming the group, nothing "
-            "released); -1 entries, None and an empty list are fine; a group listed twice is refused.");
+          : "Hands back several groups (``release`` of each); -1 entries, None and an empty list are "
+            "skipped. Returns None. Raises as ``release`` for any bad entry, and ValueError for a group "
+            "listed twice, before releasing any.");
   fast::def<Pool>(
       cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(int_arg(a[0], "h"))); }, {"h"}, 1,
-      "Index holding the checkpoint for hash h, or -1.");
+      "Returns the index holding the checkpoint filed under ``h``, or -1. Raises only for a "
+      "bad argument (docs/contract.md, \"Errors\").");
   fast::def<Pool>(
       cls, "invalidate",
       [](Pool& p, PyObject** a) {
         p.invalidate(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "Drop the index's checkpoint (no-op when it has none or the pool is disabled).");
+      {U}, 1, "Drops the index's checkpoint (no-op when it has none or the pool is disabled); returns "
+      "None. Raises IndexError for an index out of range.");
   fast::def<Pool>(
       cls, "pin",
       [](Pool& p, PyObject** a) {
@@ -448,36 +487,42 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         return fast::none();
       },
       {U, "reader_is_next_batch=False"}, 1,
-      "Keep an owned index out of circulation until its reading forward was issued; "
-      "reader_is_next_batch (keyword-only) keeps it one pass longer.",
+      "Keeps an owned index out of circulation until its reading forward was issued "
+      "(``reader_is_next_batch``, keyword only: one pass longer); returns None. Raises "
+      "ValueError for a free index (claim it first), IndexError for one out of range.",
       /*positional=*/1);
   fast::def<Pool>(
       cls, "is_pinned", [](Pool& p, PyObject** a) { return to_py(p.is_pinned(int_arg(a[0], U))); }, {U}, 1,
-      "Whether some forward still has to read the index.");
+      "Returns whether a forward still has to read the index. Raises IndexError for an index "
+      "out of range.");
   fast::def<Pool>(
       cls, "pin_count", [](Pool& p, PyObject** a) { return to_py(p.pin_count(int_arg(a[0], U))); }, {U}, 1,
-      "How many readers hold the index pinned.");
+      "Returns how many readers hold the index pinned. Raises IndexError for an index out of "
+      "range.");
   fast::def<Pool>(
       cls, "unpin",
       [](Pool& p, PyObject** a) {
         p.unpin(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "Drop one pin without freeing (the caller took the index over).");
+      {U}, 1, "Drops one pin without freeing (the caller took the index over; no-op without a pin); "
+      "returns None. Raises IndexError for an index out of range.");
   fast::def<Pool>(
       cls, "drop_reader",
       [](Pool& p, PyObject** a) {
         p.drop_reader(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "A reader left before it read: unpin, and free the index if that was the last pin.");
+      {U}, 1, "A reader left before it read: unpins, and frees the index on its last pin; returns "
+      "None. Raises IndexError for an index out of range.");
   fast::def<Pool>(
       cls, "release_pins",
       [](Pool& p, PyObject**) {
         p.release_pins();
         return fast::none();
       },
-      {}, 0, "Top of pass: return every pinned index whose reading forward was issued.");
+      {}, 0, "Top of pass: frees every pinned index whose reading forward was issued; returns None. "
+      "Raises nothing.");
 
   fast::def_readonly<Pool>(cls, "enabled", [](const Pool& p) { return to_py(p.enabled()); });
   fast::def_readonly<Pool>(cls, "min_fork_tokens", [](const Pool& p) { return to_py(p.min_fork_tokens()); });
@@ -497,8 +542,12 @@ void bind_free_list_api(py::classh<Pool>& cls) {
            if (!r) return py::none();
            return py::cast(*r);
          },
-         "Give up the top index, relocating what sits on it; None when it cannot go this pass.")
-      .def("checkpoint_fates", [](const Pool& p) { return fates_dict(p.fates()); })
+         "Removes the top index; returns what the runner must relocate (an owned top moves to a "
+      "free index), or None when the top cannot go this pass or the pool is empty. Raises "
+      "nothing.")
+      .def("checkpoint_fates", [](const Pool& p) { return fates_dict(p.fates()); },
+          "Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted, "
+          "checkpoints_orphaned. Raises nothing.")
       .def_property_readonly("transfer", [](const Pool& p) { return p.transfer(); })
       // Introspection for tests: the private containers of the reference.
       .def("_check_invariants", [](const Pool& p) { p.check_invariants(); })
@@ -506,22 +555,25 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       .def("_debug_state", [](const Pool& p) {
         py::dict d;
         d["checkpointed"] = to_list(p.lru_order());
-        d["speculative"] = to_list(p.speculative_units());
+        d["speculative"] = to_list(p.speculative_indices());
         py::dict pins;
-        for (int64_t x : p.pinned_units()) pins[py::int_(x)] = p.pin_count(x);
+        for (int64_t x : p.pinned_indices()) pins[py::int_(x)] = p.pin_count(x);
         d["pinned"] = pins;
-        d["deferred"] = to_list(p.deferred_units());
+        d["deferred"] = to_list(p.deferred_indices());
         return d;
       });
 }
 
 template <class Pool>
 void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* hash_name) {
-  cls.def_property_readonly(index_name, [](const std::shared_ptr<Pool>& p) {
-    return CheckpointIndexView{std::shared_ptr<const StateFreeList>(p)};
+  cls.def_property_readonly(index_name, [](py::handle self) {
+    std::shared_ptr<const StateFreeList> p = self.cast<std::shared_ptr<Pool>>();
+    return fast::cast_cached<CheckpointIndexView>(
+        CheckpointIndexView{std::move(p), py::reinterpret_borrow<py::object>(self)});
   });
-  cls.def_property_readonly(hash_name, [](const std::shared_ptr<Pool>& p) {
-    return UnitHashView{std::shared_ptr<const StateFreeList>(p)};
+  cls.def_property_readonly(hash_name, [](py::handle self) {
+    std::shared_ptr<const StateFreeList> p = self.cast<std::shared_ptr<Pool>>();
+    return fast::cast_cached<IndexHashView>(IndexHashView{std::move(p), py::reinterpret_borrow<py::object>(self)});
   });
 }
 
@@ -549,26 +601,29 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
   fast::def<P>(
       cls, "has_free", [](P& p, PyObject** a) { return to_py(p.has_free(a[0] ? int_arg(a[0], "count") : 1)); },
       {"count=1"}, 0,
-      "Whether `count` slots can be handed out (checkpoints count: pop "
-      "spends them rather than refusing).");
+      "Returns whether ``count`` slots can be handed out now (checkpointed slots count: pop "
+      "spends them). Raises ValueError for ``count < 0``.");
   fast::def<P>(
       cls, "pop_many",
       [](P& p, PyObject** a) { return to_list(p.pop_many(int_arg(a[0], "count"))).release().ptr(); },
-      {"count"}, 1, "Hand out one request's set, element 0 first.");
+      {"count"}, 1, "Returns ``count`` slots for one request, element 0 first. Raises IndexError, taking "
+      "nothing, when fewer are free; ValueError for ``count < 0``.");
   fast::def<P>(
       cls, "mark_speculative",
       [](P& p, PyObject** a) {
         p.mark_speculative(int_arg(a[0], "slot"));
         return fast::none();
       },
-      {"slot"}, 1, "File this slot's checkpoint at the LRU head when it is released.");
+      {"slot"}, 1, "Files this slot's checkpoint at the LRU head when it is released (spent first); returns "
+      "None. Raises IndexError for a slot out of range.");
   fast::def<P>(
       cls, "promote",
       [](P& p, PyObject** a) {
         p.promote(int_arg(a[0], "slot"));
         return fast::none();
       },
-      {"slot"}, 1, "A guess paid off: stop spending it first (to the LRU tail if free).");
+      {"slot"}, 1, "A guess paid off: the slot's checkpoint is no longer spent first (to the LRU tail if "
+      "free); returns None. Raises IndexError for a slot out of range.");
   fast::def<P>(
       cls, "checkpoint",
       [](P& p, PyObject** a) {
@@ -593,8 +648,10 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
-      "Fork checkpoint: seq moves to a fresh slot; the "
-      "old one is filed under h and pinned through the next pass.");
+      "Fork checkpoint: ``seq`` moves to a fresh slot and its old slot is filed under ``h``, "
+      "pinned through the next pass; under none/replay or with nothing free nothing is kept "
+      "(counted dropped). Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks "
+      "< 0``; RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
   fast::def<P>(
       cls, "checkpoint_many",
       [](P& p, PyObject** a) {
@@ -612,17 +669,21 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
         return fast::none();
       },
       {"seqs", "boundary_blocks", "hashes"}, 3,
-      "checkpoint(seqs[i], boundary_blocks[i], hashes[i]) for each i, in order; returns None. The batch is "
-      "checked as a whole first: ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
-      "TypeError for an item that is not a sequence, and whatever checkpoint would raise for an entry; a "
-      "refused batch changes nothing.");
+      "Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i], boundary_blocks[i], "
+      "hashes[i])`` for each i in order. Returns None. The batch is checked as a whole first; "
+      "raises ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
+      "TypeError for an item that is not a sequence, and what ``checkpoint`` would raise for "
+      "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing, and so does a setter "
+      "of an engine's own sequence object that raises (the fields already written are "
+      "restored).");
   fast::def<P>(
       cls, "unindex",
       [](P& p, PyObject** a) {
         p.unindex(int_arg(a[0], "h"));
         return fast::none();
       },
-      {"h"}, 1, "Drop the checkpoint filed under h (its KV block left the index); counts orphaned.");
+      {"h"}, 1, "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
+      "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
   cls      .def(
           "reserve_midstep",
           [](StateSlotPool& p, py::handle seq, py::handle positions) {
@@ -636,8 +697,10 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
             return out;
           },
           py::arg("seq"), py::arg("positions"),
-          "Take a destination slot per (position, hash) before the forward; returns "
-          "(slot, position, hash) tuples, stopping at the first shortage.")
+          "Reserves a destination slot per interior (position, hash) boundary before the forward; "
+      "returns (slot, position, hash) tuples, stopping at the first shortage (empty when the "
+      "backend cannot read midstep). Raises ValueError for a hash of -1, TypeError for "
+      "malformed positions.")
       .def(
           "publish_midstep",
           [](StateSlotPool& p, py::handle reservations, py::handle seq) {
@@ -647,11 +710,13 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
             p.publish_midstep(res, s ? &s->get() : nullptr);
           },
           py::arg("reservations"), py::arg("seq") = py::none(),
-          "File each reserved slot under its hash once the forward wrote it.")
+          "Files each reserved slot under its hash once the forward wrote it; returns None. Raises "
+          "ValueError for a reservation this pool did not hand out.")
       .def(
           "cancel_midstep",
           [](StateSlotPool& p, py::handle reservations) { p.cancel_midstep(reservations_arg(reservations)); },
-          py::arg("reservations"), "Return reservations whose forward never ran.")
+          py::arg("reservations"), "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
+          "reservation this pool did not hand out.")
       .def("occupancy",
            [](const StateSlotPool& p) {
              const Occupancy o = p.occupancy();
@@ -661,21 +726,26 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
              d["slots_held"] = o.held;
              d["slots_vacant"] = o.vacant;
              return d;
-           })
+           },
+          "Returns a new dict: slots_total, slots_used, slots_held, slots_vacant. Raises nothing.")
       .def(
           "record_relocation",
           [](StateSlotPool& p, py::handle src, py::handle dst) {
             p.record_relocation(as_int(src, "src"), as_int(dst, "dst"));
           },
-          py::arg("src"), py::arg("dst"), "Schedule a slot copy src -> dst for the next batch.")
+          py::arg("src"), py::arg("dst"), "Schedules a slot copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
+          "IndexError for a slot out of range.")
       .def("take_relocations",
            [](StateSlotPool& p) {
              const auto moves = p.take_relocations();
              py::tuple out(moves.size());
              for (size_t i = 0; i < moves.size(); ++i) out[i] = pair_tuple(moves[i]);
              return out;
-           })
-      .def("clear_index", [](StateSlotPool& p) { p.clear_index(); });
+           },
+          "Returns and clears the (src, dst) slot copies the next batch must run first. Raises "
+          "nothing.")
+      .def("clear_index", [](StateSlotPool& p) { p.clear_index(); },
+          "Drops every checkpoint (slots stay where they are); returns None. Raises nothing.");
   cls.def("_debug_relocations", [](const StateSlotPool& p) {
     py::list out;
     for (const auto& r : p.pending_relocations()) out.append(pair_tuple(r));
@@ -712,30 +782,21 @@ struct PyGroupPool : StateGroupPool {
   }
 };
 
+int traverse_group_pool(PyGroupPool& p, visitproc visit, void* arg) {
+  for (const py::object& o : p.pending_seqs) Py_VISIT(o.ptr());
+  return 0;
+}
+
+void clear_group_pool(PyGroupPool& p) {
+  p.drop_pending();
+  std::vector<py::object> gone;
+  gone.swap(p.pending_seqs);  // released after the pool is consistent
+}
+
 void bind_group_pool(py::module_& m) {
   py::classh<PyGroupPool> cls(
       m, "StateGroupPool", py::is_final(), py::metaclass(fast::guarded_metaclass()),
-      py::custom_type_setup([](PyHeapTypeObject* heap_type) {
-        fast::instance_setup<PyGroupPool>(heap_type);
-        PyTypeObject* type = &heap_type->ht_type;
-        type->tp_flags |= Py_TPFLAGS_HAVE_GC;
-        // Only the cached pointer is read here (no casts while the collector
-        // runs); every pending sequence was added by a fast method, which set it.
-        type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
-          Py_VISIT(Py_TYPE(self));
-          if (PyGroupPool* p = fast::cached_instance<PyGroupPool>(self))
-            for (const py::object& o : p->pending_seqs) Py_VISIT(o.ptr());
-          return 0;
-        };
-        type->tp_clear = [](PyObject* self) -> int {
-          if (PyGroupPool* p = fast::cached_instance<PyGroupPool>(self)) {
-            p->drop_pending();
-            std::vector<py::object> gone;
-            gone.swap(p->pending_seqs);  // released after the pool is consistent
-          }
-          return 0;
-        };
-      }),
+      fast::gc_setup<PyGroupPool, &traverse_group_pool, &clear_group_pool>(),
       R"doc(
 Per-request state groups plus the checkpoint index over the free ones.
 
@@ -757,7 +818,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   using G = PyGroupPool;
   fast::def_readonly<G>(cls, "num_groups", [](const G& p) { return to_py(p.size()); });
   fast::def<G>(cls, "has_free", [](G& p, PyObject**) { return to_py(p.num_free() > 0); }, {}, 0,
-               "Whether a group can be handed out.");
+               "Returns whether a group can be handed out now. Raises nothing.");
   fast::def<G>(
       cls, "checkpoint",
       [](G& p, PyObject** a) {
@@ -784,8 +845,10 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
-      "fork: seq moves to a fresh group, the old one is "
-      "filed and pinned. copy: the intent is recorded and take_copies files it. none/replay: nothing.");
+      "fork: ``seq`` moves to a fresh group and the old one is filed under ``h`` and pinned; "
+      "copy: the intent is recorded for ``take_copies``; none and replay: nothing changes at "
+      "all. Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks < 0``; "
+      "RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
   fast::def<G>(
       cls, "checkpoint_many",
       [](G& p, PyObject** a) {
@@ -810,10 +873,13 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         return fast::none();
       },
       {"seqs", "boundary_blocks", "hashes"}, 3,
-      "checkpoint(seqs[i], boundary_blocks[i], hashes[i]) for each i, in order; returns None. The batch is "
-      "checked as a whole first: ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
-      "TypeError for an item that is not a sequence, and whatever checkpoint would raise for an entry; a "
-      "refused batch changes nothing.");
+      "Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i], boundary_blocks[i], "
+      "hashes[i])`` for each i in order. Returns None. The batch is checked as a whole first; "
+      "raises ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
+      "TypeError for an item that is not a sequence, and what ``checkpoint`` would raise for "
+      "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing, and so does a setter "
+      "of an engine's own sequence object that raises (the fields already written are "
+      "restored).");
   fast::def<G>(
       cls, "forget_pending_many",
       [](G& p, PyObject** a) {
@@ -836,8 +902,8 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         return fast::none();
       },
       {"seqs"}, 1,
-      "forget_pending of each sequence (finished or preempted requests); returns None. TypeError, before "
-      "anything changes, for an item that is not a sequence.");
+      "Batched ``forget_pending`` (finished or preempted requests). Returns None. Raises "
+      "TypeError for an item that is not a sequence, before anything changes.");
   fast::def<G>(
       cls, "forget_pending",
       [](G& p, PyObject** a) {
@@ -848,17 +914,20 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
           s.write_back({{fast::kPending, -1}});
         return fast::none();
       },
-      {"seq"}, 1, "Drop seq's uncommitted copy checkpoint (its group is being released).");
+      {"seq"}, 1, "Drops ``seq``'s uncommitted copy checkpoint (its group is being released); returns "
+      "None. Raises TypeError for an object without the sequence attributes.");
   fast::def<G>(
       cls, "record_copy",
       [](G& p, PyObject** a) {
         p.record_copy(int_arg(a[0], "src"), int_arg(a[1], "dst"));
         return fast::none();
       },
-      {"src", "dst"}, 2, "Schedule a group copy for the next batch.");
+      {"src", "dst"}, 2, "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
+      "IndexError for a group out of range.");
   fast::def<G>(
       cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(int_arg(a[0], "h"))); }, {"h"}, 1,
-      "Drop the checkpoint filed under h; returns the group freed, or -1.");
+      "Drops the checkpoint filed under ``h``; returns the group freed, or -1. Raises only for "
+      "a bad argument (docs/contract.md, \"Errors\").");
   fast::def<G>(
       cls, "take_copies",
       [](G& p, PyObject**) {
@@ -903,8 +972,9 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         return out.release().ptr();
       },
       {}, 0,
-      "Commit last pass's copy intents and return every (src, dst) pair the batch "
-      "being built must copy before its forward.");
+      "Files last pass's copy intents and returns every (src, dst) pair the batch being built "
+      "must copy before its forward. Raises what a generic sequence's setter raised, "
+      "committing nothing.");
   cls.def("_debug_copies", [](py::handle self) {
     const G& p = fast::self_of<G>(self.ptr());
     py::list out;

@@ -1,4 +1,4 @@
-// Chained 64-bit content hashes of token blocks (SPEC.md §2, §9).
+// Chained 64-bit content hashes of token blocks (docs/contract.md, "Words", "Reference engine").
 //
 // Block i of a token sequence covers tokens [i*block_size, (i+1)*block_size);
 // its hash mixes the hash of block i-1 (the parent) with its own tokens, so a
@@ -25,7 +25,7 @@ int64_t hash_token_block(int64_t parent, std::span<const int64_t> tokens);
 std::vector<int64_t> chain_block_hashes(std::span<const int64_t> tokens, int64_t block_size,
                                         int64_t parent = -1);
 
-// ---- 128-bit prefix keys (SPEC.md §8) ----
+// ---- 128-bit prefix keys (docs/contract.md, "Tiers") ----
 //
 // A lower tier outlives one process and may be shared by many engines, so its
 // entries are named by a 128-bit key that a deployment seeds and may salt:

@@ -1,5 +1,5 @@
 // One pool of fixed-size blocks shared by the KV prefix cache and PAGE
-// checkpoint units (SPEC.md §5).
+// checkpoint units (docs/contract.md, "Objects").
 //
 // Free blocks sit on two intrusive lists: `fresh` (no content hash; a stack,
 // so a block freed last is reused first while still in cache) and `cached`

@@ -1,4 +1,4 @@
-// Schedules PAGE checkpoints for per-request state (SPEC.md §3, §7): which
+// Schedules PAGE checkpoints for per-request state (docs/contract.md, "The pass"): which
 // boundaries to store at the next drain, midstep scratch stores, external
 // transfer images and the vote of a tier below GPU memory.
 #pragma once

@@ -81,7 +81,7 @@ class CheckpointPool : public StateFreeList {
     p.fresh = peek_pop();
     return p;
   }
-  // Carries out a plan_fork: returns the fresh unit, files `old` under h.
+  // Carries out a plan_fork: returns the fresh index, files `old` under h.
   int64_t apply_fork(const ForkPlan& p, int64_t h, int64_t position = 0) {
     if (p.dropped) ++fates_.dropped;
     if (!p.forks) return -1;
@@ -91,7 +91,7 @@ class CheckpointPool : public StateFreeList {
     return fresh;
   }
 
-  // -1 means "no hash" everywhere: never a content hash (SPEC §3).
+  // -1 means "no hash" everywhere: never a content hash (docs/contract.md, "Words").
   static void check_hash(const char* name, int64_t h) {
     if (h == -1) bad_argument(name, h, "is -1, which means \"no hash\"; it cannot name a checkpoint");
   }
@@ -106,8 +106,8 @@ class CheckpointPool : public StateFreeList {
   // when checkpoints are assumed (the slot pool's reference reads the list
   // either way, the group pool's does not).
   CheckpointPool(int64_t count, StateTransfer transfer, int64_t hash_block_size, bool enabled,
-                 const char* unit, bool reads_assumed_hashes)
-      : StateFreeList(count, enabled, unit),
+                 const char* kind, bool reads_assumed_hashes)
+      : StateFreeList(count, enabled, kind),
         transfer_(std::move(transfer)),
         hash_block_size_(hash_block_size),
         reads_assumed_hashes_(reads_assumed_hashes) {

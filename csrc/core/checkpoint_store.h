@@ -1,4 +1,4 @@
-// Content index and unit ownership for PAGE checkpoint images (SPEC.md §3).
+// Content index and unit ownership for PAGE checkpoint images (docs/contract.md, "Objects").
 //
 // A checkpoint is COPYING from `begin_store` until the batch that scatters it
 // has been issued (`complete_inflight`), then READY (findable, on the LRU),

@@ -8,37 +8,37 @@
 
 namespace statecache {
 
-StateFreeList::StateFreeList(int64_t count, bool enabled, const char* unit)
-    : unit_(unit), enabled_(enabled && count > 0), num_(count) {
-  if (count < 0) bad_argument(("num_" + unit_ + "s").c_str(), count, "must be >= 0");
+StateFreeList::StateFreeList(int64_t count, bool enabled, const char* kind)
+    : kind_(kind), enabled_(enabled && count > 0), num_(count) {
+  if (count < 0) bad_argument(("num_" + kind_ + "s").c_str(), count, "must be >= 0");
   grow_to(static_cast<size_t>(count));
   index_.reserve(static_cast<size_t>(count));
   vacant_heap_.reserve(2 * static_cast<size_t>(count) + 4);
   for (int64_t u = 0; u < count; ++u) {
-    units_[idx(u)].free = 1;
+    records_[idx(u)].free = 1;
     vacant_heap_.push_back(u);  // ascending order is already a min-heap
   }
   free_count_ = count;
 }
 
 void StateFreeList::grow_to(size_t n) {
-  if (n <= units_.size()) return;
-  // Indices are stored as int32 in the per-unit records.
+  if (n <= records_.size()) return;
+  // Indices are stored as int32 in the per-index records.
   if (n > static_cast<size_t>(INT32_MAX))
-    bad_argument(("num_" + unit_ + "s").c_str(), static_cast<long long>(n), "exceeds 2**31 - 1");
-  units_.resize(n);
+    bad_argument(("num_" + kind_ + "s").c_str(), static_cast<long long>(n), "exceeds 2**31 - 1");
+  records_.resize(n);
   pinned_bits_.resize((n + 63) / 64, 0);
 }
 
 // ---- argument checks ------------------------------------------------------
 
-void StateFreeList::check_unit(int64_t u) const { check_index(unit_.c_str(), u, num_); }
+void StateFreeList::check_in_range(int64_t u) const { check_index(kind_.c_str(), u, num_); }
 
 void StateFreeList::check_owned(int64_t u) const {
-  check_unit(u);
-  if (units_[idx(u)].free) bad_argument(unit_.c_str(), u, "is already free");
-  if (units_[idx(u)].pins > 0)
-    bad_argument(unit_.c_str(), u, "is pinned (a forward still reads it); drop_reader or unpin it first");
+  check_in_range(u);
+  if (records_[idx(u)].free) bad_argument(kind_.c_str(), u, "is already free");
+  if (records_[idx(u)].pins > 0)
+    bad_argument(kind_.c_str(), u, "is pinned (a forward still reads it); drop_reader or unpin it first");
 }
 
 void StateFreeList::check_count(const char* name, int64_t count) const {
@@ -48,69 +48,69 @@ void StateFreeList::check_count(const char* name, int64_t count) const {
 // ---- LRU (intrusive list) -------------------------------------------------
 
 void StateFreeList::lru_push_back(int64_t u) {
-  units_[idx(u)].prev = tail_;
-  units_[idx(u)].next = -1;
+  records_[idx(u)].prev = tail_;
+  records_[idx(u)].next = -1;
   if (tail_ >= 0)
-    units_[idx(tail_)].next = u;
+    records_[idx(tail_)].next = u;
   else
     head_ = u;
   tail_ = u;
-  units_[idx(u)].in_lru = 1;
+  records_[idx(u)].in_lru = 1;
   ++lru_size_;
   eviction_.push(u, false);
 }
 
 void StateFreeList::lru_push_front(int64_t u) {
-  units_[idx(u)].next = head_;
-  units_[idx(u)].prev = -1;
+  records_[idx(u)].next = head_;
+  records_[idx(u)].prev = -1;
   if (head_ >= 0)
-    units_[idx(head_)].prev = u;
+    records_[idx(head_)].prev = u;
   else
     tail_ = u;
   head_ = u;
-  units_[idx(u)].in_lru = 1;
+  records_[idx(u)].in_lru = 1;
   ++lru_size_;
   eviction_.push(u, true);  // only guesses go to the head
 }
 
 void StateFreeList::lru_remove(int64_t u) {
-  check_invariant(units_[idx(u)].in_lru, "removing a unit that is not on the checkpointed list");
-  const int64_t p = units_[idx(u)].prev, n = units_[idx(u)].next;
+  check_invariant(records_[idx(u)].in_lru, "removing an index that is not on the checkpointed list");
+  const int64_t p = records_[idx(u)].prev, n = records_[idx(u)].next;
   if (p >= 0)
-    units_[idx(p)].next = n;
+    records_[idx(p)].next = n;
   else
     head_ = n;
   if (n >= 0)
-    units_[idx(n)].prev = p;
+    records_[idx(n)].prev = p;
   else
     tail_ = p;
-  units_[idx(u)].prev = units_[idx(u)].next = -1;
-  units_[idx(u)].in_lru = 0;
+  records_[idx(u)].prev = records_[idx(u)].next = -1;
+  records_[idx(u)].in_lru = 0;
   --lru_size_;
   eviction_.remove(u);
 }
 
 void StateFreeList::lru_replace(int64_t old_u, int64_t new_u) {
-  const int64_t p = units_[idx(old_u)].prev, n = units_[idx(old_u)].next;
-  units_[idx(new_u)].prev = p;
-  units_[idx(new_u)].next = n;
+  const int64_t p = records_[idx(old_u)].prev, n = records_[idx(old_u)].next;
+  records_[idx(new_u)].prev = p;
+  records_[idx(new_u)].next = n;
   if (p >= 0)
-    units_[idx(p)].next = new_u;
+    records_[idx(p)].next = new_u;
   else
     head_ = new_u;
   if (n >= 0)
-    units_[idx(n)].prev = new_u;
+    records_[idx(n)].prev = new_u;
   else
     tail_ = new_u;
-  units_[idx(old_u)].prev = units_[idx(old_u)].next = -1;
-  units_[idx(old_u)].in_lru = 0;
-  units_[idx(new_u)].in_lru = 1;
+  records_[idx(old_u)].prev = records_[idx(old_u)].next = -1;
+  records_[idx(old_u)].in_lru = 0;
+  records_[idx(new_u)].in_lru = 1;
   eviction_.replace(old_u, new_u);
 }
 
 int64_t StateFreeList::lru_victim(int64_t exclude) const {
   if (eviction_.active()) return eviction_.victim([exclude](int64_t u) { return u != exclude; });
-  for (int64_t c = head_; c >= 0; c = units_[idx(c)].next)
+  for (int64_t c = head_; c >= 0; c = records_[idx(c)].next)
     if (c != exclude) return c;
   return -1;
 }
@@ -118,7 +118,7 @@ int64_t StateFreeList::lru_victim(int64_t exclude) const {
 void StateFreeList::set_eviction_model(const EvictionCostModel& model) {
   // Oldest first, so the new order starts with the ages the list had.
   eviction_.reset_model(model, [this](auto&& push) {
-    for (int64_t u = head_; u >= 0; u = units_[idx(u)].next) push(u, units_[idx(u)].spec != 0);
+    for (int64_t u = head_; u >= 0; u = records_[idx(u)].next) push(u, records_[idx(u)].spec != 0);
   });
 }
 
@@ -131,8 +131,8 @@ void StateFreeList::heap_push(int64_t u) {
 
 void StateFreeList::rebuild_vacant_heap() {
   vacant_heap_.clear();
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].free && units_[u].hash == -1) vacant_heap_.push_back(static_cast<int64_t>(u));
+  for (size_t u = 0; u < records_.size(); ++u)
+    if (records_[u].free && records_[u].hash == -1) vacant_heap_.push_back(static_cast<int64_t>(u));
   // Ascending order is a valid min-heap.
 }
 
@@ -141,7 +141,7 @@ int64_t StateFreeList::take_vacant() {
     std::pop_heap(vacant_heap_.begin(), vacant_heap_.end(), std::greater<>());
     const int64_t u = vacant_heap_.back();
     vacant_heap_.pop_back();
-    if (units_[idx(u)].free && units_[idx(u)].hash == -1) {
+    if (records_[idx(u)].free && records_[idx(u)].hash == -1) {
       set_free(u, false);
       return u;
     }
@@ -152,8 +152,8 @@ int64_t StateFreeList::take_vacant() {
 // ---- free list ------------------------------------------------------------
 
 void StateFreeList::set_free(int64_t u, bool free) {
-  if (static_cast<bool>(units_[idx(u)].free) == free) return;
-  units_[idx(u)].free = free ? 1 : 0;
+  if (static_cast<bool>(records_[idx(u)].free) == free) return;
+  records_[idx(u)].free = free ? 1 : 0;
   free_count_ += free ? 1 : -1;
 }
 
@@ -163,7 +163,7 @@ bool StateFreeList::has_free(int64_t count) const {
 }
 
 int64_t StateFreeList::pop() {
-  if (free_count_ == 0) throw std::out_of_range("pop from an empty " + unit_ + " pool: nothing is free");
+  if (free_count_ == 0) throw std::out_of_range("pop from an empty " + kind_ + " pool: nothing is free");
   int64_t u = take_vacant();
   if (u < 0) {
     u = lru_victim(-1);
@@ -171,9 +171,9 @@ int64_t StateFreeList::pop() {
     set_free(u, false);
     ++fates_.evicted;
   }
-  // A guess is spent with its unit; the re-file inside file_checkpoint must
+  // A guess is spent with its index; the re-file inside file_checkpoint must
   // not clear a mark that was only just made, so this is not in drop_hash.
-  units_[idx(u)].spec = 0;
+  records_[idx(u)].spec = 0;
   drop_hash(u);
   return u;
 }
@@ -182,7 +182,7 @@ int64_t StateFreeList::peek_pop() {
   if (free_count_ == 0) return -1;
   while (!vacant_heap_.empty()) {
     const int64_t u = vacant_heap_.front();
-    if (units_[idx(u)].free && units_[idx(u)].hash == -1) return u;
+    if (records_[idx(u)].free && records_[idx(u)].hash == -1) return u;
     std::pop_heap(vacant_heap_.begin(), vacant_heap_.end(), std::greater<>());
     vacant_heap_.pop_back();
   }
@@ -190,14 +190,14 @@ int64_t StateFreeList::peek_pop() {
 }
 
 void StateFreeList::claim(int64_t u) {
-  check_unit(u);
-  if (!units_[idx(u)].free) bad_argument(unit_.c_str(), u, "is not free, so it cannot be claimed");
+  check_in_range(u);
+  if (!records_[idx(u)].free) bad_argument(kind_.c_str(), u, "is not free, so it cannot be claimed");
   take_free(u);
 }
 
 void StateFreeList::take_free(int64_t u) {
   set_free(u, false);
-  if (units_[idx(u)].hash != -1) lru_remove(u);
+  if (records_[idx(u)].hash != -1) lru_remove(u);
 }
 
 void StateFreeList::release(int64_t u) {
@@ -205,10 +205,10 @@ void StateFreeList::release(int64_t u) {
   put_back(u);
 }
 
-void StateFreeList::release_many(std::span<const int64_t> units) {
+void StateFreeList::release_many(std::span<const int64_t> indices) {
   std::vector<int64_t> real;
-  real.reserve(units.size());
-  for (int64_t u : units) {
+  real.reserve(indices.size());
+  for (int64_t u : indices) {
     if (u < 0) continue;
     check_owned(u);
     real.push_back(u);
@@ -217,50 +217,50 @@ void StateFreeList::release_many(std::span<const int64_t> units) {
   for (int64_t u : real) put_back(u);
 }
 
-void StateFreeList::check_distinct(std::vector<int64_t> units) const {
-  // The second release would be a release of a free unit.
-  std::sort(units.begin(), units.end());
-  auto dup = std::adjacent_find(units.begin(), units.end());
-  if (dup != units.end()) bad_argument(unit_.c_str(), *dup, "is listed twice");
+void StateFreeList::check_distinct(std::vector<int64_t> indices) const {
+  // The second release would be a release of a free index.
+  std::sort(indices.begin(), indices.end());
+  auto dup = std::adjacent_find(indices.begin(), indices.end());
+  if (dup != indices.end()) bad_argument(kind_.c_str(), *dup, "is listed twice");
 }
 
 void StateFreeList::put_back(int64_t u) {
-  ++units_[idx(u)].epoch;
+  ++records_[idx(u)].epoch;
   set_free(u, true);
-  if (units_[idx(u)].hash != -1) {
-    if (units_[idx(u)].spec)
+  if (records_[idx(u)].hash != -1) {
+    if (records_[idx(u)].spec)
       lru_push_front(u);
     else
       lru_push_back(u);
     return;
   }
-  units_[idx(u)].spec = 0;
+  records_[idx(u)].spec = 0;
   heap_push(u);
-  // Units hashed while vacant leave stale entries; rebuilding once the heap
+  // Indices hashed while vacant leave stale entries; rebuilding once the heap
   // is twice the pool keeps it bounded at amortized O(1) per push.
   if (static_cast<int64_t>(vacant_heap_.size()) > 2 * num_ + 2) rebuild_vacant_heap();
 }
 
 void StateFreeList::set_hash(int64_t u, int64_t h) {
-  if (!units_[idx(u)].free) {
-    units_[idx(u)].hash = h;
+  if (!records_[idx(u)].free) {
+    records_[idx(u)].hash = h;
     return;
   }
   take_free(u);
-  units_[idx(u)].hash = h;
+  records_[idx(u)].hash = h;
   put_back(u);
 }
 
 void StateFreeList::extend(int64_t count) {
   check_count("count", count);
-  // Indices are int32 in the unit records; checked before the add can overflow.
+  // Indices are int32 in the index records; checked before the add can overflow.
   if (count > static_cast<int64_t>(INT32_MAX) - num_)
-    bad_argument("count", count, ("would take the pool past 2**31 - 1 " + unit_ + "s").c_str());
+    bad_argument("count", count, ("would take the pool past 2**31 - 1 " + kind_ + "s").c_str());
   grow_to(static_cast<size_t>(num_ + count));
   for (int64_t u = num_; u < num_ + count; ++u) {
     // retire_top left the index without a hash; a retired index filed
     // elsewhere since cannot be named by the index either.
-    check_invariant(units_[idx(u)].hash == -1, "a retired index still carries a hash");
+    check_invariant(records_[idx(u)].hash == -1, "a retired index still carries a hash");
     put_back(u);
   }
   num_ += count;
@@ -270,7 +270,7 @@ std::optional<Retirement> StateFreeList::retire_top() {
   const int64_t top = num_ - 1;
   if (top < 0 || is_pinned(top)) return std::nullopt;
   const bool held = holds_checkpoint(top);
-  if (units_[idx(top)].free && !held) {
+  if (records_[idx(top)].free && !held) {
     take_free(top);
     --num_;
     return Retirement{top, -1, false};
@@ -306,12 +306,12 @@ int64_t StateFreeList::take_relocation_target(int64_t exclude) {
 
 void StateFreeList::rehome_checkpoint(int64_t src, int64_t dst) {
   // Keeps the LRU position: only the address changed, not the use.
-  const int64_t h = units_[idx(src)].hash;
+  const int64_t h = records_[idx(src)].hash;
   lru_replace(src, dst);
   set_free(src, false);
   set_free(dst, true);
-  units_[idx(src)].hash = -1;
-  units_[idx(dst)].hash = h;
+  records_[idx(src)].hash = -1;
+  records_[idx(dst)].hash = h;
   index_.set(h, dst);
 }
 
@@ -323,14 +323,14 @@ void StateFreeList::file_checkpoint(int64_t h, int64_t u, int64_t position) {
   eviction_.set_position(u, position);
   const int64_t prev = index_.exchange(h, u, -1);
   set_hash(u, h);
-  // The unit that held `h` before is orphaned; clear only its back-pointer,
+  // The index that held `h` before is orphaned; clear only its back-pointer,
   // the entry just written must stay.
   if (prev != -1 && prev != u) set_hash(prev, -1);
 }
 
 void StateFreeList::drop_hash(int64_t u) {
   if (!enabled_) return;
-  const int64_t h = units_[idx(u)].hash;
+  const int64_t h = records_[idx(u)].hash;
   if (h == -1) return;
   set_hash(u, -1);
   const int64_t* at = index_.find(h);
@@ -338,7 +338,7 @@ void StateFreeList::drop_hash(int64_t u) {
 }
 
 void StateFreeList::invalidate(int64_t u) {
-  check_index(unit_.c_str(), u, capacity());
+  check_index(kind_.c_str(), u, capacity());
   drop_hash(u);
 }
 
@@ -359,14 +359,14 @@ void StateFreeList::clear_index() {
 // ---- speculative marks ----------------------------------------------------
 
 void StateFreeList::mark_speculative(int64_t u) {
-  check_unit(u);
-  if (enabled_) units_[idx(u)].spec = 1;
+  check_in_range(u);
+  if (enabled_) records_[idx(u)].spec = 1;
 }
 
 void StateFreeList::promote(int64_t u) {
   if (!enabled_ || !is_speculative(u)) return;
-  units_[idx(u)].spec = 0;
-  if (units_[idx(u)].free && units_[idx(u)].hash != -1) {
+  records_[idx(u)].spec = 0;
+  if (records_[idx(u)].free && records_[idx(u)].hash != -1) {
     lru_remove(u);
     lru_push_back(u);
   }
@@ -375,19 +375,19 @@ void StateFreeList::promote(int64_t u) {
 // ---- pins -----------------------------------------------------------------
 
 void StateFreeList::pin(int64_t u, bool reader_is_next_batch) {
-  check_unit(u);
-  // A pinned unit must never be handed out, so it cannot sit on the free list.
-  if (units_[idx(u)].free) bad_argument(unit_.c_str(), u, "is free; claim it before pinning it");
-  if (units_[idx(u)].pins++ == 0) {
+  check_in_range(u);
+  // A pinned index must never be handed out, so it cannot sit on the free list.
+  if (records_[idx(u)].free) bad_argument(kind_.c_str(), u, "is free; claim it before pinning it");
+  if (records_[idx(u)].pins++ == 0) {
     pinned_bits_[idx(u) / 64] |= uint64_t{1} << (idx(u) % 64);
     ++pinned_count_;
   }
-  if (reader_is_next_batch) units_[idx(u)].deferred = 1;
+  if (reader_is_next_batch) records_[idx(u)].deferred = 1;
 }
 
 void StateFreeList::unpin(int64_t u) {
   if (!in_capacity(u)) return;
-  Unit& x = units_[idx(u)];
+  IndexRecord& x = records_[idx(u)];
   if (x.pins > 1) {
     --x.pins;
     return;
@@ -411,7 +411,7 @@ void StateFreeList::release_pins() {
   for (size_t w = 0; w < pinned_bits_.size(); ++w) {
     for (uint64_t bits = pinned_bits_[w]; bits != 0; bits &= bits - 1) {
       const int64_t u = static_cast<int64_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(bits)));
-      Unit& x = units_[idx(u)];
+      IndexRecord& x = records_[idx(u)];
       // A deferred pin is read by the batch this pass builds: keep it one more.
       if (x.deferred) {
         x.deferred = 0;
@@ -433,95 +433,95 @@ Occupancy StateFreeList::occupancy() const {
 std::vector<int64_t> StateFreeList::lru_order() const {
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(lru_size_));
-  for (int64_t u = head_; u >= 0; u = units_[idx(u)].next) out.push_back(u);
+  for (int64_t u = head_; u >= 0; u = records_[idx(u)].next) out.push_back(u);
   return out;
 }
 
-std::vector<int64_t> StateFreeList::pinned_units() const {
+std::vector<int64_t> StateFreeList::pinned_indices() const {
   std::vector<int64_t> out;
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].pins > 0) out.push_back(static_cast<int64_t>(u));
+  for (size_t u = 0; u < records_.size(); ++u)
+    if (records_[u].pins > 0) out.push_back(static_cast<int64_t>(u));
   return out;
 }
 
-std::vector<int64_t> StateFreeList::deferred_units() const {
+std::vector<int64_t> StateFreeList::deferred_indices() const {
   std::vector<int64_t> out;
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].deferred) out.push_back(static_cast<int64_t>(u));
+  for (size_t u = 0; u < records_.size(); ++u)
+    if (records_[u].deferred) out.push_back(static_cast<int64_t>(u));
   return out;
 }
 
-std::vector<int64_t> StateFreeList::speculative_units() const {
+std::vector<int64_t> StateFreeList::speculative_indices() const {
   std::vector<int64_t> out;
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].spec) out.push_back(static_cast<int64_t>(u));
+  for (size_t u = 0; u < records_.size(); ++u)
+    if (records_[u].spec) out.push_back(static_cast<int64_t>(u));
   return out;
 }
 
 bool StateFreeList::index_is_exact() const {
   bool exact = true;
   index_.for_each([&](int64_t h, int64_t u) {
-    if (!in_capacity(u) || units_[idx(u)].hash != h) exact = false;
+    if (!in_capacity(u) || records_[idx(u)].hash != h) exact = false;
   });
   return exact;
 }
 
 void StateFreeList::check_invariants() const {
-  const size_t cap = units_.size();
+  const size_t cap = records_.size();
   int64_t free_seen = 0;
   for (size_t u = 0; u < cap; ++u) {
-    if (units_[u].free) {
+    if (records_[u].free) {
       ++free_seen;
-      check_invariant(static_cast<int64_t>(u) < num_, "a free unit lies past the top of the pool");
-      check_invariant(units_[u].pins == 0, "a pinned unit is on the free list");
+      check_invariant(static_cast<int64_t>(u) < num_, "a free index lies past the top of the pool");
+      check_invariant(records_[u].pins == 0, "a pinned index is on the free list");
     }
     // Free with a hash <=> on the checkpointed list.
-    check_invariant(static_cast<bool>(units_[u].in_lru) == (units_[u].free && units_[u].hash != -1),
+    check_invariant(static_cast<bool>(records_[u].in_lru) == (records_[u].free && records_[u].hash != -1),
                     "checkpointed list membership disagrees with free/hash");
-    if (units_[u].deferred) check_invariant(units_[u].pins > 0, "a deferred unit is not pinned");
-    check_invariant(units_[u].pins >= 0, "negative pin count");
-    if (units_[u].hash != -1) {
+    if (records_[u].deferred) check_invariant(records_[u].pins > 0, "a deferred index is not pinned");
+    check_invariant(records_[u].pins >= 0, "negative pin count");
+    if (records_[u].hash != -1) {
       check_invariant(enabled_, "a disabled pool carries a hash");
-      check_invariant(index_.get(units_[u].hash, -2) == static_cast<int64_t>(u),
-                      "unit_hash names a hash the index files elsewhere");
+      check_invariant(index_.get(records_[u].hash, -2) == static_cast<int64_t>(u),
+                      "index_hash names a hash the index files elsewhere");
     }
   }
   check_invariant(free_seen == free_count_, "free count is out of step");
 
   int64_t walked = 0, prev = -1;
-  for (int64_t u = head_; u >= 0; u = units_[idx(u)].next) {
-    check_invariant(units_[idx(u)].prev == prev, "checkpointed list back-link broken");
+  for (int64_t u = head_; u >= 0; u = records_[idx(u)].next) {
+    check_invariant(records_[idx(u)].prev == prev, "checkpointed list back-link broken");
     check_invariant(++walked <= lru_size_, "checkpointed list longer than its size");
     prev = u;
   }
   check_invariant(walked == lru_size_ && tail_ == prev, "checkpointed list size or tail wrong");
   if (eviction_.active()) {
     check_invariant(eviction_.size() == lru_size_, "cost order and checkpointed list disagree in size");
-    for (int64_t u = head_; u >= 0; u = units_[idx(u)].next)
-      check_invariant(eviction_.contains(u), "a checkpointed unit is missing from the cost order");
+    for (int64_t u = head_; u >= 0; u = records_[idx(u)].next)
+      check_invariant(eviction_.contains(u), "a checkpointed index is missing from the cost order");
   }
 
-  // Every free vacant unit must still have a heap entry, or pop would miss it.
+  // Every free vacant index must still have a heap entry, or pop would miss it.
   std::vector<uint8_t> in_heap(cap, 0);
   for (int64_t u : vacant_heap_) in_heap[idx(u)] = 1;
   for (size_t u = 0; u < cap; ++u)
-    if (units_[u].free && units_[u].hash == -1)
-      check_invariant(in_heap[u], "a vacant unit is missing from the heap");
+    if (records_[u].free && records_[u].hash == -1)
+      check_invariant(in_heap[u], "a vacant index is missing from the heap");
 
   int64_t pinned_seen = 0;
   for (size_t u = 0; u < cap; ++u) {
     const bool bit = (pinned_bits_[u / 64] >> (u % 64)) & 1;
-    check_invariant(bit == (units_[u].pins > 0), "pinned bitset out of step with pin counts");
+    check_invariant(bit == (records_[u].pins > 0), "pinned bitset out of step with pin counts");
     pinned_seen += bit;
   }
   check_invariant(pinned_seen == pinned_count_, "pin count total out of step");
-  // Index side: hash_to_unit[h] == u <=> unit_hash[u] == h, no -1 key, and
+  // Index side: hash_to_index[h] == u <=> index_hash[u] == h, no -1 key, and
   // nothing at or past the top.
   index_.for_each([&](int64_t h, int64_t u) {
     check_invariant(h != -1, "the index files -1 (no hash) as a content hash");
-    check_invariant(in_capacity(u), "the index names a unit outside the pool");
-    check_invariant(u < num_, "the index names a retired unit");
-    check_invariant(units_[idx(u)].hash == h, "hash_to_unit names a unit that carries another hash");
+    check_invariant(in_capacity(u), "the index names an index outside the pool");
+    check_invariant(u < num_, "the index names a retired index");
+    check_invariant(records_[idx(u)].hash == h, "hash_to_index names an index that carries another hash");
   });
 }
 

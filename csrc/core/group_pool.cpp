@@ -20,10 +20,11 @@ void StateGroupPool::check_checkpoint(const Sequence& seq, int64_t h) const {
 }
 
 bool StateGroupPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t h) {
-  (void)boundary_blocks;  // a group is one entry, not a span ending at the boundary
+  // A group is one entry, not a span ending at the boundary: the boundary
+  // only tells the eviction cost model what a hit there saves.
   check_checkpoint(seq, h);
   if (!applies(seq)) return false;
-  // SPEC.md §4: none() and replay() keep nothing, not even a dropped count.
+  // docs/contract.md, "Divergences": none() and replay() keep nothing, not even a dropped count.
   if (!transfer().forks() && !transfer().copies()) return false;
   const int64_t old = seq.per_req_cache_group;
   if (old < 0) return false;
@@ -32,18 +33,21 @@ bool StateGroupPool::checkpoint(Sequence& seq, int64_t boundary_blocks, int64_t 
     // sequence whose earlier intent died with its group joins again.
     bool joined = false;
     if (seq.pending_checkpoint == -1 || !group_has_intent(old)) {
-      pending_.push_back({old, release_epoch(old)});
+      pending_.push_back({old, release_epoch(old), boundary_blocks});
       joined = true;
+    } else {
+      for (Intent& i : pending_)
+        if (i.group == old && intent_alive(i)) i.position = boundary_blocks;
     }
     seq.pending_checkpoint = h;
     return joined;
   }
   const ForkPlan plan = plan_checkpoint(seq, h);
   if (!plan.forks) {
-    apply_fork(plan, h);
+    apply_fork(plan, h, boundary_blocks);
     return false;
   }
-  seq.per_req_cache_group = apply_fork(plan, h);
+  seq.per_req_cache_group = apply_fork(plan, h, boundary_blocks);
   seq.state_fork_src = old;
   pin(old, /*reader_is_next_batch=*/true);
   ++fates_.kept;
@@ -92,7 +96,7 @@ std::optional<GroupRetirement> StateGroupPool::retire_top() {
     // The caller re-points the owner at relocated_to and the relocation runs
     // before the batch's group copies, so the intent follows the bytes.
     for (Intent& i : pending_)
-      if (i.group == top && release_epoch(top) == i.epoch) i = {r->relocated_to, release_epoch(r->relocated_to)};
+      if (i.group == top && release_epoch(top) == i.epoch) i = {r->relocated_to, release_epoch(r->relocated_to), i.position};
   }
   return r;
 }
@@ -120,7 +124,7 @@ std::vector<std::pair<int64_t, int64_t>> StateGroupPool::take_copies(std::span<c
     }
     const int64_t dst = pop();
     put_back(dst);
-    file_checkpoint(h, dst);
+    file_checkpoint(h, dst, intent.position);
     copies_.emplace_back(src, dst);
     ++fates_.kept;
   }

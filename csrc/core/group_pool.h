@@ -6,7 +6,7 @@
 //   copy  the owner keeps its group; `checkpoint` only records the intent and
 //         `take_copies` (called as the next batch is built) turns it into a
 //         (src, dst) pair, filing dst at that moment.
-// Under none() and replay() nothing is ever checkpointed (SPEC.md §4).
+// Under none() and replay() nothing is ever checkpointed (docs/contract.md, "Divergences").
 #pragma once
 
 #include <cstdint>
@@ -83,7 +83,8 @@ class StateGroupPool : public CheckpointPool<GroupRetirement> {
  private:
   struct Intent {
     int64_t group;
-    uint32_t epoch;  // the group's release_epoch when recorded
+    uint32_t epoch;         // the group's release_epoch when recorded
+    int64_t position = 0;  // boundary blocks, for the eviction cost model
   };
   bool intent_alive(const Intent& i) const {
     return i.group >= 0 && i.group < size() && !is_free(i.group) && release_epoch(i.group) == i.epoch;

@@ -9,8 +9,9 @@
 namespace statecache {
 
 HostArena::HostArena(int64_t entry_bytes, int64_t capacity_bytes, std::vector<int64_t> class_budget_bytes,
-                     Ranking ranking)
-    : entry_bytes_(entry_bytes), num_entries_(0), ranking_(ranking) {
+                     const EvictionCostModel& model)
+    : entry_bytes_(entry_bytes), num_entries_(0), model_(model) {
+  model.validate();
   if (entry_bytes <= 0) bad_argument("entry_bytes", entry_bytes, "must be > 0");
   if (capacity_bytes < 0) bad_argument("capacity_bytes", capacity_bytes, "must be >= 0");
   if (class_budget_bytes.empty()) bad_argument("class_budget_bytes", 0, "needs at least one class");
@@ -30,6 +31,25 @@ HostArena::HostArena(int64_t entry_bytes, int64_t capacity_bytes, std::vector<in
   // Lowest entry ids first: pop_back hands out free_.back().
   std::iota(free_.rbegin(), free_.rend(), 0);
   ranked_.resize(classes_.size());
+  for (auto& r : ranked_) r.set_model(order_model(model_));
+}
+
+// The arena keeps no list of its own: 'lru' is the cost order with the
+// value left out (each segment's head is its oldest, so the oldest head wins).
+EvictionCostModel HostArena::order_model(const EvictionCostModel& m) {
+  EvictionCostModel o = m;
+  if (m.kind == EvictionCostModel::Kind::kLru) o.weight = 0;
+  o.kind = EvictionCostModel::Kind::kCost;
+  o.guesses_first = false;
+  return o;
+}
+
+void HostArena::set_eviction_model(const EvictionCostModel& model) {
+  model.validate();
+  model_ = model;
+  // Segments depend on neither weights nor kind here (no guesses): the
+  // order stays, only the scoring changes.
+  for (auto& r : ranked_) r.set_model(order_model(model_));
 }
 
 void HostArena::check_class(int klass) const {
@@ -51,24 +71,17 @@ HostArena::Slot* HostArena::find(const std::string& key) {
   return it == index_.end() ? nullptr : &slab_[static_cast<size_t>(it->second)];
 }
 
+// Newest in its class's order (a use).
 void HostArena::rank(int32_t idx) {
   Slot& s = slab_[static_cast<size_t>(idx)];
-  if (rankable(s)) ranked_[static_cast<size_t>(s.v.klass)].emplace(s.priority, s.seq, idx);
+  if (!rankable(s)) return;
+  auto& order = ranked_[static_cast<size_t>(s.v.klass)];
+  order.set_position(idx, s.v.position);
+  order.push(idx, false);
 }
 
 void HostArena::unrank(int32_t idx) {
-  Slot& s = slab_[static_cast<size_t>(idx)];
-  ranked_[static_cast<size_t>(s.v.klass)].erase(Rank{s.priority, s.seq, idx});
-}
-
-void HostArena::refresh(Slot& s) {
-  s.seq = ++tick_;
-  if (ranking_ == Ranking::kLru) {
-    s.priority = static_cast<double>(s.seq);
-  } else {
-    const double bytes = static_cast<double>(std::max<int64_t>(s.v.nbytes, 1));
-    s.priority = inflation_ + s.v.cost / bytes;
-  }
+  ranked_[static_cast<size_t>(slab_[static_cast<size_t>(idx)].v.klass)].remove(idx);
 }
 
 std::optional<std::vector<std::string>> HostArena::victims(int klass, int64_t count) const {
@@ -77,9 +90,14 @@ std::optional<std::vector<std::string>> HostArena::victims(int klass, int64_t co
   const ClassStats& c = classes_[static_cast<size_t>(klass)];
   int64_t need = c.used_entries + count - c.budget_entries;
   std::vector<std::string> out;
-  for (auto it = ranked_[static_cast<size_t>(klass)].begin(); need > 0; ++it) {
-    if (it == ranked_[static_cast<size_t>(klass)].end()) return std::nullopt;
-    const Slot& s = slab_[static_cast<size_t>(std::get<2>(*it))];
+  std::vector<int64_t> planned;
+  const auto& order = ranked_[static_cast<size_t>(klass)];
+  while (need > 0) {
+    const int64_t idx = order.victim(
+        [&](int64_t i) { return std::find(planned.begin(), planned.end(), i) == planned.end(); });
+    if (idx < 0) return std::nullopt;
+    planned.push_back(idx);
+    const Slot& s = slab_[static_cast<size_t>(idx)];
     out.push_back(s.key);
     need -= static_cast<int64_t>(s.v.entries.size());
   }
@@ -87,13 +105,13 @@ std::optional<std::vector<std::string>> HostArena::victims(int klass, int64_t co
 }
 
 std::optional<std::vector<int32_t>> HostArena::allocate(const std::string& key, int klass, int64_t count,
-                                                        int64_t nbytes, double cost,
+                                                        int64_t nbytes, int64_t position,
                                                         std::vector<std::string>* evicted) {
   check_class(klass);
   if (count <= 0) bad_argument("count", count, "must be > 0");
   if (nbytes < 0 || nbytes > count * entry_bytes_)
     bad_argument("nbytes", nbytes, "must be in [0, count * entry_bytes]");
-  if (!(cost >= 0)) bad_argument("cost", std::to_string(cost), "must be >= 0");
+  if (position < 0) bad_argument("position", position, "must be >= 0");
   if (index_.count(key) != 0) bad_argument("key", key, "is already in the arena");
   ClassStats& c = classes_[static_cast<size_t>(klass)];
   auto plan = victims(klass, count);
@@ -103,8 +121,6 @@ std::optional<std::vector<int32_t>> HostArena::allocate(const std::string& key, 
   }
   for (const std::string& victim : *plan) {
     const int32_t idx = index_.at(victim);
-    Slot& s = slab_[static_cast<size_t>(idx)];
-    if (ranking_ == Ranking::kCostPerByte) inflation_ = std::max(inflation_, s.priority);
     ++c.evictions;
     if (evicted != nullptr) evicted->push_back(victim);
     unrank(idx);
@@ -126,7 +142,7 @@ std::optional<std::vector<int32_t>> HostArena::allocate(const std::string& key, 
   s.live = true;
   s.v.klass = klass;
   s.v.nbytes = nbytes;
-  s.v.cost = cost;
+  s.v.position = position;
   s.v.entries.resize(static_cast<size_t>(count));
   for (auto& e : s.v.entries) {
     e = free_.back();
@@ -144,7 +160,6 @@ void HostArena::seal(const std::string& key, std::string meta) {
   if (s->sealed) bad_argument("key", key, "is already sealed");
   s->sealed = true;
   s->v.meta = std::move(meta);
-  refresh(*s);
   rank(index_.at(key));
 }
 
@@ -185,7 +200,6 @@ const HostArena::Value* HostArena::lookup(const std::string& key, bool touch) {
   if (touch) {
     const int32_t idx = index_.at(key);
     unrank(idx);
-    refresh(*s);
     rank(idx);
   }
   return &s->v;
@@ -241,16 +255,14 @@ void HostArena::check_consistency() const {
       seen[static_cast<size_t>(e)] = 1;
     }
     used[static_cast<size_t>(s.v.klass)] += static_cast<int64_t>(s.v.entries.size());
-    if (rankable(s)) {
-      ++ranked[static_cast<size_t>(s.v.klass)];
-      check_invariant(ranked_[static_cast<size_t>(s.v.klass)].count(Rank{s.priority, s.seq, idx}) == 1,
-                      "host arena: rankable value not ranked");
-    }
+    check_invariant(ranked_[static_cast<size_t>(s.v.klass)].contains(idx) == rankable(s),
+                    "host arena: ranked set and rankable values disagree");
+    ranked[static_cast<size_t>(s.v.klass)] += rankable(s);
   }
   for (size_t c = 0; c < classes_.size(); ++c) {
     check_invariant(used[c] == classes_[c].used_entries, "host arena: class usage drifted");
     check_invariant(used[c] <= classes_[c].budget_entries, "host arena: class over budget");
-    check_invariant(ranked[c] == ranked_[c].size(), "host arena: ranking holds stale values");
+    check_invariant(static_cast<int64_t>(ranked[c]) == ranked_[c].size(), "host arena: ranking holds stale values");
   }
   for (char s : seen) check_invariant(s != 0, "host arena: entry lost");
 }

@@ -1,4 +1,4 @@
-// Bookkeeping of the host tier's pinned arena (SPEC.md §8, DESIGN.md "Tiers").
+// Bookkeeping of the host tier's pinned arena (docs/contract.md, "Tiers").
 //
 // The arena is `num_entries` fixed-size entries (one page unit each) in one
 // host buffer the caller owns; this class decides which entries hold what.
@@ -10,32 +10,29 @@
 // rankable) -> remove or evict. Readers pin a sealed value; a pinned value is
 // never evicted, and one removed while pinned goes back at the last unpin.
 //
-// Eviction within a class ranks by priority, lowest first:
-//   kLru          priority = a use counter (recency only);
-//   kCostPerByte  GreedyDual-Size: priority = L + cost / bytes, refreshed on
-//                 every use, where L rises to each victim's priority, so
-//                 entries that are cheap to recompute per byte go first and
-//                 untouched ones age out.
+// Eviction within a class ranks with the cost model the GPU caches use
+// (core/eviction_policy.h: recency + weight x prefill FLOPs a hit at the
+// value's position saves per byte), one CheckpointEvictionOrder per class.
+// A value is filed with its `position` (where its prefix ends, in the
+// model's position unit). The 'lru' model ranks by recency alone.
 #pragma once
 
 #include <cstdint>
 #include <optional>
-#include <set>
 #include <string>
-#include <tuple>
 #include <unordered_map>
 #include <vector>
+
+#include "core/eviction_policy.h"
 
 namespace statecache {
 
 class HostArena {
  public:
-  enum class Ranking { kLru, kCostPerByte };
-
   struct Value {
     std::vector<int32_t> entries;
     int64_t nbytes = 0;
-    double cost = 0;
+    int64_t position = 0;
     int klass = 0;
     std::string meta;  // opaque to the arena (the tier keeps its header here)
   };
@@ -49,14 +46,25 @@ class HostArena {
   };
 
   // `class_budget_bytes[c]` bounds class c; the budgets must fit the arena.
+  // `model` ranks every class (validated; std::invalid_argument naming the field).
   HostArena(int64_t entry_bytes, int64_t capacity_bytes, std::vector<int64_t> class_budget_bytes,
-            Ranking ranking = Ranking::kCostPerByte);
+            const EvictionCostModel& model = cost_model());
+
+  // The default: kCost, value = the position itself.
+  static EvictionCostModel cost_model() {
+    EvictionCostModel m;
+    m.kind = EvictionCostModel::Kind::kCost;
+    return m;
+  }
 
   int64_t entry_bytes() const { return entry_bytes_; }
   int64_t num_entries() const { return num_entries_; }
   int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
   int num_classes() const { return static_cast<int>(classes_.size()); }
-  Ranking ranking() const { return ranking_; }
+  const EvictionCostModel& eviction_model() const { return model_; }
+  // Installs a validated model (nothing changed on a bad one) and re-ranks
+  // every class in its current order.
+  void set_eviction_model(const EvictionCostModel& model);
   const ClassStats& class_stats(int klass) const;
 
   // Keys `allocate` would evict to fit `count` entries in `klass`, in order;
@@ -66,7 +74,7 @@ class HostArena {
   // `victims` lists them (their keys appended to `evicted`). nullopt, nothing
   // changed, when it cannot.
   std::optional<std::vector<int32_t>> allocate(const std::string& key, int klass, int64_t count,
-                                               int64_t nbytes, double cost,
+                                               int64_t nbytes, int64_t position,
                                                std::vector<std::string>* evicted);
   // A written value becomes findable.
   void seal(const std::string& key, std::string meta);
@@ -91,30 +99,25 @@ class HostArena {
     bool sealed = false;
     bool doomed = false;  // removed while pinned
     int64_t pins = 0;
-    double priority = 0;
-    uint64_t seq = 0;
   };
-  using Rank = std::tuple<double, uint64_t, int32_t>;
 
   const Slot* find(const std::string& key) const;
   Slot* find(const std::string& key);
   bool rankable(const Slot& s) const { return s.live && s.sealed && !s.doomed && s.pins == 0; }
   void rank(int32_t idx);
   void unrank(int32_t idx);
-  void refresh(Slot& s);
+  static EvictionCostModel order_model(const EvictionCostModel& m);
   void release(int32_t idx);
   void check_class(int klass) const;
 
   int64_t entry_bytes_, num_entries_;
-  Ranking ranking_;
+  EvictionCostModel model_;
   std::vector<ClassStats> classes_;
   std::vector<int32_t> free_;
   std::vector<Slot> slab_;
   std::vector<int32_t> free_slots_;
   std::unordered_map<std::string, int32_t> index_;
-  std::vector<std::set<Rank>> ranked_;  // per class
-  double inflation_ = 0;
-  uint64_t tick_ = 0;
+  std::vector<CheckpointEvictionOrder> ranked_;  // per class: sealed, unpinned values
 };
 
 }  // namespace statecache

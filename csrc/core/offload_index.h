@@ -1,5 +1,5 @@
 // Which hashes a tier below GPU memory holds, and its load bookkeeping
-// (SPEC.md §8). Membership is optimistic — "was stored once" — and capped as
+// (docs/contract.md, "Tiers"). Membership is optimistic — "was stored once" — and capped as
 // an LRU; a load that finds the entry missing retracts it.
 #pragma once
 
@@ -54,7 +54,7 @@ class StateOffloadIndex : public OffloadVote {
   // used entry beyond the capacity is forgotten.
   void note_stored(int64_t prefix_hash);
   // A store that wrote nothing usable; `untrusted` when its source was
-  // reclaimed under it (SPEC.md §8: never indexed).
+  // reclaimed under it (docs/contract.md, "Tiers": never indexed).
   void note_store_failed(int64_t prefix_hash, bool untrusted = false);
   bool forget(int64_t prefix_hash);
 
@@ -63,7 +63,7 @@ class StateOffloadIndex : public OffloadVote {
   bool request_load(int64_t prefix_hash);
   void complete_load(int64_t prefix_hash);
   // A load that failed; forgets the hash only when the tier reported it
-  // missing. `untrusted`: a copy failed its key or checksum check (SPEC.md §8).
+  // missing. `untrusted`: a copy failed its key or checksum check (docs/contract.md, "Tiers").
   void fail_load(int64_t prefix_hash, bool missing = false, bool untrusted = false);
   void abandon_load(int64_t prefix_hash);
   int64_t loads_in_flight() const { return in_flight_total_; }

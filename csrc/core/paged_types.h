@@ -1,4 +1,4 @@
-// Value types of PAGE checkpoints (SPEC.md §3, §12): the image geometry, the
+// Value types of PAGE checkpoints (docs/contract.md, "API guarantees"): the image geometry, the
 // store / restore copies the runner executes, the store's records and the
 // identity of one offload store attempt.
 #pragma once

@@ -1,4 +1,4 @@
-// The per-request fields the state caches read and write (SPEC.md §6).
+// The per-request fields the state caches read and write (docs/contract.md, "API guarantees").
 //
 // Pools that remember a sequence across calls hold a std::shared_ptr to it, so
 // a Python object dropped by the engine never leaves them a dangling pointer.

@@ -113,7 +113,7 @@ void StateSlotPool::check_returnable(std::span<const MidstepReservation> reserva
   std::vector<int64_t> slots;
   slots.reserve(reservations.size());
   for (const auto& r : reservations) {
-    check_unit(r.slot);
+    check_in_range(r.slot);
     if (!is_reserved(r.slot))
       bad_argument("reservations slot", r.slot, "is not a live midstep reservation of this pool");
     check_owned(r.slot);

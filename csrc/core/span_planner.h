@@ -81,7 +81,7 @@ struct SlotCopyOp {
   int64_t dst = -1;
 };
 
-// The maintenance ops of one batch, in the order SPEC §7 issues them.
+// The maintenance ops of one batch, in the order docs/contract.md, "The pass" issues them.
 struct MaintenanceBatch {
   std::vector<SlotCopyOp> relocations;
   std::vector<SlotCopyOp> copies;

@@ -1,4 +1,4 @@
-// How a backend hands one request's state to a checkpoint (SPEC.md §4).
+// How a backend hands one request's state to a checkpoint (docs/contract.md, "Words", "Objects").
 #pragma once
 
 #include <cstdint>

@@ -1,15 +1,16 @@
 # Type stubs for statecache._C, the C++ extension (pybind11).
 #
 # Kept by hand; tests/python/test_stubs.py compares this file with the built
-# module (names, kinds and parameters) and fails on any drift. After changing
-# the bindings run `python tests/python/stubcheck.py` for the differences and
-# `python tests/python/stubcheck.py --skeleton` for stub lines of new names.
+# module (names, kinds, parameters and the methods' docstrings) and fails on
+# any drift. After changing the bindings run `python tests/python/stubcheck.py`
+# for the differences, `--skeleton` for stub lines of new names and
+# `--sync-docs` to copy the C++ docstrings of methods here.
 #
 # Conventions of the whole API (docs/contract.md, "Errors"): a bad argument
 # raises TypeError (wrong type), ValueError (bad value), IndexError (slot,
 # group, block or unit out of range) or OverflowError (an int beyond int64),
-# naming the argument, before anything changes. "Raises" below lists what a
-# method raises beyond that.
+# naming the argument, before anything changes. A docstring's "Raises only for
+# a bad argument" means exactly that; otherwise it names what else it raises.
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from collections.abc import Sequence as _Seq
@@ -84,18 +85,22 @@ EVICTING: Final = "EVICTING"
 has_gpu_kernels: bool
 
 def build_info() -> dict[str, str | bool]:
-    """Facts fixed when the extension was compiled: version, build_type,
-    gpu_request, gpu_backend ('cuda', 'hip' or 'none'), gpu_archs, gpu_compiler,
-    gpu_note (why there are no kernels, or ''), cxx_compiler, pybind11,
-    sanitized. Returns a new dict; raises nothing."""
+    """Facts fixed when the extension was compiled: version, build_type, gpu_request (the
+    STATECACHE_CUDA setting), gpu_backend ('cuda', 'hip' or 'none'), gpu_archs
+    (comma-separated), gpu_compiler, gpu_note (why there are no kernels, or ''),
+    cxx_compiler, pybind11, sanitized. Returns a new dict; raises nothing."""
 
 def chain_block_hashes(
     token_ids: _Ints, block_size: _Int, parent_hash: _Int = -1, as_numpy: bool = False
 ) -> Any:
-    """Chained 64-bit content hashes of the full ``block_size``-token blocks of
-    ``token_ids``, starting from ``parent_hash`` (-1: none). Returns a list of
-    ints (a NumPy int64 array with ``as_numpy=True``); a trailing partial block
-    gets no hash. Raises ValueError for ``block_size <= 0``."""
+    """Chained content hashes of every full block of ``token_ids``. Block ``i`` covers
+    tokens ``[i*block_size, (i+1)*block_size)``; its hash folds in the hash of block
+    ``i-1``, starting from ``parent_hash`` (-1: the root), so one hash names the whole
+    prefix. A trailing partial block is ignored. To extend a sequence's hashes, pass the
+    tokens from the next block boundary on and the last hash as ``parent_hash``. Never
+    returns -1 (the library's "none"). Returns a list of ints, or an int64 NumPy array
+    with ``as_numpy=True``. Raises ValueError for ``block_size <= 0``, TypeError for
+    tokens that are not ints."""
 
 def chain_block_keys(
     token_ids: _Ints,
@@ -104,20 +109,26 @@ def chain_block_keys(
     seed: _Int = 0,
     salt: bytes | str | None = None,
 ) -> tuple[list[int], bytes]:
-    """The 128-bit prefix keys of the full blocks of ``token_ids`` (SipHash
-    under a deployment key from ``seed`` and ``salt``), chained from
-    ``parent_key`` (16 bytes; None: the root). Returns (64-bit scheduler hash
-    of each block, the keys packed as ``16 * n`` bytes). Raises ValueError for
-    ``block_size <= 0`` or a parent key that is not 16 bytes."""
+    """The 128-bit form of ``chain_block_hashes``: prefix keys for tiers below GPU memory.
+    Block ``i``'s key is SipHash-2-4 (128-bit output) of block ``i-1``'s key and block
+    ``i``'s tokens, under a deployment key derived from ``seed`` (an int) and ``salt``
+    (bytes or str, optional), so prefixes cannot be made to collide without it.
+    ``parent_key``: the 16-byte key to chain from (None: the root). Returns ``(hashes,
+    keys)``: the 64-bit scheduler hash of each block (derived from its key, never -1)
+    and the keys packed as ``16 * n`` bytes (key ``i`` is ``keys[16*i:16*i+16]``,
+    little-endian). A trailing partial block is ignored. Raises ValueError for
+    ``block_size <= 0`` or a ``parent_key`` that is not 16 bytes, TypeError for a
+    ``salt`` that is not bytes, str or None."""
 
 def scheduler_hash(key: bytes) -> int:
-    """Returns the 64-bit scheduler hash (never -1) the 16-byte prefix key
-    names. Raises ValueError for a key that is not 16 bytes."""
+    """Returns the 64-bit scheduler hash (never -1) the 16-byte prefix key ``key`` names.
+    Raises TypeError for a key that is not bytes, ValueError for one that is not 16
+    bytes."""
 
 def checkpoint_copy_ops_per_batch(max_num_seqs: _Int) -> int:
-    """The most PAGE store + restore ops one batch of ``max_num_seqs``
-    sequences can carry (executor staging size): two per sequence. Returns
-    an int. (A negative count is not refused yet.)"""
+    """Returns the most PAGE store + restore ops one batch of ``max_num_seqs`` sequences
+    can carry (two per sequence; 0 for None or 0), the executor's staging size. Raises
+    TypeError for a non-int (a negative count is not refused)."""
 
 class IntRangeError(OverflowError, ValueError):
     """An int argument that does not fit in a signed 64-bit int."""
@@ -144,18 +155,20 @@ class StateTransfer:
         but copy, or ``readable_midstep`` on none/replay."""
     @staticmethod
     def none() -> StateTransfer:
-        """Returns the transfer that keeps nothing (every hit capped to 0)."""
+        """Returns the transfer that keeps nothing (every hit is capped to 0). Raises
+        nothing."""
     @staticmethod
     def fork(tokens: _Int, readable_midstep: bool = False) -> StateTransfer:
         """Returns a fork transfer whose successor forward commits ``tokens``.
         Raises ValueError for ``tokens <= 0``."""
     @staticmethod
     def copy(layout_id: str | None = None, readable_midstep: bool = False) -> StateTransfer:
-        """Returns a copy (PAGE) transfer for ``layout_id``."""
+        """Returns a copy (PAGE) transfer for the page layout ``layout_id``. Raises only
+        for a bad argument (docs/contract.md, "Errors")."""
     @staticmethod
     def replay() -> StateTransfer:
-        """Returns the transfer whose resuming forward rebuilds the state (hits
-        never shrink, nothing is kept)."""
+        """Returns the transfer whose resuming forward rebuilds the state: hits never
+        shrink and nothing is kept. Raises nothing."""
     @staticmethod
     def from_config(
         kind: _TransferKind,
@@ -163,13 +176,14 @@ class StateTransfer:
         paged_layout_id: str | None = None,
         readable_midstep: bool = False,
     ) -> StateTransfer:
-        """Returns the transfer an engine config names; raises as the constructor."""
+        """Returns the transfer an engine configuration names. Raises ValueError as the
+        constructor does."""
     @staticmethod
     def from_wire(wire: Mapping[str, Any]) -> StateTransfer:
-        """Returns the transfer ``to_wire`` described. Raises TypeError for a
-        non-mapping, ValueError for a wrong key set or bad values."""
+        """Returns the transfer ``to_wire`` described. Raises TypeError for a non-mapping,
+        ValueError for another key set or a bad value."""
     def to_wire(self) -> dict[str, Any]:
-        """Returns a dict with exactly kind, fork_tokens, paged_layout_id,
+        """Returns a new dict with exactly kind, fork_tokens, paged_layout_id and
         readable_midstep. Raises nothing."""
     @property
     def kind(self) -> _TransferKind: ...
@@ -234,10 +248,10 @@ class PagedStateCheckpointSpec:
         ``image_bytes <= slot_bytes``; TypeError for a non-str layout_id."""
     @staticmethod
     def from_wire(wire: Mapping[str, Any]) -> PagedStateCheckpointSpec:
-        """Returns the spec ``to_wire`` described. Raises TypeError for a
-        non-mapping, ValueError for a wrong key set or bad values."""
+        """Returns the spec ``to_wire`` described. Raises TypeError for a non-mapping,
+        ValueError for another key set or a bad value."""
     def to_wire(self) -> dict[str, Any]:
-        """Returns the four fields as a dict. Raises nothing."""
+        """Returns the four fields as a new dict. Raises nothing."""
     @property
     def page_unit_bytes(self) -> int: ...
     @property
@@ -328,6 +342,8 @@ class CheckpointRecord:
 class IntListView:
     """A live list view over one of a Sequence's int-list fields."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __len__(self) -> int: ...
     @overload
     def __getitem__(self, index: SupportsIndex, /) -> int: ...
@@ -339,19 +355,24 @@ class IntListView:
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
     def append(self, value: _Int, /) -> None:
-        """Raises TypeError/OverflowError for a non-int."""
+        """Appends ``value``; returns None. Raises TypeError (or OverflowError) for a value
+        that is not an int64."""
     def extend(self, values: Iterable[_Int], /) -> None:
-        """Raises TypeError/OverflowError for a non-int element (nothing added)."""
+        """Appends every element of ``values``, all or none; returns None. Raises TypeError
+        (or OverflowError) for an element that is not an int64, adding nothing."""
     def pop(self, index: SupportsIndex = -1) -> int:
-        """Returns the removed element. Raises IndexError when empty or out of range."""
+        """Removes and returns the element at ``index`` (the last by default). Raises
+        IndexError when the list is empty or ``index`` is out of range."""
     def clear(self) -> None:
-        """Empties the list."""
+        """Empties the list; returns None. Raises nothing."""
     def copy(self) -> list[int]:
-        """Returns a plain list snapshot."""
+        """Returns a plain list snapshot. Raises nothing."""
 
-class UnitHashView:
+class IndexHashView:
     """``slot_hash`` / ``group_hash``: the hash filed at each index (-1 if none)."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __len__(self) -> int: ...
     def __getitem__(self, index: Any, /) -> Any: ...
     def __iter__(self) -> Iterator[int]: ...
@@ -359,17 +380,19 @@ class UnitHashView:
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
     def count(self, value: object, /) -> int:
-        """Returns how many indices carry ``value``."""
+        """Returns how many indices carry ``value``. Raises nothing."""
     def index(self, value: object, /) -> int:
-        """Raises ValueError when absent."""
+        """Returns the first index carrying ``value``. Raises ValueError when none does."""
     def copy(self) -> list[int]:
-        """Returns a plain list snapshot."""
+        """Returns a plain list snapshot. Raises nothing."""
     def tolist(self) -> list[int]:
-        """Returns a plain list snapshot."""
+        """Returns a plain list snapshot. Raises nothing."""
 
 class CheckpointIndexView:
     """``hash_to_slot`` / ``hash_to_group``: a live read-only mapping hash -> index."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __len__(self) -> int: ...
     def __getitem__(self, key: _Int, /) -> int:
         """Raises KeyError for a hash with no checkpoint."""
@@ -378,15 +401,16 @@ class CheckpointIndexView:
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
     def get(self, key: object, default: Any = None) -> Any:
-        """Returns the value under ``key``, or ``default``."""
+        """Returns the index holding the checkpoint filed under ``key``, or ``default``.
+        Raises nothing."""
     def keys(self) -> Any:
-        """Returns a snapshot of the keys."""
+        """Returns a snapshot of the hashes. Raises nothing."""
     def values(self) -> Any:
-        """Returns a snapshot of the values."""
+        """Returns a snapshot of the indices. Raises nothing."""
     def items(self) -> Any:
-        """Returns a snapshot of the items."""
+        """Returns a snapshot of the (hash, index) pairs. Raises nothing."""
     def copy(self) -> dict[int, int]:
-        """Returns a plain dict snapshot."""
+        """Returns a plain dict snapshot. Raises nothing."""
 
 class CheckpointRecordsView:
     """``store.records``: a live read-only mapping checkpoint id -> record."""
@@ -399,15 +423,16 @@ class CheckpointRecordsView:
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
     def get(self, key: object, default: Any = None) -> Any:
-        """Returns the value under ``key``, or ``default``."""
+        """Returns the value under ``key``, or ``default`` when there is none. Raises
+        nothing."""
     def keys(self) -> list[int]:
-        """Returns a snapshot of the keys."""
+        """Returns a list snapshot of the keys. Raises nothing."""
     def values(self) -> list[CheckpointRecord]:
-        """Returns a snapshot of the values."""
+        """Returns a list snapshot of the values. Raises nothing."""
     def items(self) -> list[tuple[int, CheckpointRecord]]:
-        """Returns a snapshot of the items."""
+        """Returns a list snapshot of the (key, value) pairs. Raises nothing."""
     def copy(self) -> dict[int, CheckpointRecord]:
-        """Returns a plain dict snapshot."""
+        """Returns a plain dict snapshot. Raises nothing."""
     def __reduce__(self) -> NoReturn:
         """Raises TypeError: a live object, not a value; it does not pickle or copy."""
 
@@ -422,15 +447,16 @@ class CheckpointHashIndexView:
     def __eq__(self, other: object, /) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
     def get(self, key: object, default: Any = None) -> Any:
-        """Returns the value under ``key``, or ``default``."""
+        """Returns the value under ``key``, or ``default`` when there is none. Raises
+        nothing."""
     def keys(self) -> list[int]:
-        """Returns a snapshot of the keys."""
+        """Returns a list snapshot of the keys. Raises nothing."""
     def values(self) -> list[int]:
-        """Returns a snapshot of the values."""
+        """Returns a list snapshot of the values. Raises nothing."""
     def items(self) -> list[tuple[int, int]]:
-        """Returns a snapshot of the items."""
+        """Returns a list snapshot of the (key, value) pairs. Raises nothing."""
     def copy(self) -> dict[int, int]:
-        """Returns a plain dict snapshot."""
+        """Returns a plain dict snapshot. Raises nothing."""
     def __reduce__(self) -> NoReturn:
         """Raises TypeError: a live object, not a value; it does not pickle or copy."""
 
@@ -461,6 +487,8 @@ class Sequence:
     """The per-request fields the pools read and write; subclass it in the
     engine (call ``super().__init__``); extra attributes are allowed."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __init__(
         self,
         seq_id: Any = None,
@@ -497,11 +525,13 @@ class Sequence:
 # ------------------------------------------------------------------ pools --
 
 class StateSlotPool:
-    """Per-need state slots with fork checkpoints (docs/contract.md, "State
-    pools"): vacant slots lowest first, checkpointed ones spent LRU (guesses
+    """Per-need state slots with fork checkpoints (docs/contract.md, "Objects"):
+    vacant slots lowest first, checkpointed ones spent LRU (guesses
     first); speculative-decode rollback slots, midstep reserve/publish,
     relocations. A copy transfer raises ValueError (use the PAGE coordinator)."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __init__(
         self,
         num_slots: _Int,
@@ -526,56 +556,72 @@ class StateSlotPool:
     @property
     def hash_to_slot(self) -> CheckpointIndexView: ...
     @property
-    def slot_hash(self) -> UnitHashView: ...
+    def slot_hash(self) -> IndexHashView: ...
     def has_free(self, count: _Int = 1) -> bool:
         """Returns whether ``count`` slots can be handed out now (checkpointed
         slots count: pop spends them). Raises ValueError for ``count < 0``."""
     def num_free(self) -> int:
-        """Returns how many slots are free (vacant or checkpointed)."""
+        """Returns how many indices are free (vacant or checkpointed). Raises nothing."""
     def pop(self) -> int:
-        """Returns a slot now owned by the caller: vacant lowest first, else the
-        LRU checkpoint (counted evicted). Raises IndexError when nothing is free."""
+        """Returns an index now owned by the caller: vacant lowest first, else the least
+        recently used checkpoint (counted evicted). Raises IndexError, changing nothing,
+        when nothing is free."""
     def pop_many(self, count: _Int) -> list[int]:
-        """Returns ``count`` slots for one request, element 0 first. Raises
-        IndexError when fewer are free (nothing taken), ValueError for count < 0."""
+        """Returns ``count`` slots for one request, element 0 first. Raises IndexError,
+        taking nothing, when fewer are free; ValueError for ``count < 0``."""
     def release(self, slot: _Int) -> None:
-        """Hands an owned slot back (to the LRU tail, or the head if speculative,
-        when it carries a checkpoint). Raises ValueError if it is already free."""
+        """Hands an owned index back: to the LRU tail (the head if speculative) when it
+        carries a checkpoint, else to the vacant ones. Returns None. Raises ValueError
+        for an index that is already free, IndexError for one out of range."""
     def release_many(self, slots: Iterable[_Int] | None) -> None:
-        """Hands back a request's set; -1 entries, None and an empty list are
-        skipped. Raises as ``release`` for any bad entry, before releasing any."""
+        """Hands back a request's slots; -1 entries, None and an empty list are skipped.
+        Returns None. Raises as ``release`` for any bad entry, and ValueError for a slot
+        listed twice, before releasing any."""
     def claim(self, slot: _Int) -> None:
-        """Takes one specific free slot off the free list, checkpoint and all."""
+        """Takes one specific free index off the free list, checkpoint and all; returns
+        None. Raises ValueError for an index that is not free, IndexError for one out of
+        range."""
     def promote(self, slot: _Int) -> None:
-        """A guess paid off: the slot's checkpoint is no longer spent first."""
+        """A guess paid off: the slot's checkpoint is no longer spent first (to the LRU
+        tail if free); returns None. Raises IndexError for a slot out of range."""
     def mark_speculative(self, slot: _Int) -> None:
-        """Files this slot's checkpoint at the LRU head when it is released."""
+        """Files this slot's checkpoint at the LRU head when it is released (spent first);
+        returns None. Raises IndexError for a slot out of range."""
     def pin(self, slot: _Int, *, reader_is_next_batch: bool = False) -> None:
-        """Keeps an owned slot out of circulation until its reader was issued.
-        Raises ValueError for a free slot (claim it first)."""
+        """Keeps an owned index out of circulation until its reading forward was issued
+        (``reader_is_next_batch``, keyword only: one pass longer); returns None. Raises
+        ValueError for a free index (claim it first), IndexError for one out of range."""
     def unpin(self, slot: _Int) -> None:
-        """Drops one pin without freeing (the caller took the slot over); a
-        no-op when the slot holds no pin."""
+        """Drops one pin without freeing (the caller took the index over; no-op without a
+        pin); returns None. Raises IndexError for an index out of range."""
     def drop_reader(self, slot: _Int) -> None:
-        """A reader left before reading: unpins, frees the slot on the last pin."""
+        """A reader left before it read: unpins, and frees the index on its last pin;
+        returns None. Raises IndexError for an index out of range."""
     def release_pins(self) -> None:
-        """Top of pass: returns every pinned slot whose reading forward was issued."""
+        """Top of pass: frees every pinned index whose reading forward was issued; returns
+        None. Raises nothing."""
     def is_free(self, slot: _Int) -> bool:
-        """Returns whether the slot is on the free list."""
+        """Returns whether the index is on the free list. Raises IndexError for an index
+        out of range."""
     def is_pinned(self, slot: _Int) -> bool:
-        """Returns whether a forward still has to read the slot."""
+        """Returns whether a forward still has to read the index. Raises IndexError for an
+        index out of range."""
     def pin_count(self, slot: _Int) -> int:
-        """Returns how many readers hold the slot pinned."""
+        """Returns how many readers hold the index pinned. Raises IndexError for an index
+        out of range."""
     def holds_checkpoint(self, slot: _Int) -> bool:
-        """Returns whether the slot is free and still carries a checkpoint."""
+        """Returns whether the index is free and still carries a checkpoint. Raises
+        IndexError for an index out of range."""
     def lookup(self, h: _Int) -> int:
-        """Returns the slot holding the checkpoint filed under ``h``, or -1."""
+        """Returns the index holding the checkpoint filed under ``h``, or -1. Raises only
+        for a bad argument (docs/contract.md, "Errors")."""
     def resumable_hit(
         self, seq: _Seqish, hit: _Int, block_hashes: _Ints, assume_checkpointed: bool = False
     ) -> int:
-        """Returns the largest L <= hit whose boundary is checkpointed here and
-        leaves the resuming forward ``min_fork_tokens``; 0 is always valid.
-        Raises ValueError for hit < 0, IndexError for hit > len(block_hashes)."""
+        """Returns the largest L <= ``hit`` whose boundary is checkpointed here and leaves
+        the resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a
+        list, tuple or NumPy integer array. Raises ValueError for ``hit < 0``,
+        IndexError for ``hit > len(block_hashes)``."""
     def resumable_hits(
         self,
         seqs: _Seqs,
@@ -584,16 +630,18 @@ class StateSlotPool:
         assume_checkpointed: bool = False,
     ) -> list[int]:
         """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
-        block_hashes[i], assume_checkpointed) for i ...]``, computed in one
-        call. ``block_hashes``: a hash list per sequence, or a 2-D int64 array
-        with a row per sequence; None reads each sequence's own ``block_hashes``.
-        Raises ValueError, before any scan, when the lengths differ or a hit is
-        negative or past a hash list the scan reads; TypeError for an item that
-        is not a sequence or an int."""
+        block_hashes[i], assume_checkpointed) for i ...]``, computed in one call.
+        ``hits``: a list or NumPy int64 array; ``block_hashes``: one hash list per
+        sequence, a 2-D int64 array with a row per sequence, or None for each sequence's
+        own ``block_hashes``. Raises ValueError, before any scan, when the lengths
+        differ or a hit is negative or past a hash list the scan reads; TypeError for an
+        item that is not a sequence or an int."""
     def checkpoint(self, seq: _Seqish, boundary_blocks: _Int, h: _Int) -> None:
-        """Fork checkpoint: ``seq`` moves to a fresh slot, its old slot is filed
-        under ``h`` and pinned through the next pass. Under none/replay, or
-        with nothing free, nothing is kept (counted dropped)."""
+        """Fork checkpoint: ``seq`` moves to a fresh slot and its old slot is filed under
+        ``h``, pinned through the next pass; under none/replay or with nothing free
+        nothing is kept (counted dropped). Returns None. Raises ValueError for ``h ==
+        -1`` or ``boundary_blocks < 0``; RuntimeError, filing nothing, when a generic
+        sequence's setter changed the pool."""
     def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
         """Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i],
         boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
@@ -604,39 +652,52 @@ class StateSlotPool:
         nothing, and so does a setter of an engine's own sequence object that
         raises (the fields already written are restored)."""
     def applies(self, seq: _Seqish) -> bool:
-        """Returns whether this pool gates or checkpoints anything for ``seq``."""
+        """Returns whether this pool gates or checkpoints anything for ``seq``. Raises
+        TypeError for an object without the sequence attributes."""
     def invalidate(self, slot: _Int) -> None:
-        """Drops the slot's checkpoint (no-op without one or when disabled)."""
+        """Drops the index's checkpoint (no-op when it has none or the pool is disabled);
+        returns None. Raises IndexError for an index out of range."""
     def unindex(self, h: _Int) -> None:
-        """Drops the checkpoint filed under ``h`` (its KV block left the
-        index; counted orphaned). Returns None."""
+        """Drops the checkpoint filed under ``h`` (its KV block left the index; counted
+        orphaned). Returns None. Raises only for a bad argument (docs/contract.md,
+        "Errors")."""
     def clear_index(self) -> None:
-        """Drops every checkpoint (slots stay where they are)."""
+        """Drops every checkpoint (slots stay where they are); returns None. Raises
+        nothing."""
     def extend(self, count: _Int) -> None:
-        """Adds ``count`` slots at the top. Raises ValueError for count < 0."""
+        """Adds ``count`` indices at the top (the caller made room for their bytes);
+        returns None. Raises ValueError for ``count < 0``."""
     def retire_top(self) -> SlotRetirement | None:
-        """Removes the top slot; returns what the runner must relocate (an
-        owned top moves to a free slot), or None when the pool is empty."""
+        """Removes the top index; returns what the runner must relocate (an owned top moves
+        to a free index), or None when the top cannot go this pass or the pool is empty.
+        Raises nothing."""
     def record_relocation(self, src: _Int, dst: _Int) -> None:
-        """Schedules a slot-to-slot copy for the next batch."""
+        """Schedules a slot copy ``src`` -> ``dst`` for the next batch; returns None.
+        Raises IndexError for a slot out of range."""
     def take_relocations(self) -> tuple[tuple[int, int], ...]:
-        """Returns and clears the (src, dst) copies the next batch must run first."""
+        """Returns and clears the (src, dst) slot copies the next batch must run first.
+        Raises nothing."""
     def reserve_midstep(
         self, seq: _Seqish, positions: Iterable[tuple[_Int, _Int]]
     ) -> list[_Midstep]:
-        """Reserves scratch slots for interior (position, hash) boundaries of the
-        next forward (readable_midstep backends). Returns (slot, position, hash)
-        reservations; an empty list when the backend cannot read midstep."""
+        """Reserves a destination slot per interior (position, hash) boundary before the
+        forward; returns (slot, position, hash) tuples, stopping at the first shortage
+        (empty when the backend cannot read midstep). Raises ValueError for a hash of
+        -1, TypeError for malformed positions."""
     def publish_midstep(
         self, reservations: Iterable[_Midstep], seq: _Seqish | None = None
     ) -> None:
-        """Files the reserved midstep states after the forward wrote them."""
+        """Files each reserved slot under its hash once the forward wrote it; returns None.
+        Raises ValueError for a reservation this pool did not hand out."""
     def cancel_midstep(self, reservations: Iterable[_Midstep]) -> None:
-        """Returns reserved midstep slots unused (preemption)."""
+        """Gives back reservations whose forward never ran; returns None. Raises ValueError
+        for a reservation this pool did not hand out."""
     def checkpoint_fates(self) -> dict[str, int]:
-        """Returns checkpoints_kept / dropped / evicted / orphaned."""
+        """Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted,
+        checkpoints_orphaned. Raises nothing."""
     def occupancy(self) -> dict[str, int]:
-        """Returns slots_total, slots_used, slots_held, slots_vacant."""
+        """Returns a new dict: slots_total, slots_used, slots_held, slots_vacant. Raises
+        nothing."""
     def set_eviction_policy(
         self,
         kind: _EvictionKind = "lru",
@@ -648,8 +709,10 @@ class StateSlotPool:
         weight: float = 1.0,
         guesses_first: bool = True,
     ) -> None:
-        """Chooses which checkpoint to spend first ('lru' or 'cost'); returns
-        None. Raises ValueError naming the argument (nothing changed) for a bad value."""
+        """Chooses which checkpoint to spend first ('lru' or 'cost'; see
+        ``eviction_policy``); returns None. Raises ValueError naming the argument,
+        changing nothing, for an unknown kind or a weight that is negative or not
+        finite."""
     @property
     def eviction_policy(self) -> _EvictionPolicy:
         """The eviction setting as a dict (the arguments of ``set_eviction_policy``)."""
@@ -659,6 +722,8 @@ class StateGroupPool:
     checkpoints (copies are filed by ``take_copies`` as the next batch is
     built). Same free-list rules as ``StateSlotPool``."""
 
+    def __reduce__(self) -> NoReturn:
+        """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def __init__(
         self,
         num_groups: _Int,
@@ -682,41 +747,58 @@ class StateGroupPool:
     @property
     def hash_to_group(self) -> CheckpointIndexView: ...
     @property
-    def group_hash(self) -> UnitHashView: ...
+    def group_hash(self) -> IndexHashView: ...
     def has_free(self) -> bool:
-        """Returns whether a group can be handed out."""
+        """Returns whether a group can be handed out now. Raises nothing."""
     def num_free(self) -> int:
-        """Returns how many groups are free (vacant or checkpointed)."""
+        """Returns how many indices are free (vacant or checkpointed). Raises nothing."""
     def pop(self) -> int:
-        """Returns a group now owned by the caller. Raises IndexError when none is free."""
+        """Returns an index now owned by the caller: vacant lowest first, else the least
+        recently used checkpoint (counted evicted). Raises IndexError, changing nothing,
+        when nothing is free."""
     def release(self, group: _Int) -> None:
-        """Hands an owned group back; its pending copy intents die with it.
-        Raises ValueError if it is already free."""
+        """Hands an owned index back: to the LRU tail (the head if speculative) when it
+        carries a checkpoint, else to the vacant ones. Returns None. Raises ValueError
+        for an index that is already free, IndexError for one out of range."""
     def claim(self, group: _Int) -> None:
-        """Takes one specific free group off the free list, checkpoint and all."""
+        """Takes one specific free index off the free list, checkpoint and all; returns
+        None. Raises ValueError for an index that is not free, IndexError for one out of
+        range."""
     def pin(self, group: _Int, *, reader_is_next_batch: bool = False) -> None:
-        """Keeps an owned group out of circulation until its reader was issued."""
+        """Keeps an owned index out of circulation until its reading forward was issued
+        (``reader_is_next_batch``, keyword only: one pass longer); returns None. Raises
+        ValueError for a free index (claim it first), IndexError for one out of range."""
     def unpin(self, group: _Int) -> None:
-        """Drops one pin without freeing."""
+        """Drops one pin without freeing (the caller took the index over; no-op without a
+        pin); returns None. Raises IndexError for an index out of range."""
     def drop_reader(self, group: _Int) -> None:
-        """A reader left before reading: unpins, frees the group on the last pin."""
+        """A reader left before it read: unpins, and frees the index on its last pin;
+        returns None. Raises IndexError for an index out of range."""
     def release_pins(self) -> None:
-        """Top of pass: returns every pinned group whose reading forward was issued."""
+        """Top of pass: frees every pinned index whose reading forward was issued; returns
+        None. Raises nothing."""
     def is_free(self, group: _Int) -> bool:
-        """Returns whether the group is on the free list."""
+        """Returns whether the index is on the free list. Raises IndexError for an index
+        out of range."""
     def is_pinned(self, group: _Int) -> bool:
-        """Returns whether a forward still has to read the group."""
+        """Returns whether a forward still has to read the index. Raises IndexError for an
+        index out of range."""
     def pin_count(self, group: _Int) -> int:
-        """Returns how many readers hold the group pinned."""
+        """Returns how many readers hold the index pinned. Raises IndexError for an index
+        out of range."""
     def holds_checkpoint(self, group: _Int) -> bool:
-        """Returns whether the group is free and still carries a checkpoint."""
+        """Returns whether the index is free and still carries a checkpoint. Raises
+        IndexError for an index out of range."""
     def lookup(self, h: _Int) -> int:
-        """Returns the group holding the checkpoint filed under ``h``, or -1."""
+        """Returns the index holding the checkpoint filed under ``h``, or -1. Raises only
+        for a bad argument (docs/contract.md, "Errors")."""
     def resumable_hit(
         self, seq: _Seqish, hit: _Int, block_hashes: _Ints, assume_checkpointed: bool = False
     ) -> int:
-        """Returns the largest L <= hit resumable from a checkpoint here; 0 is
-        always valid. Raises ValueError for hit < 0, IndexError past the hashes."""
+        """Returns the largest L <= ``hit`` whose boundary is checkpointed here and leaves
+        the resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a
+        list, tuple or NumPy integer array. Raises ValueError for ``hit < 0``,
+        IndexError for ``hit > len(block_hashes)``."""
     def resumable_hits(
         self,
         seqs: _Seqs,
@@ -725,18 +807,21 @@ class StateGroupPool:
         assume_checkpointed: bool = False,
     ) -> list[int]:
         """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
-        block_hashes[i], assume_checkpointed) for i ...]``, computed in one
-        call. ``block_hashes``: a hash list per sequence, or a 2-D int64 array
-        with a row per sequence; None reads each sequence's own ``block_hashes``.
-        Raises ValueError, before any scan, when the lengths differ or a hit is
-        negative or past a hash list the scan reads; TypeError for an item that
-        is not a sequence or an int."""
+        block_hashes[i], assume_checkpointed) for i ...]``, computed in one call.
+        ``hits``: a list or NumPy int64 array; ``block_hashes``: one hash list per
+        sequence, a 2-D int64 array with a row per sequence, or None for each sequence's
+        own ``block_hashes``. Raises ValueError, before any scan, when the lengths
+        differ or a hit is negative or past a hash list the scan reads; TypeError for an
+        item that is not a sequence or an int."""
     def checkpoint(self, seq: _Seqish, boundary_blocks: _Int, h: _Int) -> None:
-        """fork: ``seq`` moves to a fresh group, the old one is filed and
-        pinned; copy: the intent is recorded for ``take_copies``; none and
-        replay: nothing changes at all."""
+        """fork: ``seq`` moves to a fresh group and the old one is filed under ``h`` and
+        pinned; copy: the intent is recorded for ``take_copies``; none and replay:
+        nothing changes at all. Returns None. Raises ValueError for ``h == -1`` or
+        ``boundary_blocks < 0``; RuntimeError, filing nothing, when a generic sequence's
+        setter changed the pool."""
     def forget_pending(self, seq: _Seqish) -> None:
-        """Drops ``seq``'s uncommitted copy checkpoint (its group is released)."""
+        """Drops ``seq``'s uncommitted copy checkpoint (its group is being released);
+        returns None. Raises TypeError for an object without the sequence attributes."""
     def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
         """Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i],
         boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
@@ -751,26 +836,35 @@ class StateGroupPool:
         None. Raises TypeError for an item that is not a sequence, before
         anything changes."""
     def release_many(self, groups: Iterable[_Int] | None) -> None:
-        """Hands back several groups (``release`` of each); -1 entries, None
-        and an empty list are skipped. Raises as ``release`` for any bad
-        entry, and ValueError for a group listed twice, before releasing any."""
+        """Hands back several groups (``release`` of each); -1 entries, None and an empty
+        list are skipped. Returns None. Raises as ``release`` for any bad entry, and
+        ValueError for a group listed twice, before releasing any."""
     def record_copy(self, src: _Int, dst: _Int) -> None:
-        """Schedules a group copy for the next batch."""
+        """Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None.
+        Raises IndexError for a group out of range."""
     def take_copies(self) -> list[tuple[int, int]]:
-        """Files the recorded copy checkpoints and returns this batch's (src, dst) copies."""
+        """Files last pass's copy intents and returns every (src, dst) pair the batch being
+        built must copy before its forward. Raises what a generic sequence's setter
+        raised, committing nothing."""
     def applies(self, seq: _Seqish) -> bool:
-        """Returns whether this pool gates or checkpoints anything for ``seq``."""
+        """Returns whether this pool gates or checkpoints anything for ``seq``. Raises
+        TypeError for an object without the sequence attributes."""
     def invalidate(self, group: _Int) -> None:
-        """Drops the group's checkpoint (no-op without one or when disabled)."""
+        """Drops the index's checkpoint (no-op when it has none or the pool is disabled);
+        returns None. Raises IndexError for an index out of range."""
     def unindex(self, h: _Int) -> int:
-        """Drops the checkpoint filed under ``h``; returns the group freed, or -1."""
+        """Drops the checkpoint filed under ``h``; returns the group freed, or -1. Raises
+        only for a bad argument (docs/contract.md, "Errors")."""
     def extend(self, count: _Int) -> None:
-        """Adds ``count`` groups at the top. Raises ValueError for count < 0."""
+        """Adds ``count`` indices at the top (the caller made room for their bytes);
+        returns None. Raises ValueError for ``count < 0``."""
     def retire_top(self) -> GroupRetirement | None:
-        """Removes the top group; returns what the runner must relocate, or
-        None when the pool is empty."""
+        """Removes the top index; returns what the runner must relocate (an owned top moves
+        to a free index), or None when the top cannot go this pass or the pool is empty.
+        Raises nothing."""
     def checkpoint_fates(self) -> dict[str, int]:
-        """Returns checkpoints_kept / dropped / evicted / orphaned."""
+        """Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted,
+        checkpoints_orphaned. Raises nothing."""
     def set_eviction_policy(
         self,
         kind: _EvictionKind = "lru",
@@ -782,8 +876,10 @@ class StateGroupPool:
         weight: float = 1.0,
         guesses_first: bool = True,
     ) -> None:
-        """Chooses which checkpoint to spend first ('lru' or 'cost'); returns
-        None. Raises ValueError naming the argument (nothing changed) for a bad value."""
+        """Chooses which checkpoint to spend first ('lru' or 'cost'; see
+        ``eviction_policy``); returns None. Raises ValueError naming the argument,
+        changing nothing, for an unknown kind or a weight that is negative or not
+        finite."""
     @property
     def eviction_policy(self) -> _EvictionPolicy:
         """The eviction setting as a dict (the arguments of ``set_eviction_policy``)."""
@@ -814,40 +910,50 @@ class BlockPool:
     def num_reserved(self) -> int:
         """Blocks held as units by an owner."""
     def reserve_units(self, count: _Int, owner: _Owner) -> list[int] | None:
-        """Returns ``count`` free blocks now held by ``owner``, or None (nothing
-        taken) when short. Raises ValueError for count < 0, TypeError for an
+        """Returns ``count`` free blocks now held by ``owner``, or None (nothing taken)
+        when fewer are free. Raises ValueError for ``count < 0``, TypeError for an
         unhashable owner."""
     def release_units(self, unit_ids: _Ints, owner: _Owner) -> None:
-        """Frees units ``owner`` holds. Raises ValueError, changing nothing,
-        if any unit is not held by ``owner``."""
+        """Frees units ``owner`` holds; returns None. Raises ValueError, changing nothing,
+        if any unit is not held by ``owner`` or belongs to a store's image."""
     def rekey_units(self, unit_ids: _Ints, old_owner: _Owner, new_owner: _Owner) -> None:
-        """Moves units from ``old_owner`` to ``new_owner``. Raises ValueError,
-        changing nothing, if any unit is not held by ``old_owner``."""
+        """Moves units from ``old_owner`` to ``new_owner``; returns None. Raises
+        ValueError, changing nothing, if any unit is not held by ``old_owner`` or
+        belongs to a store's image."""
     def owner_of(self, unit: _Int) -> Any:
-        """Returns the owner holding ``unit`` (equal to the one given), or None."""
+        """Returns the owner holding ``unit`` (equal to the one given), or None for a free
+        block or one the KV cache holds. Raises IndexError for a unit out of range."""
     def allocate(self, count: _Int) -> list[int] | None:
-        """Returns ``count`` blocks for the KV cache (ref count 1), never-hashed
-        first, then least recently freed; None when short (nothing taken)."""
+        """Returns ``count`` blocks for the KV cache (one reference each), never-hashed
+        first, then least recently freed; None (nothing taken) when fewer are free.
+        Raises ValueError for ``count < 0``."""
     def free(self, block_ids: _Ints) -> None:
-        """Drops one reference per block; at zero a hashed block stays findable
-        until reused. Raises ValueError for a block the KV cache does not hold."""
+        """Drops one reference per listed block; at zero a hashed block stays findable
+        until it is reused. Returns None. Raises ValueError, changing nothing, for a
+        block the KV cache does not hold."""
     def incref(self, block_ids: _Ints) -> None:
-        """Adds a reference per block (a cached free block is taken back).
-        Raises ValueError for a block neither held nor cached."""
+        """Takes one more reference per listed block (a prefix hit; a cached free block is
+        taken back). Returns None. Raises ValueError, changing nothing, for a block
+        neither held nor cached."""
     def lookup(self, hash: _Int) -> int:
-        """Returns the block indexed under ``hash``, or -1."""
+        """Returns the block indexed under ``hash``, or -1. Raises only for a bad argument
+        (docs/contract.md, "Errors")."""
     def publish(self, block: _Int, hash: _Int) -> bool:
-        """Indexes a held block under ``hash``; returns False when another block
-        already holds it. Raises ValueError for a block the KV cache does not hold."""
+        """Indexes a full KV block under ``hash``; returns False when another block already
+        holds that hash. Raises ValueError for a block the KV cache does not hold or
+        ``hash == -1``."""
     def block_hash(self, block: _Int) -> int:
-        """Returns the hash the block is indexed under, or -1."""
+        """Returns the hash ``block`` is indexed under, or -1. Raises IndexError for a
+        block out of range."""
     def ref_count(self, block: _Int) -> int:
-        """Returns the block's KV reference count."""
+        """Returns ``block``'s KV reference count. Raises IndexError for a block out of
+        range."""
     def reset_prefix_cache(self) -> int:
-        """Drops every cached free block from the index (calling on_evict);
-        returns how many."""
+        """Drops every cached free block from the index (on_evict fires for each); returns
+        how many. Raises what an on_evict handler raised, after the pool is consistent."""
     def check_consistency(self) -> None:
-        """Raises AssertionError if an internal invariant is broken (tests)."""
+        """Checks the pool's internal invariants (for tests); returns None. Raises
+        AssertionError when one is broken."""
     def __reduce__(self) -> NoReturn:
         """Raises TypeError: a live object, not a value; it does not pickle or copy."""
 
@@ -885,72 +991,103 @@ class PageUnitCheckpointStore:
     def begin_store(
         self, prefix_hash: _Int, src_slot: _Int, position: _Int = 0
     ) -> CheckpointStoreOp | None:
-        """Returns the op filing a COPYING image of ``src_slot`` at ``position``
-        (evicting images if needed), or None when units cannot be had or it is
-        already kept. Raises ValueError for ``position < 0``."""
+        """Returns the op filing a COPYING image of ``src_slot`` taken at ``position``
+        (evicting unpinned READY images if needed), or None when the units cannot be had
+        or the hash is already kept. Raises ValueError for ``position < 0`` or
+        ``prefix_hash == -1``."""
     def begin_restore(self, prefix_hash: _Int, dst_slot: _Int) -> CheckpointRestoreOp | None:
-        """Returns an op reading the READY image into ``dst_slot`` (pinned until
-        the batch completes), or None when no READY image is filed under the hash."""
+        """Returns an op reading the READY image of ``prefix_hash`` into ``dst_slot`` (the
+        image stays pinned until the batch completes), or None when no READY image is
+        filed under the hash. Raises only for a bad argument (docs/contract.md,
+        "Errors")."""
     def take_restore_ops(self) -> tuple[CheckpointRestoreOp, ...]:
-        """Returns and clears the queued restores of this batch."""
+        """Returns and clears this batch's queued restores, oldest first. Raises nothing."""
     def complete_inflight(self) -> None:
-        """Top of pass: last batch's stores become READY, its restores unpin."""
+        """Top of pass: the last batch's stores become READY and its restores unpin.
+        Returns None. Raises nothing."""
     def lookup(self, prefix_hash: _Int) -> int:
-        """Returns the READY checkpoint id filed under the hash, or -1."""
+        """Returns the READY checkpoint id filed under ``prefix_hash``, or -1. Raises only
+        for a bad argument (docs/contract.md, "Errors")."""
     def contains(self, prefix_hash: _Int) -> bool:
-        """Returns whether a READY image is filed under the hash."""
+        """Returns whether a READY image is filed under ``prefix_hash``. Raises only for a
+        bad argument (docs/contract.md, "Errors")."""
     def contains_or_pending(self, prefix_hash: _Int) -> bool:
-        """Returns whether it is READY or a store of it is on its way."""
+        """Returns whether an image of ``prefix_hash`` is READY or a store of it is on its
+        way. Raises only for a bad argument (docs/contract.md, "Errors")."""
     def has_available_units(self, count: _Int, protected_hash: _Int | None = None) -> bool:
-        """Returns whether ``count`` units could be had, evicting unpinned READY
-        images (never the one under ``protected_hash``). Raises ValueError for count < 0."""
+        """Returns whether ``count`` units could be had, evicting unpinned READY images if
+        it came to that (never the one filed under ``protected_hash``). Raises
+        ValueError for ``count < 0``."""
     def ensure_free_units(self, count: _Int) -> bool:
-        """Evicts until ``count`` units are free; returns whether they are."""
+        """Evicts unpinned READY images until ``count`` units are free; returns whether
+        they are (an unreachable count is refused before evicting anything). Raises
+        ValueError for ``count < 0``."""
     def unindex(self, prefix_hash: _Int) -> bool:
-        """Drops the image filed under the hash; returns whether one was."""
+        """Drops the unpinned image filed under ``prefix_hash``; returns whether one was
+        dropped. Raises only for a bad argument (docs/contract.md, "Errors")."""
     def clear(self) -> None:
-        """Drops every unpinned image and returns its units."""
+        """Drops every unpinned image and returns its units to the pool; returns None.
+        Raises what an on_evict handler raised, after the store is consistent."""
     def changed_since(self, generation: _Int) -> set[int] | None:
-        """Returns the hashes whose fate changed since ``generation``, or None
-        when that generation is too old to answer (at least 4,000 bumps kept)."""
+        """Returns the set of hashes whose READY standing may differ from what it was at
+        ``generation``, or None when the log no longer reaches back that far (at least
+        4,000 bumps are kept). Raises only for a bad argument (docs/contract.md,
+        "Errors")."""
     def restore_queued_for(self, dst_slot: _Int) -> bool:
-        """Returns whether a restore into ``dst_slot`` is queued."""
+        """Returns whether a restore into ``dst_slot`` is queued. Raises only for a bad
+        argument (docs/contract.md, "Errors")."""
     def cancel_queued_restore(self, dst_slot: _Int) -> None:
-        """Drops the restore queued into ``dst_slot`` and its pin."""
+        """Drops the restore queued into ``dst_slot`` and its pin (no-op without one);
+        returns None. Raises only for a bad argument (docs/contract.md, "Errors")."""
     def suspend_queued_restore(self, dst_slot: _Int) -> SuspendedCheckpointRestore | None:
-        """Takes the queued restore into ``dst_slot`` out of the batch, keeping
-        its pin; None if none. Raises AssertionError (changing nothing) when
-        two restores are queued for the slot."""
+        """Takes the restore queued into ``dst_slot`` out of the batch, keeping its pin;
+        returns it, or None when none is queued. Raises AssertionError, changing
+        nothing, when two restores are queued for the slot."""
     def resume_suspended_restore(self, restore: SuspendedCheckpointRestore) -> None:
-        """Queues a suspended restore again."""
+        """Queues a suspended restore again; returns None. Raises ValueError for a restore
+        this store did not suspend (or already resumed or released), AssertionError when
+        its image lost its pin."""
     def release_suspended_restore(self, restore: SuspendedCheckpointRestore) -> None:
-        """Drops a suspended restore and its pin."""
+        """Drops a suspended restore and its pin; returns None. Raises ValueError for a
+        restore this store did not suspend (or already resumed or released)."""
     def acquire_checkpoint_source(
         self, prefix_hash: _Int, *, max_inflight: _Int | None = None
     ) -> tuple[StateStoreOperationId, tuple[int, ...]] | None:
-        """Pins a READY image for an external transfer; returns (operation id,
-        unit ids), or None if there is none or ``max_inflight`` are out."""
+        """Pins a READY image for an external transfer (never reclaimed by time); returns
+        (operation id, unit ids), or None when there is no such image or
+        ``max_inflight`` are out. Raises only for a bad argument (docs/contract.md,
+        "Errors")."""
     def adopt_units(self, unit_ids: tuple[int, ...], owner: _Owner, prefix_hash: _Int) -> bool:
-        """Files units ``owner`` holds as a READY image under the hash; returns
-        False (units left with the owner) when the hash is already kept.
-        Raises ValueError for a wrong unit count or units the owner does not hold."""
+        """Files units ``owner`` holds as a READY image under ``prefix_hash``; returns
+        False (units left with the owner) when the hash is already kept. Raises
+        ValueError, changing nothing, for a wrong unit count, units the owner does not
+        hold, or ``prefix_hash == -1``."""
     def take_offload_stores(self, max_inflight: _Int) -> list[Any]:
-        """Returns up to ``max_inflight`` offload store operations, pinning their sources."""
+        """Returns up to ``max_inflight`` (operation, unit ids) pairs to hand the tier now,
+        each source pinned (none when ``max_inflight`` are already out). Raises only for
+        a bad argument (docs/contract.md, "Errors")."""
     def release_offload_store_source(self, op: Any) -> None:
-        """The worker copied the units out: unpins the source."""
+        """Phase one: the units were read out, so the source's pin goes; the operation
+        stays dispatched. Returns None. Raises TypeError for an unhashable op."""
     def settle_offload_store(self, op: Any) -> None:
-        """The tier write completed: ends the operation's bookkeeping."""
+        """Phase two: the tier write completed; the operation is retired. Returns None.
+        Raises TypeError for an unhashable op."""
     def was_reclaimed(self, op: Any) -> bool:
-        """Returns whether a stale-pin reclamation took the operation's pin."""
+        """Returns whether a stale-pin reclamation took the operation's pin. Raises
+        TypeError for an unhashable op."""
     def has_offload_pins(self) -> bool:
-        """Returns whether any offload pin is held."""
+        """Returns whether any offload pin is held. Raises nothing."""
     def reclaim_stale_offload_pins(self, timeout_s: float) -> int:
-        """Drops offload pins older than ``timeout_s`` seconds (monotonic);
-        returns how many. ``timeout_s <= 0`` reclaims nothing."""
+        """Takes back offload pins older than ``timeout_s`` seconds (monotonic clock);
+        returns how many. ``timeout_s <= 0`` reclaims nothing. Raises TypeError for a
+        value that is not a number of seconds."""
     def use_clock(self, clock: Callable[[], float] | None) -> None:
-        """Replaces the monotonic clock for pin ages (tests); None restores it."""
+        """Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None
+        restores it (for tests). Returns None. Raises TypeError for an object that is
+        not callable or None."""
     def check_consistency(self) -> None:
-        """Raises AssertionError if an internal invariant is broken (tests)."""
+        """Checks the store's internal invariants (for tests); returns None. Raises
+        AssertionError when one is broken."""
     def __reduce__(self) -> NoReturn:
         """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def set_eviction_policy(
@@ -964,8 +1101,10 @@ class PageUnitCheckpointStore:
         weight: float = 1.0,
         guesses_first: bool = True,
     ) -> None:
-        """Chooses which checkpoint to spend first ('lru' or 'cost'); returns
-        None. Raises ValueError naming the argument (nothing changed) for a bad value."""
+        """Chooses which checkpoint to spend first ('lru' or 'cost'; see
+        ``eviction_policy``); returns None. Raises ValueError naming the argument,
+        changing nothing, for an unknown kind or a weight that is negative or not
+        finite."""
     @property
     def eviction_policy(self) -> _EvictionPolicy:
         """The eviction setting as a dict (the arguments of ``set_eviction_policy``)."""
@@ -999,28 +1138,35 @@ class PagedStateCheckpointCoordinator:
     @property
     def checkpoints_orphaned(self) -> int: ...
     def complete_previous_batch(self) -> None:
-        """Top of pass: last batch's stores become READY, restores unpin."""
+        """Top of pass: the last batch's stores become READY and its restores unpin.
+        Returns None. Raises RuntimeError when called from inside take_checkpoint_ops."""
     def checkpoint(self, seq: _Seqish, boundary_blocks: _Int, h: _Int) -> None:
-        """Files the boundary for the next ``take_checkpoint_ops``; a newer one
-        of the same sequence supersedes it."""
+        """Files the boundary for the next ``take_checkpoint_ops`` (a newer one of the same
+        sequence supersedes it); returns None. Raises ValueError for ``boundary_blocks <
+        0`` or ``h == -1``, TypeError for an object without the sequence attributes."""
     def take_checkpoint_ops(
         self,
     ) -> tuple[tuple[CheckpointStoreOp, ...], tuple[CheckpointRestoreOp, ...]]:
-        """Begins the filed stores; returns this batch's (stores, restores)."""
+        """Begins the filed stores and returns this batch's (stores, restores) tuples.
+        Raises RuntimeError when called from inside itself (an eviction handler), and
+        what an on_evict handler raised, after the coordinator is consistent."""
     def begin_restore(self, h: _Int, dst_slot: _Int) -> bool:
-        """Queues a restore of the READY image into ``dst_slot``; returns False
-        when there is none."""
+        """Queues a restore of the READY image filed under ``h`` into ``dst_slot``; returns
+        False when there is none. Raises only for a bad argument (docs/contract.md,
+        "Errors")."""
     def begin_restores(self, hashes: _Ints, dst_slots: _Ints) -> list[bool]:
         """Batched ``begin_restore``: returns the list ``[begin_restore(hashes[i],
-        dst_slots[i]) for i ...]`` (True where a restore was queued), computed
-        in one call, in order. The batch is checked as a whole first; raises
-        ValueError when the lengths differ or a slot is negative, TypeError for
-        an item that is not an int; a refused batch changes nothing."""
+        dst_slots[i]) for i ...]`` (True where a restore was queued), computed in one
+        call, in order. ``hashes``, ``dst_slots``: lists or NumPy int64 arrays. The
+        batch is checked as a whole first; raises ValueError when the lengths differ or
+        a slot is negative, TypeError for an item that is not an int; a refused batch
+        changes nothing."""
     def resumable_hit(
         self, seq: _Seqish, hit: _Int, block_hashes: _Ints, assume_checkpointed: bool = False
     ) -> int:
-        """Returns the longest prefix <= hit whose boundary is READY here or
-        servable by the tier; 0 is always valid."""
+        """Returns the longest prefix <= ``hit`` whose boundary is READY here or servable
+        by the attached tier; 0 is always valid. Raises ValueError for ``hit < 0``,
+        IndexError for ``hit > len(block_hashes)``."""
     def resumable_hits(
         self,
         seqs: _Seqs,
@@ -1029,26 +1175,34 @@ class PagedStateCheckpointCoordinator:
         assume_checkpointed: bool = False,
     ) -> list[int]:
         """Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i],
-        block_hashes[i], assume_checkpointed) for i ...]``, computed in one
-        call. ``block_hashes``: a hash list per sequence, or a 2-D int64 array
-        with a row per sequence; None reads each sequence's own ``block_hashes``.
-        Raises ValueError, before any scan, when the lengths differ or a hit is
-        negative or past a hash list the scan reads; TypeError for an item that
-        is not a sequence or an int."""
+        block_hashes[i], assume_checkpointed) for i ...]``, computed in one call.
+        ``hits``: a list or NumPy int64 array; ``block_hashes``: one hash list per
+        sequence, a 2-D int64 array with a row per sequence, or None for each sequence's
+        own ``block_hashes``. Raises ValueError, before any scan, when the lengths
+        differ or a hit is negative or past a hash list the scan reads; TypeError for an
+        item that is not a sequence or an int."""
     def contains(self, prefix_hash: _Int) -> bool:
-        """Returns whether a READY image is filed under the hash."""
+        """Returns whether a READY image is filed under ``prefix_hash``. Raises only for a
+        bad argument (docs/contract.md, "Errors")."""
     def has_available_units(self, count: _Int, protected_hash: _Int | None = None) -> bool:
-        """Returns whether ``count`` units could be had, evicting unpinned READY
-        images (never the one under ``protected_hash``)."""
+        """Returns whether ``count`` units could be had, evicting unpinned READY images if
+        it came to that (never the one filed under ``protected_hash``). Raises
+        ValueError for ``count < 0``."""
     def ensure_free_units(self, count: _Int) -> bool:
-        """Evicts until ``count`` units are free; returns whether they are.
-        Raises ValueError for count < 0."""
+        """Evicts unpinned READY images until ``count`` units are free; returns whether
+        they are (an unreachable count is refused before evicting anything). Raises
+        ValueError for ``count < 0``."""
     def unindex(self, h: _Int) -> None:
-        """Drops the checkpoint filed under ``h`` (its KV block left). Returns None."""
+        """Drops the checkpoint filed under ``h`` (its KV block left the index; counted
+        orphaned). Returns None. Raises only for a bad argument (docs/contract.md,
+        "Errors")."""
     def clear_index(self) -> None:
-        """Drops every unpinned checkpoint."""
+        """Drops every unpinned checkpoint; returns None. Raises what an on_evict handler
+        raised, after the coordinator is consistent."""
     def forget_pending(self, seq: _Seqish) -> None:
-        """Drops ``seq``'s filed, not yet begun boundary."""
+        """Drops ``seq``'s filed boundary that no batch has begun yet (and a restore queued
+        into its slot); returns None. Raises TypeError for an object without the
+        sequence attributes."""
     def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
         """Batched ``checkpoint``: the same filed boundaries (and so the same
         store ops at the next drain) as ``checkpoint(seqs[i],
@@ -1063,61 +1217,87 @@ class PagedStateCheckpointCoordinator:
         Returns None. Raises TypeError for an item that is not a sequence,
         before anything changes."""
     def applies(self, seq: _Seqish) -> bool:
-        """Returns whether this coordinator checkpoints anything for ``seq``."""
+        """Returns whether this coordinator checkpoints anything for ``seq`` (enabled and
+        the sequence has a per-request cache). Raises TypeError for an object without
+        the sequence attributes."""
     def checkpoint_fates(self) -> dict[str, int]:
-        """Returns the fates (kept, dropped, evicted, orphaned, reclaimed pins)
-        and, with a tier, its stats under ``state_offload_*``."""
+        """Returns a new dict of the fates (kept, dropped, evicted, orphaned, reclaimed
+        pins) and, with a tier attached, the tier's stats under ``state_offload_*``.
+        Raises nothing."""
     def reserve_midstep(
         self, seq: _Seqish, positions: Iterable[tuple[_Int, _Int]]
     ) -> list[_Midstep]:
-        """Reserves scratch slots for interior (position, hash) boundaries;
-        returns (slot, position, hash) reservations (empty without scratch)."""
+        """Reserves a scratch slot per interior (position, hash) boundary of the next
+        forward; returns the (slot, position, hash) reservations, stopping at the first
+        shortage (empty without scratch). Raises ValueError for a hash of -1, TypeError
+        for malformed positions."""
     def publish_midstep(
         self, reservations: Iterable[_Midstep], seq: _Seqish | None = None
     ) -> None:
-        """Files the reserved midstep states for the next ``take_checkpoint_ops``."""
+        """Files the reserved midstep states for the next ``take_checkpoint_ops``; returns
+        None. Raises ValueError for a reservation this coordinator did not hand out."""
     def cancel_midstep(self, reservations: Iterable[_Midstep]) -> None:
-        """Returns reserved scratch slots unused."""
+        """Returns reserved scratch slots unused (the forward never ran); returns None.
+        Raises ValueError for a reservation this coordinator did not hand out."""
     def attach_midstep_scratch(self, slot_pool: StateSlotPool, max_ops_per_batch: _Int) -> None:
-        """Borrows midstep scratch slots from ``slot_pool`` (a StateSlotPool),
-        at most ``max_ops_per_batch`` a batch."""
+        """Borrows midstep scratch slots from ``slot_pool`` (a StateSlotPool), at most
+        ``max_ops_per_batch`` copies a batch; returns None. Raises TypeError for another
+        pool type, ValueError for a negative count."""
     def attach_offload(self, index: StateOffloadIndex | None, *, sink: bool = True) -> None:
-        """Attaches (or with None detaches) the tier that votes in
-        ``resumable_hit`` and receives offload nominations."""
+        """Attaches a tier (its vote in ``resumable_hit``, and a sink for offload
+        nominations unless ``sink=False``), or detaches with None; returns None. Raises
+        only for a bad argument (docs/contract.md, "Errors")."""
     def restore_queued_for(self, dst_slot: _Int) -> bool:
-        """Returns whether a restore into ``dst_slot`` is queued."""
+        """Returns whether a restore into ``dst_slot`` is queued. Raises only for a bad
+        argument (docs/contract.md, "Errors")."""
     def suspend_queued_restore(self, dst_slot: _Int) -> SuspendedCheckpointRestore | None:
-        """As the store's; raises AssertionError for two queued restores."""
+        """Takes the restore queued into ``dst_slot`` out of the batch, keeping its pin;
+        returns it, or None when none is queued. Raises AssertionError, changing
+        nothing, when two restores are queued for the slot."""
     def resume_suspended_restore(self, restore: SuspendedCheckpointRestore) -> None:
-        """Queues a suspended restore again."""
+        """Queues a suspended restore again; returns None. Raises ValueError for a restore
+        this store did not suspend (or already resumed or released), AssertionError when
+        its image lost its pin."""
     def release_suspended_restore(self, restore: SuspendedCheckpointRestore) -> None:
-        """Drops a suspended restore and its pin."""
+        """Drops a suspended restore and its pin; returns None. Raises ValueError for a
+        restore this store did not suspend (or already resumed or released)."""
     def acquire_checkpoint_source(
         self, prefix_hash: _Int, *, max_inflight: _Int | None = None
     ) -> tuple[StateStoreOperationId, tuple[int, ...]] | None:
-        """Pins a READY image for an external transfer; returns (operation id,
-        unit ids) or None."""
+        """Pins a READY image for an external transfer (never reclaimed by time); returns
+        (operation id, unit ids), or None when there is no such image or
+        ``max_inflight`` are out. Raises only for a bad argument (docs/contract.md,
+        "Errors")."""
     def reserve_transfer_units(self, owner: _Owner) -> tuple[int, ...] | None:
-        """Reserves one image's units under ("state-transfer", owner) for a
-        load; returns their ids, or None when short. Raises ValueError for
-        owner None."""
+        """Reserves one image's units under ("state-transfer", owner) for an external load;
+        returns their ids, or None when they cannot be had. Raises ValueError for owner
+        None, TypeError for an unhashable owner."""
     def adopt_transfer_units(self, owner: _Owner, prefix_hash: _Int) -> bool:
-        """Files the loaded units as a READY image; returns False if ``owner``
-        holds no reservation or the hash is already kept."""
+        """Files the loaded units as a READY image under ``prefix_hash``; returns False
+        when ``owner`` holds no reservation or the hash is already kept (the units then
+        go back). Raises ValueError for ``prefix_hash == -1``."""
     def release_transfer_units(self, owner: _Owner) -> None:
-        """Returns a transfer reservation's units (no-op without one)."""
+        """Gives a transfer reservation's units back (no-op without one); returns None.
+        Raises TypeError for an unhashable owner."""
     def take_offload_stores(self, max_inflight: _Int) -> list[Any]:
-        """Returns up to ``max_inflight`` offload store operations."""
+        """Returns up to ``max_inflight`` (operation, unit ids) pairs to hand the tier now,
+        each source pinned (none when ``max_inflight`` are already out). Raises only for
+        a bad argument (docs/contract.md, "Errors")."""
     def release_offload_store_source(self, op: Any) -> None:
-        """The worker copied the units out: unpins the source."""
+        """Phase one: the units were read out, so the source's pin goes; the operation
+        stays dispatched. Returns None. Raises TypeError for an unhashable op."""
     def settle_offload_store(self, op: Any) -> None:
-        """The tier write completed: ends the operation's bookkeeping."""
+        """Phase two: the tier write completed; the operation is retired. Returns None.
+        Raises TypeError for an unhashable op."""
     def was_reclaimed(self, op: Any) -> bool:
-        """Returns whether a stale-pin reclamation took the operation's pin."""
+        """Returns whether a stale-pin reclamation took the operation's pin. Raises
+        TypeError for an unhashable op."""
     def has_offload_pins(self) -> bool:
-        """Returns whether any offload pin is held."""
+        """Returns whether any offload pin is held. Raises nothing."""
     def reclaim_stale_offload_pins(self, timeout_s: float) -> int:
-        """Drops offload pins older than ``timeout_s`` seconds; returns how many."""
+        """Takes back offload pins older than ``timeout_s`` seconds (monotonic clock);
+        returns how many. ``timeout_s <= 0`` reclaims nothing. Raises TypeError for a
+        value that is not a number of seconds."""
     def __reduce__(self) -> NoReturn:
         """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def set_eviction_policy(
@@ -1131,14 +1311,16 @@ class PagedStateCheckpointCoordinator:
         weight: float = 1.0,
         guesses_first: bool = True,
     ) -> None:
-        """Chooses which checkpoint to spend first ('lru' or 'cost'); returns
-        None. Raises ValueError naming the argument (nothing changed) for a bad value."""
+        """Chooses which checkpoint to spend first ('lru' or 'cost'; see
+        ``eviction_policy``); returns None. Raises ValueError naming the argument,
+        changing nothing, for an unknown kind or a weight that is negative or not
+        finite."""
     @property
     def eviction_policy(self) -> _EvictionPolicy:
         """The eviction setting as a dict (the arguments of ``set_eviction_policy``)."""
     def check_consistency(self) -> None:
-        """Raises AssertionError when an invariant of the coordinator, its store
-        or its pool is broken (tests)."""
+        """Checks the invariants of the coordinator, its store and its pool (for tests);
+        returns None. Raises AssertionError when one is broken."""
 
 class StateOffloadIndex:
     """A lower tier's membership (capped LRU) and load bookkeeping."""
@@ -1158,27 +1340,37 @@ class StateOffloadIndex:
     @property
     def loads_in_flight(self) -> int: ...
     def note_store_started(self, h: _Int) -> None:
-        """Counts a store attempt."""
+        """Counts a store attempt of ``h``; returns None. Raises only for a bad argument
+        (docs/contract.md, "Errors")."""
     def note_stored(self, h: _Int) -> None:
-        """The tier now holds ``h`` (the LRU entry is dropped past capacity)."""
+        """Records that the tier now holds ``h`` (the least recently used hash is dropped
+        past capacity); returns None. Raises only for a bad argument (docs/contract.md,
+        "Errors")."""
     def note_store_failed(self, h: _Int, untrusted: bool = False) -> None:
-        """Counts a failed (or untrusted) store."""
+        """Counts a failed store of ``h`` (``untrusted``: it failed its integrity check);
+        returns None. Raises only for a bad argument (docs/contract.md, "Errors")."""
     def forget(self, h: _Int) -> bool:
-        """Drops ``h``; returns whether it was held."""
+        """Drops ``h``; returns whether it was held. Raises only for a bad argument
+        (docs/contract.md, "Errors")."""
     def could_serve(self, h: _Int) -> bool:
-        """Returns ``can_load and h in hashes``."""
+        """Returns ``can_load and h in hashes``. Raises only for a bad argument
+        (docs/contract.md, "Errors")."""
     def request_load(self, h: _Int) -> bool:
-        """Starts a load of ``h``; returns False when it cannot be served."""
+        """Starts a load of ``h``; returns False (nothing started) when the tier cannot
+        serve it. Raises only for a bad argument (docs/contract.md, "Errors")."""
     def complete_load(self, h: _Int) -> None:
-        """Ends a load. Raises ValueError when none is in flight for ``h``."""
+        """Ends the load of ``h`` in flight; returns None. Raises ValueError when no load
+        of ``h`` is in flight."""
     def fail_load(self, h: _Int, *, missing: bool = False, untrusted: bool = False) -> None:
-        """Ends a failed load, forgetting ``h`` when it is missing or untrusted.
-        Raises ValueError when none is in flight for ``h``."""
+        """Ends a failed load of ``h``, forgetting ``h`` when it was ``missing`` or
+        ``untrusted``; returns None. Raises ValueError when no load of ``h`` is in
+        flight."""
     def abandon_load(self, h: _Int) -> None:
-        """Ends a load nobody waits for any more."""
+        """Ends a load of ``h`` nobody waits for any more; returns None. Raises ValueError
+        when no load of ``h`` is in flight."""
     def stats(self) -> dict[str, int]:
-        """Returns stores/loads attempted, completed, failed, untrusted,
-        missing, abandoned, hashes held and evicted."""
+        """Returns a new dict: stores and loads attempted, completed, failed, untrusted,
+        missing and abandoned, hashes held and evicted. Raises nothing."""
     def __reduce__(self) -> NoReturn:
         """Raises TypeError: a live object, not a value; it does not pickle or copy."""
 
@@ -1187,7 +1379,9 @@ class StateOffloadIndex:
 class HostArena:
     """Which entries of the host tier's arena hold what: ``capacity_bytes //
     entry_bytes`` entries of one buffer the caller owns; values are filed under
-    a key (bytes or str) in a budget class. ``ranking``: "lru" or "cost"."""
+    a key (bytes or str) in a budget class. Eviction ranks with the cost model
+    of the GPU caches (``set_eviction_policy``); ``ranking`` ("lru" or "cost")
+    picks the starting model."""
 
     def __init__(
         self,
@@ -1208,36 +1402,69 @@ class HostArena:
     @property
     def ranking(self) -> Literal["lru", "cost"]: ...
     def class_stats(self, klass: _Int) -> dict[str, int]:
-        """Returns budget_entries, used_entries, values, evictions, refused of
-        class ``klass``. Raises IndexError for an unknown class."""
+        """Returns a new dict of class ``klass``: budget_entries, used_entries, values,
+        evictions, refused. Raises IndexError for an unknown class."""
     def victims(self, klass: _Int, count: _Int) -> list[bytes] | None:
-        """Returns the keys ``allocate`` would evict to fit ``count`` entries, in
-        order; None when it cannot. Raises IndexError for an unknown class."""
+        """Returns the keys ``allocate`` would evict to fit ``count`` entries in class
+        ``klass``, in order; None when they cannot be made to fit. Raises IndexError for
+        an unknown class, ValueError for ``count < 0``."""
     def allocate(
-        self, key: bytes | str, klass: _Int, count: _Int, nbytes: _Int, cost: float
+        self, key: bytes | str, klass: _Int, count: _Int, nbytes: _Int, position: _Int
     ) -> tuple[list[int], list[bytes]] | None:
-        """Reserves entries for ``key``; returns (entry ids, evicted keys), or
-        None (nothing changed). Raises IndexError for an unknown class."""
+        """Reserves ``count`` entries for ``key`` (its prefix ends at ``position``, in the
+        eviction model's position unit), evicting unpinned values of its class; returns
+        (entry ids, evicted keys), or None (nothing changed) when they cannot be had.
+        Raises IndexError for an unknown class, ValueError for a bad count, nbytes or
+        position or a key already present."""
     def seal(self, key: bytes | str, meta: bytes) -> None:
-        """Makes the value under ``key`` findable with ``meta``; returns None."""
+        """Makes the value under ``key`` findable, with ``meta``; returns None. Raises
+        ValueError for a key not allocated or already sealed."""
     def remove(self, key: bytes | str) -> bool:
-        """Drops the value under ``key``; returns whether one was there."""
+        """Drops the value under ``key``; returns whether one was there. Raises only for a
+        bad argument (docs/contract.md, "Errors")."""
     def contains(self, key: bytes | str) -> bool:
-        """Returns whether a value is filed under ``key``."""
+        """Returns whether a sealed value is filed under ``key``. Raises only for a bad
+        argument (docs/contract.md, "Errors")."""
     def __contains__(self, key: object, /) -> bool: ...
     def __len__(self) -> int: ...
-    def lookup(self, key: bytes | str, touch: bool = True) -> tuple[list[int], int, bytes, int] | None:
-        """Returns (entry ids, nbytes, meta, klass) of a sealed value, or None."""
+    def lookup(
+        self, key: bytes | str, touch: bool = True
+    ) -> tuple[list[int], int, bytes, int] | None:
+        """Returns (entry ids, nbytes, meta, klass) of the sealed value under ``key``
+        (``touch``: counts as a use), or None. Raises only for a bad argument
+        (docs/contract.md, "Errors")."""
     def pin(self, key: bytes | str) -> None:
-        """Pins the value under ``key`` (never evicted while pinned); returns None."""
+        """Pins the sealed value under ``key`` (never evicted while pinned); returns None.
+        Raises ValueError for a key that is not a sealed value."""
     def unpin(self, key: bytes | str) -> None:
-        """Drops one pin of the value under ``key``; returns None."""
+        """Drops one pin of the value under ``key``; returns None. Raises ValueError for a
+        key that is not pinned."""
     def pins(self, key: bytes | str) -> int:
-        """Returns the pin count of the value under ``key``."""
+        """Returns the pin count of the value under ``key`` (0 without one). Raises only
+        for a bad argument (docs/contract.md, "Errors")."""
     def keys(self) -> list[bytes]:
-        """Returns the keys filed, as bytes."""
+        """Returns the keys filed, as a list of bytes. Raises nothing."""
     def check_consistency(self) -> None:
-        """Raises AssertionError if an internal invariant is broken (tests)."""
+        """Checks the arena's internal invariants (for tests); returns None. Raises
+        AssertionError when one is broken."""
+    def set_eviction_policy(
+        self,
+        kind: _EvictionKind = "lru",
+        *,
+        flops_per_token: float = 1.0,
+        flops_per_context_token: float = 0.0,
+        checkpoint_bytes: float = 1.0,
+        tokens_per_position: float = 1.0,
+        weight: float = 1.0,
+        guesses_first: bool = True,
+    ) -> None:
+        """Chooses which checkpoint to spend first ('lru' or 'cost'; see
+        ``eviction_policy``); returns None. Raises ValueError naming the argument,
+        changing nothing, for an unknown kind or a weight that is negative or not
+        finite."""
+    @property
+    def eviction_policy(self) -> _EvictionPolicy:
+        """The eviction setting as a dict (the arguments of ``set_eviction_policy``)."""
 
 # ---------------------------------------------------------------- copying --
 
@@ -1342,12 +1569,18 @@ class _GpuCopyEngine:
     @property
     def items_per_slot_copy(self) -> int: ...
     def submit(self, batch: _CopyBatch, stream: _Int) -> None:
-        """Stages ``batch`` and launches it on the raw stream handle. Returns None."""
+        """Stages ``batch`` and launches its copy on the raw stream handle ``stream``;
+        returns None. Raises ValueError for a batch this engine cannot hold,
+        RuntimeError for a CUDA/HIP error."""
     def stage(self, batch: _CopyBatch) -> None:
-        """Fills the next staging buffer (waits until the device read it). Returns None."""
+        """Fills the next staging buffer with ``batch``'s descriptors, waiting until the
+        device read it last time; returns None. Raises ValueError for a batch this
+        engine cannot hold, RuntimeError for a CUDA/HIP error."""
     def launch(
         self, stream: _Int, full_transfer: bool = False, copy_descriptors: bool = True
     ) -> None:
-        """Enqueues the descriptor copy and the kernel (capturable in a graph). Returns None."""
+        """Enqueues the descriptor copy and the kernel on ``stream`` (capturable in a CUDA
+        graph); returns None. Raises RuntimeError for a CUDA/HIP error."""
     def record_consumed(self, stream: _Int) -> None:
-        """Marks the staging as read once ``stream`` reaches this point. Returns None."""
+        """Marks the staging buffer as read once ``stream`` reaches this point; returns
+        None. Raises RuntimeError for a CUDA/HIP error."""

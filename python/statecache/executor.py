@@ -101,7 +101,8 @@ class StateCopyExecutor:
 
     def plan(self, relocations=(), copies=(), stores=(), restores=()):
         """Validate the batch and compile it (nothing moves). Returns the batch
-        (``num_ops``, ``bytes``)."""
+        (``num_ops``, ``bytes``). Raises ValueError naming the first bad op, a
+        batch larger than the staging, or a layout whose storage changed."""
         relocations, copies, stores, restores = (
             () if ops is None else tuple(ops) for ops in (relocations, copies, stores, restores))
         paged, pairs = len(stores) + len(restores), len(relocations) + len(copies)
@@ -153,6 +154,8 @@ class StateCopyExecutor:
         every replay, so keep them near the largest batch it will carry.
         ``buffers=2`` captures two graphs over two staging buffers, used in
         turn, so the host stages the next batch while the last one runs.
+        Returns the ``CapturedStateCopy``. Raises ValueError on a CPU executor
+        and for bad sizes.
         """
         if self._engine is None:
             raise ValueError("graph capture needs a GPU executor, this one runs on the CPU")
@@ -209,10 +212,16 @@ class CapturedStateCopy:
         return self._engines[self._current]
 
     def record(self, buffer: int = 0) -> None:
-        """Enqueue the descriptor copy of staging ``buffer`` and the kernel (inside a capture)."""
+        """Enqueue the descriptor copy of staging ``buffer`` and the kernel
+        (inside a capture); returns None. Raises IndexError for a buffer that
+        does not exist, RuntimeError for a CUDA/HIP error."""
         self._engines[buffer].launch(self.executor._stream(), True)
 
     def stage(self, relocations=(), copies=(), stores=(), restores=()):
+        """Validates the batch and writes it to the next staging buffer (waits
+        until the device read that buffer last time); returns the compiled
+        batch. Raises ValueError as ``plan`` does, or for a batch larger than
+        the graph was captured for."""
         with self.executor._lock:
             batch = self.executor.plan(relocations, copies, stores, restores)
             if batch.num_paged_ops > self.max_paged_ops or batch.num_slot_copies > self.max_slot_copies:
@@ -226,9 +235,13 @@ class CapturedStateCopy:
             return batch
 
     def consumed(self) -> None:
+        """Marks the current staging buffer as read once the stream gets here;
+        returns None. Raises RuntimeError for a CUDA/HIP error."""
         self._engine.record_consumed(self.executor._stream())
 
     def replay(self, relocations=(), copies=(), stores=(), restores=()):
+        """Stages the batch and replays the graph on the current stream;
+        returns the compiled batch. Raises ValueError as ``stage`` does."""
         with self.executor._lock:
             batch = self.stage(relocations, copies, stores, restores)
             self.graph.replay()

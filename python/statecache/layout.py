@@ -170,16 +170,23 @@ class StateLayout:
     image_bytes = property(lambda self: sum(s.bytes for s in self.image_segments))
 
     def geometry(self) -> tuple:
+        """Returns the address-free description ``layout_id`` digests (shapes,
+        strides, dtypes, image ranges). Raises nothing."""
         return ("state", tuple(self._table.geometry), tuple(self.image_ranges))
 
     def segment_table(self) -> list[int]:
+        """Returns the slot segments as a flat ``[base, stride, bytes, ...]``
+        list (the span planner's input). Raises nothing."""
         return _flat(self._table.rows)
 
     def check(self) -> None:
-        """ValueError if a tensor's storage was replaced or resized since this layout was built."""
+        """Returns None while every tensor keeps the storage it had when this
+        layout was built. Raises ValueError if one was replaced or resized."""
         self._table.check("StateLayout")
 
     def image_segment_table(self) -> list[int]:
+        """Returns the checkpoint image's segments as a flat ``[base, stride,
+        bytes, ...]`` list. Raises nothing."""
         return _flat(self.image_segments)
 
 
@@ -203,24 +210,30 @@ class PageLayout:
     unit_bytes = property(lambda self: self._table.row_bytes)
 
     def geometry(self) -> tuple:
+        """Returns the address-free description ``layout_id`` digests. Raises nothing."""
         return ("page", tuple(self._table.geometry))
 
     def segment_table(self) -> list[int]:
+        """Returns the page unit's segments as a flat ``[base, stride, bytes,
+        ...]`` list. Raises nothing."""
         return _flat(self._table.rows)
 
     def check(self) -> None:
-        """ValueError if a tensor's storage was replaced or resized since this layout was built."""
+        """Returns None while every tensor keeps the storage it had when this
+        layout was built. Raises ValueError if one was replaced or resized."""
         self._table.check("PageLayout")
 
 
 def layout_id(state_layout: StateLayout, page_layout: PageLayout) -> str:
-    """A short digest of both geometries and dtypes (addresses excluded)."""
+    """Returns a short digest of both geometries and dtypes (addresses
+    excluded): equal layouts on other tensors share it. Raises nothing."""
     text = repr((state_layout.geometry(), page_layout.geometry())).encode()
     return "sc-" + hashlib.blake2b(text, digest_size=8).hexdigest()
 
 
 def paged_checkpoint_spec(state_layout: StateLayout, page_layout: PageLayout):
-    """The ``PagedStateCheckpointSpec`` the two layouts imply."""
+    """Returns the ``PagedStateCheckpointSpec`` the two layouts imply. Raises
+    ValueError when the image is empty or larger than a slot."""
     from statecache import PagedStateCheckpointSpec
 
     return PagedStateCheckpointSpec(
@@ -286,7 +299,10 @@ def tp_shard_layouts(state_tensors, page_tensors, tp_size: int, *, state_shard_d
     whole. A dim that is the concatenation of differently sharded parts (a
     Mamba2 conv state's x | B | C channels) is passed as one tensor per part.
     Rank ``r`` gets contiguous copies of slice ``r`` of each tensor, on
-    ``devices[r]`` (default: where the tensor lives).
+    ``devices[r]`` (default: where the tensor lives). Returns one ``TPShard``
+    per rank. Raises ValueError for a bad ``tp_size``, a shard dim that is not
+    after the slot / unit dim or does not divide by ``tp_size``, or a wrong
+    number of dims or devices.
     """
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise ValueError(f"tp_size={tp_size!r} must be a positive int")

@@ -45,7 +45,8 @@ def hit_rates(funnel: Mapping[str, int]) -> dict[str, float]:
     tokens not resumed split by cause: ``lost_kv_miss`` (no KV block),
     ``lost_state_miss`` (KV hit, no checkpoint), ``lost_cut_short`` (the part
     of a KV hit past the last usable checkpoint); state + the three losses = 1.
-    All 0.0 before the first admission.
+    Returns the shares as a new dict, all 0.0 before the first admission.
+    Raises nothing (missing counters count as 0).
     """
     admitted = funnel.get("admitted_tokens", 0)
     if admitted <= 0:
@@ -84,7 +85,7 @@ class StateCacheMetrics:
     def track_engine(self, engine: Any, name: str = "engine") -> None:
         """Registers an engine's funnel, its state caches, the tier attached to
         its coordinator and its runner's copy executor, where it has them.
-        Raises TypeError if ``engine`` has no ``checkpoint_funnel()``."""
+        Returns None. Raises TypeError if ``engine`` has no ``checkpoint_funnel()``."""
         _need(engine, "checkpoint_funnel", "engine")
         self._funnels[name] = engine.checkpoint_funnel
         caches = getattr(engine, "caches", None)
@@ -101,17 +102,20 @@ class StateCacheMetrics:
 
     def track_cache(self, name: str, cache: Any) -> None:
         """Registers anything with ``checkpoint_fates()`` (a pool or the PAGE
-        coordinator); its ``occupancy()`` too if it has one. Raises TypeError."""
+        coordinator); its ``occupancy()`` too if it has one. Returns None.
+        Raises TypeError for an object without ``checkpoint_fates``."""
         _need(cache, "checkpoint_fates", "cache")
         self._caches[name] = cache
 
     def track_tier(self, name: str, tier: Any) -> None:
-        """Registers anything with ``stats() -> dict[str, number]``. Raises TypeError."""
+        """Registers anything with ``stats() -> dict[str, number]``; returns
+        None. Raises TypeError for an object without ``stats``."""
         _need(tier, "stats", "tier")
         self._tiers[name] = tier
 
     def track_executor(self, name: str, executor: Any) -> None:
-        """Registers a ``StateCopyExecutor`` (its ``copy_stats``). Raises TypeError."""
+        """Registers a ``StateCopyExecutor`` (its ``copy_stats``); returns None.
+        Raises TypeError for an object without a ``copy_stats`` dict."""
         if not isinstance(getattr(executor, "copy_stats", None), dict):
             raise TypeError(f"executor={type(executor).__name__}: has no copy_stats dict")
         self._executors[name] = executor
@@ -119,7 +123,7 @@ class StateCacheMetrics:
     # ----------------------------------------------------------- snapshot --
 
     def collect(self) -> dict[str, Any]:
-        """A snapshot as plain dicts: ``funnel`` / ``admissions`` /
+        """Returns a snapshot as plain dicts: ``funnel`` / ``admissions`` /
         ``hit_rates`` per engine, ``checkpoints`` and ``occupancy`` per cache,
         ``tiers`` per tier, ``copy`` per executor. Raises what the registered
         objects raise."""
@@ -151,12 +155,15 @@ class StateCacheMetrics:
     # --------------------------------------------------------- prometheus --
 
     def prometheus_collector(self) -> Any:
-        """A prometheus_client collector reading this object at each scrape.
-        Raises ImportError naming the extra when prometheus-client is missing."""
+        """Returns a prometheus_client collector reading this object at each
+        scrape. Raises ImportError naming the extra when prometheus-client is
+        missing."""
         return _PrometheusCollector(self)
 
     def registry(self) -> Any:
-        """A new ``CollectorRegistry`` holding only this object's metrics."""
+        """Returns a new ``CollectorRegistry`` holding only this object's
+        metrics. Raises ImportError naming the extra when prometheus-client is
+        missing."""
         prometheus_client = _prometheus()
         reg = prometheus_client.CollectorRegistry(auto_describe=False)
         reg.register(self.prometheus_collector())

@@ -29,7 +29,7 @@ struct PoolState {
 };
 
 PoolState state_of(const StateFreeList& p) {
-  PoolState s{p.lru_order(), p.pinned_units(), p.deferred_units(), p.speculative_units(), {}, {},
+  PoolState s{p.lru_order(), p.pinned_indices(), p.deferred_indices(), p.speculative_indices(), {}, {},
               p.fates().kept, p.fates().dropped, p.fates().evicted, p.fates().orphaned, p.num_free()};
   for (int64_t u = 0; u < p.capacity(); ++u) s.hashes.push_back(p.hash_of(u));
   p.index().for_each([&](int64_t h, int64_t u) { s.index.emplace_back(h, u); });
@@ -51,7 +51,7 @@ std::vector<Sequence*> ptrs_of(std::vector<Sequence>& seqs) {
   return out;
 }
 
-// Two identical pools, each with `n` sequences owning one unit and hash
+// Two identical pools, each with `n` sequences owning one index and hash
 // lists drawn from a small set of prefixes (so checkpoints are shared).
 template <class Pool>
 struct Twins {

@@ -220,7 +220,7 @@ TEST(FreeList, DisabledKeepsNoHashes) {
 }
 
 // Seeded random operations; the structural invariants hold after every step,
-// a pinned unit is never free, and pins clear within two passes.
+// a pinned index is never free, and pins clear within two passes.
 TEST(FreeList, RandomOperationsKeepInvariants) {
   for (uint64_t seed = 0; seed < 20; ++seed) {
     std::mt19937_64 rng(seed);
@@ -268,7 +268,7 @@ TEST(FreeList, RandomOperationsKeepInvariants) {
           break;
         case 6:
           l.release_pins();
-          for (int64_t u : l.pinned_units()) EXPECT_FALSE(l.is_free(u));
+          for (int64_t u : l.pinned_indices()) EXPECT_FALSE(l.is_free(u));
           break;
         case 7:
           l.unindex(static_cast<int64_t>(rng() % 12));
@@ -290,7 +290,7 @@ TEST(FreeList, RandomOperationsKeepInvariants) {
           l.promote(static_cast<int64_t>(rng() % 10));
           break;
         case 10:
-          if (!l.pinned_units().empty()) l.drop_reader(pick(l.pinned_units()));
+          if (!l.pinned_indices().empty()) l.drop_reader(pick(l.pinned_indices()));
           break;
       }
       l.check_invariants();
@@ -301,6 +301,6 @@ TEST(FreeList, RandomOperationsKeepInvariants) {
     // Two passes clear every pin.
     l.release_pins();
     l.release_pins();
-    EXPECT_TRUE(l.pinned_units().empty());
+    EXPECT_TRUE(l.pinned_indices().empty());
   }
 }

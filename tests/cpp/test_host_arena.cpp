@@ -38,8 +38,14 @@ TEST(PrefixKeys, ChainSeedAndSalt) {
   EXPECT_THROW(chain_block_keys(dk, t, 0), std::invalid_argument);
 }
 
+static EvictionCostModel lru_model() {
+  EvictionCostModel m;
+  m.kind = EvictionCostModel::Kind::kLru;
+  return m;
+}
+
 TEST(HostArena, BudgetsPerClassAndEviction) {
-  HostArena a(100, 1000, {600, 400}, HostArena::Ranking::kLru);
+  HostArena a(100, 1000, {600, 400}, lru_model());
   EXPECT_EQ(a.num_entries(), 10);
   std::vector<std::string> ev;
   ASSERT_TRUE(a.allocate("a", 0, 3, 300, 1, &ev));
@@ -58,19 +64,27 @@ TEST(HostArena, BudgetsPerClassAndEviction) {
   a.check_consistency();
 }
 
-TEST(HostArena, CostPerByteKeepsExpensiveValues) {
-  HostArena a(10, 100, {100}, HostArena::Ranking::kCostPerByte);
+TEST(HostArena, CostModelKeepsValuablePrefixes) {
+  EvictionCostModel m = HostArena::cost_model();  // kCost, value = position
+  m.weight = 2;  // value outweighs recency
+  HostArena a(10, 100, {100}, m);
   std::vector<std::string> ev;
-  a.allocate("cheap", 0, 5, 50, 1.0, &ev);
-  a.seal("cheap", "");
-  a.allocate("dear", 0, 5, 50, 100.0, &ev);
+  a.allocate("dear", 0, 5, 50, 100, &ev);  // older, but a deep prefix
   a.seal("dear", "");
-  a.allocate("new", 0, 5, 50, 10.0, &ev);
+  a.allocate("cheap", 0, 5, 50, 1, &ev);
+  a.seal("cheap", "");
+  a.allocate("new", 0, 5, 50, 10, &ev);
   EXPECT_EQ(ev, std::vector<std::string>{"cheap"});
+  a.set_eviction_model(lru_model());  // recency alone now
+  EXPECT_EQ(*a.victims(0, 5), std::vector<std::string>{"dear"});
+  EvictionCostModel bad;
+  bad.weight = -1;
+  EXPECT_THROW(a.set_eviction_model(bad), std::invalid_argument);
+  a.check_consistency();
 }
 
 TEST(HostArena, PinnedValuesStayAndRemovedPinnedGoBackAtUnpin) {
-  HostArena a(10, 30, {30}, HostArena::Ranking::kLru);
+  HostArena a(10, 30, {30}, lru_model());
   std::vector<std::string> ev;
   a.allocate("x", 0, 3, 30, 1, &ev);
   a.seal("x", "");

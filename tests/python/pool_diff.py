@@ -3,9 +3,9 @@ operation sequence, every result and all public (and mirrored private) state
 compared after every step. Used by test_slot_pool.py and test_group_pool.py.
 
 Arguments are drawn from the reference's state, so every call is one the
-protocol allows. Where SPEC.md deliberately differs from the reference the
+protocol allows. Where docs/contract.md deliberately differs from the reference the
 driver models the difference explicitly (README, "Divergences"; docs/contract.md):
-* group checkpoint under none()/replay() keeps nothing: checked against SPEC;
+* group checkpoint under none()/replay() keeps nothing: checked against the contract;
 * -1 as a content hash (checkpoint, reserve_midstep positions) raises
   ValueError on ours and changes nothing; the reference is not called;
 * retire_top drops the retired index's index entry: the reference is given
@@ -58,7 +58,7 @@ def same(a, b, what):
 
 
 def refused(ours, name, *args, **kwargs):
-    """A call SPEC refuses where the reference accepts it: ours raises
+    """A call the contract refuses where the reference accepts it: ours raises
     ValueError (and changes nothing, which the next compare() checks against
     the reference, which is not called)."""
     o_args = [a.ours if isinstance(a, Both) else a for a in args]
@@ -102,7 +102,7 @@ class Both:
 
 class PlainSeq:
     """An engine's own request class: the sequence attributes, no statecache
-    base class (SPEC §6: the pools take it through their generic path)."""
+    base class (docs/contract.md, "API guarantees": the pools take it through their generic path)."""
 
     def __init__(self, seq_id=None, num_tokens=0, num_prompt_tokens=0, has_per_req_cache=True):
         self.seq_id, self.num_tokens, self.num_prompt_tokens = seq_id, num_tokens, num_prompt_tokens

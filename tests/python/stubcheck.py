@@ -8,7 +8,8 @@ values). Types are not compared (the runtime says ``object``).
 
     python tests/python/stubcheck.py             # differences, exit 1 if any
     python tests/python/stubcheck.py --skeleton  # stub lines for new names
-    python tests/python/stubcheck.py --docs      # C++ docstrings to complete
+    python tests/python/stubcheck.py --docs      # docstrings to complete, or stub ones that drifted
+    python tests/python/stubcheck.py --sync-docs # stub docstrings rewritten from the C++ ones
 """
 
 from __future__ import annotations
@@ -380,8 +381,8 @@ def skeleton(mod: ModuleType, path: Path = STUB) -> str:
 
 
 def cxx_docstring_gaps(mod: ModuleType) -> list[str]:
-    """Runtime methods whose C++ docstring lacks a description, or says
-    nothing about errors (the stub carries both meanwhile)."""
+    """Public runtime functions and methods whose C++ docstring is missing or
+    does not say what the call returns and what it raises."""
     out = []
     for name, e in sorted(runtime_entries(mod).items()):
         if e.kind not in ("method", "static", "function") or name.rsplit(".", 1)[-1].startswith(
@@ -392,10 +393,118 @@ def cxx_docstring_gaps(mod: ModuleType) -> list[str]:
         first = body.splitlines()[0] if body else ""
         if first.startswith(name.rsplit(".", 1)[-1] + "("):
             body = "\n".join(body.splitlines()[1:]).strip()
-        if not body:
-            out.append(f"{name}: no docstring")
-        elif not re.search(r"rais|Error", body):
-            out.append(f"{name}: does not say what it raises")
+        out += _says_returns_and_raises(name, body)
+    return out
+
+
+def _documented(mod: ModuleType) -> dict[str, str]:
+    """Runtime docstring bodies (signature line dropped) of the public
+    functions and methods, by qualified name."""
+    out = {}
+    for name, e in runtime_entries(mod).items():
+        member = name.rsplit(".", 1)[-1]
+        if e.kind not in ("method", "static", "function") or member.startswith("__"):
+            continue
+        lines = (e.doc or "").strip().splitlines()
+        if lines and lines[0].startswith(member + "("):
+            lines = lines[1:]
+        out[name] = "\n".join(lines).strip()
+    return out
+
+
+def _words(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+def docstring_drift(mod: ModuleType, path: Path = STUB) -> list[str]:
+    """Public functions and methods whose stub docstring says something other
+    than the C++ one (whitespace aside)."""
+    stub = stub_entries(path)
+    return [
+        f"{name}: stub {_words(stub[name].doc)!r} != module {_words(doc)!r}"
+        for name, doc in sorted(_documented(mod).items())
+        if name in stub and _words(stub[name].doc) != _words(doc)
+    ]
+
+
+def sync_docs(mod: ModuleType, path: Path = STUB) -> int:
+    """Rewrites the stub's function and method docstrings from the module's;
+    returns how many changed."""
+    import textwrap
+
+    docs = _documented(mod)
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    edits = []  # (first line, last line, new lines), 0-based inclusive
+
+    def visit(body: list[ast.stmt], owner: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, f"{node.name}.")
+            elif isinstance(node, ast.FunctionDef) and ast.get_docstring(node) is not None:
+                want = docs.get(owner + node.name)
+                if not want or _words(want) == _words(ast.get_docstring(node)):
+                    continue
+                doc = node.body[0]
+                indent = " " * doc.col_offset
+                flat = _words(want).replace('"' * 3, "'" * 3)
+                wrapped = textwrap.wrap(flat, width=88 - len(indent), break_on_hyphens=False)
+                block = [f'{indent}"""{wrapped[0]}'] + [indent + w for w in wrapped[1:]]
+                block[-1] += '"""'
+                end = doc.end_lineno if doc.end_lineno is not None else doc.lineno
+                edits.append((doc.lineno - 1, end - 1, [b + "\n" for b in block]))
+
+    visit(ast.parse(text).body, "")
+    for first, last, new in sorted(edits, reverse=True):
+        lines[first : last + 1] = new
+    path.write_text("".join(lines))
+    return len(edits)
+
+
+# The Python layers' public API (statecache's lazy names, the metrics and the
+# tiers): classes and functions whose docstrings the docs check reads too.
+PYTHON_API = {
+    "statecache": [
+        "StateStoreOperationId", "StateLayout", "PageLayout", "TPShard", "StateCopyExecutor",
+        "CapturedStateCopy", "layout_id", "paged_checkpoint_spec", "tp_shard_layouts",
+    ],
+    "statecache.metrics": ["StateCacheMetrics", "hit_rates"],
+    "statecache.tiers": ["Tier", "HostTier", "MooncakeTier", "RedisTier", "TierKey"],
+}
+
+
+def _says_returns_and_raises(name: str, doc: str) -> list[str]:
+    if not doc:
+        return [f"{name}: no docstring"]
+    out = []
+    if not re.search(r"\breturns?\b", doc, re.I):
+        out.append(f"{name}: does not say what it returns")
+    if not re.search(r"\brais(es|e)\b", doc, re.I):
+        out.append(f"{name}: does not say what it raises")
+    return out
+
+
+def python_docstring_gaps(api: dict[str, list[str]] = PYTHON_API) -> list[str]:
+    """Public methods and functions of the Python layers whose docstring does
+    not say what the call returns and what it raises."""
+    import importlib
+
+    out = []
+    for modname, names in api.items():
+        mod = importlib.import_module(modname)
+        for name in names:
+            obj = getattr(mod, name)
+            fns = []
+            if inspect.isclass(obj):
+                for mname, value in vars(obj).items():
+                    if isinstance(value, (staticmethod, classmethod)):
+                        value = value.__func__
+                    if not mname.startswith("_") and inspect.isfunction(value):
+                        fns.append((f"{modname}.{name}.{mname}", value))
+            else:
+                fns.append((f"{modname}.{name}", obj))
+            for qualname, fn in fns:
+                out += _says_returns_and_raises(qualname, inspect.getdoc(fn) or "")
     return out
 
 
@@ -406,7 +515,11 @@ def main(argv: list[str]) -> int:
         print(skeleton(_C))
         return 0
     if "--docs" in argv:
-        print("\n".join(cxx_docstring_gaps(_C)))
+        gaps = cxx_docstring_gaps(_C) + docstring_drift(_C) + python_docstring_gaps()
+        print("\n".join(gaps) if gaps else "every public method says what it returns and raises")
+        return 1 if gaps else 0
+    if "--sync-docs" in argv:
+        print(f"{sync_docs(_C)} stub docstrings rewritten from the module")
         return 0
     problems = compare(_C)
     print("\n".join(problems) if problems else "stub and module agree")

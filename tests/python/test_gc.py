@@ -41,3 +41,31 @@ def test_pool_coordinator_cycle_is_collected():
         refs += [weakref.ref(pool), weakref.ref(coord)]
         del pool, coord
     assert _alive(refs) == 0
+
+
+def test_cycle_through_a_group_pools_views_is_collected():
+    # the pool keeps seq (a pending copy intent); seq refers back to the pool
+    # through one of its views: the collector must see the view's reference
+    for attr in ("hash_to_group", "group_hash"):
+        refs = []
+        for _ in range(5):
+            pool = statecache.StateGroupPool(4, statecache.StateTransfer.copy("L"))
+            seq = statecache.Sequence(seq_id=1, num_tokens=8, num_prompt_tokens=8)
+            seq.per_req_cache_group = pool.pop()
+            seq.view = getattr(pool, attr)
+            pool.checkpoint(seq, 1, 77)
+            assert pool._debug_pending() == [seq]
+            refs += [weakref.ref(pool), weakref.ref(seq)]
+            del pool, seq
+        assert _alive(refs) == 0, attr
+
+
+def test_a_view_keeps_its_pool_alive_and_reads_it():
+    pool = statecache.StateSlotPool(4, statecache.StateTransfer.fork(2))
+    index, hashes = pool.hash_to_slot, pool.slot_hash
+    ref = weakref.ref(pool)
+    del pool
+    assert _alive([ref]) == 1  # the views hold the pool
+    assert dict(index) == {} and list(hashes) == [-1] * 4
+    del index, hashes
+    assert _alive([ref]) == 0

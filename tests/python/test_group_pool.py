@@ -280,6 +280,6 @@ def test_assumed_hit_is_constant_time_and_overflow_safe():
 @pytest.mark.parametrize("seed", range(3))
 def test_differential_engine_request_class(seed, transfer):
     """Ours driven with a plain request class (no statecache base), the
-    reference with statecache.Sequence: same results and fields (SPEC §6)."""
+    reference with statecache.Sequence: same results and fields (docs/contract.md, "API guarantees")."""
     GroupDriver(3000 + seed, transfer, size=(5, 8, 11)[seed], hbs=1 + seed % 2, profile=("mixed", "idle", "shrink")[seed],
         plain_seqs=True).run(400)

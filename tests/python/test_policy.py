@@ -100,6 +100,86 @@ def test_coordinator_ranks_images_by_the_boundary_it_was_given():
     coord.store.check_consistency()
 
 
+def test_group_pool_ranks_checkpoints_by_the_boundary_it_was_given():
+    # fork and copy: both file the boundary, so the cost model keeps the
+    # 60-block prefix although it is the oldest
+    for transfer in (sc.StateTransfer.fork(1), sc.StateTransfer.copy()):
+        pool = sc.StateGroupPool(8, transfer, hash_block_size=HBS)
+        pool.set_eviction_policy("cost", tokens_per_position=HBS)
+        owners = []
+        for i, blocks in enumerate([60, 1, 1, 1]):
+            s = seq(i, tokens=2000)
+            s.per_req_cache_group = pool.pop()
+            if transfer.copies:
+                pool.checkpoint(s, 2, 500 + i)  # superseded by the later boundary
+                pool.checkpoint(s, blocks, 500 + i)
+                pool.take_copies()
+            else:
+                pool.checkpoint(s, blocks, 500 + i)
+                pool.release_pins()
+                pool.release_pins()
+            owners.append(s)
+        for s in owners:
+            pool.release(s.per_req_cache_group)
+        assert all(pool.lookup(h) >= 0 for h in range(500, 504))
+        # vacant groups go first; then the first checkpoint spent is a cheap one
+        while all(pool.lookup(h) >= 0 for h in range(500, 504)):
+            pool.pop()
+        assert pool.lookup(500) >= 0 and pool.lookup(501) == -1, transfer.kind
+
+
+def _store_and_arena(model):
+    """A PAGE store and a host arena under one model, given the same uses."""
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=4096, slot_bytes=4096, layout_id="x",
+                                       image_bytes=4096)  # one unit an image
+    pool = sc.BlockPool(6)
+    coord = sc.PagedStateCheckpointCoordinator(pool, spec, True)
+    coord.set_eviction_policy(**model)
+    arena = sc.HostArena(4096, 6 * 4096, [6 * 4096])
+    arena.set_eviction_policy(**coord.eviction_policy)
+    s = seq(0)
+    s.state_slots = [0]
+    blocks = {900: 60, 901: 1, 902: 7, 903: 3, 904: 30, 905: 2}
+    for h, b in blocks.items():
+        coord.complete_previous_batch()
+        coord.checkpoint(s, b, h)
+        coord.take_checkpoint_ops()
+        arena.allocate(str(h), 0, 1, 4096, b)
+        arena.seal(str(h), b"")
+    coord.complete_previous_batch()
+    coord.complete_previous_batch()
+    return pool, coord, arena, s
+
+
+@pytest.mark.parametrize("model", [
+    dict(kind="cost", tokens_per_position=HBS, flops_per_context_token=1.0, weight=1.0),
+    dict(kind="cost", tokens_per_position=HBS, weight=4.0),
+    dict(kind="lru"),
+])
+def test_host_arena_evicts_in_the_order_the_page_store_does(model):
+    pool, coord, arena, s = _store_and_arena(model)
+    # Spend one image at a time in both: the same hashes go, in the same order.
+    store_order, arena_order = [], []
+    for k in range(6):
+        before = {h for h in range(900, 906) if coord.contains(h)}
+        coord.complete_previous_batch()
+        coord.checkpoint(s, 1, 1000 + k)
+        coord.take_checkpoint_ops()
+        coord.complete_previous_batch()
+        coord.complete_previous_batch()
+        store_order += sorted(before - {h for h in range(900, 906) if coord.contains(h)})
+        got = arena.allocate(f"new{k}", 0, 1, 4096, 1)
+        arena_order += [int(e) for e in got[1] if not e.startswith(b"new")]
+        arena.seal(f"new{k}", b"")
+        coord.store.check_consistency()
+        arena.check_consistency()
+    assert store_order == arena_order and len(store_order) >= 4
+    if model["kind"] == "cost":
+        assert 900 not in store_order  # the deepest prefix outlives newer shallow ones
+    else:
+        assert store_order == list(range(900, 906))  # oldest first
+
+
 # --------------------------- adaptive default ---------------------------- #
 
 def test_adaptive_arguments_are_checked():
@@ -161,26 +241,32 @@ def _simulate(memory, seed=0):
 
 
 def test_adaptive_is_deterministic_and_shows_its_decisions():
-    a, pa = _simulate(400 * 10**9)
-    b, pb = _simulate(400 * 10**9)
+    a, pa = _simulate(7 * 10**9)
+    b, pb = _simulate(7 * 10**9)
     assert a["funnel"] == b["funnel"] and a["state_hit_tokens"] == b["state_hit_tokens"]
     assert list(pa.decisions) == list(pb.decisions)
     f = a["funnel"]
     assert f["adaptive_sampled"] > 0 and f["adaptive_decisions"] == len(pa.decisions)
     assert f["adaptive_ladder_tokens"] == pa.ladder_tokens  # the setting in force
     assert f.get("adaptive_switches", 0) >= 0
-    other, po = _simulate(400 * 10**9, seed=5)
+    other, po = _simulate(7 * 10**9, seed=5)
     assert po.salt != pa.salt  # another sample of prefix families
 
 
-def test_ample_memory_buys_a_finer_ladder_than_scarce_memory():
+def test_ample_memory_takes_room_rungs_and_scarce_memory_decides():
     ample, pa = _simulate(2000 * 10**9)
     scarce, ps = _simulate(7 * 10**9)
-    assert pa.clock < pa.pool_blocks  # the pool never turned over: images cost nothing
-    assert ps.clock > ps.pool_blocks
-    assert pa.ladder_tokens == min(sh.interval for sh in pa.shadows)  # every block
-    assert ps.ladder_tokens > pa.ladder_tokens
-    # the shadows rank what the real runs saw: finer rungs resume more
+    # Ample: the pool never turned over, so images cost nothing: no ladder
+    # decision is taken, room rungs place fine rungs, and none had to yield.
+    assert pa.clock < pa.pool_blocks and not pa.decisions
+    fa, fs = ample["funnel"], scarce["funnel"]
+    assert fa["adaptive_rungs_roomy"] > 0 and fa.get("adaptive_room_dropped", 0) == 0
+    # Scarce: the pool turned over, the shadows decide, and the room rungs
+    # placed while it was still vacant yielded as it filled.
+    assert ps.clock > ps.pool_blocks and ps.decisions
+    assert fs["adaptive_decisions"] == len(ps.decisions)
+    assert 0 < fs["adaptive_rungs_roomy"] < fa["adaptive_rungs_roomy"]
+    assert fs["adaptive_room_dropped"] > 0
     assert ample["state_hit_rate"] > scarce["state_hit_rate"]
 
 

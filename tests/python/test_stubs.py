@@ -164,3 +164,112 @@ def test_readme_examples_are_the_checked_ones():
             assert ln in examples[pos:], f"README line not in {EXAMPLES.name}: {ln}"
             pos = examples.index(ln, pos) + 1
     ast.parse(EXAMPLES.read_text())
+
+
+def _public_callables() -> list[tuple[str, object]]:
+    out = []
+    for name in dir(_C):
+        obj = getattr(_C, name)
+        if name.startswith("__"):
+            continue
+        if isinstance(obj, type):
+            for mname, value in vars(obj).items():
+                if mname.startswith("_") and mname != "__init__":
+                    continue
+                if callable(value) or isinstance(value, staticmethod):
+                    if mname == "__init__" and type(value).__name__ == "wrapper_descriptor":
+                        continue  # no constructor from Python
+                    out.append((f"{name}.{mname}", getattr(obj, mname)))
+        elif callable(obj) and not isinstance(obj, type):
+            out.append((name, obj))
+    return out
+
+
+def test_inspect_signature_works_on_every_public_callable():
+    import inspect
+
+    found = _public_callables()
+    assert len(found) > 150
+    failed = []
+    for qualname, fn in found:
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError) as e:
+            failed.append(f"{qualname}: {e}")
+            continue
+        if "." in qualname and not isinstance(
+            inspect.getattr_static(_C, qualname.split(".")[0]).__dict__[qualname.split(".")[1]],
+            staticmethod,
+        ):
+            assert next(iter(sig.parameters)) == "self", (qualname, sig)
+    assert failed == [], "\n".join(failed)
+
+
+def test_signatures_of_bound_methods_and_their_calls():
+    import inspect
+
+    pool = _C.BlockPool(4)
+    assert str(inspect.signature(pool.allocate)) == "(count)"
+    assert str(inspect.signature(_C.BlockPool.allocate)) == "(self, count)"
+    assert str(inspect.signature(_C.StateTransfer.fork)) == "(tokens, readable_midstep=False)"
+    slots = _C.StateSlotPool(2, _C.StateTransfer.fork(1))
+    assert str(inspect.signature(slots.has_free)) == "(count=1)"  # a fast-call method
+    assert str(inspect.signature(_C.StateSlotPool.__init__)) == (
+        "(self, num_slots, transfer=None, hash_block_size=1, enabled=True)"
+    )
+    assert str(inspect.signature(_C.BlockPool)) == "(num_blocks, on_evict=None)"  # the class
+    # calls through the signed functions behave as before: values, keywords, errors
+    assert pool.allocate(count=2) == [0, 1]
+    with pytest.raises(TypeError, match="count"):
+        pool.allocate("two")
+    assert not _C.BlockPool.allocate.__doc__.startswith("allocate(")  # the signature moved
+    eq = inspect.signature(_C.StateTransfer.__eq__) if "__eq__" in vars(_C.StateTransfer) else None
+    if eq is not None:
+        assert [p.kind for p in eq.parameters.values()][-1] is inspect.Parameter.POSITIONAL_ONLY
+
+
+def test_every_public_method_says_what_it_returns_and_raises():
+    gaps = stubcheck.cxx_docstring_gaps(_C)
+    assert gaps == [], "\n".join(gaps)
+
+
+def test_python_layers_say_what_they_return_and_raise():
+    gaps = stubcheck.python_docstring_gaps()
+    assert gaps == [], "\n".join(gaps)
+    assert stubcheck.python_docstring_gaps({"statecache.tiers.servers": ["ServerProcess"]}) != []
+
+
+def test_stub_docstrings_are_the_modules():
+    drift = stubcheck.docstring_drift(_C)
+    hint = "\nrun python tests/python/stubcheck.py --sync-docs after changing a C++ docstring"
+    assert drift == [], "\n".join(drift) + hint
+
+
+def test_the_docs_check_fails_on_gaps_and_drift(tmp_path):
+    import types
+
+    fake = types.ModuleType("fake")
+
+    def quiet(x):
+        """quiet(x) -> int
+
+        Returns x."""
+
+    def silent(x):
+        """Raises nothing."""
+
+    fake.quiet, fake.silent = quiet, silent
+    assert stubcheck.cxx_docstring_gaps(fake) == [
+        "quiet: does not say what it raises",
+        "silent: does not say what it returns",
+    ]
+    text = stubcheck.STUB.read_text()
+    old = "Returns how many indices are free (vacant or checkpointed)."
+    assert old in text
+    path = tmp_path / "_C.pyi"
+    path.write_text(text.replace(old, "Returns the free count.", 1))
+    drift = stubcheck.docstring_drift(_C, path)
+    assert any(line.split(":")[0].endswith("Pool.num_free") for line in drift), drift
+    # and --sync-docs repairs it
+    assert stubcheck.sync_docs(_C, path) == 1
+    assert stubcheck.docstring_drift(_C, path) == []

@@ -88,30 +88,37 @@ def test_host_arena_bad_arguments_raise_before_change():
         _C.HostArena(10, 100, [100], "fifo")
     a = _C.HostArena(10, 100, [100])
     with pytest.raises(IndexError, match="klass"):
-        a.allocate(b"k", 1, 1, 10, 0.0)
+        a.allocate(b"k", 1, 1, 10, 0)
     with pytest.raises(ValueError, match="nbytes"):
-        a.allocate(b"k", 0, 1, 11, 0.0)
+        a.allocate(b"k", 0, 1, 11, 0)
     with pytest.raises(ValueError, match="count"):
-        a.allocate(b"k", 0, 0, 0, 0.0)
+        a.allocate(b"k", 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="position"):
+        a.allocate(b"k", 0, 1, 10, -1)
+    with pytest.raises(ValueError, match="weight"):
+        a.set_eviction_policy("cost", weight=-1.0)
+    assert a.eviction_policy["weight"] == 1.0
     with pytest.raises(ValueError, match="unpin|pinned"):
         a.unpin(b"k")
     assert a.num_free == 10 and len(a) == 0
     a.check_consistency()
 
 
-def test_host_arena_ranks_by_cost_per_byte_and_recency():
+def test_host_arena_ranks_by_the_cost_model_and_recency():
     a = _C.HostArena(10, 40, [40], "cost")
-    for key, cost in ((b"cheap", 1.0), (b"dear", 50.0)):
-        a.allocate(key, 0, 2, 20, cost)
+    a.set_eviction_policy("cost", weight=2.0)  # value outweighs recency
+    for key, position in ((b"dear", 50), (b"cheap", 1)):  # the valuable one is older
+        a.allocate(key, 0, 2, 20, position)
         a.seal(key, b"")
     assert a.victims(0, 2) == [b"cheap"]
-    entries, evicted = a.allocate(b"new", 0, 2, 20, 5.0)
+    entries, evicted = a.allocate(b"new", 0, 2, 20, 5)
     assert evicted == [b"cheap"] and len(entries) == 2
     a.seal(b"new", b"")
-    # GreedyDual inflation: the untouched expensive one ages behind new uses
+    a.set_eviction_policy("lru")  # recency alone: the oldest goes
+    assert a.ranking == "lru" and a.victims(0, 2) == [b"dear"]
     lru = _C.HostArena(10, 40, [40], "lru")
     for key in (b"a", b"b"):
-        lru.allocate(key, 0, 2, 20, 0.0)
+        lru.allocate(key, 0, 2, 20, 0)
         lru.seal(key, b"")
     lru.lookup(b"a")
     assert lru.victims(0, 2) == [b"b"]

@@ -120,7 +120,7 @@ def test_warm_host_cold_gpu_and_corrupted_entries(model, reference, unit):
     assert_identical(rows3, reference)
     st3 = eng3.tiering.stats()
     assert st3["loads_untrusted"] > 0
-    assert st3["index_loads_untrusted"] > 0  # StateOffloadIndex counts them too (SPEC §8)
+    assert st3["index_loads_untrusted"] > 0  # StateOffloadIndex counts them too (docs/contract.md, "Tiers")
     # every corrupted value that was asked for was dropped; what the host
     # holds now (values written again by this run, or never asked for) is
     # either sound or one of the flipped ones nobody read

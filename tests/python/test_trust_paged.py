@@ -909,7 +909,7 @@ class DeviceModel:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_a_hit_never_names_bytes_of_another_prefix(seed, unraisable):
-    """SPEC.md §11: whatever valid and invalid calls came before, a READY
+    """docs/contract.md, "Invariants": whatever valid and invalid calls came before, a READY
     checkpoint found by ``lookup`` / ``resumable_hit`` restores exactly the
     state filed under its hash."""
     rng = random.Random(seed)

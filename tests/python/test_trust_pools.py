@@ -452,7 +452,7 @@ def test_bad_int_lists_name_the_argument(bad, exc):
     assert list(s.block_hashes) == []
 
 
-# ---- any object as seq (SPEC §6) ------------------------------------------
+# ---- any object as seq (docs/contract.md, "API guarantees") -------------
 
 
 class Request:
@@ -587,7 +587,8 @@ if __name__ == "__main__":
     globals()[sys.argv[1]]()
 
 
-# ---- SPEC §11, last item: the index never names bytes of another prefix ----
+# ---- docs/contract.md, "Invariants", last item: the index never names
+# bytes of another prefix ----
 
 
 class ContentModel:

@@ -5,7 +5,7 @@ the README appears here line for line, so the two cannot drift apart."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pytest
@@ -111,7 +111,7 @@ def test_engine_policies() -> None:
         enabled=True, max_num_seqs=4,
     )
 
-    from statecache.engine import Engine, AnchorLadderDemand, GuessFirstLRU
+    from statecache.engine import AnchorLadderDemand, Engine, GuessFirstLRU
     engine = Engine(config, pool, caches, runner,
                     placement=AnchorLadderDemand(), eviction=GuessFirstLRU())  # the pre-adaptive default
     # a fixed ladder under the adaptive policy: EngineConfig(checkpoint_interval_tokens=16384)
@@ -165,34 +165,30 @@ class _FakeMooncakeStore:
 def test_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
     # README: tiers below GPU memory. Runs without 512 GiB of host memory or a
     # Mooncake cluster: the host buffer is one row, the store a stand-in.
-    # statecache.tiers is not annotated yet; pyproject.toml does not list it
-    # among the skipped modules, so mypy would check it under --strict if this
-    # example's import were followed: hidden from mypy until one or the other.
-    if not TYPE_CHECKING:
-        import importlib
+    import statecache.tiers.host as host_module
+    import statecache.tiers.mooncake_tier as mooncake_tier
 
-        host_module = importlib.import_module("statecache.tiers.host")
-        mooncake_tier = importlib.import_module("statecache.tiers.mooncake_tier")
+    def small_buffer(
+        num_entries: int, entry_bytes: int, pin_memory: bool | None
+    ) -> tuple[host_module.Rows, Any]:
+        arr = np.empty((1, entry_bytes), dtype=np.uint8)
+        return arr, arr
 
-        def small_buffer(num_entries, entry_bytes, pin_memory):
-            arr = np.empty((1, entry_bytes), dtype=np.uint8)
-            return arr, arr
+    monkeypatch.setattr(host_module, "_allocate_buffer", small_buffer)
+    monkeypatch.setattr(mooncake_tier, "_import_store", lambda: _FakeMooncakeStore)
+    unit_bytes = 8192                                    # the tiny qwen3next's page unit
 
-        monkeypatch.setattr(host_module, "_allocate_buffer", small_buffer)
-        monkeypatch.setattr(mooncake_tier, "_import_store", lambda: _FakeMooncakeStore)
-        unit_bytes = 8192                                    # the tiny qwen3next's page unit
+    from statecache.models import build_engine
+    from statecache.tiers import HostTier, MooncakeTier
 
-        from statecache.models import build_engine
-        from statecache.tiers import HostTier, MooncakeTier
+    host = HostTier(512 << 30, unit_bytes, kv_bytes=256 << 30)      # entry = one page unit
+    shared = MooncakeTier("10.0.0.5:50051", "http://10.0.0.5:8080/metadata", protocol="rdma",
+                          device_names="mlx5_0")
+    engine = build_engine("qwen3next", "page", tiers=[host, shared])  # or Engine(..., tiers=[...])
 
-        host = HostTier(512 << 30, unit_bytes, kv_bytes=256 << 30)      # entry = one page unit
-        shared = MooncakeTier("10.0.0.5:50051", "http://10.0.0.5:8080/metadata", protocol="rdma",
-                              device_names="mlx5_0")
-        engine = build_engine("qwen3next", "page", tiers=[host, shared])  # or Engine(..., tiers=[...])
-
-        assert engine.tiering is not None
-        shared.close()
-        host.close()
+    assert engine.tiering is not None
+    shared.close()
+    host.close()
 
 
 def test_typed_api_catches_misuse() -> None:

@@ -1,4 +1,4 @@
-"""The property everything else serves (SPEC.md §11, last item): whatever valid
+"""The property everything else serves (docs/contract.md, "Invariants", last item): whatever valid
 and invalid calls came before, a lookup / resumable_hit / READY record never
 names bytes that are not the checkpoint of exactly that prefix.
 

@@ -5,18 +5,27 @@ One object serves both seams (``PlacementPolicy`` and ``EvictionPolicy``).
 Placement: the prompt-end anchor and the demand rung always (a known resume
 point, and a boundary a KV hit was just cut short at), plus a ladder of rungs
 every N tokens. With PAGE images (checkpoints in the KV pool) N is chosen
-online from ``ladder_candidates``. With a fork slot pool (a separate state
-budget) N stays ``initial_ladder`` and the rungs are room-gated instead:
-placed only while vacant slots cover a pass of pops, so a guess never
-displaces knowledge (the shadow's memory price is for PAGE images only).
+online from ``ladder_candidates`` (0: no ladder). With a fork slot pool (a
+separate state budget) N stays ``initial_ladder`` and the rungs are
+room-gated instead: placed only while vacant slots cover a pass of pops, so a
+guess never displaces knowledge (the shadow's memory price is for PAGE images
+only).
 
-How N is chosen (shadow evaluation, continuously): every admission files the
-checkpoints each candidate ladder would have placed into that candidate's
-shadow set (hashes only), and a deterministic sample of requests (1 /
-``sample_every``, by their last prompt block's hash salted with ``seed``) is
-also evaluated: each candidate earns the tokens it would have resumed there,
-the deepest of its shadow checkpoints inside the KV prefix *its* pool would
-still hold. That prefix comes from an LRU model on a KV clock (blocks written
+Room rungs (PAGE images): while more than ``room_share`` of the KV pool is
+vacant (neither in use nor holding a cached block), memory is free, so an
+admission also gets rungs every ``room_ladder`` tokens. They are guesses
+that must yield: once the vacant share falls below ``room_floor``, the
+unread ones are dropped, oldest first, before the KV cache has to give up a
+cached block for them (an image otherwise lives as long as its KV block).
+
+How N is chosen (shadow evaluation, continuously): every admission files its
+anchor and demand rung into one shadow set (hashes only; every candidate
+places those), and a deterministic sample of requests (1 / ``sample_every``,
+by their last prompt block's hash salted with ``seed``) is evaluated: each
+candidate earns the tokens it would have resumed there, the deepest of the
+shadow checkpoints or of its own rungs (every multiple of its interval: a
+block that was seen was computed once, and a rung placed then) inside the
+KV prefix *its* pool would still hold. That prefix comes from an LRU model on a KV clock (blocks written
 so far): a block is held if fewer than C blocks were written since a request
 last used it, where C is the pool shrunk by the share of writes that are the
 candidate's own images (PAGE images live in the KV pool and die with their KV
@@ -24,10 +33,12 @@ block), so a ladder pays for its memory in the hits it loses. Scores decay
 with a horizon of ``horizon`` admissions; after ``warmup`` admissions (the
 shadows start empty), every ``decide_every`` the setting moves one notch
 (candidates ordered coarse to fine) towards the best candidate if that beats
-it by ``margin`` (hysteresis). Cost per admission: a
-dict update per prompt block plus O(candidates x blocks / interval) to file;
-O(candidates x blocks) more for a sampled one. Nothing is random but the
-salt, so a run repeats exactly.
+it by ``margin`` (a quarter of it towards a coarser one: hysteresis that
+leans against images, whose cost the LRU model undercounts). Cost per admission: a
+dict update per prompt block (C speed) and O(1) arithmetic; a sampled one
+adds one pass over its blocks and O(candidates x log blocks) (scores and
+each candidate's image writes are estimated from the sample alone).
+Nothing is random but the salt, so a run repeats exactly.
 
 Eviction: the library's cost model (``set_eviction_policy("cost", ...)`` on
 the slot pool or the PAGE store): recency + ``weight`` x prefill FLOPs a hit
@@ -37,8 +48,9 @@ knowledge. ``cost`` comes from the model geometry when the caller has it
 
 Every decision is counted in ``checkpoint_funnel()``: ``adaptive_decisions``,
 ``adaptive_switches``, ``adaptive_ladder_tokens`` (the setting in force),
-``adaptive_sampled``, ``adaptive_rungs_gated``; ``decisions`` keeps the last
-ones with their scores.
+``adaptive_sampled``, ``adaptive_rungs_gated``, ``adaptive_rungs_roomy``
+(admissions given room rungs), ``adaptive_room_dropped`` (room rungs that
+yielded unread); ``decisions`` keeps the last ones with their scores.
 """
 
 from __future__ import annotations
@@ -48,11 +60,12 @@ from bisect import bisect_left
 from collections import deque
 from itertools import repeat
 from dataclasses import dataclass
+from operator import neg
 
 from .placement import (ANCHOR, DEMAND, LADDER, Boundary, EvictionPolicy, PlacementContext,
                         PlacementPolicy, prompt_end_anchor)
 
-LADDER_CANDIDATES = (32768, 16384, 8192, 4096, 2048, 1024, 512)
+LADDER_CANDIDATES = (0, 32768, 16384, 8192, 4096, 2048, 1024, 512)
 _MASK = (1 << 64) - 1
 
 
@@ -92,13 +105,13 @@ def _mix(x: int) -> int:
 
 
 class _Shadow:
-    """One candidate ladder's shadow checkpoints over the sampled families."""
+    """One candidate ladder: what it would have resumed and written."""
 
-    __slots__ = ("interval", "held", "gain", "units")
+    __slots__ = ("interval", "step", "gain", "units")
 
     def __init__(self, interval: int) -> None:
         self.interval = interval
-        self.held: dict[int, None] = {}  # hashes it would hold a checkpoint under
+        self.step = 0     # the interval in hash blocks (0: no ladder), set at bind
         self.gain = 0.0   # decayed tokens it would have resumed
         self.units = 0.0  # decayed image units it writes per admission
 
@@ -111,8 +124,9 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
 
     def __init__(self, cost: CostModel | None = None, *, seed: int = 0, sample_every: int = 4,
                  ladder_candidates=LADDER_CANDIDATES, initial_ladder: int = 16384,
-                 horizon: int = 2048, decide_every: int = 32, warmup: int = 1024, margin: float = 0.015,
-                 max_decisions: int = 256) -> None:
+                 horizon: int = 2048, decide_every: int = 32, warmup: int = 256, margin: float = 0.05,
+                 max_decisions: int = 256, room_ladder: int = 1024, room_share: float = 0.4,
+                 room_floor: float = 0.03) -> None:
         if cost is not None and not isinstance(cost, CostModel):
             raise TypeError(f"cost must be a CostModel or None, got {type(cost).__name__}")
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -132,6 +146,13 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         if not (isinstance(margin, (int, float)) and not isinstance(margin, bool)
                 and 0 <= margin < 1):
             raise ValueError(f"margin must be a number in [0, 1), got {margin!r}")
+        if isinstance(room_ladder, bool) or not isinstance(room_ladder, int) or room_ladder < 0:
+            raise ValueError(f"room_ladder must be an int >= 0 (0: no room rungs), got {room_ladder!r}")
+        for name, v in (("room_share", room_share), ("room_floor", room_floor)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ValueError(f"{name} must be a number in [0, 1], got {v!r}")
+        if room_floor > room_share:
+            raise ValueError(f"room_floor must be <= room_share, got {room_floor!r} > {room_share!r}")
         self.cost = cost or CostModel()
         self.seed = seed
         self.salt = _mix(seed)
@@ -144,6 +165,13 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         self.shadows = [_Shadow(n) for n in order]
         self.current = order.index(initial_ladder)
         self.decisions: deque = deque(maxlen=max_decisions)
+        self.room_ladder = room_ladder
+        self.room_share = float(room_share)
+        self.room_floor = float(room_floor)
+        # Room rungs not read yet, oldest first (dict order), to yield.
+        self.room_rungs: dict[int, None] = {}
+        # Anchors and demand rungs every candidate would hold (hashes).
+        self.held: dict[int, None] = {}
         # The KV clock: blocks written so far; a block's stamp is the clock
         # when a request last used it (LRU age in KV blocks written since).
         self.clock = 0
@@ -159,6 +187,9 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         self._bound = None
         self._admissions = 0
         self._pending: dict[str, int] = {}
+        self._pool = None
+        self._batch_blocks = 0
+        self._unsampled = 0  # admissions since the last sampled one
 
     # ------------------------------ setting ------------------------------- #
 
@@ -184,6 +215,10 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         self.pool_blocks = int(bm.pool.num_blocks)
         self._stamp_limit = max(1 << 16, 4 * self.pool_blocks)
         settings = self.cost.settings(caches.hash_block_size)
+        self._pool = bm.pool
+        self._batch_blocks = engine.config.max_num_batched_tokens // caches.hash_block_size
+        for sh in self.shadows:
+            sh.step = sh.interval // caches.hash_block_size if sh.interval > 0 else 0
         if self.pages:
             self.units_per_checkpoint = int(caches.coordinator.store.units_per_checkpoint)
             caches.coordinator.set_eviction_policy("cost", **settings)
@@ -200,6 +235,10 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         anchor = prompt_end_anchor(ctx.num_prompt_tokens, ctx.successor_room, hbs)
         hashes = ctx.block_hashes
         if hashes and self.pages:
+            # What cached prefixes (KV blocks and images) can hold: the pool
+            # less what running requests hold now.
+            pool = self._pool
+            self.pool_blocks = pool.num_free + pool.num_reserved
             # The sample is of requests (their last prompt block), so one
             # system prompt shared by all still leaves a sample.
             last = hashes[min(len(hashes), ctx.num_prompt_tokens // ctx.hash_block_size) - 1] \
@@ -216,10 +255,37 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
                 out += [Boundary(p, LADDER, True) for p in range(step, anchor, step)]
             else:
                 self._note("adaptive_rungs_gated")
+        if not pinned and self.pages and self.room_ladder and self._pool is not None:
+            if self.room_rungs:
+                # Checked per admission, not per pass: vacancy falls as
+                # admissions take blocks, and a pass costs nothing extra.
+                self._yield_room(self._bound)
+            out += self._room_rungs(ctx, anchor, n)
         if ctx.kv_hit_position > ctx.resume_position:
             out.append(Boundary(ctx.kv_hit_position, DEMAND, True))
         if anchor > 0:
             out.append(Boundary(anchor, ANCHOR, False))
+        return out
+
+    def _room_rungs(self, ctx: PlacementContext, anchor: int, ladder: int) -> list[Boundary]:
+        """Rungs every ``room_ladder`` tokens while the pool is mostly vacant
+        (module doc), except where the ladder in force puts one anyway."""
+        hbs = ctx.hash_block_size
+        step = max(hbs, (self.room_ladder // hbs) * hbs)
+        first = (ctx.resume_position // step + 1) * step
+        if first >= anchor:
+            return []
+        pool = self._pool
+        vacant = pool.num_free - pool.num_cached
+        want = (anchor - first + step - 1) // step
+        if vacant < want * self.units_per_checkpoint + self._batch_blocks \
+                + self.room_share * pool.num_blocks:
+            return []
+        lad = max(hbs, (ladder // hbs) * hbs) if ladder > 0 else 0
+        out = [Boundary(p, LADDER, True) for p in range(first, anchor, step) if not lad or p % lad]
+        hashes = ctx.block_hashes
+        self.room_rungs.update((hashes[b.position // hbs - 1], None) for b in out)
+        self._note("adaptive_rungs_roomy")
         return out
 
     def _shadow_admission(self, ctx: PlacementContext, anchor: int, sampled: bool) -> None:
@@ -229,56 +295,68 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         actual = ctx.resume_position // hbs
         anchor_b = anchor // hbs
         prompt_blocks = min(len(hashes), ctx.num_prompt_tokens // hbs)
-        limit = min(len(hashes), (ctx.num_tokens - 1) // hbs)  # a hit leaves one token
         d = self.decay
-        stamp, clock = self.stamp, self.clock
+        held, upc = self.held, self.units_per_checkpoint
         written = self.kv_written * d + max(0, prompt_blocks - kv)
         self.kv_written = written
         if sampled:
-            # How far back, in KV blocks written since, each block was last used.
-            far = -self._far
-            ages = [clock - stamp.get(hashes[j], far) for j in range(limit)]
-        for sh in self.shadows:
-            held = sh.held
-            res, reach = actual, kv
-            if sampled:
+            limit = min(len(hashes), (ctx.num_tokens - 1) // hbs)  # a hit leaves one token
+            # When each block was last used on the KV clock. Stamps fall along
+            # a prefix (whoever used a block used the ones before it), so the
+            # prefix a pool of C blocks still holds ends where clock - stamp
+            # reaches C: a bisection per candidate.
+            stamps = list(map(self.stamp.get, hashes[:limit], repeat(-self._far)))
+            found: list[int] = []  # shadow checkpoints, deepest first
+            scanned = limit + 1
+        if sampled:
+            # Scores and image writes are kept from the sample alone (each
+            # sampled admission stands for ``sample_every``), so the others
+            # cost no per-candidate work: the decay they owe is applied here.
+            decay = d ** (self._unsampled + 1)
+            self._unsampled = 0
+            weight = self.sample_every
+            for sh in self.shadows:
                 # This candidate's images take residency from KV in proportion
                 # to what it writes, so its pool reaches back fewer KV blocks.
                 capacity = (self.pool_blocks * written / (written + sh.units)
                             if written + sh.units > 0 else self.pool_blocks)
-                # Ages grow along a prefix (whoever used a block used the ones
-                # before it), so the held prefix ends where they pass capacity.
-                reach = bisect_left(ages, capacity)
-                res = 0
-                for j in range(reach, 0, -1):
-                    if hashes[j - 1] in held:
-                        res = j
-                        break
-                sh.gain = sh.gain * d + res * hbs * self.sample_every
-            else:
-                sh.gain *= d
-            # Block indices (boundary - 1) of what it would file: anchor,
-            # demand rung, ladder rungs.
-            placed = []
-            if anchor_b > res:
-                placed.append(anchor_b - 1)
-            if reach > res:
-                placed.append(reach - 1)
-            n = sh.interval
-            if n > 0:
-                step = max(1, n // hbs)
-                placed += range(step * (res // step + 1) - 1, anchor_b - 1, step)
-            held.update(zip(map(hashes.__getitem__, placed), repeat(None)))
-            sh.units = sh.units * d + len(placed) * self.units_per_checkpoint
+                reach = bisect_left(stamps, capacity - self.clock, key=neg)
+                while scanned > 1 and (not found or found[-1] > reach):
+                    scanned -= 1
+                    if hashes[scanned - 1] in held:
+                        found.append(scanned)
+                res = next((j for j in found if j <= reach), 0)
+                step = sh.step
+                if step:
+                    res = max(res, reach // step * step)
+                # Units it writes: anchor, demand rung, rungs between res and anchor.
+                placed = (anchor_b > res) + (reach > res and reach != anchor_b)
+                if step and anchor_b > 1:
+                    placed += max(0, (anchor_b - 1) // step - res // step)
+                sh.gain = sh.gain * decay + res * hbs * weight
+                sh.units = sh.units * decay + placed * upc * weight
+        else:
+            self._unsampled += 1
+        # Afterwards every candidate holds one where this prefix ended and
+        # where its KV hit did: resumed from it, or placed a demand rung there
+        # (whatever the setting in force happened to place).
+        if anchor_b > 0:
+            held[hashes[anchor_b - 1]] = None
+        if kv > 0:
+            held[hashes[kv - 1]] = None
         # This request used its prompt blocks now, and wrote the ones it missed.
-        self.clock = clock + max(0, prompt_blocks - kv)
-        stamp.update(zip(hashes[:prompt_blocks], repeat(self.clock)))
-        if len(stamp) > self._stamp_limit:
+        self.clock += max(0, prompt_blocks - kv)
+        self.stamp.update(zip(hashes[:prompt_blocks], repeat(self.clock)))
+        if len(self.stamp) > self._stamp_limit:
             self._prune()
         self._admissions += 1
         if sampled:
             self._note("adaptive_sampled")
-        if self._admissions >= self.warmup and self._admissions % self.decide_every == 0:
+        # Decisions wait until the pool has turned over once: before that,
+        # images cost nothing (room rungs use that) and every score favours
+        # the finest ladder.
+        if self._admissions >= self.warmup and self._admissions % self.decide_every == 0 \
+                and self.clock >= self.pool_blocks:
             self._decide()
 
     def _prune(self) -> None:
@@ -286,20 +364,24 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         shadow checkpoints filed under them."""
         oldest = self.clock - 2 * self.pool_blocks
         self.stamp = {h: t for h, t in self.stamp.items() if t >= oldest}
-        for sh in self.shadows:
-            sh.held = {h: None for h in sh.held if h in self.stamp}
+        self.held = {h: None for h in self.held if h in self.stamp}
 
     def scores(self) -> list[float]:
         """Each candidate's shadow score: the (decayed) tokens it would have
         resumed, its own images' memory already charged (module doc)."""
-        return [sh.gain for sh in self.shadows]
+        owed = self.decay ** self._unsampled
+        return [sh.gain * owed for sh in self.shadows]
 
     def _decide(self) -> None:
         s = self.scores()
         cur = self.current
         best = max(range(len(s)), key=lambda i: (s[i], -i))
         self._note("adaptive_decisions")
-        switch = best != cur and s[best] > s[cur] + self.margin * abs(s[cur])
+        # A finer ladder must win by ``margin``, a coarser one by a quarter of
+        # it: the shadow undercounts what images displace, so the risk is in
+        # going finer.
+        margin = self.margin if best > cur else self.margin / 4
+        switch = best != cur and s[best] > s[cur] + margin * abs(s[cur])
         if switch:
             # One notch at a time towards the best (candidates run coarse to
             # fine): a noisy score moves the setting a step, not across the range.
@@ -319,6 +401,25 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
             # Rungs only into vacant room, so a guess never displaces knowledge.
             vacant = caches.slot_pool.occupancy()["slots_vacant"]
             self.room_for_guesses = vacant >= 2 * engine.config.max_num_seqs
+
+    def _yield_room(self, engine) -> None:
+        """Drops unread room rungs, oldest first, while the vacant share of
+        the pool is under ``room_floor`` (they yield before cached KV)."""
+        pool = self._pool
+        floor = self.room_floor * pool.num_blocks
+        if pool.num_free - pool.num_cached >= floor:
+            return
+        coord, rungs = engine.caches.coordinator, self.room_rungs
+        while rungs and pool.num_free - pool.num_cached < floor:
+            h = next(iter(rungs))
+            del rungs[h]
+            if coord.contains(h):
+                engine.block_manager.drop_checkpoint(h)
+                self._note("adaptive_room_dropped")
+
+    def on_resume(self, caches, seq, prefix_hash: int) -> None:
+        # Read: a resume point now, no longer a room rung that must yield.
+        self.room_rungs.pop(prefix_hash, None)
 
     def on_checkpoint(self, caches, seq, boundary: Boundary) -> None:
         # A demand rung is a seen resume point: filed as knowledge, not a guess.

@@ -1,4 +1,4 @@
-"""Tiers below GPU memory for the reference engine (SPEC.md §8, issue 10).
+"""Tiers below GPU memory for the reference engine (docs/contract.md, "Tiers").
 
 Order: GPU (PAGE store, KV block pool) -> host (``HostTier``) -> shared
 (``MooncakeTier`` / ``RedisTier``). ``Tiering`` moves state images and KV
@@ -213,6 +213,8 @@ class Tiering:
                 t.register(self.headers)
         self.index = statecache.StateOffloadIndex()
         self.coord.attach_offload(self.index)
+        self._eviction_model = None
+        self._sync_eviction_model()
         self._io = cf.ThreadPoolExecutor(1, thread_name_prefix="statecache-tiers")
         self._jobs: list[_Job] = []
         self._quarantine: list[tuple[object, str]] = []  # (tier, host key) of timed-out reads
@@ -250,6 +252,7 @@ class Tiering:
     def top_of_pass(self) -> None:
         """After ``complete_previous_batch``: retire finished writes, reclaim
         stale pins, start new offloads. Never raises for a tier's failure."""
+        self._sync_eviction_model()
         self.flush_kv()
         self._retire_jobs()
         self.coord.reclaim_stale_offload_pins(self.offload_timeout_s)
@@ -257,16 +260,26 @@ class Tiering:
         for op, units in self.coord.take_offload_stores(self.max_inflight):
             self._offload(op, units)
 
-    def _cost(self, h: int) -> float:
+    def _position(self, h: int) -> int:
+        """Where ``h``'s prefix ends, in hash blocks (the PAGE store's
+        position unit, so its cost model applies unchanged); 0 if unknown."""
         k = self.known.get(h)
-        return float(k[1]) if k else 0.0
+        return k[1] // self.hbs if k else 0
+
+    def _sync_eviction_model(self) -> None:
+        """The host arena ranks with the PAGE store's cost model (one model
+        for every tier); copied when the store's changes."""
+        m = self.coord.eviction_policy
+        if m != self._eviction_model:
+            self.host.arena.set_eviction_policy(**m)
+            self._eviction_model = m
 
     def _offload(self, op, units) -> None:
         h = op.prefix_hash
         key = self.key("state", h)
         rows = None
         if key is not None and not self.host.arena.contains(key):
-            rows = self.host.reserve(key, len(units) * self.unit_bytes, self._cost(h), STATE)
+            rows = self.host.reserve(key, len(units) * self.unit_bytes, self._position(h), STATE)
         if rows is None:
             self.coord.release_offload_store_source(op)
             self.coord.settle_offload_store(op)
@@ -437,7 +450,7 @@ class Tiering:
             if key is None or key in seen or self.host.arena.contains(key):
                 continue
             seen.add(key)
-            rows = self.host.reserve(key, self.unit_bytes, float(self.hbs), klass) if has_room else None
+            rows = self.host.reserve(key, self.unit_bytes, self._position(h), klass) if has_room else None
             sealed = rows is not None
             if rows is None:
                 if not (self.shared and to_shared):
@@ -487,7 +500,7 @@ class Tiering:
             self.host.abort(key)
             self._count("loads_untrusted")
         for t in self.shared:
-            rows = self.host.reserve(key, nbytes, 0.0, klass if not self.staging_only else STATE)
+            rows = self.host.reserve(key, nbytes, 0, klass if not self.staging_only else STATE)
             if rows is None:
                 return None
             hlen = integrity.header_nbytes(key)

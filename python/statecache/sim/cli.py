@@ -122,8 +122,12 @@ def summary(results: list[dict]) -> str:
     by = {(r["state_memory"], r["policy"]): r for r in results}
     cols = [("budget", lambda b: report.format_bytes(b)),
             ("KV-only", lambda b: f"{100 * by[(b, policies[0])]['kv_hit_rate']:.1f}%")]
-    cols += [(p, (lambda p: lambda b: f"{100 * by[(b, p)]['state_hit_rate']:.1f}%"
-                  if (b, p) in by else "-")(p)) for p in policies]
+
+    def state_rate(policy: str):
+        return lambda b: (f"{100 * by[(b, policy)]['state_hit_rate']:.1f}%"
+                          if (b, policy) in by else "-")
+
+    cols += [(p, state_rate(p)) for p in policies]
     rows = [[name for name, _ in cols]] + [[get(b) for _, get in cols] for b in budgets]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]

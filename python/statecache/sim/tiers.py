@@ -5,8 +5,8 @@ store protocol the real ``engine.tiering.Tiering`` follows
 (``take_offload_stores`` -> ``release_offload_store_source`` ->
 ``settle_offload_store`` -> ``note_stored``; loads through
 ``reserve_transfer_units`` -> ``adopt_transfer_units``), with the real C++
-``HostArena`` keeping each tier's entries (the same ranking by recompute cost
-per byte and recency, separate state and KV budgets). Nothing is copied: a
+``HostArena`` keeping each tier's entries (ranked with the PAGE store's own
+eviction cost model, separate state and KV budgets). Nothing is copied: a
 load moves the simulated clock by its bytes over the tier's bandwidth;
 offloads ride a side stream and are not charged.
 """
@@ -41,6 +41,7 @@ class SimTiers:
         self.index = statecache.StateOffloadIndex()
         self.coord.attach_offload(self.index)
         self.positions: dict[int, int] = {}
+        self._eviction_model = None
         self._loaded_from: dict[int, str] = {}
         self.counters = {k: 0 for k in ("state_offloaded", "kv_offloaded", "demoted",
                                         "state_loaded_host", "state_loaded_shared",
@@ -63,6 +64,11 @@ class SimTiers:
         pass  # no bytes: an evicted block is taken down when it is evicted
 
     def top_of_pass(self) -> None:
+        m = self.coord.eviction_policy  # every tier ranks with the store's model
+        if m != self._eviction_model:
+            for arena in self.tiers.values():
+                arena.set_eviction_policy(**m)
+            self._eviction_model = m
         for op, units in self.coord.take_offload_stores(self.max_inflight):
             stored = self._put("state", op.prefix_hash, len(units), STATE)
             self.coord.release_offload_store_source(op)
@@ -101,8 +107,9 @@ class SimTiers:
                 vh = int.from_bytes(v[-8:], "little", signed=True)
                 if not self.tiers["host"].contains(v) if "host" in self.tiers else True:
                     self.index.forget(vh)
-        cost = float(self.positions.get(h, self.hbs)) if kind == "state" else float(self.hbs)
-        got = arena.allocate(key, klass, count, count * self.block_bytes, cost)
+        # position in hash blocks, the store's unit
+        got = arena.allocate(key, klass, count, count * self.block_bytes,
+                             self.positions.get(h, 0) // self.hbs)
         if got is None:
             return False
         arena.seal(key, b"")

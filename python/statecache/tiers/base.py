@@ -1,4 +1,4 @@
-"""The interface every tier below GPU memory implements (SPEC.md §8).
+"""The interface every tier below GPU memory implements (docs/contract.md, "Tiers").
 
 Batch first: one call moves many values. A value is a list of *segments*
 (buffer-protocol objects: NumPy arrays, memoryviews, bytes for puts), stored
@@ -16,6 +16,16 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+#: a buffer-protocol object (NumPy array, memoryview, bytes for puts)
+Segment: TypeAlias = Any
+#: one value: its segments, stored as their concatenation
+Segments: TypeAlias = Sequence[Segment]
 
 # get_many_into per-key results (>= 0: bytes read)
 MISSING = -1     # no such key
@@ -28,12 +38,17 @@ class TierError(RuntimeError):
     """A tier call that failed as a whole (server gone, bad configuration)."""
 
 
-def segment_nbytes(segments) -> int:
+def segment_nbytes(segments: Segments) -> int:
+    """Returns the total size of ``segments`` in bytes. Raises TypeError for a non-buffer."""
     return sum(memoryview(s).nbytes for s in segments)
 
 
-def check_batch(keys, values=None, name="values") -> None:
-    """Validates a batch's shape before anything moves."""
+def check_batch(
+    keys: Sequence[str], values: Sequence[Segments] | None = None, name: str = "values"
+) -> None:
+    """Validates a batch's shape before anything moves; returns None. Raises
+    TypeError for keys that are not a list of non-empty str, ValueError for
+    values that are not one non-empty segment list per key."""
     if not isinstance(keys, (list, tuple)):
         raise TypeError(f"keys must be a list of str, got {type(keys).__name__}")
     for i, k in enumerate(keys):
@@ -52,7 +67,7 @@ class Tier(ABC):
 
     name = "tier"
 
-    def __init__(self, timeout_s: float = 5.0):
+    def __init__(self, timeout_s: float = 5.0) -> None:
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds")
         self.timeout_s = float(timeout_s)
@@ -65,7 +80,7 @@ class Tier(ABC):
     def _count(self, key: str, n: int = 1) -> None:
         self._stats[key] = self._stats.get(key, 0) + n
 
-    def _count_gets(self, results) -> None:
+    def _count_gets(self, results: Sequence[int]) -> None:
         for r in results:
             if r >= 0:
                 self._count("gets")
@@ -79,32 +94,44 @@ class Tier(ABC):
             raise TierError(f"{self.name} tier is closed")
 
     @abstractmethod
-    def put_many(self, keys, values) -> list[bool]:
+    def put_many(self, keys: Sequence[str], values: Sequence[Segments]) -> list[bool]:
         """Stores each value under its key (replacing nothing: a key already
-        held keeps its value and reports True). Per key: stored or not."""
+        held keeps its value and reports True). Returns, per key, whether it is
+        stored. Raises TypeError/ValueError for a malformed batch (nothing
+        stored), TierError when the call failed as a whole."""
 
     @abstractmethod
-    def get_many_into(self, keys, dests) -> list[int]:
-        """Reads each value into its destination segments; per key the bytes
-        read or ``MISSING`` / ``TRUNCATED`` / ``FAILED`` / ``TIMED_OUT``."""
+    def get_many_into(self, keys: Sequence[str], dests: Sequence[Segments]) -> list[int]:
+        """Reads each value into its destination segments. Returns, per key,
+        the bytes read or ``MISSING`` / ``TRUNCATED`` / ``FAILED`` /
+        ``TIMED_OUT``. Raises TypeError/ValueError for a malformed batch,
+        TierError when the call failed as a whole."""
 
     @abstractmethod
-    def contains_many(self, keys) -> list[bool]:
-        """Per key: held now (a later get may still miss)."""
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """Returns, per key, whether it is held now (a later get may still
+        miss). Raises TypeError for malformed keys, TierError when the call
+        failed as a whole."""
 
     @abstractmethod
-    def remove_many(self, keys) -> list[bool]:
-        """Per key: removed (False when absent or the backend refused)."""
+    def remove_many(self, keys: Sequence[str]) -> list[bool]:
+        """Returns, per key, whether it was removed (False when absent or the
+        backend refused). Raises TypeError for malformed keys, TierError when
+        the call failed as a whole."""
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
+        """Returns a new dict of the tier's counters (puts, gets by outcome,
+        timeouts, bytes moved, removes). Raises nothing."""
         with self._lock:
             return dict(self._stats)
 
     def close(self) -> None:
+        """Closes the tier; later calls raise TierError. Returns None; raises
+        nothing."""
         self.closed = True
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -1,26 +1,35 @@
 """HostTier: page-unit-sized entries in one (pinned, where a GPU exists) host
-buffer, bookkept by the C++ ``HostArena`` (hash index + ranking by recompute
-cost per byte and recency). State images and KV blocks have separate byte
-budgets (classes 0 and 1)."""
+buffer, bookkept by the C++ ``HostArena`` (hash index + ranking with the GPU
+caches' eviction cost model: recency and prefill FLOPs saved per byte). State
+images and KV blocks have separate byte budgets (classes 0 and 1)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeAlias
+
 import numpy as np
+import numpy.typing as npt
 
 from statecache import _C
 
-from .base import MISSING, TRUNCATED, Tier, check_batch
+from .base import MISSING, TRUNCATED, Segment, Segments, Tier, check_batch
 
 STATE, KV = 0, 1
 
+Rows: TypeAlias = npt.NDArray[np.uint8]
+#: what on_evict receives: (key, row views, nbytes, meta) per value about to go
+Demoted: TypeAlias = list[tuple[str, list[Rows], int, bytes]]
 
-def _bytes_view(seg) -> np.ndarray:
+
+def _bytes_view(seg: Segment) -> Rows:
     return np.frombuffer(seg, dtype=np.uint8) if not isinstance(seg, np.ndarray) else seg.reshape(-1).view(np.uint8)
 
 
-def copy_stream(src_segments, dst_segments) -> int:
+def copy_stream(src_segments: Segments, dst_segments: Segments) -> int:
     """Copies the concatenation of ``src_segments`` onto that of
-    ``dst_segments`` (equal total sizes); returns the bytes copied."""
+    ``dst_segments`` (equal total sizes); returns the bytes copied. Raises
+    TypeError for a segment that is not a buffer."""
     srcs = [_bytes_view(s) for s in src_segments]
     dsts = [_bytes_view(d) for d in dst_segments]
     si = so = di = do = done = 0
@@ -39,14 +48,15 @@ def copy_stream(src_segments, dst_segments) -> int:
     return done
 
 
-def _allocate_buffer(num_entries: int, entry_bytes: int, pin_memory):
+def _allocate_buffer(num_entries: int, entry_bytes: int, pin_memory: bool | None) -> tuple[Rows, Any]:
     """The arena's memory, and the object that owns it."""
     if pin_memory is None or pin_memory:
         try:
             import torch
             if pin_memory or torch.cuda.is_available():
                 t = torch.empty((num_entries, entry_bytes), dtype=torch.uint8, pin_memory=True)
-                return t.numpy(), t
+                rows: Rows = t.numpy()
+                return rows, t
         except ImportError:
             if pin_memory:
                 raise ImportError("pin_memory=True needs torch with a GPU runtime") from None
@@ -58,13 +68,16 @@ class HostTier(Tier):
     """A host-memory tier of ``capacity_bytes`` in entries of ``entry_bytes``
     (the page unit size). ``state_bytes`` / ``kv_bytes``: the two classes'
     budgets (default: all of it for state images, none for KV blocks).
-    ``ranking``: ``"cost"`` (recompute cost per byte + recency) or ``"lru"``.
+    ``ranking``: ``"cost"`` (recency + value of the position) or ``"lru"``;
+    ``arena.set_eviction_policy`` installs the GPU caches' model (``Tiering``
+    copies the PAGE store's).
     """
 
     name = "host"
 
     def __init__(self, capacity_bytes: int, entry_bytes: int, *, state_bytes: int | None = None,
-                 kv_bytes: int = 0, ranking: str = "cost", pin_memory=None, timeout_s: float = 5.0):
+                 kv_bytes: int = 0, ranking: Literal["lru", "cost"] = "cost",
+                 pin_memory: bool | None = None, timeout_s: float = 5.0) -> None:
         super().__init__(timeout_s)
         for name, v in (("capacity_bytes", capacity_bytes), ("entry_bytes", entry_bytes),
                         ("kv_bytes", kv_bytes)):
@@ -87,18 +100,24 @@ class HostTier(Tier):
         self.pinned = self._owner is not self.rows
         # Called with [(key, row views, nbytes, meta)] before those values are
         # evicted, so a lower tier can take them (demotion).
-        self.on_evict = None
+        self.on_evict: Callable[[Demoted], object] | None = None
 
     @staticmethod
     def klass_of(key: str) -> int:
+        """Returns the budget class of ``key`` (KV blocks or state images). Raises nothing."""
         return KV if "/kv/" in key else STATE
 
     # ------------------------------ entries -------------------------------- #
 
-    def reserve(self, key: str, nbytes: int, cost: float = 0.0, klass: int | None = None):
-        """Entries for a value of ``nbytes`` (row views, in order), evicting
-        (and first demoting) by the ranking; None when the class cannot hold
-        it now. The value is invisible until ``seal``."""
+    def reserve(
+        self, key: str, nbytes: int, position: int = 0, klass: int | None = None
+    ) -> list[Rows] | None:
+        """Returns the entries for a value of ``nbytes`` whose prefix ends at
+        ``position`` (row views, in order), evicting (and first demoting) by
+        the ranking; None when the class cannot hold it now or ``key`` is
+        held. The value is invisible until ``seal``. Raises TierError when
+        closed, ValueError for a bad size or position, what ``on_evict``
+        raised."""
         with self._lock:
             self._check_open()
             klass = self.klass_of(key) if klass is None else klass
@@ -109,7 +128,7 @@ class HostTier(Tier):
             if plan and self.on_evict is not None:
                 self._demote(plan)
             try:
-                got = self.arena.allocate(key, klass, count, nbytes, float(cost))
+                got = self.arena.allocate(key, klass, count, nbytes, position)
             except ValueError as e:
                 if "already in the arena" in str(e):
                     return None  # held, or still being written or read into
@@ -120,10 +139,11 @@ class HostTier(Tier):
             self._count("evictions", len(_evicted))
             return self.views(entries, nbytes)
 
-    def _demote(self, keys) -> None:
-        batch = []
-        for k in keys:
-            k = k.decode()
+    def _demote(self, keys: list[bytes]) -> None:
+        assert self.on_evict is not None
+        batch: Demoted = []
+        for raw in keys:
+            k = raw.decode()
             v = self.arena.lookup(k, False)
             if v is None:
                 continue
@@ -135,8 +155,9 @@ class HostTier(Tier):
             for k, *_ in batch:
                 self.arena.unpin(k)
 
-    def views(self, entries, nbytes: int):
-        """Row views covering ``nbytes`` of ``entries`` (the last one cut)."""
+    def views(self, entries: Sequence[int], nbytes: int) -> list[Rows]:
+        """Returns row views covering ``nbytes`` of ``entries`` (the last one
+        cut). Raises IndexError for an entry out of range."""
         out, left = [], nbytes
         for e in entries:
             n = min(left, self.entry_bytes)
@@ -145,17 +166,20 @@ class HostTier(Tier):
         return out
 
     def seal(self, key: str, meta: bytes = b"") -> None:
+        """Makes the reserved value under ``key`` findable; returns None.
+        Raises ValueError for a key not reserved or already sealed."""
         with self._lock:
             self.arena.seal(key, meta)
             self._count("puts")
 
     def abort(self, key: str) -> None:
+        """Drops a reserved (or sealed) value; returns None. Raises nothing."""
         with self._lock:
             self.arena.remove(key)
 
-    def read(self, key: str):
-        """``(row views, nbytes, meta)`` of a sealed value, pinned until
-        ``unpin(key)``; None when absent."""
+    def read(self, key: str) -> tuple[list[Rows], int, bytes] | None:
+        """Returns ``(row views, nbytes, meta)`` of a sealed value, pinned
+        until ``unpin(key)``; None when absent. Raises TierError when closed."""
         with self._lock:
             self._check_open()
             v = self.arena.lookup(key)
@@ -165,12 +189,16 @@ class HostTier(Tier):
             return self.views(v[0], v[1]), v[1], v[2]
 
     def unpin(self, key: str) -> None:
+        """Drops the pin ``read`` took; returns None. Raises ValueError for a
+        key that is not pinned."""
         with self._lock:
             self.arena.unpin(key)
 
     # ----------------------------- interface ------------------------------- #
 
-    def put_many(self, keys, values) -> list[bool]:
+    def put_many(self, keys: Sequence[str], values: Sequence[Segments]) -> list[bool]:
+        """As ``Tier.put_many``: returns, per key, whether it is stored. Raises
+        TypeError/ValueError for a malformed batch, TierError when closed."""
         check_batch(keys, values)
         out = []
         with self._lock:
@@ -191,7 +219,10 @@ class HostTier(Tier):
                 out.append(True)
         return out
 
-    def get_many_into(self, keys, dests) -> list[int]:
+    def get_many_into(self, keys: Sequence[str], dests: Sequence[Segments]) -> list[int]:
+        """As ``Tier.get_many_into``: returns, per key, the bytes read or a
+        negative outcome. Raises TypeError/ValueError for a malformed batch,
+        TierError when closed."""
         check_batch(keys, dests, "dests")
         out = []
         with self._lock:
@@ -209,19 +240,25 @@ class HostTier(Tier):
         self._count_gets(out)
         return out
 
-    def contains_many(self, keys) -> list[bool]:
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """Returns, per key, whether a sealed value is held. Raises TypeError
+        for malformed keys."""
         check_batch(keys)
         with self._lock:
             return [self.arena.contains(k) for k in keys]
 
-    def remove_many(self, keys) -> list[bool]:
+    def remove_many(self, keys: Sequence[str]) -> list[bool]:
+        """Returns, per key, whether a value was removed. Raises TypeError for
+        malformed keys."""
         check_batch(keys)
         with self._lock:
             out = [self.arena.remove(k) for k in keys]
             self._count("removes", sum(out))
             return out
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
+        """Returns a new dict of the tier's counters plus each class's arena
+        stats, entry_bytes and num_free. Raises nothing."""
         with self._lock:
             d = dict(self._stats)
             for name, k in (("state", STATE), ("kv", KV)):
@@ -232,5 +269,7 @@ class HostTier(Tier):
             return d
 
     def close(self) -> None:
+        """Closes the tier (its memory goes with the object); returns None.
+        Raises nothing."""
         with self._lock:
             self.closed = True

@@ -1,4 +1,4 @@
-"""Integrity of values in lower tiers (SPEC.md §8).
+"""Integrity of values in lower tiers (docs/contract.md, "Tiers").
 
 Every value carries a header: a magic, the payload size, an XXH3-128 checksum
 of the payload bytes and the full key it was written under. A load adopts a
@@ -12,11 +12,15 @@ keyed 128-bit prefix keys guard against constructed collisions.
 from __future__ import annotations
 
 import struct
+from types import ModuleType
 
+from .base import Segment, Segments
+
+_xxhash: ModuleType | None
 try:
-    import xxhash
+    import xxhash as _xxhash
 except ImportError:  # pragma: no cover - a dependency of the tiers
-    xxhash = None
+    _xxhash = None
 
 MAGIC = b"SCT1"
 _FIXED = struct.Struct("<4sHHQ16s")  # magic, version, key length, payload bytes, checksum
@@ -29,34 +33,42 @@ WRONG_SIZE = "wrong size"
 BAD_CHECKSUM = "checksum mismatch"
 
 
-def _need_xxhash():
-    if xxhash is None:
+def _need_xxhash() -> ModuleType:
+    if _xxhash is None:
         raise ImportError("statecache tiers need the 'xxhash' package: pip install xxhash "
                           "(or pip install 'statecache[redis]' / '[mooncake]')")
+    return _xxhash
 
 
-def checksum(segments) -> bytes:
-    """XXH3-128 of the concatenated segments (16 bytes)."""
-    _need_xxhash()
-    h = xxhash.xxh3_128()
+def checksum(segments: Segments) -> bytes:
+    """Returns the XXH3-128 of the concatenated segments (16 bytes). Raises
+    ImportError without the xxhash package."""
+    h = _need_xxhash().xxh3_128()
     for s in segments:
         h.update(s)
-    return h.digest()
+    digest: bytes = h.digest()
+    return digest
 
 
 def header_nbytes(key: str) -> int:
+    """Returns the size of ``key``'s header, padded to 8 bytes. Raises nothing."""
     n = _FIXED.size + len(key.encode())
     return (n + 7) // 8 * 8
 
 
 def make_header(key: str, payload_nbytes: int, digest: bytes) -> bytes:
+    """Returns the header of a payload of ``payload_nbytes`` with checksum
+    ``digest`` under ``key``. Raises struct.error for a size out of range."""
     k = key.encode()
     raw = _FIXED.pack(MAGIC, VERSION, len(k), payload_nbytes, digest) + k
     return raw.ljust(header_nbytes(key), b"\0")
 
 
-def check(header, key: str, payload_segments, payload_nbytes: int | None = None) -> str:
-    """``OK`` or why the value must not be adopted."""
+def check(
+    header: Segment, key: str, payload_segments: Segments, payload_nbytes: int | None = None
+) -> str:
+    """Returns ``OK``, or why the value must not be adopted. Raises
+    ImportError without the xxhash package."""
     hb = bytes(header)
     if len(hb) < _FIXED.size:
         return BAD_HEADER

@@ -1,4 +1,4 @@
-"""Keys of lower-tier entries (SPEC.md §8): ``(layout_id, tp_rank, tp_size,
+"""Keys of lower-tier entries (docs/contract.md, "Tiers"): ``(layout_id, tp_rank, tp_size,
 prefix key)``, where the prefix key is the 128-bit chained content key of the
 token prefix (``statecache.chain_block_keys``), never the 64-bit scheduler
 hash alone. ``kind`` separates state images from KV blocks."""
@@ -18,7 +18,7 @@ class TierKey:
     tp_size: int
     prefix_key: bytes
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r} must be one of {KINDS}")
         if not isinstance(self.layout_id, str) or not self.layout_id or "/" in self.layout_id:
@@ -33,6 +33,7 @@ class TierKey:
             raise ValueError(f"prefix_key must be 16 bytes, got {self.prefix_key!r}")
 
     def encode(self) -> str:
+        """Returns the key as the str the backends store it under. Raises nothing."""
         return (f"statecache/v1/{self.kind}/{self.layout_id}/tp{self.tp_rank}-{self.tp_size}/"
                 f"{self.prefix_key.hex()}")
 

@@ -1,4 +1,4 @@
-"""MooncakeTier: the shared tier on Mooncake Store (DESIGN.md "Tiers").
+"""MooncakeTier: the shared tier on Mooncake Store (docs/contract.md, "Tiers").
 
 Values are written and read zero-copy from registered host memory
 (``register(buffer)``: the host tier's arena) with ``batch_put_from_multi_buffers``
@@ -13,17 +13,31 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
-from .base import FAILED, MISSING, TIMED_OUT, TRUNCATED, Tier, TierError, check_batch
+from .base import (
+    FAILED,
+    MISSING,
+    TIMED_OUT,
+    TRUNCATED,
+    Segment,
+    Segments,
+    Tier,
+    TierError,
+    check_batch,
+)
+
+_R = TypeVar("_R")
 
 # Mooncake Store error codes this tier tells apart (mooncake/types.h).
 _OBJECT_NOT_FOUND = -704
 _OBJECT_ALREADY_EXISTS = -705
 
 
-def _import_store():
+def _import_store() -> Any:
     try:
         from mooncake.store import MooncakeDistributedStore
     except ImportError as e:
@@ -34,7 +48,7 @@ def _import_store():
     return MooncakeDistributedStore
 
 
-def _address(seg) -> tuple[int, int]:
+def _address(seg: Segment) -> tuple[int, int]:
     a = seg if isinstance(seg, np.ndarray) else np.frombuffer(seg, dtype=np.uint8)
     if not a.flags.c_contiguous:
         raise ValueError("segments must be contiguous buffers")
@@ -56,14 +70,14 @@ class MooncakeTier(Tier):
 
     def __init__(self, master_addr: str, metadata_server: str, *, local_host: str = "127.0.0.1",
                  protocol: str = "tcp", device_names: str = "", segment_bytes: int = 0,
-                 staging_bytes: int = 64 << 20, timeout_s: float = 5.0):
+                 staging_bytes: int = 64 << 20, timeout_s: float = 5.0) -> None:
         super().__init__(timeout_s)
         Store = _import_store()
         for name, v in (("master_addr", master_addr), ("metadata_server", metadata_server)):
             if not isinstance(v, str) or not v:
                 raise ValueError(f"{name}={v!r} must be a non-empty str")
         self._io = cf.ThreadPoolExecutor(1, thread_name_prefix="mooncake-tier")
-        self._busy = None  # the future of a call that overran its timeout
+        self._busy: cf.Future[Any] | None = None  # a call that overran its timeout
         self._store = Store()
         rc = self._call(lambda: self._store.setup(
             local_host, metadata_server, int(segment_bytes), int(staging_bytes) + (16 << 20),
@@ -79,7 +93,7 @@ class MooncakeTier(Tier):
 
     # ------------------------------ plumbing ------------------------------- #
 
-    def _call(self, fn):
+    def _call(self, fn: Callable[[], _R]) -> _R:
         """Runs ``fn`` on the I/O thread within ``timeout_s``; raises
         ``TimeoutError`` when it overran (and marks the tier busy)."""
         with self._lock:
@@ -98,14 +112,16 @@ class MooncakeTier(Tier):
             raise TimeoutError(f"mooncake call exceeded {self.timeout_s} s") from None
 
     def idle(self) -> bool:
-        """No call of this tier is still running (buffers of a timed-out call
-        may be reused)."""
+        """Returns whether no call of this tier is still running (buffers of a
+        timed-out call may then be reused). Raises nothing."""
         return self._busy is None or self._busy.done()
 
-    def register(self, buffer) -> None:
-        """Registers host memory for zero-copy puts and gets (kept alive here)."""
+    def register(self, buffer: Segment) -> None:
+        """Registers host memory for zero-copy puts and gets (kept alive
+        here); returns None. Raises ValueError for a non-contiguous buffer,
+        TierError when the store refuses it, TimeoutError past ``timeout_s``."""
         ptr, n = _address(buffer)
-        rc = self._call(lambda: self._store.register_buffer(ptr, n))
+        rc: int = self._call(lambda: self._store.register_buffer(ptr, n))
         if rc != 0:
             raise TierError(f"register_buffer({n} bytes) returned {rc}")
         self._regions.append((ptr, ptr + n, buffer))
@@ -113,7 +129,9 @@ class MooncakeTier(Tier):
     def _registered(self, ptr: int, n: int) -> bool:
         return any(lo <= ptr and ptr + n <= hi for lo, hi, _ in self._regions)
 
-    def _plan(self, segments):
+    def _plan(
+        self, segments: Segments
+    ) -> tuple[list[int] | None, list[int] | None, list[tuple[int, int]] | None]:
         addrs = [_address(s) for s in segments]
         if all(self._registered(p, n) for p, n in addrs):
             return [p for p, _ in addrs], [n for _, n in addrs], None
@@ -121,18 +139,24 @@ class MooncakeTier(Tier):
 
     # ----------------------------- interface ------------------------------- #
 
-    def put_many(self, keys, values) -> list[bool]:
+    def put_many(self, keys: Sequence[str], values: Sequence[Segments]) -> list[bool]:
+        """As ``Tier.put_many``, zero-copy from registered memory: returns, per
+        key, whether it is stored. Raises TypeError/ValueError for a malformed
+        batch, TierError when closed."""
         check_batch(keys, values)
-        direct_k, direct_p, direct_n, staged = [], [], [], []
+        direct_k: list[str] = []
+        direct_p: list[list[int]] = []
+        direct_n: list[list[int]] = []
+        staged: list[tuple[str, Segments]] = []
         for k, segs in zip(keys, values):
             p, n, _ = self._plan(segs)
-            if p is None:
+            if p is None or n is None:
                 staged.append((k, segs))
             else:
                 direct_k.append(k)
                 direct_p.append(p)
                 direct_n.append(n)
-        ok = {}
+        ok: dict[str, bool] = {}
         try:
             if direct_k:
                 codes = self._call(lambda: self._store.batch_put_from_multi_buffers(
@@ -147,7 +171,7 @@ class MooncakeTier(Tier):
             self._last_error = repr(e)
         out = [ok.get(k, False) for k in keys]
         with self._lock:
-            for k, segs, good in zip(keys, values, out):
+            for segs, good in zip(values, out):
                 if good:
                     self._count("puts")
                     self._count("bytes_put", sum(memoryview(s).nbytes for s in segs))
@@ -155,7 +179,7 @@ class MooncakeTier(Tier):
                     self._count("puts_failed")
         return out
 
-    def _put_staged(self, key, segs) -> bool:
+    def _put_staged(self, key: str, segs: Segments) -> bool:
         from .host import copy_stream
         n = sum(memoryview(s).nbytes for s in segs)
         if n > self._staging.nbytes:
@@ -164,11 +188,14 @@ class MooncakeTier(Tier):
             copy_stream(segs, [self._staging[:n]])
             code = self._call(lambda: self._store.batch_put_from_multi_buffers(
                 [key], [[self._staging.ctypes.data]], [[n]]))[0]
-        return code in (0, _OBJECT_ALREADY_EXISTS)
+        return bool(code in (0, _OBJECT_ALREADY_EXISTS))
 
-    def get_many_into(self, keys, dests) -> list[int]:
+    def get_many_into(self, keys: Sequence[str], dests: Sequence[Segments]) -> list[int]:
+        """As ``Tier.get_many_into``, zero-copy into registered memory:
+        returns, per key, the bytes read or a negative outcome. Raises
+        TypeError/ValueError for a malformed batch, TierError when closed."""
         check_batch(keys, dests, "dests")
-        res = {}
+        res: dict[str, int] = {}
         try:
             direct = [(k, *self._plan(d)[:2]) for k, d in zip(keys, dests)]
             dk = [k for k, p, _ in direct if p is not None]
@@ -198,26 +225,30 @@ class MooncakeTier(Tier):
             self._count_gets(out)
         return out
 
-    def _get_staged(self, key, dest) -> int:
+    def _get_staged(self, key: str, dest: Segments) -> int:
         from .host import copy_stream
         n = sum(memoryview(s).nbytes for s in dest)
         if n > self._staging.nbytes:
             return FAILED
         with self._staging_lock:
-            got = self._call(lambda: self._store.batch_get_into_multi_buffers(
+            got: int = self._call(lambda: self._store.batch_get_into_multi_buffers(
                 [key], [[self._staging.ctypes.data]], [[n]]))[0]
             if got == n:
                 copy_stream([self._staging[:n]], dest)
         return got
 
-    def contains_many(self, keys) -> list[bool]:
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """Returns, per key, whether the store holds it (False after a
+        timeout). Raises TypeError for malformed keys, TierError when closed."""
         check_batch(keys)
         try:
             return [r == 1 for r in self._call(lambda: self._store.batch_is_exist(list(keys)))]
         except TimeoutError:
             return [False] * len(keys)
 
-    def remove_many(self, keys) -> list[bool]:
+    def remove_many(self, keys: Sequence[str]) -> list[bool]:
+        """Returns, per key, whether it was removed (False after a timeout).
+        Raises TypeError for malformed keys, TierError when closed."""
         check_batch(keys)
         try:
             codes = self._call(lambda: self._store.batch_remove(list(keys), True))
@@ -228,12 +259,14 @@ class MooncakeTier(Tier):
             self._count("removes", sum(out))
         return out
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
+        """Returns the tier's counters plus registered_bytes. Raises nothing."""
         d = super().stats()
         d["registered_bytes"] = sum(hi - lo for lo, hi, _ in self._regions)
         return d
 
     def close(self) -> None:
+        """Closes the client once no call is running; returns None. Raises nothing."""
         with self._lock:
             if self.closed:
                 return

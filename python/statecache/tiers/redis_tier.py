@@ -8,10 +8,13 @@ caller's buffers once.
 
 from __future__ import annotations
 
-from .base import FAILED, MISSING, TIMED_OUT, TRUNCATED, Tier, check_batch
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .base import FAILED, MISSING, TIMED_OUT, TRUNCATED, Segments, Tier, check_batch
 
 
-def _import_redis():
+def _import_redis() -> Any:
     try:
         import redis
     except ImportError as e:
@@ -25,7 +28,7 @@ class RedisTier(Tier):
     name = "redis"
 
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, db: int = 0, *,
-                 timeout_s: float = 5.0, password: str | None = None):
+                 timeout_s: float = 5.0, password: str | None = None) -> None:
         super().__init__(timeout_s)
         redis = _import_redis()
         self._errors = redis.exceptions
@@ -37,14 +40,18 @@ class RedisTier(Tier):
                               socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                               retry=Retry(NoBackoff(), 0))
 
-    def _run(self, build):
+    def _run(self, build: Callable[[Any], object]) -> list[Any]:
         with self._lock:
             self._check_open()
             pipe = self._r.pipeline(transaction=False)
             build(pipe)
-            return pipe.execute(raise_on_error=False)
+            res: list[Any] = pipe.execute(raise_on_error=False)
+            return res
 
-    def put_many(self, keys, values) -> list[bool]:
+    def put_many(self, keys: Sequence[str], values: Sequence[Segments]) -> list[bool]:
+        """As ``Tier.put_many`` (``SET NX``): returns, per key, whether it is
+        stored. Raises TypeError/ValueError for a malformed batch, TierError
+        when closed."""
         check_batch(keys, values)
         blobs = [b"".join(bytes(memoryview(s).cast("B")) if not isinstance(s, bytes) else s
                           for s in segs) for segs in values]
@@ -66,24 +73,27 @@ class RedisTier(Tier):
                 self._count("bytes_put", len(b))
         return out
 
-    def _exists(self, key) -> bool:
+    def _exists(self, key: str) -> bool:
         try:
             return bool(self._r.exists(key))
         except self._errors.RedisError:
             return False
 
-    def get_many_into(self, keys, dests) -> list[int]:
+    def get_many_into(self, keys: Sequence[str], dests: Sequence[Segments]) -> list[int]:
+        """As ``Tier.get_many_into``: returns, per key, the bytes read or a
+        negative outcome. Raises TypeError/ValueError for a malformed batch,
+        TierError when closed."""
         check_batch(keys, dests, "dests")
         from .host import copy_stream
         try:
             res = self._run(lambda p: [p.get(k) for k in keys])
         except self._errors.TimeoutError:
-            out = [TIMED_OUT] * len(keys)
-            self._count_gets(out)
-            return out
+            timed_out = [TIMED_OUT] * len(keys)
+            self._count_gets(timed_out)
+            return timed_out
         except self._errors.RedisError:
             res = [FAILED] * len(keys)
-        out = []
+        out: list[int] = []
         for v, d in zip(res, dests):
             if v is None:
                 out.append(MISSING)
@@ -96,14 +106,18 @@ class RedisTier(Tier):
         self._count_gets(out)
         return out
 
-    def contains_many(self, keys) -> list[bool]:
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """Returns, per key, whether the server holds it (False when the call
+        failed). Raises TypeError for malformed keys, TierError when closed."""
         check_batch(keys)
         try:
             return [r == 1 for r in self._run(lambda p: [p.exists(k) for k in keys])]
         except self._errors.RedisError:
             return [False] * len(keys)
 
-    def remove_many(self, keys) -> list[bool]:
+    def remove_many(self, keys: Sequence[str]) -> list[bool]:
+        """Returns, per key, whether it was deleted (False when the call
+        failed). Raises TypeError for malformed keys, TierError when closed."""
         check_batch(keys)
         try:
             out = [r == 1 for r in self._run(lambda p: [p.delete(k) for k in keys])]
@@ -113,6 +127,7 @@ class RedisTier(Tier):
         return out
 
     def close(self) -> None:
+        """Closes the connection; returns None. Raises what the client raised."""
         with self._lock:
             if not self.closed:
                 self.closed = True

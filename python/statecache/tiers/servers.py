@@ -12,12 +12,17 @@ import socket
 import subprocess
 import tempfile
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _listening(port: int) -> bool:
@@ -40,17 +45,17 @@ class ServerProcess:
     def __init__(self, name: str, argv: list[str], port: int, log_dir: str):
         self.name, self.argv, self.port = name, argv, port
         self.log_path = os.path.join(log_dir, f"{name}-{port}.log")
-        self.proc = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 20.0) -> "ServerProcess":
+    def start(self, timeout_s: float = 20.0) -> ServerProcess:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout_s
         while not _listening(self.port):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before "
+            if proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {proc.returncode} before "
                                    f"listening on {self.port}; see {self.log_path}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -62,8 +67,8 @@ class ServerProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def signal(self, sig) -> None:
-        if self.running:
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -79,7 +84,7 @@ class ServerProcess:
         self.proc = None
 
     def kill(self) -> None:
-        if self.running:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
         self.proc = None
@@ -114,7 +119,7 @@ class MooncakeServers:
             f"--metadata_server={self.metadata_url}", "--protocol=tcp"],
             self.holder_port, self.log_dir)
 
-    def start(self, timeout_s: float = 30.0) -> "MooncakeServers":
+    def start(self, timeout_s: float = 30.0) -> MooncakeServers:
         self.master.start(timeout_s)
         deadline = time.monotonic() + timeout_s
         while not _listening(self.http_port):
@@ -151,10 +156,11 @@ class MooncakeServers:
         self.holder.stop()
         self.master.stop()
 
-    def __enter__(self):
-        return self.start()
+    def __enter__(self) -> Self:
+        self.start()
+        return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -172,7 +178,7 @@ class RedisServer:
             "--maxmemory-policy", "noeviction", "--protected-mode", "yes"],
             self.port, self.log_dir)
 
-    def start(self, timeout_s: float = 20.0) -> "RedisServer":
+    def start(self, timeout_s: float = 20.0) -> RedisServer:
         self.server.start(timeout_s)
         return self
 
@@ -185,8 +191,9 @@ class RedisServer:
     def resume(self) -> None:
         self.server.signal(signal.SIGCONT)
 
-    def __enter__(self):
-        return self.start()
+    def __enter__(self) -> Self:
+        self.start()
+        return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
