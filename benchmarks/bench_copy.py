@@ -44,13 +44,17 @@ GDN_LAYERS = 36
 
 
 def gdn_state(slots, dev):
-    return [torch.empty(GDN_LAYERS, slots, 3, 4096, dtype=torch.bfloat16, device=dev),
-            torch.empty(GDN_LAYERS, slots, 16, 128, 128, dtype=torch.float32, device=dev)], 1
+    return [
+        torch.empty(GDN_LAYERS, slots, 3, 4096, dtype=torch.bfloat16, device=dev),
+        torch.empty(GDN_LAYERS, slots, 16, 128, 128, dtype=torch.float32, device=dev),
+    ], 1
 
 
 def hybrid_state(slots, dev):
-    return [torch.empty(24, slots, 8448, 4, dtype=torch.float16, device=dev),
-            torch.empty(24, slots, 32, 128, 128, dtype=torch.float16, device=dev)], 1
+    return [
+        torch.empty(24, slots, 8448, 4, dtype=torch.float16, device=dev),
+        torch.empty(24, slots, 32, 128, 128, dtype=torch.float16, device=dev),
+    ], 1
 
 
 def kv16(blocks, dev):
@@ -73,8 +77,7 @@ LAYOUTS = {
     "kv16": ("12 x [2, blocks, 16, 2, 256] bf16, unit_dim 1 (16 KiB rows)", gdn_state, kv16),
     "kv32": ("12 x [blocks, 2, 16, 2, 256] bf16, unit_dim 0 (32 KiB rows)", gdn_state, kv32),
     "flat": ("1 tensor, one 384 KiB row a unit", gdn_state, flat),
-    "hybrid7b": ("hybrid-7b: 24 x (conv + SSM) fp16 into 4 x [2, blocks, 16, 32, 128] fp16", hybrid_state,
-                 hybrid_kv),
+    "hybrid7b": ("hybrid-7b: 24 x (conv + SSM) fp16 into 4 x [2, blocks, 16, 32, 128] fp16", hybrid_state, hybrid_kv),
 }
 
 
@@ -90,8 +93,9 @@ def time_many(fns, reps: int, flush: torch.Tensor) -> list[float]:
     for _ in range(3):
         for fn in fns:
             fn()
-    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-          for _ in fns]
+    ev = [
+        [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)] for _ in fns
+    ]
     for i in range(reps):
         for fn, e in zip(fns, ev):
             flush.add_(1)
@@ -157,8 +161,15 @@ class World:
     def ops(self, n, rng, first_slot=0):
         ids = rng.sample(range(self.units), n * self.k)
         lid, img = self.ex.layout_id, self.image
-        stores = [sc.CheckpointStoreOp(src_slot=first_slot + s, unit_ids=tuple(ids[s * self.k:(s + 1) * self.k]),
-                                       total_bytes=img, layout_id=lid) for s in range(n)]
+        stores = [
+            sc.CheckpointStoreOp(
+                src_slot=first_slot + s,
+                unit_ids=tuple(ids[s * self.k : (s + 1) * self.k]),
+                total_bytes=img,
+                layout_id=lid,
+            )
+            for s in range(n)
+        ]
         return stores, ids
 
 
@@ -168,8 +179,12 @@ def bench_layout(name, args, flush, rng):
     rows = []
     for n in args.batches:
         stores, ids = w.ops(n, rng)
-        restores = [sc.CheckpointRestoreOp(dst_slot=w.max_ops + s, unit_ids=op.unit_ids, total_bytes=w.image, layout_id=w.ex.layout_id)
-                    for s, op in enumerate(stores)]
+        restores = [
+            sc.CheckpointRestoreOp(
+                dst_slot=w.max_ops + s, unit_ids=op.unit_ids, total_bytes=w.image, layout_id=w.ex.layout_id
+            )
+            for s, op in enumerate(stores)
+        ]
         payload = n * w.image
         r = dict(layout=name, ops=n, mbytes=payload / 1e6, units_per_op=w.k)
         # Ceiling: one contiguous copy of the same bytes.
@@ -190,11 +205,11 @@ def bench_layout(name, args, flush, rng):
         def torch_store(w=w, img=img, slot_idx=slot_idx, unit_idx=unit_idx, cols=cols, n=n):
             p = 0
             for sr in w.state_rows:
-                img[:, p:p + sr.shape[1]].copy_(sr.index_select(0, slot_idx))
+                img[:, p : p + sr.shape[1]].copy_(sr.index_select(0, slot_idx))
                 p += sr.shape[1]
             units = img.view(n * w.k, w.unit)
             for pr, off, nb in cols:
-                pr.index_copy_(0, unit_idx, units[:, off:off + nb])
+                pr.index_copy_(0, unit_idx, units[:, off : off + nb])
 
         g_torch = graph_of(torch_store)
         torch.cuda.synchronize()
@@ -213,11 +228,14 @@ def bench_layout(name, args, flush, rng):
         cap_r.replay(restores=restores)
         torch.cuda.synchronize()
         for sr in w.state_rows:  # images are whole slots here
-            assert torch.equal(sr[w.max_ops:w.max_ops + n], sr[:n]), f"{name}: a restore differs from its source"
+            assert torch.equal(sr[w.max_ops : w.max_ops + n], sr[:n]), f"{name}: a restore differs from its source"
         g_kernel = graph_of(lambda cap=cap: cap._engine.launch(current_stream(), False, False))
         g_kernel_r = graph_of(lambda cap_r=cap_r: cap_r._engine.launch(current_stream(), False, False))
-        times = time_many([g_copy.replay, g_torch.replay, cap.graph.replay, g_kernel.replay, cap_r.graph.replay,
-                           g_kernel_r.replay], args.reps, flush)
+        times = time_many(
+            [g_copy.replay, g_torch.replay, cap.graph.replay, g_kernel.replay, cap_r.graph.replay, g_kernel_r.replay],
+            args.reps,
+            flush,
+        )
         for key, t in zip(("copy", "torch", "sc", "kernel", "sc_restore", "kernel_restore"), times):
             r[f"{key}_us"] = t * 1e6
         del g_copy, g_torch, g_kernel, g_kernel_r, img, src, dst, cap_r
@@ -266,9 +284,14 @@ def bench_layout(name, args, flush, rng):
         times = time_many([g.replay for g in graphs], args.reps, flush)
         variants[n] = {str(v): t * 1e6 for v, t in enumerate(times)}
         del engines, graphs
-    info = dict(pieces_per_op=w.ex._planner.pieces_per_paged_op, items_per_op=w.ex._engine.items_per_paged_op,
-                grid_blocks=w.ex._engine.grid_blocks, image_bytes=w.image, unit_bytes=w.unit,
-                variants_kernel_us=variants)
+    info = dict(
+        pieces_per_op=w.ex._planner.pieces_per_paged_op,
+        items_per_op=w.ex._engine.items_per_paged_op,
+        grid_blocks=w.ex._engine.grid_blocks,
+        image_bytes=w.image,
+        unit_bytes=w.unit,
+        variants_kernel_us=variants,
+    )
     del w
     torch.cuda.empty_cache()
     return rows, info
@@ -282,8 +305,9 @@ def bench_small(args, flush):
     for t in (small, kv):
         fill_random(t)
     ex = sc.StateCopyExecutor(sc.StateLayout([small]), sc.PageLayout([kv]), max_num_seqs=4)
-    op = sc.CheckpointStoreOp(src_slot=3, unit_ids=(9, 2, 40, 17), total_bytes=ex.spec.image_bytes,
-                              layout_id=ex.layout_id)
+    op = sc.CheckpointStoreOp(
+        src_slot=3, unit_ids=(9, 2, 40, 17), total_bytes=ex.spec.image_bytes, layout_id=ex.layout_id
+    )
     cap = ex.capture(max_paged_ops=1, max_slot_copies=0)
     cap.replay(stores=[op])
     g = graph_of(lambda: cap._engine.launch(torch.cuda.current_stream().cuda_stream, False, False))
@@ -344,48 +368,77 @@ def bench_devices(args):
     one = run([0], args.reps)
     alln = run(list(range(n_dev)), args.reps)
     per_gpu = 2 * payload / alln / 1e12
-    return dict(devices=n_dev, mbytes_per_device=payload / 1e6, one_gpu_us=one * 1e6, all_us=alln * 1e6,
-                one_gpu_tbs=2 * payload / one / 1e12, per_gpu_tbs=per_gpu, aggregate_tbs=per_gpu * n_dev,
-                per_gpu_vs_one=one / alln)
+    return dict(
+        devices=n_dev,
+        mbytes_per_device=payload / 1e6,
+        one_gpu_us=one * 1e6,
+        all_us=alln * 1e6,
+        one_gpu_tbs=2 * payload / one / 1e12,
+        per_gpu_tbs=per_gpu,
+        aggregate_tbs=per_gpu * n_dev,
+        per_gpu_vs_one=one / alln,
+    )
 
 
 def table(r: dict) -> str:
-    out = [f"{r['device']} ({r['sms']} SMs), median of {r['reps']} graph replays (L2 flushed), "
-           "TB/s = (read + written) / time; x/copy_ = copy_ time / x time (same run)"]
-    hdr = (f"{'layout':>8} {'ops':>3} {'MB':>7} | {'copy_':>6} {'torch':>6} {'sc':>6} {'kernel':>6} "
-           f"{'whole':>6} TB/s | {'sc':>5} {'kern':>5} {'whole':>5} {'rs':>5} {'rs kern':>7} /copy_ | "
-           f"{'sc/torch':>8} | {'host us':>7} {'limit':>5}")
+    out = [
+        f"{r['device']} ({r['sms']} SMs), median of {r['reps']} graph replays (L2 flushed), "
+        "TB/s = (read + written) / time; x/copy_ = copy_ time / x time (same run)"
+    ]
+    hdr = (
+        f"{'layout':>8} {'ops':>3} {'MB':>7} | {'copy_':>6} {'torch':>6} {'sc':>6} {'kernel':>6} "
+        f"{'whole':>6} TB/s | {'sc':>5} {'kern':>5} {'whole':>5} {'rs':>5} {'rs kern':>7} /copy_ | "
+        f"{'sc/torch':>8} | {'host us':>7} {'limit':>5}"
+    )
     out.append(hdr)
     for x in r["rows"]:
-        out.append(f"{x['layout']:>8} {x['ops']:>3} {x['mbytes']:>7.1f} | {x['copy_tbs']:>6.2f} "
-                   f"{x['torch_tbs']:>6.2f} {x['sc_tbs']:>6.2f} {x['kernel_tbs']:>6.2f} {x['whole_tbs']:>6.2f}      | "
-                   f"{x['sc_vs_copy']:>5.3f} {x['kernel_vs_copy']:>5.3f} {x['whole_vs_copy']:>5.3f} "
-                   f"{x['sc_restore_vs_copy']:>5.3f} {x['kernel_restore_vs_copy']:>7.3f}        | "
-                   f"{x['sc_vs_torch']:>7.1f}x | {x['host_us']:>7.1f} {x['host_limit_us']:>5.0f}")
+        out.append(
+            f"{x['layout']:>8} {x['ops']:>3} {x['mbytes']:>7.1f} | {x['copy_tbs']:>6.2f} "
+            f"{x['torch_tbs']:>6.2f} {x['sc_tbs']:>6.2f} {x['kernel_tbs']:>6.2f} {x['whole_tbs']:>6.2f}      | "
+            f"{x['sc_vs_copy']:>5.3f} {x['kernel_vs_copy']:>5.3f} {x['whole_vs_copy']:>5.3f} "
+            f"{x['sc_restore_vs_copy']:>5.3f} {x['kernel_restore_vs_copy']:>7.3f}        | "
+            f"{x['sc_vs_torch']:>7.1f}x | {x['host_us']:>7.1f} {x['host_limit_us']:>5.0f}"
+        )
     for name, info in r["layouts"].items():
-        v = "; ".join(f"{n} ops: " + ", ".join(f"v{k} {us:.1f}" for k, us in t.items())
-                      for n, t in info["variants_kernel_us"].items())
-        out.append(f"{name}: {LAYOUTS[name][0]}; {info['pieces_per_op']} pieces, {info['items_per_op']} items "
-                   f"an op; grid {info['grid_blocks']}; kernel builds (us): {v}")
+        v = "; ".join(
+            f"{n} ops: " + ", ".join(f"v{k} {us:.1f}" for k, us in t.items())
+            for n, t in info["variants_kernel_us"].items()
+        )
+        out.append(
+            f"{name}: {LAYOUTS[name][0]}; {info['pieces_per_op']} pieces, {info['items_per_op']} items "
+            f"an op; grid {info['grid_blocks']}; kernel builds (us): {v}"
+        )
     if "contiguous" in r:
         c = r["contiguous"]
-        out.append(f"one contiguous {c['mbytes']:.0f} MB row: kernel {c['kernel_us']:.1f} us, copy_ "
-                   f"{c['copy_us']:.1f} us ({c['copy_us'] / c['kernel_us']:.3f} of copy_)")
+        out.append(
+            f"one contiguous {c['mbytes']:.0f} MB row: kernel {c['kernel_us']:.1f} us, copy_ "
+            f"{c['copy_us']:.1f} us ({c['copy_us'] / c['kernel_us']:.3f} of copy_)"
+        )
     big = [x for x in r["rows"] if x["mbytes"] >= 16]
     one = [x for x in r["rows"] if x["ops"] == 1 and x["layout"] != "hybrid7b"]
     if big:
-        out.append(f"target kernel >= 0.90 of copy_ (batches >= 16 MB): min store {min(x['kernel_vs_copy'] for x in big):.3f}, "
-                   f"min restore {min(x['kernel_restore_vs_copy'] for x in big):.3f}")
-        out.append(f"target whole batch >= 0.85: min {min(x['whole_vs_copy'] for x in big):.3f}; "
-                   f"graph (fetch + kernel) min {min(x['sc_vs_copy'] for x in big):.3f}")
-    out.append(f"target host <= 1 us/op + 10 us: worst margin "
-               f"{max(x['host_us'] - x['host_limit_us'] for x in r['rows']):+.1f} us (negative = met)")
+        out.append(
+            f"target kernel >= 0.90 of copy_ (batches >= 16 MB): min store {min(x['kernel_vs_copy'] for x in big):.3f}, "
+            f"min restore {min(x['kernel_restore_vs_copy'] for x in big):.3f}"
+        )
+        out.append(
+            f"target whole batch >= 0.85: min {min(x['whole_vs_copy'] for x in big):.3f}; "
+            f"graph (fetch + kernel) min {min(x['sc_vs_copy'] for x in big):.3f}"
+        )
+    out.append(
+        f"target host <= 1 us/op + 10 us: worst margin "
+        f"{max(x['host_us'] - x['host_limit_us'] for x in r['rows']):+.1f} us (negative = met)"
+    )
     if one:
-        out.append(f"target one 38.6 MB op >= 0.70 of copy_: graph min {min(x['sc_vs_copy'] for x in one):.3f}, "
-                   f"whole min {min(x['whole_vs_copy'] for x in one):.3f}")
+        out.append(
+            f"target one 38.6 MB op >= 0.70 of copy_: graph min {min(x['sc_vs_copy'] for x in one):.3f}, "
+            f"whole min {min(x['whole_vs_copy'] for x in one):.3f}"
+        )
     if "one_mib_op_us" in r:
-        out.append(f"target one 1 MiB op from graph replay <= 10 us: {r['one_mib_op_us']:.2f} us "
-                   f"(the kernel alone {r['one_mib_op_kernel_us']:.2f} us)")
+        out.append(
+            f"target one 1 MiB op from graph replay <= 10 us: {r['one_mib_op_us']:.2f} us "
+            f"(the kernel alone {r['one_mib_op_kernel_us']:.2f} us)"
+        )
     return "\n".join(out)
 
 
@@ -404,9 +457,11 @@ def main():
     if args.devices:
         r = bench_devices(args)
         print(json.dumps(r, indent=1))
-        print(f"{r['devices']} GPU(s), kv16 x 16 ops ({r['mbytes_per_device']:.0f} MB each): one GPU "
-              f"{r['one_gpu_tbs']:.2f} TB/s, all together {r['per_gpu_tbs']:.2f} TB/s per GPU "
-              f"({r['per_gpu_vs_one']:.3f} of one), aggregate {r['aggregate_tbs']:.2f} TB/s")
+        print(
+            f"{r['devices']} GPU(s), kv16 x 16 ops ({r['mbytes_per_device']:.0f} MB each): one GPU "
+            f"{r['one_gpu_tbs']:.2f} TB/s, all together {r['per_gpu_tbs']:.2f} TB/s per GPU "
+            f"({r['per_gpu_vs_one']:.3f} of one), aggregate {r['aggregate_tbs']:.2f} TB/s"
+        )
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(r, f, indent=1)
@@ -415,8 +470,15 @@ def main():
     props = torch.cuda.get_device_properties(0)
     flush = torch.empty(args.flush_mb << 20, dtype=torch.uint8, device="cuda")
     rng = random.Random(0)
-    r = dict(device=props.name, sms=props.multi_processor_count, reps=args.reps, rows=[], layouts={},
-             item_bytes=_C._GpuCopyEngine.item_bytes)
+    r = dict(
+        device=props.name,
+        sms=props.multi_processor_count,
+        reps=args.reps,
+        rows=[],
+        layouts={},
+        item_bytes=_C._GpuCopyEngine.item_bytes,
+    )
+
     def save():  # after every part, so a failure later keeps what ran
         if args.out:
             with open(args.out, "w") as f:

@@ -101,7 +101,10 @@ def churn(mod):
         plan = draws[turn[0] % len(draws)]
         turn[0] += 1
         has_available_units, begin_restore, begin_store = (
-            store.has_available_units, store.begin_restore, store_calls(mod, store))
+            store.has_available_units,
+            store.begin_restore,
+            store_calls(mod, store),
+        )
         for i, (hit_at, h, replace_at) in enumerate(plan):
             hit = live[hit_at]
             has_available_units(UNITS_PER_CHECKPOINT, protected_hash=hit)
@@ -125,7 +128,10 @@ def scheduler_pass(mod):
         turn[0] += 1
         store.complete_inflight()
         has_available_units, begin_restore, begin_store = (
-            store.has_available_units, store.begin_restore, store_calls(mod, store))
+            store.has_available_units,
+            store.begin_restore,
+            store_calls(mod, store),
+        )
         for _ in range(256):  # can_append for every running sequence
             has_available_units(1)
         for i, (hit_at, h, replace_at) in enumerate(plan):  # admissions, then new boundaries
@@ -228,10 +234,12 @@ def coordinator_batched(mod):
         t = turn[0]
         c.complete_previous_batch()
         hits = c.resumable_hits(seqs, caps, ps)
-        c.begin_restores([p[hit - 1] for p, hit in zip(ps, hits) if hit],
-                         [slot for slot, hit in zip(slots, hits) if hit])
-        c.checkpoint_many(seqs, [hit + 8 for hit in hits],
-                          [p[min(hit + 7, 63)] ^ salt ^ t for p, hit, salt in zip(ps, hits, salts)])
+        c.begin_restores(
+            [p[hit - 1] for p, hit in zip(ps, hits) if hit], [slot for slot, hit in zip(slots, hits) if hit]
+        )
+        c.checkpoint_many(
+            seqs, [hit + 8 for hit in hits], [p[min(hit + 7, 63)] ^ salt ^ t for p, hit, salt in zip(ps, hits, salts)]
+        )
         c.take_checkpoint_ops()
 
     return one_pass
@@ -259,8 +267,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=11)
     ap.add_argument("--passes", type=int, default=10)
-    ap.add_argument("--eviction", choices=("lru", "cost"), default="lru",
-                    help="statecache's eviction setting (the reference is always LRU)")
+    ap.add_argument(
+        "--eviction",
+        choices=("lru", "cost"),
+        default="lru",
+        help="statecache's eviction setting (the reference is always LRU)",
+    )
     args = ap.parse_args()
     if args.eviction == "cost":
         from statecache.engine.adaptive import CostModel
@@ -272,17 +284,24 @@ def main() -> None:
     if ref is None:
         sys.exit("reference modules not found; set STATECACHE_REFERENCE_DIR")
     rows = []
-    workloads = (("pass", scheduler_pass), ("churn", churn), ("admission", admission), ("coordinator", coordinator),
-                 ("coordinator, batched calls", coordinator_batched))
+    workloads = (
+        ("pass", scheduler_pass),
+        ("churn", churn),
+        ("admission", admission),
+        ("coordinator", coordinator),
+        ("coordinator, batched calls", coordinator_batched),
+    )
     for name, build in workloads:
         ours, theirs = time_side_by_side(build(sc), build(ref), args.passes, args.repeats)
         rows.append((name, ours, theirs, theirs / ours))
-    print(f"statecache eviction: {args.eviction}; "
-          f"pool {UNITS} units, {UNITS_PER_CHECKPOINT} units per checkpoint, "
-          f"{UNITS // UNITS_PER_CHECKPOINT} READY checkpoints; median of {args.repeats} x {args.passes} passes "
-          f"(thread CPU time, {os.cpu_count()} CPUs)")
-    print(f"| workload | statecache µs/pass | reference µs/pass | speed-up |")
-    print(f"|---|---:|---:|---:|")
+    print(
+        f"statecache eviction: {args.eviction}; "
+        f"pool {UNITS} units, {UNITS_PER_CHECKPOINT} units per checkpoint, "
+        f"{UNITS // UNITS_PER_CHECKPOINT} READY checkpoints; median of {args.repeats} x {args.passes} passes "
+        f"(thread CPU time, {os.cpu_count()} CPUs)"
+    )
+    print("| workload | statecache µs/pass | reference µs/pass | speed-up |")
+    print("|---|---:|---:|---:|")
     for name, ours, theirs, ratio in rows:
         print(f"| {name} | {ours:,.1f} | {theirs:,.1f} | {ratio:,.1f}× |")
 

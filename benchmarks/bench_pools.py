@@ -123,7 +123,7 @@ class BatchedWorkload(Workload):
             boundary = [hs[rung - 1] for hs in hashes]
         pool.checkpoint_many(seqs, [rung] * RUNNING, boundary)
         first = (self.pass_no * FINISH_PER_PASS) % RUNNING
-        finished = seqs[first:first + FINISH_PER_PASS]
+        finished = seqs[first : first + FINISH_PER_PASS]
         pool.release_many([s.state_slot for s in finished])
         for s, slot in zip(finished, pool.pop_many(FINISH_PER_PASS)):
             s.state_slot = slot
@@ -142,23 +142,30 @@ def main(argv=None):
     ap.add_argument("--passes", type=int, default=40, help="passes per timed repeat")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=100, help="passes before timing (fills the pool)")
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="time with process CPU time instead of wall time (steadier on a shared machine)")
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with process CPU time instead of wall time (steadier on a shared machine)",
+    )
     args = ap.parse_args(argv)
 
     transfer = sc.StateTransfer.fork(HBS)
     variants = {
         "statecache": lambda: Workload(sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence),
         "statecache (NumPy hashes)": lambda: Workload(
-            sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence, "numpy"),
+            sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence, "numpy"
+        ),
     }
     if hasattr(sc.StateSlotPool, "checkpoint_many"):
         variants["statecache, batched calls"] = lambda: BatchedWorkload(
-            sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence)
+            sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence
+        )
         variants["statecache, batched, NumPy"] = lambda: BatchedWorkload(
-            sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence, "numpy")
+            sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence, "numpy"
+        )
         variants["statecache, batched, own seqs"] = lambda: BatchedWorkload(
-            sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), PySeq)
+            sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), PySeq
+        )
     if hasattr(sc.StateSlotPool, "set_eviction_policy"):
         from statecache.engine.adaptive import CostModel
         from statecache.sim.geometry import preset
@@ -174,9 +181,11 @@ def main(argv=None):
     ref = load("slot_pool")
     if ref is not None:
         variants["reference (Python seqs)"] = lambda: Workload(
-            ref.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), PySeq)
+            ref.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), PySeq
+        )
         variants["reference (statecache.Sequence)"] = lambda: Workload(
-            ref.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence)
+            ref.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), sc.Sequence
+        )
     else:
         print("reference not found beside the checkout: statecache only", file=sys.stderr)
 
@@ -193,13 +202,19 @@ def main(argv=None):
     base = statistics.median(samples["statecache"])
     ref_name = "reference (Python seqs)"
     ref = statistics.median(samples[ref_name]) if ref_name in samples else None
-    print(f"StateSlotPool scheduler pass: {NUM_SLOTS} slots, {RUNNING} running seqs, "
-          f"{BLOCKS}-block hash lists, {FINISH_PER_PASS} finish/admit per pass")
-    print(f"median of {args.repeats} repeats x {args.passes} passes (after {args.warmup} warm-up passes), "
-          f"{'process CPU' if args.cpu_time else 'wall'} time; 'vs statecache': time / the per-sequence "
-          f"statecache pass; 'reference speed-up': the reference's pass (Python seqs) / this pass\n")
-    print(f"| {'implementation':<32} | {'µs / pass':>10} | {'min':>10} | {'vs statecache':>13} "
-          f"| {'reference speed-up':>18} |")
+    print(
+        f"StateSlotPool scheduler pass: {NUM_SLOTS} slots, {RUNNING} running seqs, "
+        f"{BLOCKS}-block hash lists, {FINISH_PER_PASS} finish/admit per pass"
+    )
+    print(
+        f"median of {args.repeats} repeats x {args.passes} passes (after {args.warmup} warm-up passes), "
+        f"{'process CPU' if args.cpu_time else 'wall'} time; 'vs statecache': time / the per-sequence "
+        f"statecache pass; 'reference speed-up': the reference's pass (Python seqs) / this pass\n"
+    )
+    print(
+        f"| {'implementation':<32} | {'µs / pass':>10} | {'min':>10} | {'vs statecache':>13} "
+        f"| {'reference speed-up':>18} |"
+    )
     print(f"|{'-' * 34}|{'-' * 12}|{'-' * 12}|{'-' * 15}|{'-' * 20}|")
     for name, xs in samples.items():
         med = statistics.median(xs)

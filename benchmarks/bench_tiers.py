@@ -44,8 +44,7 @@ def row(name, op, mb, ts, nbytes, base=None):
     med = statistics.median(ts)
     gbs = nbytes / med / 1e9
     ratio = f"{med / base:.1f}x" if base else "1.0x"
-    return (f"| {name} | {op} | {mb} | {1e3 * med:.2f} | {1e3 * pct(ts, 0.99):.2f} | "
-            f"{gbs:.2f} | {ratio} |")
+    return f"| {name} | {op} | {mb} | {1e3 * med:.2f} | {1e3 * pct(ts, 0.99):.2f} | {gbs:.2f} | {ratio} |"
 
 
 def bench_shared(sizes_mb, repeats):
@@ -53,14 +52,12 @@ def bench_shared(sizes_mb, repeats):
     from statecache.tiers.redis_tier import RedisTier
     from statecache.tiers.servers import MooncakeServers, RedisServer
 
-    lines = ["| tier | op | MB | p50 ms | p99 ms | GB/s (p50) | time vs memcpy |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| tier | op | MB | p50 ms | p99 ms | GB/s (p50) | time vs memcpy |", "|---|---|---:|---:|---:|---:|---:|"]
     biggest = max(sizes_mb) << 20
     mc = MooncakeServers(segment_bytes=max(2 << 30, 40 * biggest)).start(timeout_s=60)
     rs = RedisServer().start()
     try:
-        tiers = [MooncakeTier(mc.master_addr, mc.metadata_url, timeout_s=30.0),
-                 RedisTier(port=rs.port, timeout_s=30.0)]
+        tiers = [MooncakeTier(mc.master_addr, mc.metadata_url, timeout_s=30.0), RedisTier(port=rs.port, timeout_s=30.0)]
         src = np.random.default_rng(0).integers(0, 256, 8 * biggest, dtype=np.uint8)
         dst = np.zeros_like(src)
         tiers[0].register(src)
@@ -70,7 +67,7 @@ def bench_shared(sizes_mb, repeats):
             base = statistics.median(timed(lambda: np.copyto(dst[:n], src[:n]), repeats))
             lines.append(row("memcpy (baseline)", "copy", mb, [base] * repeats, n))
             for t in tiers:
-                keys = iter(range(10 ** 9))
+                keys = iter(range(10**9))
                 made = []
 
                 def put():
@@ -92,15 +89,19 @@ def bench_shared(sizes_mb, repeats):
                 lines.append(row(t.name, "put", mb, ts_put, n, base))
                 lines.append(row(t.name, "get", mb, ts_get, n, base))
                 if mb <= 8:  # batches of 8 values per call
+
                     def put8():
                         ks = [f"bench8/{mb}/{next(keys)}" for _ in range(8)]
-                        assert all(t.put_many(ks, [[src[i * n:(i + 1) * n]] for i in range(8)]))
+                        assert all(t.put_many(ks, [[src[i * n : (i + 1) * n]] for i in range(8)]))
                         last["ks"] = ks
                         made.extend(ks)
+
                     ts8 = timed(put8, max(3, repeats // 2))
                     ks = last["ks"]
-                    tg8 = timed(lambda: t.get_many_into(ks, [[dst[i * n:(i + 1) * n]] for i in range(8)]),
-                                max(3, repeats // 2))
+                    tg8 = timed(
+                        lambda: t.get_many_into(ks, [[dst[i * n : (i + 1) * n]] for i in range(8)]),
+                        max(3, repeats // 2),
+                    )
                     lines.append(row(t.name, "put x8", mb, ts8, 8 * n, 8 * base))
                     lines.append(row(t.name, "get x8", mb, tg8, 8 * n, 8 * base))
                 t.remove_many(made)  # the next size starts with an empty store
@@ -121,20 +122,24 @@ def bench_checksums(repeats):
 
     buf = np.random.default_rng(1).integers(0, 256, 38 << 20, dtype=np.uint8)
     lines = ["| checksum | GB/s (median) | ms per GB | vs XXH3-128 |", "|---|---:|---:|---:|"]
-    cases = [("XXH3-128 (chosen)", lambda: xxhash.xxh3_128(buf).digest()),
-             ("BLAKE3, 1 thread", lambda: blake3.blake3(buf).digest()),
-             ("BLAKE3, all threads", lambda: blake3.blake3(buf, max_threads=blake3.blake3.AUTO).digest())]
+    cases = [
+        ("XXH3-128 (chosen)", lambda: xxhash.xxh3_128(buf).digest()),
+        ("BLAKE3, 1 thread", lambda: blake3.blake3(buf).digest()),
+        ("BLAKE3, all threads", lambda: blake3.blake3(buf, max_threads=blake3.blake3.AUTO).digest()),
+    ]
     base = None
     for name, fn in cases:
         med = statistics.median(timed(fn, repeats))
         base = base or med
-        lines.append(f"| {name} | {buf.nbytes / med / 1e9:.2f} | {1e3 * med / (buf.nbytes / 1e9):.0f} | "
-                     f"{med / base:.2f}x time |")
+        lines.append(
+            f"| {name} | {buf.nbytes / med / 1e9:.2f} | {1e3 * med / (buf.nbytes / 1e9):.0f} | {med / base:.2f}x time |"
+        )
     return "\n".join(lines)
 
 
 def bench_gpu(repeats):
     import torch
+
     if not torch.cuda.is_available():
         return "GPU <-> host: not run (no CUDA device on this machine)."
     from statecache.engine.tiering import UnitMover
@@ -152,20 +157,21 @@ def bench_gpu(repeats):
     mover.attach_host(host)  # as Tiering does with the host tier's pinned arena
     rows = [host[i].numpy() for i in range(n_img * upc)]
     ids = list(range(n_img * upc))
-    flat = kv[:n_img * upc]
+    flat = kv[: n_img * upc]
     nbytes = flat.numel()
 
     def sync(fn):
         def run():
             fn()
             torch.cuda.synchronize()
+
         return run
 
     kv.random_(0, 255)
     mover.to_rows(ids, rows)
     torch.cuda.synchronize()
     assert torch.equal(host, flat.cpu()), "mover D2H moved the wrong bytes"
-    kv[:n_img * upc].zero_()
+    kv[: n_img * upc].zero_()
     mover.from_rows(rows, ids)
     torch.cuda.synchronize()
     assert torch.equal(flat.cpu(), host), "mover H2D moved the wrong bytes"
@@ -174,8 +180,11 @@ def bench_gpu(repeats):
     out["mover D2H"] = timed(sync(lambda: mover.to_rows(ids, rows)), repeats)
     out["copy_ H2D"] = timed(sync(lambda: flat.copy_(host, non_blocking=True)), repeats)
     out["mover H2D"] = timed(sync(lambda: mover.from_rows(rows, ids)), repeats)
-    lines = [f"GPU <-> host, {n_img} images of {image / 1e6:.1f} MB ({upc} units of 64 KiB):",
-             "| path | ms (median) | GB/s | vs pinned copy_ |", "|---|---:|---:|---:|"]
+    lines = [
+        f"GPU <-> host, {n_img} images of {image / 1e6:.1f} MB ({upc} units of 64 KiB):",
+        "| path | ms (median) | GB/s | vs pinned copy_ |",
+        "|---|---:|---:|---:|",
+    ]
     for d in ("D2H", "H2D"):
         base = statistics.median(out[f"copy_ {d}"])
         for k in (f"copy_ {d}", f"mover {d}"):

@@ -163,8 +163,8 @@ class HashRows {
       // The core names the mismatch; rows past either end are never read.
       rows_.resize(static_cast<size_t>(PyTuple_GET_SIZE(items.ptr())));
     }
-    for (size_t i = 0; i < rows_.size(); ++i) set_row(i, PyTuple_GET_ITEM(items.ptr(), static_cast<Py_ssize_t>(i)),
-                                                     "block_hashes", "");
+    for (size_t i = 0; i < rows_.size(); ++i)
+      set_row(i, PyTuple_GET_ITEM(items.ptr(), static_cast<Py_ssize_t>(i)), "block_hashes", "");
   }
 
   size_t size() const { return rows_.size(); }
@@ -299,8 +299,8 @@ class HashRows {
     }
     const char* f = view.format ? view.format : "B";
     if (*f == '<' || *f == '=' || *f == '@') ++f;  // native order on a little-endian host
-    const bool int64 = view.itemsize == 8 && (std::strcmp(f, "q") == 0 || std::strcmp(f, "l") == 0 ||
-                                              std::strcmp(f, "n") == 0);
+    const bool int64 =
+        view.itemsize == 8 && (std::strcmp(f, "q") == 0 || std::strcmp(f, "l") == 0 || std::strcmp(f, "n") == 0);
     if (view.ndim != 2 || !int64 || (view.strides && view.strides[1] != 8)) {
       PyBuffer_Release(&view);
       return false;  // read as a sequence of rows
@@ -336,8 +336,8 @@ class HashRows {
     buf.reset();
     auto ints = std::make_unique<std::vector<int64_t>>();
     append_ints(py::handle(obj), label, *ints);
-    row = Row{kData, nullptr, static_cast<int64_t>(ints->size()), ints->data(), nullptr,
-              static_cast<int64_t>(ints->size())};
+    row = Row{kData,        nullptr, static_cast<int64_t>(ints->size()),
+              ints->data(), nullptr, static_cast<int64_t>(ints->size())};
     owned_.push_back(std::move(ints));
   }
 

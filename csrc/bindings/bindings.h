@@ -5,14 +5,14 @@
 
 namespace statecache::bindings {
 
-void bind_common(pybind11::module_& m);   // errors, StateTransfer, Sequence
-void bind_pools(pybind11::module_& m);    // StateSlotPool, StateGroupPool
-void bind_paged(pybind11::module_& m);    // BlockPool, PAGE store + coordinator, offload index
+void bind_common(pybind11::module_& m);             // errors, StateTransfer, Sequence
+void bind_pools(pybind11::module_& m);              // StateSlotPool, StateGroupPool
+void bind_paged(pybind11::module_& m);              // BlockPool, PAGE store + coordinator, offload index
 void bind_paged_types(pybind11::module_& m);        // PAGE value types (called by bind_paged)
 void bind_paged_coordinator(pybind11::module_& m);  // coordinator + offload index (called by bind_paged)
-void bind_copy(pybind11::module_& m);     // span planner, CPU executor, GPU launch
-void bind_hashing(pybind11::module_& m);  // chained token-block hashes and 128-bit prefix keys
-void bind_tiers(pybind11::module_& m);    // host tier arena
+void bind_copy(pybind11::module_& m);               // span planner, CPU executor, GPU launch
+void bind_hashing(pybind11::module_& m);            // chained token-block hashes and 128-bit prefix keys
+void bind_tiers(pybind11::module_& m);              // host tier arena
 // Last: text signatures for the pybind11-bound functions (signatures.cpp).
 void add_text_signatures(pybind11::module_& m);
 

@@ -34,12 +34,10 @@ std::optional<std::string> as_layout_id(py::handle obj) {
   return obj.cast<std::string>();
 }
 
-StateTransfer make_transfer(py::handle kind, py::handle fork_tokens, py::handle layout,
-                            py::handle readable) {
+StateTransfer make_transfer(py::handle kind, py::handle fork_tokens, py::handle layout, py::handle readable) {
   if (!PyUnicode_Check(kind.ptr())) raise_type("kind", "a str", kind);
-  return StateTransfer(parse_transfer_kind(kind.cast<std::string>()),
-                       as_int(fork_tokens, "fork_tokens"), as_layout_id(layout),
-                       as_bool(readable, "readable_midstep"));
+  return StateTransfer(parse_transfer_kind(kind.cast<std::string>()), as_int(fork_tokens, "fork_tokens"),
+                       as_layout_id(layout), as_bool(readable, "readable_midstep"));
 }
 
 py::object layout_or_none(const StateTransfer& t) {
@@ -75,9 +73,11 @@ Frozen; equality and hash by value.)doc");
       .def_property_readonly("forks", &StateTransfer::forks)
       .def_property_readonly("replays", &StateTransfer::replays)
       .def_property_readonly("successor_room", &StateTransfer::successor_room)
-      .def_static("none", [] { return StateTransfer(TransferKind::kNone); },
+      .def_static(
+          "none", [] { return StateTransfer(TransferKind::kNone); },
           "Returns the transfer that keeps nothing (every hit is capped to 0). Raises nothing.")
-      .def_static("replay", [] { return StateTransfer(TransferKind::kReplay); },
+      .def_static(
+          "replay", [] { return StateTransfer(TransferKind::kReplay); },
           "Returns the transfer whose resuming forward rebuilds the state: hits never shrink and "
           "nothing is kept. Raises nothing.")
       .def_static(
@@ -92,8 +92,7 @@ Frozen; equality and hash by value.)doc");
       .def_static(
           "copy",
           [](py::handle layout, py::handle readable) {
-            return StateTransfer(TransferKind::kCopy, 0, as_layout_id(layout),
-                                 as_bool(readable, "readable_midstep"));
+            return StateTransfer(TransferKind::kCopy, 0, as_layout_id(layout), as_bool(readable, "readable_midstep"));
           },
           py::arg("layout_id") = py::none(), py::arg("readable_midstep") = false,
           "Returns a copy (PAGE) transfer for the page layout ``layout_id``. Raises only for a bad "
@@ -111,34 +110,33 @@ Frozen; equality and hash by value.)doc");
           py::arg("readable_midstep") = false,
           "Returns the transfer an engine configuration names. Raises ValueError as the "
           "constructor does.")
-      .def("to_wire",
-           [](const StateTransfer& t) {
-             py::dict d;
-             d["kind"] = transfer_kind_name(t.kind);
-             d["fork_tokens"] = t.fork_tokens;
-             d["paged_layout_id"] = layout_or_none(t);
-             d["readable_midstep"] = py::bool_(t.readable_midstep);
-             return d;
-           },
+      .def(
+          "to_wire",
+          [](const StateTransfer& t) {
+            py::dict d;
+            d["kind"] = transfer_kind_name(t.kind);
+            d["fork_tokens"] = t.fork_tokens;
+            d["paged_layout_id"] = layout_or_none(t);
+            d["readable_midstep"] = py::bool_(t.readable_midstep);
+            return d;
+          },
           "Returns a new dict with exactly kind, fork_tokens, paged_layout_id and "
           "readable_midstep. Raises nothing.")
       .def_static(
           "from_wire",
           [](py::handle wire) {
-            if (!PyMapping_Check(wire.ptr()) || PyUnicode_Check(wire.ptr()) ||
-                PySequence_Check(wire.ptr()))
+            if (!PyMapping_Check(wire.ptr()) || PyUnicode_Check(wire.ptr()) || PySequence_Check(wire.ptr()))
               raise_type("wire", "a mapping", wire);
             py::object keys = py::module_::import("builtins").attr("set")(wire);
-            py::object want = py::module_::import("builtins").attr("set")(
-                py::make_tuple("kind", "fork_tokens", "paged_layout_id", "readable_midstep"));
+            py::object want =
+                py::module_::import("builtins")
+                    .attr("set")(py::make_tuple("kind", "fork_tokens", "paged_layout_id", "readable_midstep"));
             if (!keys.equal(want))
               throw py::value_error("StateTransfer wire fields: expected " +
-                                    py_repr(py::module_::import("builtins").attr("sorted")(want)) +
-                                    ", got " +
+                                    py_repr(py::module_::import("builtins").attr("sorted")(want)) + ", got " +
                                     py_repr(py::module_::import("builtins").attr("sorted")(keys)));
             py::object get = wire.attr("__getitem__");
-            return make_transfer(get("kind"), get("fork_tokens"), get("paged_layout_id"),
-                                 get("readable_midstep"));
+            return make_transfer(get("kind"), get("fork_tokens"), get("paged_layout_id"), get("readable_midstep"));
           },
           py::arg("wire"),
           "Returns the transfer ``to_wire`` described. Raises TypeError for a non-mapping, "
@@ -150,28 +148,28 @@ Frozen; equality and hash by value.)doc");
            })
       .def("__hash__",
            [](const StateTransfer& t) {
-             return py::hash(py::make_tuple(transfer_kind_name(t.kind), t.fork_tokens,
-                                            layout_or_none(t), t.readable_midstep));
+             return py::hash(
+                 py::make_tuple(transfer_kind_name(t.kind), t.fork_tokens, layout_or_none(t), t.readable_midstep));
            })
-      .def("__repr__", [](const StateTransfer& t) {
-        return std::string("StateTransfer(kind='") + transfer_kind_name(t.kind) +
-               "', fork_tokens=" + std::to_string(t.fork_tokens) + ", paged_layout_id=" +
-               py_repr(layout_or_none(t)) + ", readable_midstep=" +
-               (t.readable_midstep ? "True" : "False") + ")";
-      })
+      .def("__repr__",
+           [](const StateTransfer& t) {
+             return std::string("StateTransfer(kind='") + transfer_kind_name(t.kind) +
+                    "', fork_tokens=" + std::to_string(t.fork_tokens) +
+                    ", paged_layout_id=" + py_repr(layout_or_none(t)) +
+                    ", readable_midstep=" + (t.readable_midstep ? "True" : "False") + ")";
+           })
       .def("__reduce__", [](py::handle self) {
         const StateTransfer& t = fast::self_of<StateTransfer>(self.ptr());
         return py::make_tuple(py::type::of(self), py::make_tuple(transfer_kind_name(t.kind), t.fork_tokens,
-                                                                   layout_or_none(t), t.readable_midstep));
+                                                                 layout_or_none(t), t.readable_midstep));
       });
 }
 
 void bind_int_list(py::module_& m) {
   py::classh<IntListView> cls(m, "IntListView", py::is_final(), STATECACHE_GUARDED(IntListView),
-                               "A live list view over a Sequence's int field.");
+                              "A live list view over a Sequence's int field.");
   fast::refuse_copy(cls);
-  cls
-      .def("__len__", [](const IntListView& s) { return s.v().size(); })
+  cls.def("__len__", [](const IntListView& s) { return s.v().size(); })
       .def("__getitem__",
            [](const IntListView& s, py::handle i) -> py::object {
              if (PySlice_Check(i.ptr())) {
@@ -197,18 +195,20 @@ void bind_int_list(py::module_& m) {
                if (e == v) return true;
              return false;
            })
-      .def("append", [](IntListView& s, py::handle x) { s.v().push_back(as_int(x, "value")); },
+      .def(
+          "append", [](IntListView& s, py::handle x) { s.v().push_back(as_int(x, "value")); },
           "Appends ``value``; returns None. Raises TypeError (or OverflowError) for a value that "
           "is not an int64.")
-      .def("extend",
-           [](IntListView& s, py::handle xs) {
-             const std::vector<int64_t> add = as_int_list(xs, "values");  // all or nothing
-             s.v().insert(s.v().end(), add.begin(), add.end());
-           },
+      .def(
+          "extend",
+          [](IntListView& s, py::handle xs) {
+            const std::vector<int64_t> add = as_int_list(xs, "values");  // all or nothing
+            s.v().insert(s.v().end(), add.begin(), add.end());
+          },
           "Appends every element of ``values``, all or none; returns None. Raises TypeError (or "
           "OverflowError) for an element that is not an int64, adding nothing.")
-      .def("clear", [](IntListView& s) { s.v().clear(); },
-          "Empties the list; returns None. Raises nothing.")
+      .def(
+          "clear", [](IntListView& s) { s.v().clear(); }, "Empties the list; returns None. Raises nothing.")
       .def(
           "pop",
           [](IntListView& s, py::handle i) {
@@ -220,8 +220,8 @@ void bind_int_list(py::module_& m) {
           py::arg("index") = -1,
           "Removes and returns the element at ``index`` (the last by default). Raises IndexError "
           "when the list is empty or ``index`` is out of range.")
-      .def("copy", [](const IntListView& s) { return to_list(s.v()); },
-          "Returns a plain list snapshot. Raises nothing.")
+      .def(
+          "copy", [](const IntListView& s) { return to_list(s.v()); }, "Returns a plain list snapshot. Raises nothing.")
       .def("__eq__",
            [](const IntListView& s, py::handle other) {
              if (py::isinstance<IntListView>(other)) return s.v() == other.cast<const IntListView&>().v();
@@ -292,8 +292,7 @@ rollback slots; ``state_slot`` reads element 0 (or -1) and assigning it
 replaces element 0 only. ``state_slots`` and ``block_hashes`` are live list
 views: in-place edits reach the pools, and plain assignment replaces them.)doc");
   fast::refuse_copy(cls);
-  cls.def(py::init([](py::handle seq_id, py::handle num_tokens, py::handle num_prompt_tokens,
-                      py::handle has_cache) {
+  cls.def(py::init([](py::handle seq_id, py::handle num_tokens, py::handle num_prompt_tokens, py::handle has_cache) {
             auto s = std::make_shared<Sequence>();
             if (!seq_id.is_none()) s->seq_id = as_int(seq_id, "seq_id");
             s->num_tokens = as_int(num_tokens, "num_tokens");
@@ -304,8 +303,7 @@ views: in-place edits reach the pools, and plain assignment replaces them.)doc")
           py::arg("seq_id") = py::none(), py::arg("num_tokens") = 0, py::arg("num_prompt_tokens") = 0,
           py::arg("has_per_req_cache") = true);
   fast::def_property<Sequence>(
-      cls, "seq_id",
-      [](const Sequence& s) { return s.seq_id ? fast::to_py(*s.seq_id) : fast::none(); },
+      cls, "seq_id", [](const Sequence& s) { return s.seq_id ? fast::to_py(*s.seq_id) : fast::none(); },
       [](Sequence& s, PyObject* x, const char* name) {
         if (x == Py_None)
           s.seq_id.reset();
@@ -357,8 +355,8 @@ void init_guard(py::module_& m) {
   py::delattr(m, "_MetaclassProbe");
   fast::base_meta_call = base->tp_call;
   static PyType_Slot slots[] = {{Py_tp_call, reinterpret_cast<void*>(&fast::guarded_meta_call)}, {0, nullptr}};
-  static PyType_Spec spec = {"statecache._C.pybind11_guarded_type", 0, 0,
-                             Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, slots};
+  static PyType_Spec spec = {"statecache._C.pybind11_guarded_type", 0, 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+                             slots};
   py::tuple bases = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(base)));
   PyObject* meta = PyType_FromSpecWithBases(&spec, bases.ptr());
   if (!meta) throw py::error_already_set();

@@ -11,8 +11,8 @@
 
 #include <pybind11/pybind11.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <stdexcept>
@@ -144,13 +144,11 @@ class IntBuffer {
     if (view_.ndim != 1) {
       const int nd = view_.ndim;
       release();
-      throw py::value_error(std::string(name) + " must be one-dimensional, got " + std::to_string(nd) +
-                            " dimensions");
+      throw py::value_error(std::string(name) + " must be one-dimensional, got " + std::to_string(nd) + " dimensions");
     }
     const bool contiguous = !view_.strides || view_.strides[0] == view_.itemsize;
-    kind_ = (view_.itemsize == 8 && (code_ == 'q' || code_ == 'l' || code_ == 'n') && contiguous && !swap_)
-                ? kInt64
-                : kOther;
+    kind_ = (view_.itemsize == 8 && (code_ == 'q' || code_ == 'l' || code_ == 'n') && contiguous && !swap_) ? kInt64
+                                                                                                            : kOther;
   }
   ~IntBuffer() { release(); }
   IntBuffer(const IntBuffer&) = delete;
@@ -177,9 +175,9 @@ class IntBuffer {
       return static_cast<int64_t>(u);
     }
     if (u > static_cast<uint64_t>(INT64_MAX)) {
-      PyErr_SetString(int_range_error, (std::string(name_) + "[" + std::to_string(i) + "]=" +
-                                            std::to_string(u) + " does not fit in a signed 64-bit int")
-                                               .c_str());
+      PyErr_SetString(int_range_error, (std::string(name_) + "[" + std::to_string(i) + "]=" + std::to_string(u) +
+                                        " does not fit in a signed 64-bit int")
+                                           .c_str());
       throw py::error_already_set();
     }
     return static_cast<int64_t>(u);
@@ -208,8 +206,8 @@ class IntBuffer {
 namespace detail {
 
 [[noreturn]] inline void bad_item(const char* name, Py_ssize_t i, PyObject* item) {
-  throw py::type_error(std::string(name) + "[" + std::to_string(i) + "] must be an int, got " +
-                       Py_TYPE(item)->tp_name + " " + py_repr(item));
+  throw py::type_error(std::string(name) + "[" + std::to_string(i) + "] must be an int, got " + Py_TYPE(item)->tp_name +
+                       " " + py_repr(item));
 }
 
 // One element of an owned snapshot (may run __index__).

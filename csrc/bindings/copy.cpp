@@ -31,16 +31,13 @@ std::vector<Segment> as_segments(py::handle obj, const char* name) {
   std::vector<Segment> out;
   for (size_t i = 0; i < flat.size(); i += 3) {
     if (flat[i] < 0 || flat[i + 1] < 0)
-      throw py::value_error(std::string(name) + "[" + std::to_string(i / 3) +
-                            "]: base and stride must be >= 0");
+      throw py::value_error(std::string(name) + "[" + std::to_string(i / 3) + "]: base and stride must be >= 0");
     out.push_back({static_cast<uint64_t>(flat[i]), flat[i + 1], flat[i + 2]});
   }
   return out;
 }
 
-std::string item_name(const char* kind, size_t i) {
-  return std::string(kind) + "[" + std::to_string(i) + "]";
-}
+std::string item_name(const char* kind, size_t i) { return std::string(kind) + "[" + std::to_string(i) + "]"; }
 
 std::vector<SlotCopyOp> as_pairs(py::handle obj, const char* kind) {
   std::vector<SlotCopyOp> out;
@@ -49,8 +46,7 @@ std::vector<SlotCopyOp> as_pairs(py::handle obj, const char* kind) {
   for (py::handle pair : py::iter(obj)) {
     std::string name = item_name(kind, i++);
     std::vector<int64_t> v = as_int_list(pair, name.c_str());
-    if (v.size() != 2)
-      throw py::value_error(name + " must be a (src, dst) pair, got " + py_repr(pair));
+    if (v.size() != 2) throw py::value_error(name + " must be a (src, dst) pair, got " + py_repr(pair));
     out.push_back({v[0], v[1]});
   }
   return out;
@@ -99,8 +95,7 @@ std::vector<PagedCopyOp> as_paged(py::handle obj, const char* kind, const char* 
   return out;
 }
 
-MaintenanceBatch as_batch(py::handle relocations, py::handle copies, py::handle stores,
-                          py::handle restores) {
+MaintenanceBatch as_batch(py::handle relocations, py::handle copies, py::handle stores, py::handle restores) {
   MaintenanceBatch b;
   b.relocations = as_pairs(relocations, "relocations");
   b.copies = as_pairs(copies, "copies");
@@ -118,7 +113,8 @@ void bind_copy(py::module_& m) {
   m.attr("has_gpu_kernels") = false;
 #endif
 
-  py::class_<CompiledBatch>(m, "_CopyBatch", STATECACHE_GUARDED(CompiledBatch), "A validated batch: one descriptor per op plus its unit ids.")
+  py::class_<CompiledBatch>(m, "_CopyBatch", STATECACHE_GUARDED(CompiledBatch),
+                            "A validated batch: one descriptor per op plus its unit ids.")
       .def_property_readonly("num_ops", [](const CompiledBatch& b) { return b.ops.size(); })
       .def_property_readonly("num_slot_copies", [](const CompiledBatch& b) { return b.num_pair_ops; })
       .def_property_readonly("num_paged_ops", [](const CompiledBatch& b) { return b.num_paged_ops; })
@@ -131,16 +127,16 @@ Segment tables are flat ``[base, stride, bytes, ...]`` int lists: item i of a
 segment (a slot or a page unit) sits at ``base + i * stride``. The templates
 (what one PAGE op and one slot copy move) are computed once here; ``compile``
 validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids).)doc")
-      .def(py::init([](py::handle image, py::handle slot, py::handle unit, py::handle num_slots,
-                       py::handle num_units, py::handle layout_id) {
+      .def(py::init([](py::handle image, py::handle slot, py::handle unit, py::handle num_slots, py::handle num_units,
+                       py::handle layout_id) {
              if (!PyUnicode_Check(layout_id.ptr())) raise_type("layout_id", "a str", layout_id);
-             return std::make_unique<SpanPlanner>(
-                 as_segments(image, "image_segments"), as_segments(slot, "slot_segments"),
-                 as_segments(unit, "unit_segments"), as_int(num_slots, "num_slots"),
-                 as_int(num_units, "num_units"), layout_id.cast<std::string>());
+             return std::make_unique<SpanPlanner>(as_segments(image, "image_segments"),
+                                                  as_segments(slot, "slot_segments"),
+                                                  as_segments(unit, "unit_segments"), as_int(num_slots, "num_slots"),
+                                                  as_int(num_units, "num_units"), layout_id.cast<std::string>());
            }),
-           py::arg("image_segments"), py::arg("slot_segments"), py::arg("unit_segments"),
-           py::arg("num_slots"), py::arg("num_units"), py::arg("layout_id"))
+           py::arg("image_segments"), py::arg("slot_segments"), py::arg("unit_segments"), py::arg("num_slots"),
+           py::arg("num_units"), py::arg("layout_id"))
       .def_property_readonly("num_slots", &SpanPlanner::num_slots)
       .def_property_readonly("num_units", &SpanPlanner::num_units)
       .def_property_readonly("image_bytes", &SpanPlanner::image_bytes)
@@ -152,24 +148,26 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
       .def_property_readonly("pieces_per_slot_copy", [](const SpanPlanner& p) { return p.slot_template().size(); })
       .def(
           "compile",
-          [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores,
-             py::handle restores) { return p.compile(as_batch(relocations, copies, stores, restores)); },
-          py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(),
-          py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple(),
+          [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores, py::handle restores) {
+            return p.compile(as_batch(relocations, copies, stores, restores));
+          },
+          py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(), py::arg("stores") = py::tuple(),
+          py::arg("restores") = py::tuple(),
           "Returns the compiled batch. Raises ValueError naming the first bad op (layout id, "
           "total_bytes, unit count, a slot or unit out of range, two writers of one destination, "
           "an op reading what another writes), before compiling anything.")
       .def(
           "validate",
-          [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores,
-             py::handle restores) { p.validate(as_batch(relocations, copies, stores, restores)); },
-          py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(),
-          py::arg("stores") = py::tuple(), py::arg("restores") = py::tuple(),
+          [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores, py::handle restores) {
+            p.validate(as_batch(relocations, copies, stores, restores));
+          },
+          py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(), py::arg("stores") = py::tuple(),
+          py::arg("restores") = py::tuple(),
           "Checks a batch as ``compile`` does; returns None. Raises ValueError as ``compile`` does.")
       // Holds the GIL: another thread could free or resize a tensor mid-copy.
       .def("run_on_cpu", &SpanPlanner::run_on_cpu, py::arg("batch"),
-          "Copies every span of ``batch`` with memcpy (host memory only); returns None. Raises "
-          "ValueError for a batch of another planner.")
+           "Copies every span of ``batch`` with memcpy (host memory only); returns None. Raises "
+           "ValueError for a batch of another planner.")
       .def(
           "spans",
           [](const SpanPlanner& p, const CompiledBatch& b) {
@@ -190,13 +188,13 @@ one-launch copy kernel, for one device.
 read its previous contents); ``launch(stream)`` enqueues the descriptor copy
 and the kernel on a raw stream handle; both may be captured in a graph, whose
 replays read the staging again: stage, replay, then ``record_consumed``.)doc")
-      .def(py::init([](py::handle device, const SpanPlanner& planner, py::handle max_pair_ops,
-                       py::handle max_paged_ops, py::handle buffers, py::handle variant) {
-             return std::make_unique<GpuCopyEngine>(
-                 static_cast<int>(as_nonneg_int(device, "device")), planner,
-                 static_cast<size_t>(as_nonneg_int(max_pair_ops, "max_pair_ops")),
-                 static_cast<size_t>(as_nonneg_int(max_paged_ops, "max_paged_ops")),
-                 static_cast<int>(as_int(buffers, "buffers")), static_cast<int>(as_int(variant, "variant")));
+      .def(py::init([](py::handle device, const SpanPlanner& planner, py::handle max_pair_ops, py::handle max_paged_ops,
+                       py::handle buffers, py::handle variant) {
+             return std::make_unique<GpuCopyEngine>(static_cast<int>(as_nonneg_int(device, "device")), planner,
+                                                    static_cast<size_t>(as_nonneg_int(max_pair_ops, "max_pair_ops")),
+                                                    static_cast<size_t>(as_nonneg_int(max_paged_ops, "max_paged_ops")),
+                                                    static_cast<int>(as_int(buffers, "buffers")),
+                                                    static_cast<int>(as_int(variant, "variant")));
            }),
            py::arg("device"), py::arg("planner"), py::arg("max_pair_ops"), py::arg("max_paged_ops"),
            py::arg("buffers") = 2, py::arg("variant") = 0)
@@ -210,14 +208,14 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
           "None. Raises ValueError for a batch this engine cannot hold, RuntimeError for a "
           "CUDA/HIP error.")
       .def("stage", &GpuCopyEngine::stage, py::arg("batch"),
-          "Fills the next staging buffer with ``batch``'s descriptors, waiting until the device "
-          "read it last time; returns None. Raises ValueError for a batch this engine cannot hold, "
-          "RuntimeError for a CUDA/HIP error.")
+           "Fills the next staging buffer with ``batch``'s descriptors, waiting until the device "
+           "read it last time; returns None. Raises ValueError for a batch this engine cannot hold, "
+           "RuntimeError for a CUDA/HIP error.")
       .def(
           "launch",
           [](GpuCopyEngine& e, py::handle stream, py::handle full_transfer, py::handle copy_descriptors) {
-            e.launch(static_cast<uintptr_t>(as_nonneg_int(stream, "stream")),
-                     as_bool(full_transfer, "full_transfer"), as_bool(copy_descriptors, "copy_descriptors"));
+            e.launch(static_cast<uintptr_t>(as_nonneg_int(stream, "stream")), as_bool(full_transfer, "full_transfer"),
+                     as_bool(copy_descriptors, "copy_descriptors"));
           },
           py::arg("stream"), py::arg("full_transfer") = false, py::arg("copy_descriptors") = true,
           "Enqueues the descriptor copy and the kernel on ``stream`` (capturable in a CUDA graph); "

@@ -69,9 +69,9 @@ void def_eviction_methods(Cls& cls, Target target) {
          py::arg("flops_per_context_token") = 0.0, py::arg("checkpoint_bytes") = 1.0,
          py::arg("tokens_per_position") = 1.0, py::arg("weight") = 1.0, py::arg("guesses_first") = true,
          kSetEvictionPolicyDoc,
-      "Chooses which checkpoint to spend first ('lru' or 'cost'; see ``eviction_policy``); "
-      "returns None. Raises ValueError naming the argument, changing nothing, for an unknown "
-      "kind or a weight that is negative or not finite.")
+         "Chooses which checkpoint to spend first ('lru' or 'cost'; see ``eviction_policy``); "
+         "returns None. Raises ValueError naming the argument, changing nothing, for an unknown "
+         "kind or a weight that is negative or not finite.")
       .def_property_readonly(
           "eviction_policy", [target](T& self) { return eviction_model_dict(target(self).eviction_model()); },
           "The eviction setting as a dict (see set_eviction_policy).");

@@ -17,8 +17,8 @@
 #include <array>
 #include <initializer_list>
 #include <memory>
-#include <optional>
 #include <new>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -40,8 +40,8 @@ struct Params {
   std::string func;
   std::vector<std::string> names;
   std::vector<const char*> cnames;  // names[i].c_str(), filled once names is complete
-  int required = 0;     // leading parameters without a default
-  int positional = 0;   // how many may be given positionally (rest keyword-only)
+  int required = 0;                 // leading parameters without a default
+  int positional = 0;               // how many may be given positionally (rest keyword-only)
 };
 
 // Raises the Python exception for the C++ exception being handled.
@@ -78,8 +78,7 @@ inline void set_error_from_current() {
 // Fills out[i] for each parameter of `p`; optional ones not given stay
 // nullptr. Returns false with a TypeError set, the way CPython words it.
 // Allocates nothing.
-inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
-                  PyObject** out) {
+inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) {
   const char* func = p.func.c_str();
   const int n = static_cast<int>(p.cnames.size());
   if (nargs > p.positional) {
@@ -200,7 +199,7 @@ void instance_setup(PyHeapTypeObject* heap_type) {
 }
 
 // The class_ extras that give T's class the guard and the cache field.
-#define STATECACHE_GUARDED(T)                                                  \
+#define STATECACHE_GUARDED(T)                                               \
   ::pybind11::metaclass(::statecache::bindings::fast::guarded_metaclass()), \
       ::pybind11::custom_type_setup(&::statecache::bindings::fast::instance_setup<T>)
 
@@ -326,21 +325,20 @@ T& self_of(PyObject* self) {
 // A pool that keeps a sequence across calls keeps ref() (a strong reference)
 // and tells sequences apart by object() identity.
 enum SeqField : unsigned {
-  kHasCache = 1u << 0,    // has_per_req_cache (truth value)
-  kNumTokens = 1u << 1,   // num_tokens
-  kStateSlot = 1u << 2,   // state_slot (element 0 of state_slots, or -1)
-  kForkSrc = 1u << 3,     // state_fork_src
-  kGroup = 1u << 4,       // per_req_cache_group
-  kPending = 1u << 5,     // pending_checkpoint
-  kAnchors = 1u << 6,     // midstep_anchor_pos, checkpoint_end_pos (0 when absent)
+  kHasCache = 1u << 0,   // has_per_req_cache (truth value)
+  kNumTokens = 1u << 1,  // num_tokens
+  kStateSlot = 1u << 2,  // state_slot (element 0 of state_slots, or -1)
+  kForkSrc = 1u << 3,    // state_fork_src
+  kGroup = 1u << 4,      // per_req_cache_group
+  kPending = 1u << 5,    // pending_checkpoint
+  kAnchors = 1u << 6,    // midstep_anchor_pos, checkpoint_end_pos (0 when absent)
 };
 
 class SeqArg {
  public:
   SeqArg(PyObject* obj, const char* name, unsigned reads) : SeqArg(obj, name, -1, reads) {}
   // Entry `index` of a batch argument `name` (errors say "name[index]").
-  SeqArg(PyObject* obj, const char* name, Py_ssize_t index, unsigned reads)
-      : obj_(obj), name_(name), index_(index) {
+  SeqArg(PyObject* obj, const char* name, Py_ssize_t index, unsigned reads) : obj_(obj), name_(name), index_(index) {
     native_ = native_of(obj, name, index);
     if (native_) return;
     if (obj == Py_None || PyLong_Check(obj) || PyUnicode_Check(obj))
@@ -422,18 +420,23 @@ class SeqArg {
   std::string label() const { return label_of(name_, index_); }
   static int64_t value(const Sequence& s, SeqField f) {
     switch (f) {
-      case kStateSlot: return s.state_slot();
-      case kForkSrc: return s.state_fork_src;
-      case kGroup: return s.per_req_cache_group;
-      case kPending: return s.pending_checkpoint;
-      default: return 0;
+      case kStateSlot:
+        return s.state_slot();
+      case kForkSrc:
+        return s.state_fork_src;
+      case kGroup:
+        return s.per_req_cache_group;
+      case kPending:
+        return s.pending_checkpoint;
+      default:
+        return 0;
     }
   }
   // The attributes read and written, and their names as interned strs made
   // once (*AttrString would build a new str on every access).
   enum Attr : uint8_t { aHasCache, aNumTokens, aStateSlot, aForkSrc, aGroup, aPending, aAnchor, aEndPos, kAttrs };
   static const char* text(Attr a) {
-    static constexpr const char* kNames[kAttrs] = {"has_per_req_cache",  "num_tokens",         "state_slot",
+    static constexpr const char* kNames[kAttrs] = {"has_per_req_cache",  "num_tokens",          "state_slot",
                                                    "state_fork_src",     "per_req_cache_group", "pending_checkpoint",
                                                    "midstep_anchor_pos", "checkpoint_end_pos"};
     return kNames[a];
@@ -446,10 +449,14 @@ class SeqArg {
   }
   static Attr attr_of(SeqField f) {
     switch (f) {
-      case kStateSlot: return aStateSlot;
-      case kForkSrc: return aForkSrc;
-      case kGroup: return aGroup;
-      default: return aPending;
+      case kStateSlot:
+        return aStateSlot;
+      case kForkSrc:
+        return aForkSrc;
+      case kGroup:
+        return aGroup;
+      default:
+        return aPending;
     }
   }
   void set(SeqField f, int64_t v) {
@@ -513,8 +520,8 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
 // `required` have no default, and only the first `positional` may be passed
 // positionally (-1: all of them).
 template <class T, class F>
-void def(py::handle cls, const char* name, F, std::initializer_list<const char*> names, int required,
-         const char* doc, int positional = -1) {
+void def(py::handle cls, const char* name, F, std::initializer_list<const char*> names, int required, const char* doc,
+         int positional = -1) {
   Params& p = params_of<F>;
   p.func = name;
   p.required = required;
@@ -592,8 +599,7 @@ void def_readonly(py::handle cls, const char* name, F, const char* doc = nullptr
 // void(T&, PyObject* value, const char* name), raising before it changes anything.
 template <class T, class Get, class Set>
 void def_property(py::handle cls, const char* name, Get, Set, const char* doc = nullptr) {
-  add_getset(cls, new PyGetSetDef{name, &getter<T, Get>, &setter<T, Set>, doc,
-                                  const_cast<char*>(name)});
+  add_getset(cls, new PyGetSetDef{name, &getter<T, Get>, &setter<T, Set>, doc, const_cast<char*>(name)});
 }
 
 }  // namespace statecache::bindings::fast

@@ -14,8 +14,7 @@ namespace {
 PrefixKey as_prefix_key(py::handle obj, const char* name) {
   if (!PyBytes_Check(obj.ptr())) raise_type(name, "16 bytes", obj);
   const std::string s = py::reinterpret_borrow<py::bytes>(obj).cast<std::string>();
-  if (s.size() != 16)
-    throw py::value_error(std::string(name) + " must be 16 bytes, got " + std::to_string(s.size()));
+  if (s.size() != 16) throw py::value_error(std::string(name) + " must be 16 bytes, got " + std::to_string(s.size()));
   PrefixKey k;
   std::memcpy(&k.lo, s.data(), 8);
   std::memcpy(&k.hi, s.data() + 8, 8);
@@ -34,12 +33,10 @@ std::string salt_bytes(py::handle salt) {
 void bind_hashing(pybind11::module_& m) {
   m.def(
       "chain_block_hashes",
-      [](py::handle token_ids, py::handle block_size, py::handle parent_hash,
-         py::handle numpy_obj) -> py::object {
+      [](py::handle token_ids, py::handle block_size, py::handle parent_hash, py::handle numpy_obj) -> py::object {
         const bool as_numpy = as_bool(numpy_obj, "as_numpy");
         const int64_t bs = as_int(block_size, "block_size");
-        if (bs <= 0)
-          throw py::value_error("block_size=" + std::to_string(bs) + " must be > 0");
+        if (bs <= 0) throw py::value_error("block_size=" + std::to_string(bs) + " must be > 0");
         const int64_t parent = as_int(parent_hash, "parent_hash");
         const std::vector<int64_t> tokens = as_int_list(token_ids, "token_ids");
         std::vector<int64_t> hashes;
@@ -52,8 +49,7 @@ void bind_hashing(pybind11::module_& m) {
         std::copy(hashes.begin(), hashes.end(), arr.mutable_data());
         return arr;
       },
-      py::arg("token_ids"), py::arg("block_size"), py::arg("parent_hash") = -1,
-      py::arg("as_numpy") = false,
+      py::arg("token_ids"), py::arg("block_size"), py::arg("parent_hash") = -1, py::arg("as_numpy") = false,
       R"doc(Chained content hashes of every full block of ``token_ids``.
 
 Block ``i`` covers tokens ``[i*block_size, (i+1)*block_size)``; its hash folds
@@ -70,8 +66,7 @@ ValueError for ``block_size <= 0``, TypeError for tokens that are not ints.)doc"
          py::object salt) -> py::tuple {
         const int64_t bs = as_int(block_size, "block_size");
         if (bs <= 0) throw py::value_error("block_size=" + std::to_string(bs) + " must be > 0");
-        const DeploymentKey dk = deployment_key(static_cast<uint64_t>(as_int(seed, "seed")),
-                                                salt_bytes(salt));
+        const DeploymentKey dk = deployment_key(static_cast<uint64_t>(as_int(seed, "seed")), salt_bytes(salt));
         PrefixKey parent;
         const bool has_parent = !parent_key.is_none();
         if (has_parent) parent = as_prefix_key(parent_key, "parent_key");
@@ -90,8 +85,8 @@ ValueError for ``block_size <= 0``, TypeError for tokens that are not ints.)doc"
         }
         return py::make_tuple(std::move(hashes), py::bytes(packed));
       },
-      py::arg("token_ids"), py::arg("block_size"), py::arg("parent_key") = py::none(),
-      py::arg("seed") = 0, py::arg("salt") = py::none(),
+      py::arg("token_ids"), py::arg("block_size"), py::arg("parent_key") = py::none(), py::arg("seed") = 0,
+      py::arg("salt") = py::none(),
       R"doc(The 128-bit form of ``chain_block_hashes``: prefix keys for tiers below GPU memory.
 
 Block ``i``'s key is SipHash-2-4 (128-bit output) of block ``i-1``'s key and
@@ -105,8 +100,7 @@ Raises ValueError for ``block_size <= 0`` or a ``parent_key`` that is not 16
 bytes, TypeError for a ``salt`` that is not bytes, str or None.)doc");
 
   m.def(
-      "scheduler_hash",
-      [](py::handle key) { return scheduler_hash(as_prefix_key(key, "key")); }, py::arg("key"),
+      "scheduler_hash", [](py::handle key) { return scheduler_hash(as_prefix_key(key, "key")); }, py::arg("key"),
       "Returns the 64-bit scheduler hash (never -1) the 16-byte prefix key ``key`` names. Raises "
       "TypeError for a key that is not bytes, ValueError for one that is not 16 bytes.");
 }

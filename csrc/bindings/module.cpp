@@ -27,8 +27,7 @@ PYBIND11_MODULE(_C, m) {
         d["gpu_compiler"] = STATECACHE_GPU_COMPILER;
         d["gpu_note"] = STATECACHE_GPU_NOTE;
         d["cxx_compiler"] = STATECACHE_CXX_COMPILER;
-        d["pybind11"] = std::to_string(PYBIND11_VERSION_MAJOR) + "." +
-                        std::to_string(PYBIND11_VERSION_MINOR) + "." +
+        d["pybind11"] = std::to_string(PYBIND11_VERSION_MAJOR) + "." + std::to_string(PYBIND11_VERSION_MINOR) + "." +
                         std::to_string(PYBIND11_VERSION_PATCH);
         d["sanitized"] = static_cast<bool>(STATECACHE_SANITIZED);
         return d;

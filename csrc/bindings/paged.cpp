@@ -2,8 +2,8 @@
 // table that turns Python owners into core tokens.
 #include <pybind11/functional.h>
 
-#include <algorithm>
 #include <pybind11/stl.h>
+#include <algorithm>
 
 #include "bindings/bindings.h"
 #include "bindings/paged_store_methods.h"
@@ -23,7 +23,8 @@ namespace {
 class BusyScope {
  public:
   explicit BusyScope(bool& busy) : busy_(busy) {
-    if (busy_) throw std::runtime_error("BlockPool: an owner's __hash__ or __eq__ called back into the pool's owner table");
+    if (busy_)
+      throw std::runtime_error("BlockPool: an owner's __hash__ or __eq__ called back into the pool's owner table");
     busy_ = true;
   }
   ~BusyScope() { busy_ = false; }
@@ -197,7 +198,8 @@ void PyBlockPool::refuse_store_units(const std::vector<int64_t>& units, int64_t 
     for (int64_t u : units)
       if (std::find(rec->unit_ids.begin(), rec->unit_ids.end(), u) != rec->unit_ids.end())
         throw py::value_error("unit_ids: unit " + std::to_string(u) + " belongs to checkpoint " +
-                              std::to_string(ot::id(token)) + " of a PageUnitCheckpointStore; only that store releases it");
+                              std::to_string(ot::id(token)) +
+                              " of a PageUnitCheckpointStore; only that store releases it");
   }
 }
 
@@ -338,8 +340,10 @@ that evicted completes normally.)doc");
           "changing nothing, if any unit is not held by ``old_owner`` or belongs to a store's "
           "image.")
       .def(
-          "owner_of", [](const PyBlockPool& p, py::handle unit) { return p.owners.owner(p.owner_of(as_int(unit, "unit"))); },
-          py::arg("unit"), "Returns the owner holding ``unit`` (equal to the one given), or None for a free block "
+          "owner_of",
+          [](const PyBlockPool& p, py::handle unit) { return p.owners.owner(p.owner_of(as_int(unit, "unit"))); },
+          py::arg("unit"),
+          "Returns the owner holding ``unit`` (equal to the one given), or None for a free block "
           "or one the KV cache holds. Raises IndexError for a unit out of range.")
       .def(
           "allocate",
@@ -348,22 +352,24 @@ that evicted completes normally.)doc");
             const bool ok = p.allocate(as_nonneg_int(count, "count"), blocks);
             return list_or_none(ok, blocks);
           },
-          py::arg("count"), "Returns ``count`` blocks for the KV cache (one reference each), never-hashed first, "
+          py::arg("count"),
+          "Returns ``count`` blocks for the KV cache (one reference each), never-hashed first, "
           "then least recently freed; None (nothing taken) when fewer are free. Raises ValueError "
           "for ``count < 0``.")
       .def(
-          "free", [](PyBlockPool& p, py::handle ids) { p.free(as_int_list(ids, "block_ids")); },
-          py::arg("block_ids"), "Drops one reference per listed block; at zero a hashed block stays findable until it is "
+          "free", [](PyBlockPool& p, py::handle ids) { p.free(as_int_list(ids, "block_ids")); }, py::arg("block_ids"),
+          "Drops one reference per listed block; at zero a hashed block stays findable until it is "
           "reused. Returns None. Raises ValueError, changing nothing, for a block the KV cache "
           "does not hold.")
       .def(
           "incref", [](PyBlockPool& p, py::handle ids) { p.incref(as_int_list(ids, "block_ids")); },
-          py::arg("block_ids"), "Takes one more reference per listed block (a prefix hit; a cached free block is taken "
+          py::arg("block_ids"),
+          "Takes one more reference per listed block (a prefix hit; a cached free block is taken "
           "back). Returns None. Raises ValueError, changing nothing, for a block neither held nor "
           "cached.")
       .def(
-          "lookup", [](const PyBlockPool& p, py::handle h) { return p.lookup(as_int(h, "hash")); },
-          py::arg("hash"), "Returns the block indexed under ``hash``, or -1. Raises only for a bad argument "
+          "lookup", [](const PyBlockPool& p, py::handle h) { return p.lookup(as_int(h, "hash")); }, py::arg("hash"),
+          "Returns the block indexed under ``hash``, or -1. Raises only for a bad argument "
           "(docs/contract.md, \"Errors\").")
       .def(
           "publish",
@@ -380,14 +386,13 @@ that evicted completes normally.)doc");
           "of range.")
       .def(
           "ref_count", [](const PyBlockPool& p, py::handle b) { return p.ref_count(as_int(b, "block")); },
-          py::arg("block"),
-          "Returns ``block``'s KV reference count. Raises IndexError for a block out of range.")
+          py::arg("block"), "Returns ``block``'s KV reference count. Raises IndexError for a block out of range.")
       .def("reset_prefix_cache", &BlockPool::reset_prefix_cache,
            "Drops every cached free block from the index (on_evict fires for each); returns how "
-          "many. Raises what an on_evict handler raised, after the pool is consistent.")
+           "many. Raises what an on_evict handler raised, after the pool is consistent.")
       .def("check_consistency", &BlockPool::check_consistency,
            "Checks the pool's internal invariants (for tests); returns None. Raises AssertionError "
-          "when one is broken.");
+           "when one is broken.");
 }
 
 // ------------------------------------------------------------ store views --
@@ -473,11 +478,14 @@ void def_mapping(py::classh<View>& cls, py::object (*get)(const std::shared_ptr<
            })
       .def("__contains__", [get](const View& v, py::handle k) { return !get(v.store, k).is_none(); })
       .def("__iter__", [keys](const View& v) { return py::iter(keys(v.store)); })
-      .def("keys", [keys](const View& v) { return keys(v.store); },
+      .def(
+          "keys", [keys](const View& v) { return keys(v.store); },
           "Returns a list snapshot of the keys. Raises nothing.")
-      .def("values", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("values")()); },
+      .def(
+          "values", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("values")()); },
           "Returns a list snapshot of the values. Raises nothing.")
-      .def("items", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("items")()); },
+      .def(
+          "items", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("items")()); },
           "Returns a list snapshot of the (key, value) pairs. Raises nothing.")
       .def(
           "get",
@@ -487,7 +495,8 @@ void def_mapping(py::classh<View>& cls, py::object (*get)(const std::shared_ptr<
           },
           py::arg("key"), py::arg("default") = py::none(),
           "Returns the value under ``key``, or ``default`` when there is none. Raises nothing.")
-      .def("copy", [as_dict](const View& v) { return as_dict(v.store); },
+      .def(
+          "copy", [as_dict](const View& v) { return as_dict(v.store); },
           "Returns a plain dict snapshot. Raises nothing.")
       .def("__eq__", [as_dict](const View& v, py::handle other) { return as_dict(v.store).equal(other); })
       .def("__repr__", [as_dict](const View& v) { return py_repr(as_dict(v.store)); });
@@ -498,21 +507,22 @@ int64_t num_records(const Store& s) { return s.num_records(); }
 int64_t num_indexed(const Store& s) { return s.hash_index_size(); }
 
 void bind_store_views(py::module_& m) {
-  py::classh<RecordsView> records(m, "CheckpointRecordsView", py::metaclass(fast::guarded_metaclass()),
-                                  fast::gc_setup<RecordsView, &traverse_view<RecordsView>, &clear_view<RecordsView>>(),
-                                  "Live read-only mapping checkpoint id -> CheckpointRecord (live, read-only), oldest first.");
+  py::classh<RecordsView> records(
+      m, "CheckpointRecordsView", py::metaclass(fast::guarded_metaclass()),
+      fast::gc_setup<RecordsView, &traverse_view<RecordsView>, &clear_view<RecordsView>>(),
+      "Live read-only mapping checkpoint id -> CheckpointRecord (live, read-only), oldest first.");
   def_mapping(records, &record_or_none, &record_keys, &records_dict, &num_records);
-  py::classh<HashIndexView> index(m, "CheckpointHashIndexView", py::metaclass(fast::guarded_metaclass()),
-                                  fast::gc_setup<HashIndexView, &traverse_view<HashIndexView>, &clear_view<HashIndexView>>(),
-                                  "Live read-only mapping hash -> READY checkpoint id, in the order they became READY.");
+  py::classh<HashIndexView> index(
+      m, "CheckpointHashIndexView", py::metaclass(fast::guarded_metaclass()),
+      fast::gc_setup<HashIndexView, &traverse_view<HashIndexView>, &clear_view<HashIndexView>>(),
+      "Live read-only mapping hash -> READY checkpoint id, in the order they became READY.");
   def_mapping(index, &index_or_none, &index_keys, &index_dict, &num_indexed);
 
   py::classh<BacklogView> backlog(m, "OffloadBacklogView", py::metaclass(fast::guarded_metaclass()),
                                   fast::gc_setup<BacklogView, &traverse_view<BacklogView>, &clear_view<BacklogView>>(),
                                   "Live view of the checkpoint ids nominated for offload, oldest first.");
   fast::refuse_copy(backlog);
-  backlog
-      .def("__len__", [](const BacklogView& v) { return v.store->store_backlog().size(); })
+  backlog.def("__len__", [](const BacklogView& v) { return v.store->store_backlog().size(); })
       .def("__bool__", [](const BacklogView& v) { return !v.store->store_backlog().empty(); })
       .def("__iter__",
            [](const BacklogView& v) {
@@ -606,14 +616,17 @@ nominated to a tier (``offload_sink``), handed out pinned by
       .def_property_readonly("records", [](py::handle self) { return make_view<RecordsView>(self); })
       .def_property_readonly("hash_to_checkpoint", [](py::handle self) { return make_view<HashIndexView>(self); })
       .def_property_readonly("store_backlog", [](py::handle self) { return make_view<BacklogView>(self); })
-      .def("take_restore_ops", [](PyStore& s) { return to_py_tuple(s.take_restore_ops()); },
+      .def(
+          "take_restore_ops", [](PyStore& s) { return to_py_tuple(s.take_restore_ops()); },
           "Returns and clears this batch's queued restores, oldest first. Raises nothing.")
-      .def("cancel_queued_restore",
-           [](PyStore& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"),
+      .def(
+          "cancel_queued_restore",
+          [](PyStore& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"),
           "Drops the restore queued into ``dst_slot`` and its pin (no-op without one); returns "
           "None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
-      .def("changed_since", [](const PyStore& s, py::handle g) { return changed_since_py(s, g); }, py::arg("generation"),
-           "Returns the set of hashes whose READY standing may differ from what it was at "
+      .def(
+          "changed_since", [](const PyStore& s, py::handle g) { return changed_since_py(s, g); }, py::arg("generation"),
+          "Returns the set of hashes whose READY standing may differ from what it was at "
           "``generation``, or None when the log no longer reaches back that far (at least 4,000 "
           "bumps are kept). Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
@@ -630,16 +643,17 @@ nominated to a tier (``offload_sink``), handed out pinned by
           "nothing, for a wrong unit count, units the owner does not hold, or ``prefix_hash == "
           "-1``.")
       .def("complete_inflight", &Store::complete_inflight,
-          "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
-          "Raises nothing.")
-      .def("unindex", [](PyStore& s, py::handle h) { return s.unindex(as_int(h, "prefix_hash")); },
-           py::arg("prefix_hash"),
+           "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
+           "Raises nothing.")
+      .def(
+          "unindex", [](PyStore& s, py::handle h) { return s.unindex(as_int(h, "prefix_hash")); },
+          py::arg("prefix_hash"),
           "Drops the unpinned image filed under ``prefix_hash``; returns whether one was dropped. "
           "Raises only for a bad argument (docs/contract.md, \"Errors\").")
 
       .def("clear", &Store::clear,
-          "Drops every unpinned image and returns its units to the pool; returns None. Raises what "
-          "an on_evict handler raised, after the store is consistent.")
+           "Drops every unpinned image and returns its units to the pool; returns None. Raises what "
+           "an on_evict handler raised, after the store is consistent.")
       .def(
           "use_clock", [](PyStore& s, py::object clock) { s.use_clock(std::move(clock)); }, py::arg("clock"),
           "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores "
@@ -647,7 +661,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
           "None.")
       .def("check_consistency", &Store::check_consistency,
            "Checks the store's internal invariants (for tests); returns None. Raises AssertionError "
-          "when one is broken.");
+           "when one is broken.");
   def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
   using fast::to_py;
   fast::def<PyStore>(

@@ -143,8 +143,7 @@ class PyCoordinator : public Coordinator {
   std::shared_ptr<Sequence> filed_as(fast::SeqArg& s) {
     if (s.native()) return as_sequence(s.object(), "seq");
     auto it = generic_.find(s.object());
-    if (it == generic_.end())
-      it = generic_.emplace(s.object(), Generic{s.ref(), std::make_shared<Sequence>()}).first;
+    if (it == generic_.end()) it = generic_.emplace(s.object(), Generic{s.ref(), std::make_shared<Sequence>()}).first;
     Sequence& snap = *it->second.snap;
     snap.has_per_req_cache = s.get().has_per_req_cache;
     snap.state_slots = s.get().state_slots;
@@ -163,7 +162,8 @@ class PyCoordinator : public Coordinator {
     for (auto& [obj, g] : generic_) filed.emplace_back(g.obj, g.snap);
     std::vector<int64_t> slots;
     slots.reserve(filed.size());
-    for (auto& [obj, snap] : filed) slots.push_back(fast::SeqArg(obj.ptr(), "seq", fast::kStateSlot).get().state_slot());
+    for (auto& [obj, snap] : filed)
+      slots.push_back(fast::SeqArg(obj.ptr(), "seq", fast::kStateSlot).get().state_slot());
     for (size_t i = 0; i < filed.size(); ++i) filed[i].second->set_state_slot(slots[i]);
   }
   // Lets go of the objects the core no longer holds; their references are
@@ -260,9 +260,8 @@ std::vector<std::pair<int64_t, int64_t>> as_positions(py::handle obj) {
 // __index__ or the tier's could_serve may change the list); anything else
 // is converted first.
 int64_t hit_for(const Coordinator& c, const Sequence& seq, int64_t hit, py::handle hashes, bool assume) {
-  return scan_int_list(hashes, "block_hashes", hit, [&](int64_t n, auto&& hash_at) {
-    return c.resumable_hit(seq, hit, n, hash_at, assume);
-  });
+  return scan_int_list(hashes, "block_hashes", hit,
+                       [&](int64_t n, auto&& hash_at) { return c.resumable_hit(seq, hit, n, hash_at, assume); });
 }
 
 // ---- hot methods (fast::def) ----
@@ -359,8 +358,7 @@ py::dict fates(const PyCoordinator& c) {
   if (truth == 0) return d;
   py::object stats = py::getattr(tier, "stats", py::none());
   if (!PyCallable_Check(stats.ptr())) return d;
-  for (auto kv : py::dict(stats()))
-    d[py::str("state_offload_" + py::str(kv.first).cast<std::string>())] = kv.second;
+  for (auto kv : py::dict(stats())) d[py::str("state_offload_" + py::str(kv.first).cast<std::string>())] = kv.second;
   d["state_offload_store_backlog"] = s.store_backlog().size();
   d["state_offload_nominations_dropped"] = s.offload_nominations_dropped();
   return d;
@@ -417,7 +415,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def(
           "reserve_midstep",
           [](PyCoordinator& c, py::handle seq, py::handle positions) {
-            auto res = c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", fast::kHasCache).get(), as_positions(positions));
+            auto res =
+                c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", fast::kHasCache).get(), as_positions(positions));
             py::list out;
             for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, h));
             return out;
@@ -428,7 +427,9 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           "without scratch). Raises ValueError for a hash of -1, TypeError for malformed positions.")
       .def(
           "publish_midstep",
-          [](PyCoordinator& c, py::handle reservations, py::handle) { c.publish_midstep(as_reservations(reservations)); },
+          [](PyCoordinator& c, py::handle reservations, py::handle) {
+            c.publish_midstep(as_reservations(reservations));
+          },
           py::arg("reservations"), py::arg("seq") = py::none(),
           "Files the reserved midstep states for the next ``take_checkpoint_ops``; returns None. "
           "Raises ValueError for a reservation this coordinator did not hand out.")
@@ -447,20 +448,21 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           py::arg("seq"),
           "Drops ``seq``'s filed boundary that no batch has begun yet (and a restore queued into "
           "its slot); returns None. Raises TypeError for an object without the sequence attributes.")
-      .def("take_checkpoint_ops",
-           [](PyCoordinator& c) {
-             // The drain reads each filed sequence's state_slot; an engine
-             // object's is read here, before anything changes.
-             c.refresh_generic();
-             auto [stores, restores] = then_prune(c, [&] { return c.take_checkpoint_ops(); });
-             return py::make_tuple(to_py_tuple(std::move(stores)), to_py_tuple(std::move(restores)));
-           },
+      .def(
+          "take_checkpoint_ops",
+          [](PyCoordinator& c) {
+            // The drain reads each filed sequence's state_slot; an engine
+            // object's is read here, before anything changes.
+            c.refresh_generic();
+            auto [stores, restores] = then_prune(c, [&] { return c.take_checkpoint_ops(); });
+            return py::make_tuple(to_py_tuple(std::move(stores)), to_py_tuple(std::move(restores)));
+          },
           "Begins the filed stores and returns this batch's (stores, restores) tuples. Raises "
           "RuntimeError when called from inside itself (an eviction handler), and what an on_evict "
           "handler raised, after the coordinator is consistent.")
       .def("complete_previous_batch", &Coordinator::complete_previous_batch,
-          "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
-          "Raises RuntimeError when called from inside take_checkpoint_ops.")
+           "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
+           "Raises RuntimeError when called from inside take_checkpoint_ops.")
       .def(
           "reserve_transfer_units",
           [](PyCoordinator& c, py::handle owner) -> py::object {
@@ -470,7 +472,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             c.pool().owners.retain(token);
             return to_tuple(*units);
           },
-          py::arg("owner"), "Reserves one image's units under (\"state-transfer\", owner) for an external load; "
+          py::arg("owner"),
+          "Reserves one image's units under (\"state-transfer\", owner) for an external load; "
           "returns their ids, or None when they cannot be had. Raises ValueError for owner None, "
           "TypeError for an unhashable owner.")
       .def(
@@ -518,15 +521,16 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           py::arg("h"),
           "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
           "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
-      .def("clear_index", [](PyCoordinator& c) { then_prune(c, [&] { c.clear_index(); }); },
+      .def(
+          "clear_index", [](PyCoordinator& c) { then_prune(c, [&] { c.clear_index(); }); },
           "Drops every unpinned checkpoint; returns None. Raises what an on_evict handler raised, "
           "after the coordinator is consistent.")
       .def("check_consistency", &Coordinator::check_consistency,
            "Checks the invariants of the coordinator, its store and its pool (for tests); returns "
-          "None. Raises AssertionError when one is broken.")
+           "None. Raises AssertionError when one is broken.")
       .def("checkpoint_fates", &fates,
-          "Returns a new dict of the fates (kept, dropped, evicted, orphaned, reclaimed pins) and, "
-          "with a tier attached, the tier's stats under ``state_offload_*``. Raises nothing.");
+           "Returns a new dict of the fates (kept, dropped, evicted, orphaned, reclaimed pins) and, "
+           "with a tier attached, the tier's stats under ``state_offload_*``. Raises nothing.");
   def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
   fast::def<PyCoordinator>(
       cls, "resumable_hit", [](PyCoordinator& c, PyObject** a) { return coord_resumable_hit(c, a); },
@@ -540,7 +544,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       "Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i], block_hashes[i], "
       "assume_checkpointed) for i ...]``, computed in one call. ``hits``: a list or NumPy "
       "int64 array; ``block_hashes``: one hash list per sequence, a 2-D int64 array with a row "
-      "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the lengths differ or a "
+      "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the "
+      "lengths differ or a "
       "hit is negative or past a hash list the scan reads; TypeError for an item that is not a "
       "sequence or an int.");
   fast::def<PyCoordinator>(
@@ -564,8 +569,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       "filed boundary and a restore queued into its slot. Returns None. Raises TypeError for "
       "an item that is not a sequence, before anything changes.");
   fast::def<PyCoordinator>(
-      cls, "begin_restore", [](PyCoordinator& c, PyObject** a) { return coord_begin_restore(c, a); },
-      {"h", "dst_slot"}, 2,
+      cls, "begin_restore", [](PyCoordinator& c, PyObject** a) { return coord_begin_restore(c, a); }, {"h", "dst_slot"},
+      2,
       "Queues a restore of the READY image filed under ``h`` into ``dst_slot``; returns False "
       "when there is none. Raises only for a bad argument (docs/contract.md, \"Errors\").");
   fast::def<PyCoordinator>(
@@ -588,8 +593,7 @@ void bind_offload_index(py::module_& m) {
   py::class_<OffloadHashesView> hashes(m, "OffloadHashesView", STATECACHE_GUARDED(OffloadHashesView),
                                        "Hashes a tier holds, least recently used first.");
   fast::refuse_copy(hashes);
-  hashes
-      .def("__len__", [](const OffloadHashesView& v) { return v.index->size(); })
+  hashes.def("__len__", [](const OffloadHashesView& v) { return v.index->size(); })
       .def("__contains__",
            [](const OffloadHashesView& v, py::handle h) {
              return PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) && v.index->contains(as_int(h, "hash"));
@@ -606,18 +610,18 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
       .def(py::init([](py::handle can_store, py::handle can_load, py::handle capacity) {
              std::optional<int64_t> cap;
              if (!capacity.is_none()) cap = as_nonneg_int(capacity, "capacity");
-             return std::make_shared<StateOffloadIndex>(as_bool(can_store, "can_store"),
-                                                        as_bool(can_load, "can_load"), cap);
+             return std::make_shared<StateOffloadIndex>(as_bool(can_store, "can_store"), as_bool(can_load, "can_load"),
+                                                        cap);
            }),
            py::arg("can_store") = true, py::arg("can_load") = true, py::arg("capacity") = py::none())
       .def_property_readonly("can_store", &StateOffloadIndex::can_store)
       .def_property_readonly("can_load", &StateOffloadIndex::can_load)
-      .def_property_readonly("capacity", [](const StateOffloadIndex& i) -> py::object {
-        if (!i.capacity()) return py::none();
-        return py::int_(*i.capacity());
-      })
-      .def_property_readonly("hashes",
-                             [](const std::shared_ptr<StateOffloadIndex>& i) { return OffloadHashesView{i}; })
+      .def_property_readonly("capacity",
+                             [](const StateOffloadIndex& i) -> py::object {
+                               if (!i.capacity()) return py::none();
+                               return py::int_(*i.capacity());
+                             })
+      .def_property_readonly("hashes", [](const std::shared_ptr<StateOffloadIndex>& i) { return OffloadHashesView{i}; })
       .def_property_readonly("loads_in_flight", &StateOffloadIndex::loads_in_flight)
       .def(
           "could_serve", [](const StateOffloadIndex& i, py::handle h) { return i.could_serve(as_int(h, "h")); },
@@ -651,8 +655,7 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
           "Starts a load of ``h``; returns False (nothing started) when the tier cannot serve it. "
           "Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
-          "complete_load", [](StateOffloadIndex& i, py::handle h) { i.complete_load(as_int(h, "h")); },
-          py::arg("h"),
+          "complete_load", [](StateOffloadIndex& i, py::handle h) { i.complete_load(as_int(h, "h")); }, py::arg("h"),
           "Ends the load of ``h`` in flight; returns None. Raises ValueError when no load of ``h`` "
           "is in flight.")
       .def(
@@ -667,23 +670,25 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
           "abandon_load", [](StateOffloadIndex& i, py::handle h) { i.abandon_load(as_int(h, "h")); }, py::arg("h"),
           "Ends a load of ``h`` nobody waits for any more; returns None. Raises ValueError when no "
           "load of ``h`` is in flight.")
-      .def("stats", [](const StateOffloadIndex& i) {
-        const OffloadStats& s = i.stats();
-        py::dict d;
-        d["stores_attempted"] = s.stores_attempted;
-        d["stores_completed"] = s.stores_completed;
-        d["stores_failed"] = s.stores_failed;
-        d["stores_untrusted"] = s.stores_untrusted;
-        d["loads_attempted"] = s.loads_attempted;
-        d["loads_completed"] = s.loads_completed;
-        d["loads_failed"] = s.loads_failed;
-        d["loads_missing"] = s.loads_missing;
-        d["loads_abandoned"] = s.loads_abandoned;
-        d["loads_untrusted"] = s.loads_untrusted;
-        d["hashes"] = i.size();
-        d["evicted"] = s.evicted;
-        return d;
-      },
+      .def(
+          "stats",
+          [](const StateOffloadIndex& i) {
+            const OffloadStats& s = i.stats();
+            py::dict d;
+            d["stores_attempted"] = s.stores_attempted;
+            d["stores_completed"] = s.stores_completed;
+            d["stores_failed"] = s.stores_failed;
+            d["stores_untrusted"] = s.stores_untrusted;
+            d["loads_attempted"] = s.loads_attempted;
+            d["loads_completed"] = s.loads_completed;
+            d["loads_failed"] = s.loads_failed;
+            d["loads_missing"] = s.loads_missing;
+            d["loads_abandoned"] = s.loads_abandoned;
+            d["loads_untrusted"] = s.loads_untrusted;
+            d["hashes"] = i.size();
+            d["evicted"] = s.evicted;
+            return d;
+          },
           "Returns a new dict: stores and loads attempted, completed, failed, untrusted, missing "
           "and abandoned, hashes held and evicted. Raises nothing.");
 }

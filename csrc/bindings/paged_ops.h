@@ -20,8 +20,7 @@ namespace statecache::bindings::ops {
 
 template <class Op>
 struct Object {
-  PyObject_HEAD
-  Op value;
+  PyObject_HEAD Op value;
 };
 
 // The Python type of Op, set once by bind_paged_types.
@@ -64,21 +63,21 @@ PyObject* make(Op&& v) noexcept {
 
 }  // namespace statecache::bindings::ops
 
-#define STATECACHE_OP_CASTER(Op, Name)                                                                       \
-  template <>                                                                                            \
-  struct type_caster<Op> {                                                                               \
-    PYBIND11_TYPE_CASTER(Op, const_name(Name));                                                         \
-    bool load(handle src, bool) {                                                                        \
-      if (!::statecache::bindings::ops::is_op<Op>(src.ptr())) return false;                              \
-      value = ::statecache::bindings::ops::value_of<Op>(src.ptr());                                      \
-      return true;                                                                                       \
-    }                                                                                                    \
-    static handle cast(Op&& v, return_value_policy, handle) {                                            \
-      PyObject* o = ::statecache::bindings::ops::make<Op>(std::move(v));                                 \
-      if (!o) throw error_already_set();                                                                 \
-      return o;                                                                                          \
-    }                                                                                                    \
-    static handle cast(const Op& v, return_value_policy p, handle h) { return cast(Op(v), p, h); }       \
+#define STATECACHE_OP_CASTER(Op, Name)                                                             \
+  template <>                                                                                      \
+  struct type_caster<Op> {                                                                         \
+    PYBIND11_TYPE_CASTER(Op, const_name(Name));                                                    \
+    bool load(handle src, bool) {                                                                  \
+      if (!::statecache::bindings::ops::is_op<Op>(src.ptr())) return false;                        \
+      value = ::statecache::bindings::ops::value_of<Op>(src.ptr());                                \
+      return true;                                                                                 \
+    }                                                                                              \
+    static handle cast(Op&& v, return_value_policy, handle) {                                      \
+      PyObject* o = ::statecache::bindings::ops::make<Op>(std::move(v));                           \
+      if (!o) throw error_already_set();                                                           \
+      return o;                                                                                    \
+    }                                                                                              \
+    static handle cast(const Op& v, return_value_policy p, handle h) { return cast(Op(v), p, h); } \
   };
 
 namespace pybind11::detail {

@@ -50,8 +50,7 @@ inline py::object source_or_none(const std::optional<PageUnitCheckpointStore::So
 inline py::list sources(const std::vector<PageUnitCheckpointStore::Source>& srcs) {
   py::list out(srcs.size());
   for (size_t i = 0; i < srcs.size(); ++i)
-    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i),
-                    to_py_source(srcs[i].first, srcs[i].second).release().ptr());
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), to_py_source(srcs[i].first, srcs[i].second).release().ptr());
   return out;
 }
 
@@ -78,11 +77,12 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
       "that (never the one filed under ``protected_hash``). Raises ValueError for ``count < 0``.");
   def_eviction_methods(cls, [store_of](T& self) -> Store& { return store_of(self); });
   cls.def(
-          "ensure_free_units",
-          [store_of](T& self, py::handle count) { return store_of(self).ensure_free_units(as_int(count, "count")); },
-          py::arg("count"), "Evicts unpinned READY images until ``count`` units are free; returns whether they are "
-      "(an unreachable count is refused before evicting anything). Raises ValueError for "
-      "``count < 0``.")
+         "ensure_free_units",
+         [store_of](T& self, py::handle count) { return store_of(self).ensure_free_units(as_int(count, "count")); },
+         py::arg("count"),
+         "Evicts unpinned READY images until ``count`` units are free; returns whether they are "
+         "(an unreachable count is refused before evicting anything). Raises ValueError for "
+         "``count < 0``.")
       .def(
           "restore_queued_for",
           [store_of](T& self, py::handle slot) { return store_of(self).restore_queued_for(as_int(slot, "dst_slot")); },
@@ -117,14 +117,15 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
           [store_of](T& self, py::handle max_inflight) {
             return sources(store_of(self).take_offload_stores(as_int(max_inflight, "max_inflight")));
           },
-          py::arg("max_inflight"), "Returns up to ``max_inflight`` (operation, unit ids) pairs to hand the tier now, each "
+          py::arg("max_inflight"),
+          "Returns up to ``max_inflight`` (operation, unit ids) pairs to hand the tier now, each "
           "source pinned (none when ``max_inflight`` are already out). Raises only for a bad "
           "argument (docs/contract.md, \"Errors\").")
       .def(
           "acquire_checkpoint_source",
           [store_of](T& self, py::handle h, py::handle max_inflight) {
-            return source_or_none(store_of(self).acquire_checkpoint_source(
-                as_int(h, "prefix_hash"), optional_int(max_inflight, "max_inflight")));
+            return source_or_none(store_of(self).acquire_checkpoint_source(as_int(h, "prefix_hash"),
+                                                                           optional_int(max_inflight, "max_inflight")));
           },
           py::arg("prefix_hash"), py::kw_only(), py::arg("max_inflight") = py::none(),
           "Pins a READY image for an external transfer (never reclaimed by time); returns "
@@ -135,23 +136,27 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
           [store_of](T& self, py::handle op) {
             if (auto id = as_operation_id(op)) store_of(self).release_offload_store_source(*id);
           },
-          py::arg("op"), "Phase one: the units were read out, so the source's pin goes; the operation stays "
+          py::arg("op"),
+          "Phase one: the units were read out, so the source's pin goes; the operation stays "
           "dispatched. Returns None. Raises TypeError for an unhashable op.")
       .def(
           "settle_offload_store",
           [store_of](T& self, py::handle op) {
             if (auto id = as_operation_id(op)) store_of(self).settle_offload_store(*id);
           },
-          py::arg("op"), "Phase two: the tier write completed; the operation is retired. Returns None. Raises "
+          py::arg("op"),
+          "Phase two: the tier write completed; the operation is retired. Returns None. Raises "
           "TypeError for an unhashable op.")
-      .def("has_offload_pins", [store_of](T& self) { return store_of(self).has_offload_pins(); },
+      .def(
+          "has_offload_pins", [store_of](T& self) { return store_of(self).has_offload_pins(); },
           "Returns whether any offload pin is held. Raises nothing.")
       .def(
           "reclaim_stale_offload_pins",
           [store_of](T& self, py::handle timeout) {
             return store_of(self).reclaim_stale_offload_pins(as_seconds(timeout, "timeout_s"));
           },
-          py::arg("timeout_s"), "Takes back offload pins older than ``timeout_s`` seconds (monotonic clock); returns how "
+          py::arg("timeout_s"),
+          "Takes back offload pins older than ``timeout_s`` seconds (monotonic clock); returns how "
           "many. ``timeout_s <= 0`` reclaims nothing. Raises TypeError for a value that is not a "
           "number of seconds.")
       .def(

@@ -19,14 +19,13 @@ int64_t spec_size(py::handle obj, const char* name) {
   return v;
 }
 
-PagedStateCheckpointSpec make_spec(py::handle page_unit_bytes, py::handle slot_bytes,
-                                   py::handle layout_id, py::handle image_bytes) {
+PagedStateCheckpointSpec make_spec(py::handle page_unit_bytes, py::handle slot_bytes, py::handle layout_id,
+                                   py::handle image_bytes) {
   const int64_t unit = spec_size(page_unit_bytes, "page_unit_bytes");
   const int64_t slot = spec_size(slot_bytes, "slot_bytes");
   const int64_t image = spec_size(image_bytes, "image_bytes");
   const bool named = PyUnicode_Check(layout_id.ptr()) && PyUnicode_GET_LENGTH(layout_id.ptr()) > 0;
-  if (!named && image <= slot)
-    throw py::value_error("layout_id must be a non-empty str, got " + py_repr(layout_id));
+  if (!named && image <= slot) throw py::value_error("layout_id must be a non-empty str, got " + py_repr(layout_id));
   return PagedStateCheckpointSpec(unit, slot, named ? layout_id.cast<std::string>() : "-", image);
 }
 
@@ -47,19 +46,18 @@ py::object spec_from_wire(py::handle wire) {
   py::set got(py::iter(wire));
   if (!got.equal(expected)) {
     py::object sorted = py::module_::import("builtins").attr("sorted");
-    throw py::value_error("PagedStateCheckpointSpec wire fields: expected " +
-                          py_repr(sorted(expected)) + ", got " + py_repr(sorted(wire)));
+    throw py::value_error("PagedStateCheckpointSpec wire fields: expected " + py_repr(sorted(expected)) + ", got " +
+                          py_repr(sorted(wire)));
   }
-  return py::cast(make_spec(wire[py::str("page_unit_bytes")], wire[py::str("slot_bytes")],
-                            wire[py::str("layout_id")], wire[py::str("image_bytes")]));
+  return py::cast(make_spec(wire[py::str("page_unit_bytes")], wire[py::str("slot_bytes")], wire[py::str("layout_id")],
+                            wire[py::str("image_bytes")]));
 }
 
 // Dataclass-style value semantics from a type's field tuple: equality only
 // with the same type, hash of the fields for frozen types, keyword repr,
 // pickling through the constructor.
 template <class T, class Fields>
-void def_value(py::class_<T>& cls, Fields fields, std::initializer_list<const char*> names,
-               bool frozen) {
+void def_value(py::class_<T>& cls, Fields fields, std::initializer_list<const char*> names, bool frozen) {
   std::vector<std::string> keys(names.begin(), names.end());
   cls.def("__eq__", [](const T& a, py::handle b) -> py::object {
     if (!py::isinstance<T>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
@@ -76,8 +74,7 @@ void def_value(py::class_<T>& cls, Fields fields, std::initializer_list<const ch
   cls.def("__repr__", [fields, keys](py::handle self) {
     py::tuple vals = fields(self.cast<const T&>());
     std::string out = py::type::of(self).attr("__name__").cast<std::string>() + "(";
-    for (size_t i = 0; i < keys.size(); ++i)
-      out += (i ? ", " : "") + keys[i] + "=" + py_repr(vals[i]);
+    for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + keys[i] + "=" + py_repr(vals[i]);
     return out + ")";
   });
   cls.def("__reduce__",
@@ -192,12 +189,12 @@ void bind_op(py::module_& m) {
   using Text = OpText<Op>;
   static PyGetSetDef getset[] = {
       {Text::slot,
-       [](PyObject* self, void*) -> PyObject* {
-         return PyLong_FromLongLong(Text::slot_of(ops::value_of<Op>(self)));
-       },
+       [](PyObject* self, void*) -> PyObject* { return PyLong_FromLongLong(Text::slot_of(ops::value_of<Op>(self))); },
        nullptr, nullptr, nullptr},
       {"unit_ids",
-       [](PyObject* self, void*) { return op_slot([&] { return py::object(to_tuple(ops::value_of<Op>(self).unit_ids)); }); },
+       [](PyObject* self, void*) {
+         return op_slot([&] { return py::object(to_tuple(ops::value_of<Op>(self).unit_ids)); });
+       },
        nullptr, nullptr, nullptr},
       {"total_bytes",
        [](PyObject* self, void*) -> PyObject* { return PyLong_FromLongLong(ops::value_of<Op>(self).total_bytes); },
@@ -304,8 +301,7 @@ PagedStateCheckpointSpec as_spec(py::handle obj, const char* name) {
   // Any object with the four fields (the reference's dataclass, say), validated the same way.
   for (const char* field : {"page_unit_bytes", "slot_bytes", "layout_id", "image_bytes"})
     if (!py::hasattr(obj, field)) raise_type(name, "a PagedStateCheckpointSpec", obj);
-  return make_spec(obj.attr("page_unit_bytes"), obj.attr("slot_bytes"), obj.attr("layout_id"),
-                   obj.attr("image_bytes"));
+  return make_spec(obj.attr("page_unit_bytes"), obj.attr("slot_bytes"), obj.attr("layout_id"), obj.attr("image_bytes"));
 }
 
 void bind_paged_types(py::module_& m) {
@@ -317,37 +313,40 @@ void bind_paged_types(py::module_& m) {
       "checkpoint_copy_ops_per_batch",
       [](py::handle max_num_seqs) -> int64_t {
         if (max_num_seqs.is_none() || !PyObject_IsTrue(max_num_seqs.ptr())) return 0;
-        return checkpoint_copy_ops_per_batch(as_int(py::int_(py::reinterpret_borrow<py::object>(max_num_seqs)), "max_num_seqs"));
+        return checkpoint_copy_ops_per_batch(
+            as_int(py::int_(py::reinterpret_borrow<py::object>(max_num_seqs)), "max_num_seqs"));
       },
       py::arg("max_num_seqs"),
       "Returns the most PAGE store + restore ops one batch of ``max_num_seqs`` sequences can "
       "carry (two per sequence; 0 for None or 0), the executor's staging size. Raises "
       "TypeError for a non-int (a negative count is not refused).");
 
-  py::class_<PagedStateCheckpointSpec> spec(m, "PagedStateCheckpointSpec", STATECACHE_GUARDED(PagedStateCheckpointSpec), R"doc(
+  py::class_<PagedStateCheckpointSpec> spec(m, "PagedStateCheckpointSpec", STATECACHE_GUARDED(PagedStateCheckpointSpec),
+                                            R"doc(
 Geometry of a PAGE checkpoint image: ``image_bytes`` of a ``slot_bytes`` slot,
 scattered over ``units_per_checkpoint`` page units of ``page_unit_bytes``, for
 the state layout ``layout_id``. Frozen; equality and hash by value.)doc");
-  spec.def(py::init(&make_spec), py::arg("page_unit_bytes"), py::arg("slot_bytes"),
-           py::arg("layout_id"), py::arg("image_bytes"))
+  spec.def(py::init(&make_spec), py::arg("page_unit_bytes"), py::arg("slot_bytes"), py::arg("layout_id"),
+           py::arg("image_bytes"))
       .def_property_readonly("page_unit_bytes", [](const PagedStateCheckpointSpec& s) { return s.page_unit_bytes; })
       .def_property_readonly("slot_bytes", [](const PagedStateCheckpointSpec& s) { return s.slot_bytes; })
       .def_property_readonly("layout_id", [](const PagedStateCheckpointSpec& s) { return s.layout_id; })
       .def_property_readonly("image_bytes", [](const PagedStateCheckpointSpec& s) { return s.image_bytes; })
       .def_property_readonly("units_per_checkpoint", &PagedStateCheckpointSpec::units_per_checkpoint)
-      .def("to_wire",
-           [](const PagedStateCheckpointSpec& s) {
-             py::dict d;
-             d["page_unit_bytes"] = s.page_unit_bytes;
-             d["slot_bytes"] = s.slot_bytes;
-             d["image_bytes"] = s.image_bytes;
-             d["layout_id"] = s.layout_id;
-             return d;
-           },
+      .def(
+          "to_wire",
+          [](const PagedStateCheckpointSpec& s) {
+            py::dict d;
+            d["page_unit_bytes"] = s.page_unit_bytes;
+            d["slot_bytes"] = s.slot_bytes;
+            d["image_bytes"] = s.image_bytes;
+            d["layout_id"] = s.layout_id;
+            return d;
+          },
           "Returns the four fields as a new dict. Raises nothing.")
       .def_static("from_wire", &spec_from_wire, py::arg("wire"),
                   "Returns the spec ``to_wire`` described. Raises TypeError for a non-mapping, ValueError "
-          "for another key set or a bad value.");
+                  "for another key set or a bad value.");
   def_value(spec, &spec_fields, {"page_unit_bytes", "slot_bytes", "layout_id", "image_bytes"}, true);
 
   bind_op<CheckpointStoreOp>(m);
@@ -364,8 +363,7 @@ a plain mutable value.)doc");
              return RecordHandle(CheckpointRecord{as_int(h, "prefix_hash"), as_int_list(units, "unit_ids"),
                                                   as_state(state), as_int(pins, "pin_count")});
            }),
-           py::arg("prefix_hash"), py::arg("unit_ids"), py::arg("state") = "COPYING",
-           py::arg("pin_count") = 0)
+           py::arg("prefix_hash"), py::arg("unit_ids"), py::arg("state") = "COPYING", py::arg("pin_count") = 0)
       .def_property(
           "prefix_hash", [](const RecordHandle& r) { return r.get().prefix_hash; },
           [](RecordHandle& r, py::handle v) { r.mutable_value().prefix_hash = as_int(v, "prefix_hash"); })

@@ -90,7 +90,6 @@ class PyStore : public PageUnitCheckpointStore {
 // call completes); `where` names the callback.
 void report_callback_error(const char* where);
 
-
 // What Python's CheckpointRecord holds: a value of its own (constructed from
 // Python), or a live handle on one of a store's records, which reads the
 // record's current fields, and after its release the fields it was released

@@ -41,9 +41,8 @@ int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, 
   const Sequence& s = seq_arg.get();
   const int64_t hit = as_int(hit_obj, "hit");
   const bool assume = as_bool(assume_obj, "assume_checkpointed");
-  return scan_int_list(hashes, "block_hashes", hit, [&](int64_t n, auto&& hash_at) {
-    return pool.resumable_hit(s, hit, n, hash_at, assume);
-  });
+  return scan_int_list(hashes, "block_hashes", hit,
+                       [&](int64_t n, auto&& hash_at) { return pool.resumable_hit(s, hit, n, hash_at, assume); });
 }
 
 // Items of a list / tuple / other iterable, each an int sequence of `arity`,
@@ -80,8 +79,7 @@ std::vector<int64_t> slots_arg(PyObject* obj, const char* name = "slots") {
   const int truth = PyObject_IsTrue(obj);
   if (truth < 0) throw py::error_already_set();
   if (truth == 0) return v;
-  if (PyUnicode_Check(obj) || !PyObject_HasAttrString(obj, "__iter__"))
-    raise_type(name, "an iterable of ints", h);
+  if (PyUnicode_Check(obj) || !PyObject_HasAttrString(obj, "__iter__")) raise_type(name, "an iterable of ints", h);
   append_ints(h, name, v);  // sets, generators: read whole first
   return v;
 }
@@ -231,10 +229,9 @@ void bind_views(py::module_& m) {
   py::classh<CheckpointIndexView> index_view(
       m, "CheckpointIndexView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
       fast::gc_setup<CheckpointIndexView, &traverse_view<CheckpointIndexView>, &clear_view<CheckpointIndexView>>(),
-                                             "Read-only live mapping: prefix hash -> index holding its checkpoint.");
+      "Read-only live mapping: prefix hash -> index holding its checkpoint.");
   fast::refuse_copy(index_view);
-  index_view
-      .def("__len__", [](const CheckpointIndexView& s) { return s.pool->index().size(); })
+  index_view.def("__len__", [](const CheckpointIndexView& s) { return s.pool->index().size(); })
       .def("__contains__", [](const CheckpointIndexView& s, py::handle k) { return s.find(k) != nullptr; })
       .def("__getitem__",
            [](const CheckpointIndexView& s, py::handle k) {
@@ -253,14 +250,16 @@ void bind_views(py::module_& m) {
           "Returns the index holding the checkpoint filed under ``key``, or ``default``. Raises "
           "nothing.")
       .def("__iter__", [](const CheckpointIndexView& s) { return py::iter(s.snapshot()); })
-      .def("keys", [](const CheckpointIndexView& s) { return s.snapshot().attr("keys")(); },
+      .def(
+          "keys", [](const CheckpointIndexView& s) { return s.snapshot().attr("keys")(); },
           "Returns a snapshot of the hashes. Raises nothing.")
-      .def("values", [](const CheckpointIndexView& s) { return s.snapshot().attr("values")(); },
+      .def(
+          "values", [](const CheckpointIndexView& s) { return s.snapshot().attr("values")(); },
           "Returns a snapshot of the indices. Raises nothing.")
-      .def("items", [](const CheckpointIndexView& s) { return s.snapshot().attr("items")(); },
+      .def(
+          "items", [](const CheckpointIndexView& s) { return s.snapshot().attr("items")(); },
           "Returns a snapshot of the (hash, index) pairs. Raises nothing.")
-      .def("copy", &CheckpointIndexView::snapshot,
-          "Returns a plain dict snapshot. Raises nothing.")
+      .def("copy", &CheckpointIndexView::snapshot, "Returns a plain dict snapshot. Raises nothing.")
       .def("__eq__",
            [](const CheckpointIndexView& s, py::handle other) -> py::object {
              if (py::isinstance<CheckpointIndexView>(other))
@@ -281,10 +280,9 @@ void bind_views(py::module_& m) {
   py::classh<IndexHashView> hash_view(
       m, "IndexHashView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
       fast::gc_setup<IndexHashView, &traverse_view<IndexHashView>, &clear_view<IndexHashView>>(),
-                                     "Read-only live sequence: the prefix hash each index carries, -1 for none.");
+      "Read-only live sequence: the prefix hash each index carries, -1 for none.");
   fast::refuse_copy(hash_view);
-  hash_view
-      .def("__len__", [](const IndexHashView& s) { return s.size(); })
+  hash_view.def("__len__", [](const IndexHashView& s) { return s.size(); })
       .def("__getitem__",
            [](const IndexHashView& s, py::handle i) -> py::object {
              if (PySlice_Check(i.ptr())) return s.list()[py::reinterpret_borrow<py::slice>(i)];
@@ -296,14 +294,14 @@ void bind_views(py::module_& m) {
            })
       .def("__iter__", [](const IndexHashView& s) { return py::iter(s.list()); })
       .def("__contains__", [](const IndexHashView& s, py::handle x) { return s.list().contains(x); })
-      .def("count", [](const IndexHashView& s, py::handle x) { return s.list().attr("count")(x); },
+      .def(
+          "count", [](const IndexHashView& s, py::handle x) { return s.list().attr("count")(x); },
           "Returns how many indices carry ``value``. Raises nothing.")
-      .def("index", [](const IndexHashView& s, py::handle x) { return s.list().attr("index")(x); },
+      .def(
+          "index", [](const IndexHashView& s, py::handle x) { return s.list().attr("index")(x); },
           "Returns the first index carrying ``value``. Raises ValueError when none does.")
-      .def("tolist", &IndexHashView::list,
-          "Returns a plain list snapshot. Raises nothing.")
-      .def("copy", &IndexHashView::list,
-          "Returns a plain list snapshot. Raises nothing.")
+      .def("tolist", &IndexHashView::list, "Returns a plain list snapshot. Raises nothing.")
+      .def("copy", &IndexHashView::list, "Returns a plain list snapshot. Raises nothing.")
       .def("__eq__",
            [](const IndexHashView& s, py::handle other) -> py::object {
              if (py::isinstance<IndexHashView>(other))
@@ -387,18 +385,21 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   using fast::to_py;
   fast::refuse_copy(cls);
   def_eviction_methods(cls, [](Pool& p) -> StateFreeList& { return p; });
-  fast::def<Pool>(cls, "num_free", [](Pool& p, PyObject**) { return to_py(p.num_free()); }, {}, 0,
-                  "Returns how many indices are free (vacant or checkpointed). Raises nothing.");
-  fast::def<Pool>(cls, "is_free", [](Pool& p, PyObject** a) { return to_py(p.is_free(int_arg(a[0], U))); },
-                  {U}, 1, "Returns whether the index is on the free list. Raises IndexError for an index out of "
+  fast::def<Pool>(
+      cls, "num_free", [](Pool& p, PyObject**) { return to_py(p.num_free()); }, {}, 0,
+      "Returns how many indices are free (vacant or checkpointed). Raises nothing.");
+  fast::def<Pool>(
+      cls, "is_free", [](Pool& p, PyObject** a) { return to_py(p.is_free(int_arg(a[0], U))); }, {U}, 1,
+      "Returns whether the index is on the free list. Raises IndexError for an index out of "
       "range.");
   fast::def<Pool>(
-      cls, "holds_checkpoint",
-      [](Pool& p, PyObject** a) { return to_py(p.holds_checkpoint(int_arg(a[0], U))); }, {U}, 1,
+      cls, "holds_checkpoint", [](Pool& p, PyObject** a) { return to_py(p.holds_checkpoint(int_arg(a[0], U))); }, {U},
+      1,
       "Returns whether the index is free and still carries a checkpoint. Raises IndexError for "
       "an index out of range.");
-  fast::def<Pool>(cls, "pop", [](Pool& p, PyObject**) { return to_py(p.pop()); }, {}, 0,
-                  "Returns an index now owned by the caller: vacant lowest first, else the least recently "
+  fast::def<Pool>(
+      cls, "pop", [](Pool& p, PyObject**) { return to_py(p.pop()); }, {}, 0,
+      "Returns an index now owned by the caller: vacant lowest first, else the least recently "
       "used checkpoint (counted evicted). Raises IndexError, changing nothing, when nothing is "
       "free.");
   fast::def<Pool>(
@@ -407,7 +408,8 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         p.claim(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "Takes one specific free index off the free list, checkpoint and all; returns None. "
+      {U}, 1,
+      "Takes one specific free index off the free list, checkpoint and all; returns None. "
       "Raises ValueError for an index that is not free, IndexError for one out of range.");
   fast::def<Pool>(
       cls, "release",
@@ -425,12 +427,13 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         p.extend(int_arg(a[0], "count"));
         return fast::none();
       },
-      {"count"}, 1, "Adds ``count`` indices at the top (the caller made room for their bytes); returns None. "
+      {"count"}, 1,
+      "Adds ``count`` indices at the top (the caller made room for their bytes); returns None. "
       "Raises ValueError for ``count < 0``.");
   fast::def<Pool>(
       cls, "applies",
-      [](Pool& p, PyObject** a) { return to_py(p.applies(SeqArg(a[0], "seq", fast::kHasCache).get())); },
-      {"seq"}, 1, "Returns whether this pool gates or checkpoints anything for ``seq``. Raises TypeError "
+      [](Pool& p, PyObject** a) { return to_py(p.applies(SeqArg(a[0], "seq", fast::kHasCache).get())); }, {"seq"}, 1,
+      "Returns whether this pool gates or checkpoints anything for ``seq``. Raises TypeError "
       "for an object without the sequence attributes.");
   fast::def<Pool>(
       cls, "resumable_hit",
@@ -451,7 +454,8 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       "Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i], block_hashes[i], "
       "assume_checkpointed) for i ...]``, computed in one call. ``hits``: a list or NumPy "
       "int64 array; ``block_hashes``: one hash list per sequence, a 2-D int64 array with a row "
-      "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the lengths differ or a "
+      "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the "
+      "lengths differ or a "
       "hit is negative or past a hash list the scan reads; TypeError for an item that is not a "
       "sequence or an int.");
   fast::def<Pool>(
@@ -478,7 +482,8 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         p.invalidate(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "Drops the index's checkpoint (no-op when it has none or the pool is disabled); returns "
+      {U}, 1,
+      "Drops the index's checkpoint (no-op when it has none or the pool is disabled); returns "
       "None. Raises IndexError for an index out of range.");
   fast::def<Pool>(
       cls, "pin",
@@ -505,7 +510,8 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         p.unpin(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "Drops one pin without freeing (the caller took the index over; no-op without a pin); "
+      {U}, 1,
+      "Drops one pin without freeing (the caller took the index over; no-op without a pin); "
       "returns None. Raises IndexError for an index out of range.");
   fast::def<Pool>(
       cls, "drop_reader",
@@ -513,7 +519,8 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         p.drop_reader(int_arg(a[0], U));
         return fast::none();
       },
-      {U}, 1, "A reader left before it read: unpins, and frees the index on its last pin; returns "
+      {U}, 1,
+      "A reader left before it read: unpins, and frees the index on its last pin; returns "
       "None. Raises IndexError for an index out of range.");
   fast::def<Pool>(
       cls, "release_pins",
@@ -521,7 +528,8 @@ void bind_free_list_api(py::classh<Pool>& cls) {
         p.release_pins();
         return fast::none();
       },
-      {}, 0, "Top of pass: frees every pinned index whose reading forward was issued; returns None. "
+      {}, 0,
+      "Top of pass: frees every pinned index whose reading forward was issued; returns None. "
       "Raises nothing.");
 
   fast::def_readonly<Pool>(cls, "enabled", [](const Pool& p) { return to_py(p.enabled()); });
@@ -532,8 +540,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   fast::def_readonly<Pool>(cls, "checkpoints_kept", [](const Pool& p) { return to_py(p.fates().kept); });
   fast::def_readonly<Pool>(cls, "checkpoints_dropped", [](const Pool& p) { return to_py(p.fates().dropped); });
   fast::def_readonly<Pool>(cls, "checkpoints_evicted", [](const Pool& p) { return to_py(p.fates().evicted); });
-  fast::def_readonly<Pool>(cls, "checkpoints_orphaned",
-                           [](const Pool& p) { return to_py(p.fates().orphaned); });
+  fast::def_readonly<Pool>(cls, "checkpoints_orphaned", [](const Pool& p) { return to_py(p.fates().orphaned); });
 
   cls.def(
          "retire_top",
@@ -543,9 +550,10 @@ void bind_free_list_api(py::classh<Pool>& cls) {
            return py::cast(*r);
          },
          "Removes the top index; returns what the runner must relocate (an owned top moves to a "
-      "free index), or None when the top cannot go this pass or the pool is empty. Raises "
-      "nothing.")
-      .def("checkpoint_fates", [](const Pool& p) { return fates_dict(p.fates()); },
+         "free index), or None when the top cannot go this pass or the pool is empty. Raises "
+         "nothing.")
+      .def(
+          "checkpoint_fates", [](const Pool& p) { return fates_dict(p.fates()); },
           "Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted, "
           "checkpoints_orphaned. Raises nothing.")
       .def_property_readonly("transfer", [](const Pool& p) { return p.transfer(); })
@@ -588,8 +596,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
 ``pop`` never refuses while ``has_free()``: it spends a checkpoint instead.)doc");
   cls.def(py::init([](py::handle n, py::handle transfer, py::handle hbs, py::handle enabled) {
             return std::make_shared<StateSlotPool>(as_int(n, "num_slots"), transfer_arg(transfer),
-                                                   as_int(hbs, "hash_block_size"),
-                                                   as_bool(enabled, "enabled"));
+                                                   as_int(hbs, "hash_block_size"), as_bool(enabled, "enabled"));
           }),
           py::arg("num_slots"), py::arg("transfer") = py::none(), py::arg("hash_block_size") = 1,
           py::arg("enabled") = true);
@@ -604,9 +611,9 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       "Returns whether ``count`` slots can be handed out now (checkpointed slots count: pop "
       "spends them). Raises ValueError for ``count < 0``.");
   fast::def<P>(
-      cls, "pop_many",
-      [](P& p, PyObject** a) { return to_list(p.pop_many(int_arg(a[0], "count"))).release().ptr(); },
-      {"count"}, 1, "Returns ``count`` slots for one request, element 0 first. Raises IndexError, taking "
+      cls, "pop_many", [](P& p, PyObject** a) { return to_list(p.pop_many(int_arg(a[0], "count"))).release().ptr(); },
+      {"count"}, 1,
+      "Returns ``count`` slots for one request, element 0 first. Raises IndexError, taking "
       "nothing, when fewer are free; ValueError for ``count < 0``.");
   fast::def<P>(
       cls, "mark_speculative",
@@ -614,7 +621,8 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
         p.mark_speculative(int_arg(a[0], "slot"));
         return fast::none();
       },
-      {"slot"}, 1, "Files this slot's checkpoint at the LRU head when it is released (spent first); returns "
+      {"slot"}, 1,
+      "Files this slot's checkpoint at the LRU head when it is released (spent first); returns "
       "None. Raises IndexError for a slot out of range.");
   fast::def<P>(
       cls, "promote",
@@ -622,7 +630,8 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
         p.promote(int_arg(a[0], "slot"));
         return fast::none();
       },
-      {"slot"}, 1, "A guess paid off: the slot's checkpoint is no longer spent first (to the LRU tail if "
+      {"slot"}, 1,
+      "A guess paid off: the slot's checkpoint is no longer spent first (to the LRU tail if "
       "free); returns None. Raises IndexError for a slot out of range.");
   fast::def<P>(
       cls, "checkpoint",
@@ -682,25 +691,26 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
         p.unindex(int_arg(a[0], "h"));
         return fast::none();
       },
-      {"h"}, 1, "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
+      {"h"}, 1,
+      "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
       "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  cls      .def(
-          "reserve_midstep",
-          [](StateSlotPool& p, py::handle seq, py::handle positions) {
-            SeqArg seq_arg(seq.ptr(), "seq", fast::kHasCache);
-            const Sequence& s = seq_arg.get();
-            std::vector<std::pair<int64_t, int64_t>> pos;
-            for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs"))
-              pos.emplace_back(r[0], r[1]);
-            py::list out;
-            for (const auto& r : p.reserve_midstep(s, pos)) out.append(py::make_tuple(r.slot, r.position, r.hash));
-            return out;
-          },
-          py::arg("seq"), py::arg("positions"),
-          "Reserves a destination slot per interior (position, hash) boundary before the forward; "
-      "returns (slot, position, hash) tuples, stopping at the first shortage (empty when the "
-      "backend cannot read midstep). Raises ValueError for a hash of -1, TypeError for "
-      "malformed positions.")
+  cls.def(
+         "reserve_midstep",
+         [](StateSlotPool& p, py::handle seq, py::handle positions) {
+           SeqArg seq_arg(seq.ptr(), "seq", fast::kHasCache);
+           const Sequence& s = seq_arg.get();
+           std::vector<std::pair<int64_t, int64_t>> pos;
+           for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs"))
+             pos.emplace_back(r[0], r[1]);
+           py::list out;
+           for (const auto& r : p.reserve_midstep(s, pos)) out.append(py::make_tuple(r.slot, r.position, r.hash));
+           return out;
+         },
+         py::arg("seq"), py::arg("positions"),
+         "Reserves a destination slot per interior (position, hash) boundary before the forward; "
+         "returns (slot, position, hash) tuples, stopping at the first shortage (empty when the "
+         "backend cannot read midstep). Raises ValueError for a hash of -1, TypeError for "
+         "malformed positions.")
       .def(
           "publish_midstep",
           [](StateSlotPool& p, py::handle reservations, py::handle seq) {
@@ -715,36 +725,41 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       .def(
           "cancel_midstep",
           [](StateSlotPool& p, py::handle reservations) { p.cancel_midstep(reservations_arg(reservations)); },
-          py::arg("reservations"), "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
+          py::arg("reservations"),
+          "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
           "reservation this pool did not hand out.")
-      .def("occupancy",
-           [](const StateSlotPool& p) {
-             const Occupancy o = p.occupancy();
-             py::dict d;
-             d["slots_total"] = o.total;
-             d["slots_used"] = o.used;
-             d["slots_held"] = o.held;
-             d["slots_vacant"] = o.vacant;
-             return d;
-           },
+      .def(
+          "occupancy",
+          [](const StateSlotPool& p) {
+            const Occupancy o = p.occupancy();
+            py::dict d;
+            d["slots_total"] = o.total;
+            d["slots_used"] = o.used;
+            d["slots_held"] = o.held;
+            d["slots_vacant"] = o.vacant;
+            return d;
+          },
           "Returns a new dict: slots_total, slots_used, slots_held, slots_vacant. Raises nothing.")
       .def(
           "record_relocation",
           [](StateSlotPool& p, py::handle src, py::handle dst) {
             p.record_relocation(as_int(src, "src"), as_int(dst, "dst"));
           },
-          py::arg("src"), py::arg("dst"), "Schedules a slot copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
+          py::arg("src"), py::arg("dst"),
+          "Schedules a slot copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
           "IndexError for a slot out of range.")
-      .def("take_relocations",
-           [](StateSlotPool& p) {
-             const auto moves = p.take_relocations();
-             py::tuple out(moves.size());
-             for (size_t i = 0; i < moves.size(); ++i) out[i] = pair_tuple(moves[i]);
-             return out;
-           },
+      .def(
+          "take_relocations",
+          [](StateSlotPool& p) {
+            const auto moves = p.take_relocations();
+            py::tuple out(moves.size());
+            for (size_t i = 0; i < moves.size(); ++i) out[i] = pair_tuple(moves[i]);
+            return out;
+          },
           "Returns and clears the (src, dst) slot copies the next batch must run first. Raises "
           "nothing.")
-      .def("clear_index", [](StateSlotPool& p) { p.clear_index(); },
+      .def(
+          "clear_index", [](StateSlotPool& p) { p.clear_index(); },
           "Drops every checkpoint (slots stay where they are); returns None. Raises nothing.");
   cls.def("_debug_relocations", [](const StateSlotPool& p) {
     py::list out;
@@ -794,10 +809,9 @@ void clear_group_pool(PyGroupPool& p) {
 }
 
 void bind_group_pool(py::module_& m) {
-  py::classh<PyGroupPool> cls(
-      m, "StateGroupPool", py::is_final(), py::metaclass(fast::guarded_metaclass()),
-      fast::gc_setup<PyGroupPool, &traverse_group_pool, &clear_group_pool>(),
-      R"doc(
+  py::classh<PyGroupPool> cls(m, "StateGroupPool", py::is_final(), py::metaclass(fast::guarded_metaclass()),
+                              fast::gc_setup<PyGroupPool, &traverse_group_pool, &clear_group_pool>(),
+                              R"doc(
 Per-request state groups plus the checkpoint index over the free ones.
 
 ``fork``: the owner's group becomes the checkpoint and the owner moves on.
@@ -817,8 +831,9 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   using fast::to_py;
   using G = PyGroupPool;
   fast::def_readonly<G>(cls, "num_groups", [](const G& p) { return to_py(p.size()); });
-  fast::def<G>(cls, "has_free", [](G& p, PyObject**) { return to_py(p.num_free() > 0); }, {}, 0,
-               "Returns whether a group can be handed out now. Raises nothing.");
+  fast::def<G>(
+      cls, "has_free", [](G& p, PyObject**) { return to_py(p.num_free() > 0); }, {}, 0,
+      "Returns whether a group can be handed out now. Raises nothing.");
   fast::def<G>(
       cls, "checkpoint",
       [](G& p, PyObject** a) {
@@ -858,7 +873,8 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         const std::vector<size_t> joined = checkpoint_many_arg<StateGroupPool>(
             p, seqs, blocks.span(), hs,
             [](StateGroupPool& pool, std::span<Sequence* const> ss, std::span<const uintptr_t> keys,
-               std::span<const int64_t> bs, std::span<const int64_t> h) { return pool.checkpoint_many(ss, keys, bs, h); },
+               std::span<const int64_t> bs,
+               std::span<const int64_t> h) { return pool.checkpoint_many(ss, keys, bs, h); },
             [&p, hs](size_t i, const Sequence& before, const Sequence& after, SeqBatch::Writes& w) {
               if (after.per_req_cache_group != before.per_req_cache_group) {
                 w.add(fast::kGroup, after.per_req_cache_group);
@@ -914,7 +930,8 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
           s.write_back({{fast::kPending, -1}});
         return fast::none();
       },
-      {"seq"}, 1, "Drops ``seq``'s uncommitted copy checkpoint (its group is being released); returns "
+      {"seq"}, 1,
+      "Drops ``seq``'s uncommitted copy checkpoint (its group is being released); returns "
       "None. Raises TypeError for an object without the sequence attributes.");
   fast::def<G>(
       cls, "record_copy",
@@ -922,7 +939,8 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         p.record_copy(int_arg(a[0], "src"), int_arg(a[1], "dst"));
         return fast::none();
       },
-      {"src", "dst"}, 2, "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
+      {"src", "dst"}, 2,
+      "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
       "IndexError for a group out of range.");
   fast::def<G>(
       cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(int_arg(a[0], "h"))); }, {"h"}, 1,

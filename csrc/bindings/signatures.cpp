@@ -128,8 +128,7 @@ py::object with_text_signature(py::handle fn, const std::string& name) {
   // Definitions live as long as the functions: never freed.
   auto* def_name = new std::string(name);
   auto* def_doc = new std::string(std::move(*text));
-  auto* def = new PyMethodDef{def_name->c_str(),
-                              reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward)),
+  auto* def = new PyMethodDef{def_name->c_str(), reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward)),
                               METH_FASTCALL | METH_KEYWORDS, def_doc->c_str()};
   PyObject* f = PyCFunction_New(def, fn.ptr());  // holds `fn` as its __self__
   if (!f) throw py::error_already_set();

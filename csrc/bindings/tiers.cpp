@@ -19,8 +19,7 @@ std::string as_key(py::handle obj, const char* name) {
 int as_class(const HostArena& a, py::handle obj) {
   const int64_t k = as_int(obj, "klass");
   if (k < 0 || k >= a.num_classes())
-    throw py::index_error("klass=" + std::to_string(k) + " out of range [0, " +
-                          std::to_string(a.num_classes()) + ")");
+    throw py::index_error("klass=" + std::to_string(k) + " out of range [0, " + std::to_string(a.num_classes()) + ")");
   return static_cast<int>(k);
 }
 
@@ -39,7 +38,8 @@ py::list to_py_keys(const std::vector<std::string>& keys) {
 }  // namespace
 
 void bind_tiers(py::module_& m) {
-  py::class_<HostArena> arena(m, "HostArena", STATECACHE_GUARDED(HostArena), R"doc(Which entries of the host tier's arena hold what.
+  py::class_<HostArena> arena(m, "HostArena", STATECACHE_GUARDED(HostArena),
+                              R"doc(Which entries of the host tier's arena hold what.
 
 ``HostArena(entry_bytes, capacity_bytes, class_budget_bytes, ranking="cost")``:
 ``capacity_bytes // entry_bytes`` entries of one buffer the caller owns; a value
@@ -49,95 +49,114 @@ findable once sealed. Eviction ranks with the cost model of the GPU caches
 ``ranking`` picks the starting model: ``"cost"`` (value = position) or
 ``"lru"`` (recency only). Pinned values are never evicted.)doc");
   arena
-      .def(py::init([](py::handle entry_bytes, py::handle capacity_bytes, py::handle budgets,
-                       const std::string& ranking) {
-             EvictionCostModel m = HostArena::cost_model();
-             if (ranking == "lru") m.kind = EvictionCostModel::Kind::kLru;
-             else if (ranking != "cost")
-               throw py::value_error("ranking=" + py_repr(py::str(ranking)) + " must be 'lru' or 'cost'");
-             return new HostArena(as_int(entry_bytes, "entry_bytes"), as_int(capacity_bytes, "capacity_bytes"),
-                                  as_int_list(budgets, "class_budget_bytes"), m);
-           }),
+      .def(py::init(
+               [](py::handle entry_bytes, py::handle capacity_bytes, py::handle budgets, const std::string& ranking) {
+                 EvictionCostModel m = HostArena::cost_model();
+                 if (ranking == "lru")
+                   m.kind = EvictionCostModel::Kind::kLru;
+                 else if (ranking != "cost")
+                   throw py::value_error("ranking=" + py_repr(py::str(ranking)) + " must be 'lru' or 'cost'");
+                 return new HostArena(as_int(entry_bytes, "entry_bytes"), as_int(capacity_bytes, "capacity_bytes"),
+                                      as_int_list(budgets, "class_budget_bytes"), m);
+               }),
            py::arg("entry_bytes"), py::arg("capacity_bytes"), py::arg("class_budget_bytes"),
            py::arg("ranking") = "cost")
       .def_property_readonly("entry_bytes", &HostArena::entry_bytes)
       .def_property_readonly("num_entries", &HostArena::num_entries)
       .def_property_readonly("num_free", &HostArena::num_free)
       .def_property_readonly("num_classes", &HostArena::num_classes)
-      .def_property_readonly("ranking", [](const HostArena& a) {
-        return a.eviction_model().kind == EvictionCostModel::Kind::kLru ? "lru" : "cost";
-      })
-      .def("class_stats", [](const HostArena& a, py::handle klass) {
-        const auto& c = a.class_stats(as_class(a, klass));
-        py::dict d;
-        d["budget_entries"] = c.budget_entries;
-        d["used_entries"] = c.used_entries;
-        d["values"] = c.values;
-        d["evictions"] = c.evictions;
-        d["refused"] = c.refused;
-        return d;
-      }, py::arg("klass"),
+      .def_property_readonly(
+          "ranking",
+          [](const HostArena& a) { return a.eviction_model().kind == EvictionCostModel::Kind::kLru ? "lru" : "cost"; })
+      .def(
+          "class_stats",
+          [](const HostArena& a, py::handle klass) {
+            const auto& c = a.class_stats(as_class(a, klass));
+            py::dict d;
+            d["budget_entries"] = c.budget_entries;
+            d["used_entries"] = c.used_entries;
+            d["values"] = c.values;
+            d["evictions"] = c.evictions;
+            d["refused"] = c.refused;
+            return d;
+          },
+          py::arg("klass"),
           "Returns a new dict of class ``klass``: budget_entries, used_entries, values, evictions, "
           "refused. Raises IndexError for an unknown class.")
-      .def("victims", [](const HostArena& a, py::handle klass, py::handle count) -> py::object {
-        auto v = a.victims(as_class(a, klass), as_int(count, "count"));
-        if (!v) return py::none();
-        return to_py_keys(*v);
-      }, py::arg("klass"), py::arg("count"),
-      "Returns the keys ``allocate`` would evict to fit ``count`` entries in class ``klass``, "
+      .def(
+          "victims",
+          [](const HostArena& a, py::handle klass, py::handle count) -> py::object {
+            auto v = a.victims(as_class(a, klass), as_int(count, "count"));
+            if (!v) return py::none();
+            return to_py_keys(*v);
+          },
+          py::arg("klass"), py::arg("count"),
+          "Returns the keys ``allocate`` would evict to fit ``count`` entries in class ``klass``, "
           "in order; None when they cannot be made to fit. Raises IndexError for an unknown class, "
           "ValueError for ``count < 0``.")
-      .def("allocate", [](HostArena& a, py::handle key, py::handle klass, py::handle count,
-                          py::handle nbytes, py::handle position) -> py::object {
-        std::vector<std::string> evicted;
-        auto e = a.allocate(as_key(key, "key"), as_class(a, klass), as_int(count, "count"),
-                            as_int(nbytes, "nbytes"), as_int(position, "position"), &evicted);
-        if (!e) return py::none();
-        return py::make_tuple(to_py_entries(*e), to_py_keys(evicted));
-      }, py::arg("key"), py::arg("klass"), py::arg("count"), py::arg("nbytes"), py::arg("position"),
-      "Reserves ``count`` entries for ``key`` (its prefix ends at ``position``, in the eviction "
+      .def(
+          "allocate",
+          [](HostArena& a, py::handle key, py::handle klass, py::handle count, py::handle nbytes,
+             py::handle position) -> py::object {
+            std::vector<std::string> evicted;
+            auto e = a.allocate(as_key(key, "key"), as_class(a, klass), as_int(count, "count"),
+                                as_int(nbytes, "nbytes"), as_int(position, "position"), &evicted);
+            if (!e) return py::none();
+            return py::make_tuple(to_py_entries(*e), to_py_keys(evicted));
+          },
+          py::arg("key"), py::arg("klass"), py::arg("count"), py::arg("nbytes"), py::arg("position"),
+          "Reserves ``count`` entries for ``key`` (its prefix ends at ``position``, in the eviction "
           "model's position unit), evicting unpinned values of its class; returns (entry ids, "
           "evicted keys), or None (nothing changed) when they cannot be had. Raises IndexError for "
           "an unknown class, ValueError for a bad count, nbytes or position or a key already present.")
-      .def("seal", [](HostArena& a, py::handle key, py::bytes meta) {
-        a.seal(as_key(key, "key"), meta.cast<std::string>());
-      }, py::arg("key"), py::arg("meta"),
+      .def(
+          "seal",
+          [](HostArena& a, py::handle key, py::bytes meta) { a.seal(as_key(key, "key"), meta.cast<std::string>()); },
+          py::arg("key"), py::arg("meta"),
           "Makes the value under ``key`` findable, with ``meta``; returns None. Raises ValueError "
           "for a key not allocated or already sealed.")
-      .def("remove", [](HostArena& a, py::handle key) { return a.remove(as_key(key, "key")); },
-           py::arg("key"),
+      .def(
+          "remove", [](HostArena& a, py::handle key) { return a.remove(as_key(key, "key")); }, py::arg("key"),
           "Drops the value under ``key``; returns whether one was there. Raises only for a bad "
           "argument (docs/contract.md, \"Errors\").")
-      .def("contains", [](const HostArena& a, py::handle key) { return a.contains(as_key(key, "key")); },
-           py::arg("key"),
+      .def(
+          "contains", [](const HostArena& a, py::handle key) { return a.contains(as_key(key, "key")); }, py::arg("key"),
           "Returns whether a sealed value is filed under ``key``. Raises only for a bad argument "
           "(docs/contract.md, \"Errors\").")
-      .def("__contains__", [](const HostArena& a, py::handle key) {
-        return PyBytes_Check(key.ptr()) || PyUnicode_Check(key.ptr()) ? a.contains(as_key(key, "key")) : false;
-      })
+      .def("__contains__",
+           [](const HostArena& a, py::handle key) {
+             return PyBytes_Check(key.ptr()) || PyUnicode_Check(key.ptr()) ? a.contains(as_key(key, "key")) : false;
+           })
       .def("__len__", [](const HostArena& a) { return a.keys().size(); })
-      .def("lookup", [](HostArena& a, py::handle key, bool touch) -> py::object {
-        const HostArena::Value* v = a.lookup(as_key(key, "key"), touch);
-        if (v == nullptr) return py::none();
-        return py::make_tuple(to_py_entries(v->entries), v->nbytes, py::bytes(v->meta), v->klass);
-      }, py::arg("key"), py::arg("touch") = true,
-      "Returns (entry ids, nbytes, meta, klass) of the sealed value under ``key`` (``touch``: "
+      .def(
+          "lookup",
+          [](HostArena& a, py::handle key, bool touch) -> py::object {
+            const HostArena::Value* v = a.lookup(as_key(key, "key"), touch);
+            if (v == nullptr) return py::none();
+            return py::make_tuple(to_py_entries(v->entries), v->nbytes, py::bytes(v->meta), v->klass);
+          },
+          py::arg("key"), py::arg("touch") = true,
+          "Returns (entry ids, nbytes, meta, klass) of the sealed value under ``key`` (``touch``: "
           "counts as a use), or None. Raises only for a bad argument (docs/contract.md, "
           "\"Errors\").")
-      .def("pin", [](HostArena& a, py::handle key) { a.pin(as_key(key, "key")); }, py::arg("key"),
+      .def(
+          "pin", [](HostArena& a, py::handle key) { a.pin(as_key(key, "key")); }, py::arg("key"),
           "Pins the sealed value under ``key`` (never evicted while pinned); returns None. Raises "
           "ValueError for a key that is not a sealed value.")
-      .def("unpin", [](HostArena& a, py::handle key) { a.unpin(as_key(key, "key")); }, py::arg("key"),
+      .def(
+          "unpin", [](HostArena& a, py::handle key) { a.unpin(as_key(key, "key")); }, py::arg("key"),
           "Drops one pin of the value under ``key``; returns None. Raises ValueError for a key "
           "that is not pinned.")
-      .def("pins", [](const HostArena& a, py::handle key) { return a.pins(as_key(key, "key")); }, py::arg("key"),
+      .def(
+          "pins", [](const HostArena& a, py::handle key) { return a.pins(as_key(key, "key")); }, py::arg("key"),
           "Returns the pin count of the value under ``key`` (0 without one). Raises only for a bad "
           "argument (docs/contract.md, \"Errors\").")
-      .def("keys", [](const HostArena& a) { return to_py_keys(a.keys()); },
+      .def(
+          "keys", [](const HostArena& a) { return to_py_keys(a.keys()); },
           "Returns the keys filed, as a list of bytes. Raises nothing.")
       .def("check_consistency", &HostArena::check_consistency,
-          "Checks the arena's internal invariants (for tests); returns None. Raises AssertionError "
-          "when one is broken.");
+           "Checks the arena's internal invariants (for tests); returns None. Raises AssertionError "
+           "when one is broken.");
   def_eviction_methods(arena, [](HostArena& a) -> HostArena& { return a; });
 }
 

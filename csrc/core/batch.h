@@ -61,16 +61,16 @@ void check_entry(const char* name, size_t i, Check&& check) {
 // works. std::invalid_argument, before any scan, for a length mismatch, a
 // negative hit, or a hit past its list where the per-sequence call reads it.
 template <class Cache, class Rows>
-std::vector<int64_t> resumable_hits(const Cache& cache, std::span<Sequence* const> seqs,
-                                    std::span<const int64_t> hits, Rows& rows, bool assume_checkpointed) {
+std::vector<int64_t> resumable_hits(const Cache& cache, std::span<Sequence* const> seqs, std::span<const int64_t> hits,
+                                    Rows& rows, bool assume_checkpointed) {
   check_length("hits", hits.size(), "seqs", seqs.size());
   check_length("block_hashes", rows.size(), "seqs", seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (hits[i] < 0) bad_argument(("hits[" + std::to_string(i) + "]").c_str(), hits[i], "must be >= 0");
     if (cache.hit_within_hashes(*seqs[i], assume_checkpointed) && hits[i] > rows.length(i))
-      bad_argument(("hits[" + std::to_string(i) + "]").c_str(), hits[i],
-                   ("exceeds len(block_hashes[" + std::to_string(i) + "]) = " + std::to_string(rows.length(i)))
-                       .c_str());
+      bad_argument(
+          ("hits[" + std::to_string(i) + "]").c_str(), hits[i],
+          ("exceeds len(block_hashes[" + std::to_string(i) + "]) = " + std::to_string(rows.length(i))).c_str());
   }
   std::vector<int64_t> out;
   out.reserve(seqs.size());

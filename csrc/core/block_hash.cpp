@@ -53,8 +53,7 @@ int64_t hash_token_block(int64_t parent, std::span<const int64_t> tokens) {
   return out == -1 ? static_cast<int64_t>(kP5) : out;
 }
 
-std::vector<int64_t> chain_block_hashes(std::span<const int64_t> tokens, int64_t block_size,
-                                        int64_t parent) {
+std::vector<int64_t> chain_block_hashes(std::span<const int64_t> tokens, int64_t block_size, int64_t parent) {
   if (block_size <= 0) bad_argument("block_size", block_size, "must be > 0");
   const size_t bs = static_cast<size_t>(block_size);
   const size_t n = tokens.size() / bs;
@@ -74,10 +73,20 @@ namespace {
 struct SipState {
   uint64_t v0, v1, v2, v3;
   void round() {
-    v0 += v1; v1 = rotl(v1, 13); v1 ^= v0; v0 = rotl(v0, 32);
-    v2 += v3; v3 = rotl(v3, 16); v3 ^= v2;
-    v0 += v3; v3 = rotl(v3, 21); v3 ^= v0;
-    v2 += v1; v1 = rotl(v1, 17); v1 ^= v2; v2 = rotl(v2, 32);
+    v0 += v1;
+    v1 = rotl(v1, 13);
+    v1 ^= v0;
+    v0 = rotl(v0, 32);
+    v2 += v3;
+    v3 = rotl(v3, 16);
+    v3 ^= v2;
+    v0 += v3;
+    v3 = rotl(v3, 21);
+    v3 ^= v0;
+    v2 += v1;
+    v1 = rotl(v1, 17);
+    v1 ^= v2;
+    v2 = rotl(v2, 32);
   }
   void compress(uint64_t m) {
     v3 ^= m;
@@ -96,8 +105,8 @@ uint64_t load_le64(const uint8_t* p) {
 }  // namespace
 
 PrefixKey siphash128(const DeploymentKey& key, std::span<const uint8_t> bytes) {
-  SipState s{key.k0 ^ 0x736f6d6570736575ULL, key.k1 ^ 0x646f72616e646f6dULL,
-             key.k0 ^ 0x6c7967656e657261ULL, key.k1 ^ 0x7465646279746573ULL};
+  SipState s{key.k0 ^ 0x736f6d6570736575ULL, key.k1 ^ 0x646f72616e646f6dULL, key.k0 ^ 0x6c7967656e657261ULL,
+             key.k1 ^ 0x7465646279746573ULL};
   s.v1 ^= 0xee;  // 128-bit output variant
   const size_t n = bytes.size();
   const uint8_t* p = bytes.data();
@@ -125,8 +134,7 @@ DeploymentKey deployment_key(uint64_t seed, std::string_view salt) {
   return DeploymentKey{k.lo, k.hi};
 }
 
-PrefixKey key_token_block(const DeploymentKey& key, const PrefixKey* parent,
-                          std::span<const int64_t> tokens) {
+PrefixKey key_token_block(const DeploymentKey& key, const PrefixKey* parent, std::span<const int64_t> tokens) {
   // Message: parent key (or a root marker) then the tokens, little-endian.
   std::vector<uint8_t> msg(17 + 8 * tokens.size());
   msg[0] = parent != nullptr ? 1 : 0;
@@ -143,8 +151,8 @@ int64_t scheduler_hash(const PrefixKey& key) {
   return out == -1 ? static_cast<int64_t>(kP5) : out;  // -1 means "none"
 }
 
-std::vector<PrefixKey> chain_block_keys(const DeploymentKey& key, std::span<const int64_t> tokens,
-                                        int64_t block_size, const PrefixKey* parent) {
+std::vector<PrefixKey> chain_block_keys(const DeploymentKey& key, std::span<const int64_t> tokens, int64_t block_size,
+                                        const PrefixKey* parent) {
   if (block_size <= 0) bad_argument("block_size", block_size, "must be > 0");
   const size_t bs = static_cast<size_t>(block_size);
   const size_t n = tokens.size() / bs;

@@ -22,8 +22,7 @@ int64_t hash_token_block(int64_t parent, std::span<const int64_t> tokens);
 
 // Hashes of every full block of `tokens`, chained from `parent`. A trailing
 // partial block is ignored. Throws std::invalid_argument for block_size <= 0.
-std::vector<int64_t> chain_block_hashes(std::span<const int64_t> tokens, int64_t block_size,
-                                        int64_t parent = -1);
+std::vector<int64_t> chain_block_hashes(std::span<const int64_t> tokens, int64_t block_size, int64_t parent = -1);
 
 // ---- 128-bit prefix keys (docs/contract.md, "Tiers") ----
 //
@@ -47,15 +46,14 @@ DeploymentKey deployment_key(uint64_t seed, std::string_view salt);
 PrefixKey siphash128(const DeploymentKey& key, std::span<const uint8_t> bytes);
 
 // Key of one block of tokens chained from `parent` (nullptr: the root).
-PrefixKey key_token_block(const DeploymentKey& key, const PrefixKey* parent,
-                          std::span<const int64_t> tokens);
+PrefixKey key_token_block(const DeploymentKey& key, const PrefixKey* parent, std::span<const int64_t> tokens);
 
 // The 64-bit scheduler hash a 128-bit key names (never -1).
 int64_t scheduler_hash(const PrefixKey& key);
 
 // 128-bit keys of every full block of `tokens`, chained from `parent`
 // (nullptr: the root). Throws std::invalid_argument for block_size <= 0.
-std::vector<PrefixKey> chain_block_keys(const DeploymentKey& key, std::span<const int64_t> tokens,
-                                        int64_t block_size, const PrefixKey* parent = nullptr);
+std::vector<PrefixKey> chain_block_keys(const DeploymentKey& key, std::span<const int64_t> tokens, int64_t block_size,
+                                        const PrefixKey* parent = nullptr);
 
 }  // namespace statecache

@@ -88,9 +88,7 @@ void BlockPool::notify(const std::vector<int64_t>& evicted) {
   if (first) std::rethrow_exception(first);
 }
 
-void BlockPool::check_block(int64_t block, const char* name) const {
-  check_index(name, block, num_blocks());
-}
+void BlockPool::check_block(int64_t block, const char* name) const { check_index(name, block, num_blocks()); }
 
 void BlockPool::adjust_held(int64_t owner, int64_t delta) {
   // Checkpoint owners are counted by their store; only owners a caller
@@ -293,10 +291,12 @@ void BlockPool::check_consistency() const {
     }
     if (o == owner_token::kFree) {
       check_invariant(blocks_[b].refs == 0, "BlockPool: a free block is referenced");
-      check_invariant(blocks_[b].list == (blocks_[b].hash == kNoHash ? kFresh : kCached), "BlockPool: free block on the wrong list");
+      check_invariant(blocks_[b].list == (blocks_[b].hash == kNoHash ? kFresh : kCached),
+                      "BlockPool: free block on the wrong list");
       (blocks_[b].hash == kNoHash ? fresh : cached)++;
     } else if (o == owner_token::kKv) {
-      check_invariant(blocks_[b].refs > 0 && blocks_[b].list == kOffList, "BlockPool: held KV block unreferenced or listed");
+      check_invariant(blocks_[b].refs > 0 && blocks_[b].list == kOffList,
+                      "BlockPool: held KV block unreferenced or listed");
       ++kv;
     } else {
       check_invariant(o >= 0 && blocks_[b].refs == 0 && blocks_[b].list == kOffList && blocks_[b].hash == kNoHash,

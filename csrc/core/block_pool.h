@@ -23,7 +23,7 @@ namespace statecache {
 // reference uses without knowing about Python.
 namespace owner_token {
 inline constexpr int64_t kFree = -1;
-inline constexpr int64_t kKv = -2;  // held by the KV cache, reference counted
+inline constexpr int64_t kKv = -2;     // held by the KV cache, reference counted
 inline constexpr int kCheckpoint = 1;  // ("state-checkpoint", checkpoint_id)
 inline constexpr int kTransfer = 2;    // ("state-transfer", owner)
 inline constexpr int kOther = 3;       // any other owner, interned by the caller

@@ -61,8 +61,9 @@ void PagedStateCheckpointCoordinator::check_reservations(const std::vector<Midst
   for (const auto& r : reservations) {
     auto it = std::find(open.begin(), open.end(), r);
     if (it == open.end())
-      bad_argument("reservations", "(" + std::to_string(std::get<0>(r)) + ", " + std::to_string(std::get<1>(r)) + ", " +
-                                       std::to_string(std::get<2>(r)) + ")",
+      bad_argument("reservations",
+                   "(" + std::to_string(std::get<0>(r)) + ", " + std::to_string(std::get<1>(r)) + ", " +
+                       std::to_string(std::get<2>(r)) + ")",
                    "is not an open midstep reservation of this coordinator (published, cancelled or never reserved)");
     open.erase(it);
   }
@@ -177,7 +178,8 @@ void PagedStateCheckpointCoordinator::forget_pending(const Sequence& seq) {
 
 std::pair<std::vector<CheckpointStoreOp>, std::vector<CheckpointRestoreOp>>
 PagedStateCheckpointCoordinator::take_checkpoint_ops() {
-  if (draining_) throw std::runtime_error("take_checkpoint_ops: called from inside take_checkpoint_ops (an eviction handler)");
+  if (draining_)
+    throw std::runtime_error("take_checkpoint_ops: called from inside take_checkpoint_ops (an eviction handler)");
   draining_ = true;
   struct Reset {
     bool& flag;
@@ -204,16 +206,16 @@ PagedStateCheckpointCoordinator::take_checkpoint_ops() {
   }
   std::vector<CheckpointRestoreOp> restores = store_->take_restore_ops();
   if (!scratch_queued_.empty())
-    take_scratch_stores(max_ops_per_batch_ - static_cast<int64_t>(stores.size()) -
-                            static_cast<int64_t>(restores.size()),
-                        stores);
+    take_scratch_stores(
+        max_ops_per_batch_ - static_cast<int64_t>(stores.size()) - static_cast<int64_t>(restores.size()), stores);
   return {std::move(stores), std::move(restores)};
 }
 
 void PagedStateCheckpointCoordinator::complete_previous_batch() {
   if (draining_)
-    throw std::runtime_error("complete_previous_batch: called from inside take_checkpoint_ops (an eviction handler); "
-                             "the stores being begun are not written yet");
+    throw std::runtime_error(
+        "complete_previous_batch: called from inside take_checkpoint_ops (an eviction handler); "
+        "the stores being begun are not written yet");
   store_->complete_inflight();
   // The stores reading these scratch slots went out with the last batch, and
   // stream order puts any new tenant's writes behind them: safe to free now.
@@ -291,9 +293,11 @@ void PagedStateCheckpointCoordinator::check_consistency() const {
   for (const auto& [owner, units] : transfer_units_) {
     check_invariant(static_cast<int64_t>(units.size()) == store_->units_per_checkpoint(),
                     "coordinator: a transfer holds the wrong number of units");
-    for (int64_t u : units) check_invariant(store_->pool().owner_of(u) == owner, "coordinator: a transfer unit is not its own");
+    for (int64_t u : units)
+      check_invariant(store_->pool().owner_of(u) == owner, "coordinator: a transfer unit is not its own");
   }
-  for (const auto& [h, slot] : scratch_queued_) check_invariant(h != -1, "coordinator: a scratch store queued under -1");
+  for (const auto& [h, slot] : scratch_queued_)
+    check_invariant(h != -1, "coordinator: a scratch store queued under -1");
 }
 
 void PagedStateCheckpointCoordinator::clear_index() {

@@ -26,8 +26,8 @@ using MidstepReservation = std::tuple<int64_t, int64_t, int64_t>;
 
 class PagedStateCheckpointCoordinator {
  public:
-  PagedStateCheckpointCoordinator(std::shared_ptr<BlockPool> pool, PagedStateCheckpointSpec spec,
-                                  bool enabled, bool offload_sink = false, bool readable_midstep = false);
+  PagedStateCheckpointCoordinator(std::shared_ptr<BlockPool> pool, PagedStateCheckpointSpec spec, bool enabled,
+                                  bool offload_sink = false, bool readable_midstep = false);
   // Around a store built by the caller (the bindings' store carries Python state).
   PagedStateCheckpointCoordinator(std::shared_ptr<PageUnitCheckpointStore> store, bool enabled,
                                   bool readable_midstep = false);
@@ -89,9 +89,7 @@ class PagedStateCheckpointCoordinator {
   }
   int64_t num_pending() const { return static_cast<int64_t>(pending_index_.size()); }
   bool restore_queued_for(int64_t dst_slot) const { return store_->restore_queued_for(dst_slot); }
-  bool begin_restore(int64_t prefix_hash, int64_t dst_slot) {
-    return store_->queue_restore(prefix_hash, dst_slot);
-  }
+  bool begin_restore(int64_t prefix_hash, int64_t dst_slot) { return store_->queue_restore(prefix_hash, dst_slot); }
   // begin_restore(hashes[i], dst_slots[i]) for each i, in order, once the
   // whole batch passed what the per-item call checks (equal lengths, no
   // negative slot); out[i] says whether restore i was queued.

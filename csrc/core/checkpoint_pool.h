@@ -53,8 +53,7 @@ class CheckpointPool : public StateFreeList {
     if (hit < 0) bad_argument("hit", hit, "must be >= 0");
     if (!applies(seq) || transfer_.replays()) return hit;
     if (hit_within_hashes(seq, assume_checkpointed) && hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
-    return scan_resumable(seq.num_tokens, hit, min_fork_tokens(), hash_block_size_,
-                          assume_checkpointed, hash_at);
+    return scan_resumable(seq.num_tokens, hit, min_fork_tokens(), hash_block_size_, assume_checkpointed, hash_at);
   }
   // Whether resumable_hit reads seq's hash list, so that `hit` must lie
   // within it.
@@ -63,9 +62,9 @@ class CheckpointPool : public StateFreeList {
   }
   int64_t resumable_hit(const Sequence& seq, int64_t hit, std::span<const int64_t> hashes,
                         bool assume_checkpointed = false) const {
-    return resumable_hit(seq, hit, static_cast<int64_t>(hashes.size()),
-                         [&](int64_t i) { return hashes[static_cast<size_t>(i)]; },
-                         assume_checkpointed);
+    return resumable_hit(
+        seq, hit, static_cast<int64_t>(hashes.size()), [&](int64_t i) { return hashes[static_cast<size_t>(i)]; },
+        assume_checkpointed);
   }
 
  protected:
@@ -105,8 +104,8 @@ class CheckpointPool : public StateFreeList {
   // `reads_assumed_hashes`: whether `hit` must stay within the hash list even
   // when checkpoints are assumed (the slot pool's reference reads the list
   // either way, the group pool's does not).
-  CheckpointPool(int64_t count, StateTransfer transfer, int64_t hash_block_size, bool enabled,
-                 const char* kind, bool reads_assumed_hashes)
+  CheckpointPool(int64_t count, StateTransfer transfer, int64_t hash_block_size, bool enabled, const char* kind,
+                 bool reads_assumed_hashes)
       : StateFreeList(count, enabled, kind),
         transfer_(std::move(transfer)),
         hash_block_size_(hash_block_size),

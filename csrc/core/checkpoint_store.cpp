@@ -8,13 +8,11 @@
 namespace statecache {
 
 namespace {
-int64_t checkpoint_owner(int64_t checkpoint_id) {
-  return owner_token::make(owner_token::kCheckpoint, checkpoint_id);
-}
+int64_t checkpoint_owner(int64_t checkpoint_id) { return owner_token::make(owner_token::kCheckpoint, checkpoint_id); }
 }  // namespace
 
-PageUnitCheckpointStore::PageUnitCheckpointStore(std::shared_ptr<BlockPool> pool,
-                                                 PagedStateCheckpointSpec spec, bool offload_sink)
+PageUnitCheckpointStore::PageUnitCheckpointStore(std::shared_ptr<BlockPool> pool, PagedStateCheckpointSpec spec,
+                                                 bool offload_sink)
     : pool_(std::move(pool)), spec_(std::move(spec)), offload_sink_(offload_sink), clock_(monotonic_seconds) {
   if (!pool_) throw std::invalid_argument("pool: a PageUnitCheckpointStore needs a BlockPool");
 }
@@ -192,7 +190,7 @@ bool PageUnitCheckpointStore::ensure_free_units(int64_t count) {
 // ---------------------------------------------------------- store/restore --
 
 std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t prefix_hash, int64_t src_slot,
-                                                                     int64_t position) {
+                                                                      int64_t position) {
   if (prefix_hash == -1) bad_argument("prefix_hash", prefix_hash, "-1 means no hash");
   if (src_slot < 0) bad_argument("src_slot", src_slot, "must be >= 0");
   if (contains_or_pending(prefix_hash)) return std::nullopt;
@@ -261,7 +259,7 @@ bool PageUnitCheckpointStore::queue_restore(int64_t prefix_hash, int64_t dst_slo
   lru_unlink(idx);
   lru_push_back(idx);
   queued_restores_.emplace_back(checkpoint_id,
-                                 CheckpointRestoreOp{dst_slot, s.rec.unit_ids, spec_.image_bytes, spec_.layout_id});
+                                CheckpointRestoreOp{dst_slot, s.rec.unit_ids, spec_.image_bytes, spec_.layout_id});
   return true;
 }
 
@@ -322,8 +320,7 @@ size_t PageUnitCheckpointStore::find_suspended(const SuspendedCheckpointRestore&
 void PageUnitCheckpointStore::resume_suspended_restore(const SuspendedCheckpointRestore& restore) {
   const size_t i = find_suspended(restore);
   const Slot* s = find(restore.checkpoint_id);
-  if (s == nullptr || s->rec.pin_count <= 0)
-    throw InvariantError("suspended checkpoint restore lost its source pin");
+  if (s == nullptr || s->rec.pin_count <= 0) throw InvariantError("suspended checkpoint restore lost its source pin");
   suspended_.erase(suspended_.begin() + static_cast<ptrdiff_t>(i));
   queued_restores_.emplace_back(restore.checkpoint_id, restore.operation);
 }
@@ -344,8 +341,9 @@ void PageUnitCheckpointStore::index_ready(Slot& s) {
 
 void PageUnitCheckpointStore::complete_inflight() {
   if (filing_ > 0)
-    throw std::runtime_error("complete_inflight: called while begin_store files a store (from an eviction handler); "
-                             "that store is not written yet");
+    throw std::runtime_error(
+        "complete_inflight: called while begin_store files a store (from an eviction handler); "
+        "that store is not written yet");
   std::vector<int64_t> stores;
   stores.swap(inflight_stores_);
   for (int64_t checkpoint_id : stores) {
@@ -381,8 +379,9 @@ void PageUnitCheckpointStore::complete_inflight() {
 
 bool PageUnitCheckpointStore::adopt_units(const UnitIds& unit_ids, int64_t owner, int64_t prefix_hash) {
   if (static_cast<int64_t>(unit_ids.size()) != units_per_checkpoint())
-    bad_argument("unit_ids", static_cast<long long>(unit_ids.size()),
-                 ("units given; an image needs units_per_checkpoint=" + std::to_string(units_per_checkpoint())).c_str());
+    bad_argument(
+        "unit_ids", static_cast<long long>(unit_ids.size()),
+        ("units given; an image needs units_per_checkpoint=" + std::to_string(units_per_checkpoint())).c_str());
   if (prefix_hash == -1) bad_argument("prefix_hash", prefix_hash, "-1 means no hash");
   if (contains_or_pending(prefix_hash)) {
     pool_->release_units(unit_ids, owner);
@@ -629,7 +628,8 @@ const CheckpointRecord* PageUnitCheckpointStore::record(int64_t checkpoint_id) c
 std::vector<std::pair<int64_t, int64_t>> PageUnitCheckpointStore::hash_index() const {
   std::vector<std::tuple<uint64_t, int64_t, int64_t>> order;
   order.reserve(hash_to_checkpoint_.size());
-  hash_to_checkpoint_.for_each([&](int64_t h, int32_t idx) { order.emplace_back(slab_[idx].ready_seq, h, slab_[idx].id); });
+  hash_to_checkpoint_.for_each(
+      [&](int64_t h, int32_t idx) { order.emplace_back(slab_[idx].ready_seq, h, slab_[idx].id); });
   std::sort(order.begin(), order.end());
   std::vector<std::pair<int64_t, int64_t>> out;
   out.reserve(order.size());

@@ -29,8 +29,7 @@ class PageUnitCheckpointStore {
   using Clock = std::function<double()>;  // seconds, monotonic
   using Source = std::pair<StateStoreOperationId, UnitIds>;
 
-  PageUnitCheckpointStore(std::shared_ptr<BlockPool> pool, PagedStateCheckpointSpec spec,
-                          bool offload_sink = false);
+  PageUnitCheckpointStore(std::shared_ptr<BlockPool> pool, PagedStateCheckpointSpec spec, bool offload_sink = false);
 
   BlockPool& pool() const { return *pool_; }
   const std::shared_ptr<BlockPool>& pool_ptr() const { return pool_; }

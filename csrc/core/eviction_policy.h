@@ -38,7 +38,7 @@ struct EvictionCostModel {
   double flops_per_context_token = 0.0;  // attention, per earlier token
   double checkpoint_bytes = 1.0;         // what spending one checkpoint frees
   double tokens_per_position = 1.0;
-  double weight = 1.0;                   // value against recency
+  double weight = 1.0;  // value against recency
   bool guesses_first = true;
 
   // Prefill FLOPs a hit at `position` saves, per byte that spending it frees.
@@ -66,8 +66,8 @@ struct EvictionCostModel {
 // asks `victim` instead of reading its head.
 class CheckpointEvictionOrder {
  public:
-  static constexpr int kSegments = 16;       // octaves of position
-  static constexpr int kGuesses = kSegments; // the guess segment's number
+  static constexpr int kSegments = 16;        // octaves of position
+  static constexpr int kGuesses = kSegments;  // the guess segment's number
 
   const EvictionCostModel& model() const { return model_; }
   bool active() const { return model_.kind == EvictionCostModel::Kind::kCost; }

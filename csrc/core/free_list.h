@@ -126,9 +126,8 @@ class StateFreeList {
   // at least `min_fork_tokens`. `hash_at(i)` reads block i's hash lazily, so
   // a scan that stops early converts only what it read.
   template <class HashAt>
-  int64_t scan_resumable(int64_t num_tokens, int64_t hit, int64_t min_fork_tokens,
-                         int64_t hash_block_size, bool assume_checkpointed,
-                         HashAt&& hash_at) const {
+  int64_t scan_resumable(int64_t num_tokens, int64_t hit, int64_t min_fork_tokens, int64_t hash_block_size,
+                         bool assume_checkpointed, HashAt&& hash_at) const {
     // The fork test (num_tokens - L * hbs >= min_fork_tokens) is monotone in
     // L: boundaries above `top` can never be the answer, those at or below
     // all pass it.
@@ -156,8 +155,8 @@ class StateFreeList {
 
   // ---- introspection (tests, debugging) ---------------------------------
   std::vector<int64_t> lru_order() const;
-  std::vector<int64_t> pinned_indices() const;  // sorted
-  std::vector<int64_t> deferred_indices() const;  // sorted
+  std::vector<int64_t> pinned_indices() const;       // sorted
+  std::vector<int64_t> deferred_indices() const;     // sorted
   std::vector<int64_t> speculative_indices() const;  // sorted
   // Throws InvariantError when a structural invariant is broken.
   void check_invariants() const;
@@ -180,17 +179,17 @@ class StateFreeList {
   const std::string& kind() const { return kind_; }
 
   // Argument checks (throw before anything changes).
-  void check_in_range(int64_t u) const;        // 0 <= u < size()
-  void check_owned(int64_t u) const;       // in range, not free, not pinned
+  void check_in_range(int64_t u) const;  // 0 <= u < size()
+  void check_owned(int64_t u) const;     // in range, not free, not pinned
   void check_count(const char* name, int64_t count) const;
   void check_distinct(std::vector<int64_t> indices) const;  // none listed twice
 
   // Unchecked primitives, each a step of the reference's algorithm.
   int64_t take_vacant();
-  void take_free(int64_t u);   // claim of an index known to be free
-  void put_back(int64_t u);    // release of an index known to be owned
+  void take_free(int64_t u);  // claim of an index known to be free
+  void put_back(int64_t u);   // release of an index known to be owned
   void set_hash(int64_t u, int64_t h);
-  void drop_hash(int64_t u);   // invalidate, unchecked
+  void drop_hash(int64_t u);  // invalidate, unchecked
   // Files `u` under `h` (the reference's `_index`); no-op when disabled.
   // `position` (hash blocks, 0 unknown) is what the cost model ranks by.
   void file_checkpoint(int64_t h, int64_t u, int64_t position = 0);
@@ -217,13 +216,13 @@ class StateFreeList {
   // Everything known about one index, in one record: the hot paths touch a
   // few indices at random, and one cache line each beats one per array.
   struct IndexRecord {
-    int64_t hash = -1;       // checkpoint carried, -1 for none
-    int32_t prev = -1;       // checkpointed-LRU links
+    int64_t hash = -1;  // checkpoint carried, -1 for none
+    int32_t prev = -1;  // checkpointed-LRU links
     int32_t next = -1;
-    int32_t pins = 0;        // readers holding it pinned
+    int32_t pins = 0;  // readers holding it pinned
     // Flags and the release epoch share a word, keeping a record at 24 bytes.
     uint32_t free : 1 = 0;
-    uint32_t spec : 1 = 0;      // a guess: filed at the LRU head
+    uint32_t spec : 1 = 0;  // a guess: filed at the LRU head
     uint32_t in_lru : 1 = 0;
     uint32_t deferred : 1 = 0;  // pinned for the batch the next pass builds
     // release_epoch, modulo 2**28: a record outlives at most a pass or two of

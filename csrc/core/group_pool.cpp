@@ -4,8 +4,7 @@
 
 namespace statecache {
 
-StateGroupPool::StateGroupPool(int64_t num_groups, StateTransfer transfer, int64_t hash_block_size,
-                               bool enabled)
+StateGroupPool::StateGroupPool(int64_t num_groups, StateTransfer transfer, int64_t hash_block_size, bool enabled)
     : CheckpointPool(num_groups, std::move(transfer), hash_block_size, enabled, "group",
                      /*reads_assumed_hashes=*/false) {}
 
@@ -96,7 +95,8 @@ std::optional<GroupRetirement> StateGroupPool::retire_top() {
     // The caller re-points the owner at relocated_to and the relocation runs
     // before the batch's group copies, so the intent follows the bytes.
     for (Intent& i : pending_)
-      if (i.group == top && release_epoch(top) == i.epoch) i = {r->relocated_to, release_epoch(r->relocated_to), i.position};
+      if (i.group == top && release_epoch(top) == i.epoch)
+        i = {r->relocated_to, release_epoch(r->relocated_to), i.position};
   }
   return r;
 }

@@ -36,8 +36,8 @@ class StateGroupPool : public CheckpointPool<GroupRetirement> {
     size_t seq = 0;      // which sequence: entries of one sequence share it
   };
 
-  explicit StateGroupPool(int64_t num_groups, StateTransfer transfer = StateTransfer(),
-                          int64_t hash_block_size = 1, bool enabled = true);
+  explicit StateGroupPool(int64_t num_groups, StateTransfer transfer = StateTransfer(), int64_t hash_block_size = 1,
+                          bool enabled = true);
 
   // fork: seq moves to a fresh group, the old one is filed and pinned.
   // copy: records an intent for seq's current group; returns true when seq
@@ -83,7 +83,7 @@ class StateGroupPool : public CheckpointPool<GroupRetirement> {
  private:
   struct Intent {
     int64_t group;
-    uint32_t epoch;         // the group's release_epoch when recorded
+    uint32_t epoch;        // the group's release_epoch when recorded
     int64_t position = 0;  // boundary blocks, for the eviction cost model
   };
   bool intent_alive(const Intent& i) const {

@@ -52,9 +52,7 @@ void HostArena::set_eviction_model(const EvictionCostModel& model) {
   for (auto& r : ranked_) r.set_model(order_model(model_));
 }
 
-void HostArena::check_class(int klass) const {
-  check_index("klass", klass, static_cast<long long>(classes_.size()));
-}
+void HostArena::check_class(int klass) const { check_index("klass", klass, static_cast<long long>(classes_.size())); }
 
 const HostArena::ClassStats& HostArena::class_stats(int klass) const {
   check_class(klass);
@@ -93,8 +91,8 @@ std::optional<std::vector<std::string>> HostArena::victims(int klass, int64_t co
   std::vector<int64_t> planned;
   const auto& order = ranked_[static_cast<size_t>(klass)];
   while (need > 0) {
-    const int64_t idx = order.victim(
-        [&](int64_t i) { return std::find(planned.begin(), planned.end(), i) == planned.end(); });
+    const int64_t idx =
+        order.victim([&](int64_t i) { return std::find(planned.begin(), planned.end(), i) == planned.end(); });
     if (idx < 0) return std::nullopt;
     planned.push_back(idx);
     const Slot& s = slab_[static_cast<size_t>(idx)];

@@ -73,9 +73,8 @@ class HostArena {
   // Reserves entries for `key` (which must not be filed), evicting victims as
   // `victims` lists them (their keys appended to `evicted`). nullopt, nothing
   // changed, when it cannot.
-  std::optional<std::vector<int32_t>> allocate(const std::string& key, int klass, int64_t count,
-                                               int64_t nbytes, int64_t position,
-                                               std::vector<std::string>* evicted);
+  std::optional<std::vector<int32_t>> allocate(const std::string& key, int klass, int64_t count, int64_t nbytes,
+                                               int64_t position, std::vector<std::string>* evicted);
   // A written value becomes findable.
   void seal(const std::string& key, std::string meta);
   // Drops a value (written or sealed); false when absent. A pinned value is

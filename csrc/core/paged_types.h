@@ -28,12 +28,9 @@ struct PagedStateCheckpointSpec {
   int64_t image_bytes = 0;
 
   // Validates: the three sizes positive, image within the slot, layout named.
-  PagedStateCheckpointSpec(int64_t page_unit_bytes, int64_t slot_bytes, std::string layout_id,
-                           int64_t image_bytes);
+  PagedStateCheckpointSpec(int64_t page_unit_bytes, int64_t slot_bytes, std::string layout_id, int64_t image_bytes);
 
-  int64_t units_per_checkpoint() const {
-    return (image_bytes + page_unit_bytes - 1) / page_unit_bytes;
-  }
+  int64_t units_per_checkpoint() const { return (image_bytes + page_unit_bytes - 1) / page_unit_bytes; }
   bool operator==(const PagedStateCheckpointSpec&) const = default;
 };
 

@@ -6,8 +6,7 @@
 
 namespace statecache {
 
-StateSlotPool::StateSlotPool(int64_t num_slots, StateTransfer transfer, int64_t hash_block_size,
-                             bool enabled)
+StateSlotPool::StateSlotPool(int64_t num_slots, StateTransfer transfer, int64_t hash_block_size, bool enabled)
     : CheckpointPool(num_slots, std::move(transfer), hash_block_size, enabled, "slot",
                      /*reads_assumed_hashes=*/true) {
   if (this->transfer().copies())
@@ -17,8 +16,8 @@ StateSlotPool::StateSlotPool(int64_t num_slots, StateTransfer transfer, int64_t 
 std::vector<int64_t> StateSlotPool::pop_many(int64_t count) {
   check_count("count", count);
   if (count > num_free())
-    throw std::out_of_range("count=" + std::to_string(count) + " exceeds the " +
-                            std::to_string(num_free()) + " free slots");
+    throw std::out_of_range("count=" + std::to_string(count) + " exceeds the " + std::to_string(num_free()) +
+                            " free slots");
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) out.push_back(pop());
@@ -70,8 +69,8 @@ void StateSlotPool::apply_checkpoint(Sequence& seq, const ForkPlan& plan, int64_
   ++fates_.kept;
 }
 
-std::vector<MidstepReservation> StateSlotPool::reserve_midstep(
-    const Sequence& seq, std::span<const std::pair<int64_t, int64_t>> positions) {
+std::vector<MidstepReservation> StateSlotPool::reserve_midstep(const Sequence& seq,
+                                                               std::span<const std::pair<int64_t, int64_t>> positions) {
   for (const auto& [pos, h] : positions) check_hash("positions hash", h);
   std::vector<MidstepReservation> out;
   if (!applies(seq) || !readable_midstep()) return out;
@@ -123,8 +122,7 @@ void StateSlotPool::check_returnable(std::span<const MidstepReservation> reserva
   check_distinct(std::move(slots));
 }
 
-void StateSlotPool::publish_midstep(std::span<const MidstepReservation> reservations,
-                                    const Sequence* seq) {
+void StateSlotPool::publish_midstep(std::span<const MidstepReservation> reservations, const Sequence* seq) {
   check_returnable(reservations);
   // Without a sequence a guess cannot be told from knowledge: demote nothing.
   // With one but no anchor, everything it files is a guess.

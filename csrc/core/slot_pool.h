@@ -35,8 +35,8 @@ class StateSlotPool : public CheckpointPool<SlotRetirement>, public ScratchSlotS
  public:
   // std::invalid_argument for a copy transfer, a negative count or a
   // hash_block_size < 1.
-  explicit StateSlotPool(int64_t num_slots, StateTransfer transfer = StateTransfer(),
-                         int64_t hash_block_size = 1, bool enabled = true);
+  explicit StateSlotPool(int64_t num_slots, StateTransfer transfer = StateTransfer(), int64_t hash_block_size = 1,
+                         bool enabled = true);
 
   // ScratchSlotSource (the PAGE coordinator's midstep scratch).
   bool has_free(int64_t count = 1) const override { return StateFreeList::has_free(count); }
@@ -61,8 +61,8 @@ class StateSlotPool : public CheckpointPool<SlotRetirement>, public ScratchSlotS
   ForkPlan plan_checkpoint(const Sequence& seq, int64_t h);
   void apply_checkpoint(Sequence& seq, const ForkPlan& plan, int64_t boundary_blocks, int64_t h);
 
-  std::vector<MidstepReservation> reserve_midstep(
-      const Sequence& seq, std::span<const std::pair<int64_t, int64_t>> positions);
+  std::vector<MidstepReservation> reserve_midstep(const Sequence& seq,
+                                                  std::span<const std::pair<int64_t, int64_t>> positions);
   // Both take only rows that are live reservations of this pool (handed out
   // by reserve_midstep, not published, cancelled or released since), all
   // checked before anything changes. `seq` may be null: nothing is demoted.

@@ -19,8 +19,8 @@ namespace {
 
 std::string paged_name(const char* kind, size_t index, const PagedCopyOp& op) {
   const bool store = std::strcmp(kind, "stores") == 0;
-  return std::string(kind) + "[" + std::to_string(index) + "] (" +
-         (store ? "src_slot=" : "dst_slot=") + std::to_string(op.slot) + ")";
+  return std::string(kind) + "[" + std::to_string(index) + "] (" + (store ? "src_slot=" : "dst_slot=") +
+         std::to_string(op.slot) + ")";
 }
 
 std::string pair_name(const char* kind, size_t index, const SlotCopyOp& op) {
@@ -108,8 +108,7 @@ SpanPlanner::SpanPlanner(std::vector<Segment> image_segments, std::vector<Segmen
   slot_bytes_ = total(slot_segments_);
   unit_bytes_ = total(unit_segments_);
   if (image_bytes_ > slot_bytes_)
-    bad_argument("image_segments", static_cast<long long>(image_bytes_),
-                 "the image holds more bytes than a slot");
+    bad_argument("image_segments", static_cast<long long>(image_bytes_), "the image holds more bytes than a slot");
   units_per_image_ = (image_bytes_ + unit_bytes_ - 1) / unit_bytes_;
   if (units_per_image_ >= kMaxOps)
     bad_argument("unit_segments", static_cast<long long>(unit_bytes_), "units are too small for the image");
@@ -124,8 +123,8 @@ SpanPlanner::SpanPlanner(std::vector<Segment> image_segments, std::vector<Segmen
     const Segment& unit = unit_segments_[us];
     int64_t n = std::min(img.bytes - ioff, unit.bytes - uoff);
     n = std::min<int64_t>(n, static_cast<int64_t>(kMaxPieceBytes));
-    push_piece(paged_, {img.base + static_cast<uint64_t>(ioff), unit.base + static_cast<uint64_t>(uoff),
-                        img.stride, unit.stride, static_cast<uint32_t>(n), k});
+    push_piece(paged_, {img.base + static_cast<uint64_t>(ioff), unit.base + static_cast<uint64_t>(uoff), img.stride,
+                        unit.stride, static_cast<uint32_t>(n), k});
     ioff += n;
     uoff += n;
     if (ioff == img.bytes) ++is, ioff = 0;
@@ -148,17 +147,16 @@ void SpanPlanner::check_paged(const PagedCopyOp& op, const char* kind, size_t in
     bad_op(name(), "layout_id '" + op.layout_id + "' is not this executor's layout '" + layout_id_ + "'");
   if (op.total_bytes != image_bytes_)
     bad_op(name(), "total_bytes=" + std::to_string(op.total_bytes) + " but the image holds " +
-                     std::to_string(image_bytes_) + " bytes");
+                       std::to_string(image_bytes_) + " bytes");
   if (op.slot < 0 || op.slot >= num_slots_)
-    bad_op(name(), "slot " + std::to_string(op.slot) + " is out of range [0, " +
-                     std::to_string(num_slots_) + ")");
+    bad_op(name(), "slot " + std::to_string(op.slot) + " is out of range [0, " + std::to_string(num_slots_) + ")");
   if (static_cast<int64_t>(op.unit_ids.size()) != units_per_image_)
     bad_op(name(), "has " + std::to_string(op.unit_ids.size()) + " unit_ids, the image needs " +
-                     std::to_string(units_per_image_));
+                       std::to_string(units_per_image_));
   for (size_t i = 0; i < op.unit_ids.size(); ++i)
     if (op.unit_ids[i] < 0 || op.unit_ids[i] >= num_units_)
-      bad_op(name(), "unit_ids[" + std::to_string(i) + "]=" + std::to_string(op.unit_ids[i]) +
-                       " is out of range [0, " + std::to_string(num_units_) + ")");
+      bad_op(name(), "unit_ids[" + std::to_string(i) + "]=" + std::to_string(op.unit_ids[i]) + " is out of range [0, " +
+                         std::to_string(num_units_) + ")");
 }
 
 void SpanPlanner::validate(const MaintenanceBatch& batch) const {
@@ -169,8 +167,8 @@ void SpanPlanner::validate(const MaintenanceBatch& batch) const {
       const SlotCopyOp& op = ops[i];
       for (int64_t s : {op.src, op.dst})
         if (s < 0 || s >= num_slots_)
-          bad_op(pair_name(kind, i, op), "slot " + std::to_string(s) + " is out of range [0, " +
-                                             std::to_string(num_slots_) + ")");
+          bad_op(pair_name(kind, i, op),
+                 "slot " + std::to_string(s) + " is out of range [0, " + std::to_string(num_slots_) + ")");
       if (op.src == op.dst) bad_op(pair_name(kind, i, op), "copies a slot onto itself");
     }
   };
@@ -209,8 +207,8 @@ void SpanPlanner::validate_locked(const MaintenanceBatch& b) const {
     writer[i] = who;
   };
   // No id read by one op and written by another (they run concurrently).
-  auto read = [&](const std::vector<uint32_t>& stamp, const std::vector<uint32_t>& writer, int64_t id,
-                  uint32_t who, const char* what) {
+  auto read = [&](const std::vector<uint32_t>& stamp, const std::vector<uint32_t>& writer, int64_t id, uint32_t who,
+                  const char* what) {
     const size_t i = static_cast<size_t>(id);
     if (stamp[i] == epoch)
       bad_op(op_name(b, who), std::string("reads ") + what + " " + std::to_string(id) + ", which " +
@@ -256,8 +254,7 @@ CompiledBatch SpanPlanner::compile(const MaintenanceBatch& batch) const {
 }
 
 void SpanPlanner::check_owner(const CompiledBatch& batch) const {
-  if (batch.planner_serial != serial_)
-    throw std::invalid_argument("the batch was compiled for another layout");
+  if (batch.planner_serial != serial_) throw std::invalid_argument("the batch was compiled for another layout");
 }
 
 void SpanPlanner::run_on_cpu(const CompiledBatch& batch) const {

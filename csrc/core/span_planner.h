@@ -59,8 +59,8 @@ struct OpDesc {
 static_assert(sizeof(OpDesc) == 24, "descriptor layout is shared with the device");
 
 // The addresses one piece of one op moves between.
-SC_HOST_DEVICE void resolve(const TemplatePiece& p, const OpDesc& op, const int32_t* unit_ids,
-                            uint64_t& src, uint64_t& dst) {
+SC_HOST_DEVICE void resolve(const TemplatePiece& p, const OpDesc& op, const int32_t* unit_ids, uint64_t& src,
+                            uint64_t& dst) {
   const uint64_t a = p.slot_base + static_cast<uint64_t>(op.slot) * static_cast<uint64_t>(p.slot_stride);
   const int64_t other = p.unit_k >= 0 ? unit_ids[op.other + p.unit_k] : op.other;
   const uint64_t b = p.other_base + static_cast<uint64_t>(other) * static_cast<uint64_t>(p.other_stride);
@@ -113,8 +113,7 @@ class SpanPlanner {
 
   // Throws std::invalid_argument for empty or inconsistent tables.
   SpanPlanner(std::vector<Segment> image_segments, std::vector<Segment> slot_segments,
-              std::vector<Segment> unit_segments, int64_t num_slots, int64_t num_units,
-              std::string layout_id);
+              std::vector<Segment> unit_segments, int64_t num_slots, int64_t num_units, std::string layout_id);
 
   uint64_t serial() const { return serial_; }
   int64_t num_slots() const { return num_slots_; }

@@ -6,10 +6,14 @@ namespace statecache {
 
 const char* transfer_kind_name(TransferKind kind) {
   switch (kind) {
-    case TransferKind::kNone: return "none";
-    case TransferKind::kFork: return "fork";
-    case TransferKind::kCopy: return "copy";
-    case TransferKind::kReplay: return "replay";
+    case TransferKind::kNone:
+      return "none";
+    case TransferKind::kFork:
+      return "fork";
+    case TransferKind::kCopy:
+      return "copy";
+    case TransferKind::kReplay:
+      return "replay";
   }
   return "none";
 }
@@ -22,10 +26,9 @@ TransferKind parse_transfer_kind(const std::string& name) {
   bad_argument("kind", "'" + name + "'", "expected 'none', 'fork', 'copy' or 'replay'");
 }
 
-StateTransfer::StateTransfer(TransferKind kind_, int64_t fork_tokens_,
-                             std::optional<std::string> layout_id, bool readable)
-    : kind(kind_), fork_tokens(fork_tokens_), paged_layout_id(std::move(layout_id)),
-      readable_midstep(readable) {
+StateTransfer::StateTransfer(TransferKind kind_, int64_t fork_tokens_, std::optional<std::string> layout_id,
+                             bool readable)
+    : kind(kind_), fork_tokens(fork_tokens_), paged_layout_id(std::move(layout_id)), readable_midstep(readable) {
   if (kind == TransferKind::kFork) {
     if (fork_tokens <= 0)
       bad_argument("fork_tokens", fork_tokens, "a fork binds its successor forward, so it needs > 0");

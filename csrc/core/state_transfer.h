@@ -22,8 +22,7 @@ struct StateTransfer {
 
   // Validates the combination; throws std::invalid_argument naming the field.
   StateTransfer(TransferKind kind = TransferKind::kNone, int64_t fork_tokens = 0,
-                std::optional<std::string> paged_layout_id = std::nullopt,
-                bool readable_midstep = false);
+                std::optional<std::string> paged_layout_id = std::nullopt, bool readable_midstep = false);
 
   bool copies() const { return kind == TransferKind::kCopy; }
   bool forks() const { return kind == TransferKind::kFork; }
@@ -31,8 +30,7 @@ struct StateTransfer {
   // Tokens the forward after a checkpoint must commit: inf where nothing can be
   // handed over (none) or nothing needs to be (replay).
   double successor_room() const {
-    if (kind == TransferKind::kNone || kind == TransferKind::kReplay)
-      return std::numeric_limits<double>::infinity();
+    if (kind == TransferKind::kNone || kind == TransferKind::kReplay) return std::numeric_limits<double>::infinity();
     return static_cast<double>(fork_tokens);
   }
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 // The runtime header first: span_planner.h's resolve() needs its qualifiers.
-#include "kernels/gpu_compat.h"
 #include "kernels/copy_kernels.h"
+#include "kernels/gpu_compat.h"
 
 namespace statecache {
 
@@ -22,8 +22,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
 constexpr int kUnroll = 6;
-constexpr int kNarrowUnroll = 4;  // misaligned sides: fewer registers, still 4 loads in flight
-constexpr int kMinBlocksPerSm = 4;  // <= 64 registers: 8 x 16-byte vectors fit
+constexpr int kNarrowUnroll = 4;       // misaligned sides: fewer registers, still 4 loads in flight
+constexpr int kMinBlocksPerSm = 4;     // <= 64 registers: 8 x 16-byte vectors fit
 constexpr uint32_t kItemBytes = 4096;  // one or two rounds of a warp
 
 // Head of a staged batch; its ops follow, then its unit ids. A captured graph
@@ -75,8 +75,8 @@ __device__ __forceinline__ void warp_words(Word* __restrict__ dst, const Word* _
 
 // Sides that disagree mod 16 (rare: odd offsets in misaligned layouts). Kept
 // out of line so the 16-byte path's registers are not sized for all widths.
-__device__ __forceinline__ void warp_words_narrow(unsigned char* d, const unsigned char* s, uint32_t words,
-                                               uint32_t w, uint32_t lane) {
+__device__ __forceinline__ void warp_words_narrow(unsigned char* d, const unsigned char* s, uint32_t words, uint32_t w,
+                                                  uint32_t lane) {
   switch (w) {
     case 8:
       warp_words<kNarrowUnroll>(reinterpret_cast<uint2*>(d), reinterpret_cast<const uint2*>(s), words, lane);
@@ -141,8 +141,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks)
       chunk = slot_items + (i - j * paged_items);
     }
   };
-  for (uint64_t item = uint64_t{blockIdx.x} * (kThreads / kWarp) + threadIdx.x / kWarp; item < total;
-       item += warps) {
+  for (uint64_t item = uint64_t{blockIdx.x} * (kThreads / kWarp) + threadIdx.x / kWarp; item < total; item += warps) {
     uint64_t op, chunk;
     locate(item, op, chunk);
     const TemplatePiece p = chunks[chunk];
@@ -224,8 +223,8 @@ struct GpuCopyEngine::Impl {
   }
 };
 
-GpuCopyEngine::GpuCopyEngine(int device, const SpanPlanner& planner, size_t max_pair_ops,
-                             size_t max_paged_ops, int buffers, int variant)
+GpuCopyEngine::GpuCopyEngine(int device, const SpanPlanner& planner, size_t max_pair_ops, size_t max_paged_ops,
+                             int buffers, int variant)
     : impl_(std::make_unique<Impl>()) {
   if (variant < 0 || variant >= kNumVariants)
     throw std::invalid_argument("variant=" + std::to_string(variant) + ": must be in [0, " +
@@ -240,8 +239,8 @@ GpuCopyEngine::GpuCopyEngine(int device, const SpanPlanner& planner, size_t max_
   m.max_pairs = max_pair_ops;
   m.max_paged = max_paged_ops;
   m.max_units = max_paged_ops * static_cast<size_t>(planner.units_per_image());
-  m.capacity_bytes = sizeof(BatchHeader) + (max_pair_ops + max_paged_ops) * sizeof(OpDesc) +
-                     m.max_units * sizeof(int32_t);
+  m.capacity_bytes =
+      sizeof(BatchHeader) + (max_pair_ops + max_paged_ops) * sizeof(OpDesc) + m.max_units * sizeof(int32_t);
   m.capacity_bytes = (m.capacity_bytes + 15) / 16 * 16;  // fetched in 16-byte words
   std::vector<TemplatePiece> items;
   append_items(planner.slot_template(), items);
@@ -264,11 +263,10 @@ GpuCopyEngine::GpuCopyEngine(int device, const SpanPlanner& planner, size_t max_
   m.consumed.assign(buffers, nullptr);
   m.pending.assign(buffers, false);
   for (int b = 0; b < buffers; ++b) {
-    check(gpuHostAlloc(reinterpret_cast<void**>(&m.host[b]), m.capacity_bytes,
-                       gpuHostAllocMapped | gpuHostAllocPortable),
-          "allocate pinned staging");
-    check(gpuHostGetDevicePointer(reinterpret_cast<void**>(&m.host_mapped[b]), m.host[b], 0),
-          "map pinned staging");
+    check(
+        gpuHostAlloc(reinterpret_cast<void**>(&m.host[b]), m.capacity_bytes, gpuHostAllocMapped | gpuHostAllocPortable),
+        "allocate pinned staging");
+    check(gpuHostGetDevicePointer(reinterpret_cast<void**>(&m.host_mapped[b]), m.host[b], 0), "map pinned staging");
     check(gpuMalloc(reinterpret_cast<void**>(&m.dev[b]), m.capacity_bytes), "allocate descriptors");
     check(gpuEventCreateWithFlags(&m.consumed[b], gpuEventDisableTiming), "create event");
     // An empty batch until the first stage: a replay before it moves nothing.
@@ -283,8 +281,7 @@ void GpuCopyEngine::stage(const CompiledBatch& batch) {
   Impl& m = *impl_;
   if (batch.planner_serial != m.planner_serial)
     throw std::invalid_argument("the batch was compiled for another layout");
-  if (batch.num_pair_ops > m.max_pairs || batch.num_paged_ops > m.max_paged ||
-      batch.unit_ids.size() > m.max_units)
+  if (batch.num_pair_ops > m.max_pairs || batch.num_paged_ops > m.max_paged || batch.unit_ids.size() > m.max_units)
     throw std::invalid_argument("the batch has " + std::to_string(batch.num_pair_ops) + " slot copies and " +
                                 std::to_string(batch.num_paged_ops) + " PAGE ops, the staging holds " +
                                 std::to_string(m.max_pairs) + " and " + std::to_string(m.max_paged));
@@ -313,8 +310,7 @@ void GpuCopyEngine::launch(uintptr_t stream_handle, bool full_transfer, bool cop
   if (copy_descriptors) {
     const uint32_t words = static_cast<uint32_t>(((full_transfer ? m.capacity_bytes : m.staged_bytes) + 15) / 16);
     fetch_descriptors_kernel<<<(words + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-        reinterpret_cast<uint4*>(m.dev[m.current]), reinterpret_cast<const uint4*>(m.host_mapped[m.current]),
-        words);
+        reinterpret_cast<uint4*>(m.dev[m.current]), reinterpret_cast<const uint4*>(m.host_mapped[m.current]), words);
     check(gpuGetLastError(), "launch descriptor fetch");
   }
   m.kernel<<<m.grid, kThreads, 0, stream>>>(m.chunks, m.slot_items, m.paged_items, m.dev[m.current]);

@@ -35,8 +35,8 @@ class GpuCopyEngine {
   // restores per batch; `buffers` staging buffers used round robin, so the
   // host can fill one while the device still reads another; `variant` picks
   // one of num_variants() kernel builds (0, the default, unless benchmarking).
-  GpuCopyEngine(int device, const SpanPlanner& planner, size_t max_pair_ops, size_t max_paged_ops,
-                int buffers = 2, int variant = 0);
+  GpuCopyEngine(int device, const SpanPlanner& planner, size_t max_pair_ops, size_t max_paged_ops, int buffers = 2,
+                int variant = 0);
   ~GpuCopyEngine();
   GpuCopyEngine(const GpuCopyEngine&) = delete;
   GpuCopyEngine& operator=(const GpuCopyEngine&) = delete;

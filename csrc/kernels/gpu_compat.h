@@ -46,21 +46,26 @@ using gpuStreamCaptureStatus = SC_GPU(StreamCaptureStatus);
 #define gpuStreamIsCapturing SC_GPU(StreamIsCapturing)
 #define gpuStreamCaptureStatusNone SC_GPU(StreamCaptureStatusNone)
 
-template <typename T> __device__ __forceinline__ T gpu_load(const T* p) { return *p; }
+template <typename T>
+__device__ __forceinline__ T gpu_load(const T* p) {
+  return *p;
+}
 
-template <typename T> __device__ __forceinline__ void gpu_store(T* p, T v) { *p = v; }
+template <typename T>
+__device__ __forceinline__ void gpu_store(T* p, T v) {
+  *p = v;
+}
 #if !defined(__HIP_PLATFORM_AMD__) && !defined(STATECACHE_GPU_HIP)
 // Pointers read from descriptors are generic to the compiler, which would
 // emit generic LD/ST; the 16-byte path states the global space (LDG/STG.128).
-template <> __device__ __forceinline__ uint4 gpu_load(const uint4* p) {
+template <>
+__device__ __forceinline__ uint4 gpu_load(const uint4* p) {
   uint4 v;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-template <> __device__ __forceinline__ void gpu_store(uint4* p, uint4 v) {
-  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
+template <>
+__device__ __forceinline__ void gpu_store(uint4* p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 #endif

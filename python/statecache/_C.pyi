@@ -90,9 +90,7 @@ def build_info() -> dict[str, str | bool]:
     (comma-separated), gpu_compiler, gpu_note (why there are no kernels, or ''),
     cxx_compiler, pybind11, sanitized. Returns a new dict; raises nothing."""
 
-def chain_block_hashes(
-    token_ids: _Ints, block_size: _Int, parent_hash: _Int = -1, as_numpy: bool = False
-) -> Any:
+def chain_block_hashes(token_ids: _Ints, block_size: _Int, parent_hash: _Int = -1, as_numpy: bool = False) -> Any:
     """Chained content hashes of every full block of ``token_ids``. Block ``i`` covers
     tokens ``[i*block_size, (i+1)*block_size)``; its hash folds in the hash of block
     ``i-1``, starting from ``parent_hash`` (-1: the root), so one hash names the whole
@@ -241,9 +239,7 @@ class PagedStateCheckpointSpec:
     scattered over ``units_per_checkpoint`` units of ``page_unit_bytes`` for
     the layout ``layout_id``. Frozen; value equality; pickles."""
 
-    def __init__(
-        self, page_unit_bytes: _Int, slot_bytes: _Int, layout_id: str, image_bytes: _Int
-    ) -> None:
+    def __init__(self, page_unit_bytes: _Int, slot_bytes: _Int, layout_id: str, image_bytes: _Int) -> None:
         """Raises ValueError unless every size is a positive int and
         ``image_bytes <= slot_bytes``; TypeError for a non-str layout_id."""
     @staticmethod
@@ -269,9 +265,7 @@ class PagedStateCheckpointSpec:
 class CheckpointStoreOp:
     """Scatter slot ``src_slot``'s image into ``unit_ids``. Frozen value."""
 
-    def __init__(
-        self, src_slot: _Int, unit_ids: _Ints, total_bytes: _Int, layout_id: str
-    ) -> None: ...
+    def __init__(self, src_slot: _Int, unit_ids: _Ints, total_bytes: _Int, layout_id: str) -> None: ...
     @property
     def src_slot(self) -> int: ...
     @property
@@ -287,9 +281,7 @@ class CheckpointStoreOp:
 class CheckpointRestoreOp:
     """Gather the image in ``unit_ids`` into slot ``dst_slot``. Frozen value."""
 
-    def __init__(
-        self, dst_slot: _Int, unit_ids: _Ints, total_bytes: _Int, layout_id: str
-    ) -> None: ...
+    def __init__(self, dst_slot: _Int, unit_ids: _Ints, total_bytes: _Int, layout_id: str) -> None: ...
     @property
     def dst_slot(self) -> int: ...
     @property
@@ -615,9 +607,7 @@ class StateSlotPool:
     def lookup(self, h: _Int) -> int:
         """Returns the index holding the checkpoint filed under ``h``, or -1. Raises only
         for a bad argument (docs/contract.md, "Errors")."""
-    def resumable_hit(
-        self, seq: _Seqish, hit: _Int, block_hashes: _Ints, assume_checkpointed: bool = False
-    ) -> int:
+    def resumable_hit(self, seq: _Seqish, hit: _Int, block_hashes: _Ints, assume_checkpointed: bool = False) -> int:
         """Returns the largest L <= ``hit`` whose boundary is checkpointed here and leaves
         the resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a
         list, tuple or NumPy integer array. Raises ValueError for ``hit < 0``,
@@ -677,16 +667,12 @@ class StateSlotPool:
     def take_relocations(self) -> tuple[tuple[int, int], ...]:
         """Returns and clears the (src, dst) slot copies the next batch must run first.
         Raises nothing."""
-    def reserve_midstep(
-        self, seq: _Seqish, positions: Iterable[tuple[_Int, _Int]]
-    ) -> list[_Midstep]:
+    def reserve_midstep(self, seq: _Seqish, positions: Iterable[tuple[_Int, _Int]]) -> list[_Midstep]:
         """Reserves a destination slot per interior (position, hash) boundary before the
         forward; returns (slot, position, hash) tuples, stopping at the first shortage
         (empty when the backend cannot read midstep). Raises ValueError for a hash of
         -1, TypeError for malformed positions."""
-    def publish_midstep(
-        self, reservations: Iterable[_Midstep], seq: _Seqish | None = None
-    ) -> None:
+    def publish_midstep(self, reservations: Iterable[_Midstep], seq: _Seqish | None = None) -> None:
         """Files each reserved slot under its hash once the forward wrote it; returns None.
         Raises ValueError for a reservation this pool did not hand out."""
     def cancel_midstep(self, reservations: Iterable[_Midstep]) -> None:
@@ -792,9 +778,7 @@ class StateGroupPool:
     def lookup(self, h: _Int) -> int:
         """Returns the index holding the checkpoint filed under ``h``, or -1. Raises only
         for a bad argument (docs/contract.md, "Errors")."""
-    def resumable_hit(
-        self, seq: _Seqish, hit: _Int, block_hashes: _Ints, assume_checkpointed: bool = False
-    ) -> int:
+    def resumable_hit(self, seq: _Seqish, hit: _Int, block_hashes: _Ints, assume_checkpointed: bool = False) -> int:
         """Returns the largest L <= ``hit`` whose boundary is checkpointed here and leaves
         the resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a
         list, tuple or NumPy integer array. Raises ValueError for ``hit < 0``,
@@ -889,9 +873,7 @@ class StateGroupPool:
 class BlockPool:
     """One pool of blocks for the KV prefix cache and PAGE checkpoint units."""
 
-    def __init__(
-        self, num_blocks: _Int, on_evict: Callable[[int], object] | None = None
-    ) -> None:
+    def __init__(self, num_blocks: _Int, on_evict: Callable[[int], object] | None = None) -> None:
         """Raises ValueError for ``num_blocks < 0``; TypeError for a
         non-callable ``on_evict``."""
     on_evict: Callable[[int], object] | None
@@ -963,9 +945,7 @@ class PageUnitCheckpointStore:
     """PAGE images in units of a ``BlockPool``: COPYING -> READY one batch
     later -> EVICTING; unpinned READY images are spent LRU."""
 
-    def __init__(
-        self, pool: BlockPool, spec: PagedStateCheckpointSpec, offload_sink: bool = False
-    ) -> None:
+    def __init__(self, pool: BlockPool, spec: PagedStateCheckpointSpec, offload_sink: bool = False) -> None:
         """Raises TypeError for a pool or spec of the wrong type."""
     @property
     def pool(self) -> BlockPool: ...
@@ -988,9 +968,7 @@ class PageUnitCheckpointStore:
     @property
     def store_backlog(self) -> Any:
         """Checkpoint ids nominated for the offload tier, oldest first."""
-    def begin_store(
-        self, prefix_hash: _Int, src_slot: _Int, position: _Int = 0
-    ) -> CheckpointStoreOp | None:
+    def begin_store(self, prefix_hash: _Int, src_slot: _Int, position: _Int = 0) -> CheckpointStoreOp | None:
         """Returns the op filing a COPYING image of ``src_slot`` taken at ``position``
         (evicting unpinned READY images if needed), or None when the units cannot be had
         or the hash is already kept. Raises ValueError for ``position < 0`` or
@@ -1161,9 +1139,7 @@ class PagedStateCheckpointCoordinator:
         batch is checked as a whole first; raises ValueError when the lengths differ or
         a slot is negative, TypeError for an item that is not an int; a refused batch
         changes nothing."""
-    def resumable_hit(
-        self, seq: _Seqish, hit: _Int, block_hashes: _Ints, assume_checkpointed: bool = False
-    ) -> int:
+    def resumable_hit(self, seq: _Seqish, hit: _Int, block_hashes: _Ints, assume_checkpointed: bool = False) -> int:
         """Returns the longest prefix <= ``hit`` whose boundary is READY here or servable
         by the attached tier; 0 is always valid. Raises ValueError for ``hit < 0``,
         IndexError for ``hit > len(block_hashes)``."""
@@ -1224,16 +1200,12 @@ class PagedStateCheckpointCoordinator:
         """Returns a new dict of the fates (kept, dropped, evicted, orphaned, reclaimed
         pins) and, with a tier attached, the tier's stats under ``state_offload_*``.
         Raises nothing."""
-    def reserve_midstep(
-        self, seq: _Seqish, positions: Iterable[tuple[_Int, _Int]]
-    ) -> list[_Midstep]:
+    def reserve_midstep(self, seq: _Seqish, positions: Iterable[tuple[_Int, _Int]]) -> list[_Midstep]:
         """Reserves a scratch slot per interior (position, hash) boundary of the next
         forward; returns the (slot, position, hash) reservations, stopping at the first
         shortage (empty without scratch). Raises ValueError for a hash of -1, TypeError
         for malformed positions."""
-    def publish_midstep(
-        self, reservations: Iterable[_Midstep], seq: _Seqish | None = None
-    ) -> None:
+    def publish_midstep(self, reservations: Iterable[_Midstep], seq: _Seqish | None = None) -> None:
         """Files the reserved midstep states for the next ``take_checkpoint_ops``; returns
         None. Raises ValueError for a reservation this coordinator did not hand out."""
     def cancel_midstep(self, reservations: Iterable[_Midstep]) -> None:
@@ -1325,9 +1297,7 @@ class PagedStateCheckpointCoordinator:
 class StateOffloadIndex:
     """A lower tier's membership (capped LRU) and load bookkeeping."""
 
-    def __init__(
-        self, can_store: bool = True, can_load: bool = True, capacity: _Int | None = None
-    ) -> None:
+    def __init__(self, can_store: bool = True, can_load: bool = True, capacity: _Int | None = None) -> None:
         """Raises ValueError for ``capacity < 0``."""
     @property
     def can_store(self) -> bool: ...
@@ -1427,9 +1397,7 @@ class HostArena:
         argument (docs/contract.md, "Errors")."""
     def __contains__(self, key: object, /) -> bool: ...
     def __len__(self) -> int: ...
-    def lookup(
-        self, key: bytes | str, touch: bool = True
-    ) -> tuple[list[int], int, bytes, int] | None:
+    def lookup(self, key: bytes | str, touch: bool = True) -> tuple[list[int], int, bytes, int] | None:
         """Returns (entry ids, nbytes, meta, klass) of the sealed value under ``key``
         (``touch``: counts as a use), or None. Raises only for a bad argument
         (docs/contract.md, "Errors")."""
@@ -1576,9 +1544,7 @@ class _GpuCopyEngine:
         """Fills the next staging buffer with ``batch``'s descriptors, waiting until the
         device read it last time; returns None. Raises ValueError for a batch this
         engine cannot hold, RuntimeError for a CUDA/HIP error."""
-    def launch(
-        self, stream: _Int, full_transfer: bool = False, copy_descriptors: bool = True
-    ) -> None:
+    def launch(self, stream: _Int, full_transfer: bool = False, copy_descriptors: bool = True) -> None:
         """Enqueues the descriptor copy and the kernel on ``stream`` (capturable in a CUDA
         graph); returns None. Raises RuntimeError for a CUDA/HIP error."""
     def record_consumed(self, stream: _Int) -> None:

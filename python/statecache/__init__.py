@@ -43,11 +43,11 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers (no __getattr__ 
     from statecache.executor import CapturedStateCopy as CapturedStateCopy
     from statecache.executor import StateCopyExecutor as StateCopyExecutor
     from statecache.layout import PageLayout as PageLayout
-    from statecache.layout import TPShard as TPShard
-    from statecache.layout import tp_shard_layouts as tp_shard_layouts
     from statecache.layout import StateLayout as StateLayout
+    from statecache.layout import TPShard as TPShard
     from statecache.layout import layout_id as layout_id
     from statecache.layout import paged_checkpoint_spec as paged_checkpoint_spec
+    from statecache.layout import tp_shard_layouts as tp_shard_layouts
 else:
 
     def __getattr__(name: str) -> Any:

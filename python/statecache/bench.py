@@ -95,9 +95,7 @@ def run(args: argparse.Namespace) -> int:
     failed or could not run, 2 without a benchmarks/ directory."""
     bdir = find_benchmarks(args.dir)
     if bdir is None:
-        where = (
-            args.dir if args.dir is not None else "beside the package or in the current directory"
-        )
+        where = args.dir if args.dir is not None else "beside the package or in the current directory"
         print(
             f"statecache bench: no benchmarks/ directory with bench_pools.py found ({where}); "
             "the benchmarks ship with the source checkout, not the wheel: run from a checkout "
@@ -106,9 +104,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     gpu = gpu_present()
-    names = list(args.names) or [
-        n for n, (_s, _a, needs_gpu) in BENCHMARKS.items() if gpu or not needs_gpu
-    ]
+    names = list(args.names) or [n for n, (_s, _a, needs_gpu) in BENCHMARKS.items() if gpu or not needs_gpu]
     if not args.names and not gpu:
         print("(copy kernel benchmark skipped: no GPU, or statecache built without GPU kernels)\n")
     env = dict(os.environ)

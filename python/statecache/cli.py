@@ -21,8 +21,8 @@ _SUBCOMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="statecache",
-        description="Prefix-cache checkpoints for the recurrent state of hybrid LLMs.")
+        prog="statecache", description="Prefix-cache checkpoints for the recurrent state of hybrid LLMs."
+    )
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(_SUBCOMMANDS) + "}")
     sub.required = True
     for name, module in _SUBCOMMANDS.items():

@@ -57,8 +57,15 @@ class StateCopyExecutor:
     ``max_slot_copies`` (default ``max_num_seqs``) relocations and copies.
     """
 
-    def __init__(self, state_layout: StateLayout, page_layout: PageLayout, max_num_seqs: int,
-                 device=None, *, max_slot_copies: int | None = None):
+    def __init__(
+        self,
+        state_layout: StateLayout,
+        page_layout: PageLayout,
+        max_num_seqs: int,
+        device=None,
+        *,
+        max_slot_copies: int | None = None,
+    ):
         if not isinstance(state_layout, StateLayout):
             raise TypeError(f"state_layout must be a StateLayout, got {type(state_layout).__name__}")
         if not isinstance(page_layout, PageLayout):
@@ -73,22 +80,34 @@ class StateCopyExecutor:
         self.page_layout = page_layout
         self.layout_id = layout_id(state_layout, page_layout)
         self.max_num_seqs = max_num_seqs
-        self._planner = _planner(tuple(state_layout.image_segment_table()),
-                                 tuple(state_layout.segment_table()),
-                                 tuple(page_layout.segment_table()), state_layout.num_slots,
-                                 page_layout.num_units, self.layout_id)
+        self._planner = _planner(
+            tuple(state_layout.image_segment_table()),
+            tuple(state_layout.segment_table()),
+            tuple(page_layout.segment_table()),
+            state_layout.num_slots,
+            page_layout.num_units,
+            self.layout_id,
+        )
         self.max_paged_ops = _C.checkpoint_copy_ops_per_batch(max_num_seqs)
         self.max_slot_copies = max_slot_copies if max_slot_copies is not None else max_num_seqs
         self._lock = threading.RLock()
         self._engine = None
         if self.device.type != "cpu":
             with torch.cuda.device(self.device):
-                self._engine = _C._GpuCopyEngine(self.device.index, self._planner, self.max_slot_copies,
-                                                 self.max_paged_ops)
+                self._engine = _C._GpuCopyEngine(
+                    self.device.index, self._planner, self.max_slot_copies, self.max_paged_ops
+                )
         # read by statecache.metrics; seconds: host time to plan and run/enqueue a batch
         self.copy_stats = dict(batches=0, refused=0, spans=0, bytes=0, seconds=0.0)
-        log_config("StateCopyExecutor", dict(device=str(self.device), layout_id=self.layout_id,
-                                             max_num_seqs=max_num_seqs, max_paged_ops=self.max_paged_ops))
+        log_config(
+            "StateCopyExecutor",
+            dict(
+                device=str(self.device),
+                layout_id=self.layout_id,
+                max_num_seqs=max_num_seqs,
+                max_paged_ops=self.max_paged_ops,
+            ),
+        )
 
     @property
     def spec(self):
@@ -104,13 +123,15 @@ class StateCopyExecutor:
         (``num_ops``, ``bytes``). Raises ValueError naming the first bad op, a
         batch larger than the staging, or a layout whose storage changed."""
         relocations, copies, stores, restores = (
-            () if ops is None else tuple(ops) for ops in (relocations, copies, stores, restores))
+            () if ops is None else tuple(ops) for ops in (relocations, copies, stores, restores)
+        )
         paged, pairs = len(stores) + len(restores), len(relocations) + len(copies)
         if paged > self.max_paged_ops or pairs > self.max_slot_copies:
             raise ValueError(
                 f"the batch has {paged} stores + restores and {pairs} relocations + copies; the "
                 f"staging holds {self.max_paged_ops} (checkpoint_copy_ops_per_batch(max_num_seqs="
-                f"{self.max_num_seqs})) and {self.max_slot_copies} (max_slot_copies)")
+                f"{self.max_num_seqs})) and {self.max_slot_copies} (max_slot_copies)"
+            )
         self.state_layout.check()
         self.page_layout.check()
         return self._planner.compile(relocations, copies, stores, restores)
@@ -145,8 +166,9 @@ class StateCopyExecutor:
     def _stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream
 
-    def capture(self, max_paged_ops: int | None = None, max_slot_copies: int | None = None,
-                buffers: int = 2) -> "CapturedStateCopy":
+    def capture(
+        self, max_paged_ops: int | None = None, max_slot_copies: int | None = None, buffers: int = 2
+    ) -> CapturedStateCopy:
         """A CUDA/HIP graph of one batch launch, to replay with new ops.
 
         The graph copies room for ``max_paged_ops`` stores + restores and
@@ -175,11 +197,12 @@ class CapturedStateCopy:
     of it.
     """
 
-    def __init__(self, executor: StateCopyExecutor, max_paged_ops: int, max_slot_copies: int,
-                 buffers: int = 2):
-        for name, v, top in (("max_paged_ops", max_paged_ops, executor.max_paged_ops),
-                             ("max_slot_copies", max_slot_copies, executor.max_slot_copies),
-                             ("buffers", buffers, 2)):
+    def __init__(self, executor: StateCopyExecutor, max_paged_ops: int, max_slot_copies: int, buffers: int = 2):
+        for name, v, top in (
+            ("max_paged_ops", max_paged_ops, executor.max_paged_ops),
+            ("max_slot_copies", max_slot_copies, executor.max_slot_copies),
+            ("buffers", buffers, 2),
+        ):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > top:
                 raise ValueError(f"{name}={v!r} must be in [0, {top}]")
         if max_paged_ops + max_slot_copies == 0:
@@ -192,8 +215,10 @@ class CapturedStateCopy:
         self.max_slot_copies = max_slot_copies
         self._current = 0
         with torch.cuda.device(self.device):
-            self._engines = [_C._GpuCopyEngine(self.device.index, executor._planner, max_slot_copies,
-                                               max_paged_ops, 1) for _ in range(buffers)]
+            self._engines = [
+                _C._GpuCopyEngine(self.device.index, executor._planner, max_slot_copies, max_paged_ops, 1)
+                for _ in range(buffers)
+            ]
             self._graphs = []
             for b in range(buffers):
                 g = torch.cuda.CUDAGraph()
@@ -228,7 +253,8 @@ class CapturedStateCopy:
                 raise ValueError(
                     f"the batch has {batch.num_paged_ops} stores + restores and {batch.num_slot_copies} "
                     f"relocations + copies, the graph was captured for {self.max_paged_ops} and "
-                    f"{self.max_slot_copies}")
+                    f"{self.max_slot_copies}"
+                )
             nxt = (self._current + 1) % len(self._engines)
             self._engines[nxt].stage(batch)  # waits until that buffer's last replay read it
             self._current = nxt

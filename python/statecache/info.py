@@ -72,8 +72,7 @@ def collect() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "numpy": _dist_version("numpy"),
         "transformers": _dist_version("transformers"),
-        "prometheus_client": _dist_version("prometheus-client")
-        or _dist_version("prometheus_client"),
+        "prometheus_client": _dist_version("prometheus-client") or _dist_version("prometheus_client"),
         "torch": None,
         "devices": [],
         "warnings": [],
@@ -82,9 +81,7 @@ def collect() -> dict[str, Any]:
     if not out["gpu_kernels"] and "AUTO" in str(build.get("gpu_note", "")):
         warnings.append(f"built WITHOUT GPU kernels: {build['gpu_note']}")
     if not build.get("build_type"):
-        warnings.append(
-            "built with no CMAKE_BUILD_TYPE: unoptimized; use -DCMAKE_BUILD_TYPE=Release"
-        )
+        warnings.append("built with no CMAKE_BUILD_TYPE: unoptimized; use -DCMAKE_BUILD_TYPE=Release")
     try:
         import torch
     except ImportError:
@@ -111,8 +108,7 @@ def collect() -> dict[str, Any]:
             out["devices"].append(dev)
         if not out["gpu_kernels"]:
             warnings.append(
-                "a GPU is visible but this build has no GPU kernels: "
-                "StateCopyExecutor runs on CPU tensors only"
+                "a GPU is visible but this build has no GPU kernels: StateCopyExecutor runs on CPU tensors only"
             )
     return out
 
@@ -130,8 +126,7 @@ def format_info(info: dict[str, Any]) -> str:
         ("build type", b["build_type"] or "(none: unoptimized)"),
         (
             "compiler",
-            f"{b['cxx_compiler']}, pybind11 {b['pybind11']}"
-            + (", ASan+UBSan" if b.get("sanitized") else ""),
+            f"{b['cxx_compiler']}, pybind11 {b['pybind11']}" + (", ASan+UBSan" if b.get("sanitized") else ""),
         ),
         ("GPU kernels", gpu),
         ("python", info["python"]),
@@ -141,32 +136,25 @@ def format_info(info: dict[str, Any]) -> str:
     if t is None:
         rows.append(("torch", "not installed (needed by layouts, executor, models)"))
     else:
-        accel = (
-            f"CUDA {t['cuda']}" if t["cuda"] else (f"HIP {t['hip']}" if t["hip"] else "CPU build")
-        )
+        accel = f"CUDA {t['cuda']}" if t["cuda"] else (f"HIP {t['hip']}" if t["hip"] else "CPU build")
         rows.append(
             (
                 "torch",
-                f"{t['version']} ({accel}); "
-                + ("GPU visible" if t["cuda_available"] else "no GPU visible"),
+                f"{t['version']} ({accel}); " + ("GPU visible" if t["cuda_available"] else "no GPU visible"),
             )
         )
     for d in info["devices"]:
         rows.append(
             (
                 f"  device {d['index']}",
-                f"{d['name']} (capability {d['capability']})"
-                + (f": {d['kernels']}" if "kernels" in d else ""),
+                f"{d['name']} (capability {d['capability']})" + (f": {d['kernels']}" if "kernels" in d else ""),
             )
         )
-    rows.append(
-        ("transformers", info["transformers"] or "not installed (statecache demo needs it)")
-    )
+    rows.append(("transformers", info["transformers"] or "not installed (statecache demo needs it)"))
     rows.append(
         (
             "prometheus-client",
-            info["prometheus_client"]
-            or "not installed (metrics exporter: pip install 'statecache[metrics]')",
+            info["prometheus_client"] or "not installed (metrics exporter: pip install 'statecache[metrics]')",
         )
     )
     width = max(len(k) for k, _ in rows)

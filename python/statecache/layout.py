@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -83,16 +83,18 @@ class _RowTable:
             expect = 1
             for size, stride in reversed(list(zip(row_shape, t.stride()[dim + 1 :]))):
                 if size != 1 and stride != expect:
-                    raise ValueError(f"{where}: the dims after dim {dim} are not contiguous; "
-                                     f"pass a tensor whose {index_name} rows are contiguous")
+                    raise ValueError(
+                        f"{where}: the dims after dim {dim} are not contiguous; "
+                        f"pass a tensor whose {index_name} rows are contiguous"
+                    )
                 expect *= size
             if t.data_ptr() % item:
-                raise ValueError(f"{where}: data_ptr {t.data_ptr():#x} is not aligned to its "
-                                 f"{item}-byte elements")
+                raise ValueError(f"{where}: data_ptr {t.data_ptr():#x} is not aligned to its {item}-byte elements")
             step = t.stride(dim) * item
             if count > 1 and step < row_bytes:
-                raise ValueError(f"{where}: {index_name} rows overlap ({index_name} stride "
-                                 f"{step} bytes < row {row_bytes} bytes)")
+                raise ValueError(
+                    f"{where}: {index_name} rows overlap ({index_name} stride {step} bytes < row {row_bytes} bytes)"
+                )
             outer = range(t.shape[0]) if dim == 1 else range(1)
             for layer in outer:
                 base = t.data_ptr() + layer * t.stride(0) * item * (dim == 1)
@@ -107,8 +109,9 @@ class _RowTable:
         # What the rows' addresses were read from; check() compares it before
         # every batch, so a replaced or resized storage never receives bytes.
         # (Bound methods kept: this runs on the scheduler's critical path.)
-        self._fingerprint = [(t.data_ptr, t.untyped_storage, t.data_ptr(), t.untyped_storage().nbytes(), t.shape)
-                             for t in self.tensors]
+        self._fingerprint = [
+            (t.data_ptr, t.untyped_storage, t.data_ptr(), t.untyped_storage().nbytes(), t.shape) for t in self.tensors
+        ]
 
     def check(self, owner: str) -> None:
         """ValueError unless every tensor still has the storage, address and
@@ -119,7 +122,8 @@ class _RowTable:
                 raise ValueError(
                     f"{self.name}[{i}]: its storage was replaced or resized since the {owner} was built "
                     f"(data_ptr {ptr:#x} -> {t.data_ptr():#x}, shape {tuple(shape)} -> {tuple(t.shape)}, "
-                    f"storage {nbytes} -> {t.untyped_storage().nbytes()} bytes); build a new layout")
+                    f"storage {nbytes} -> {t.untyped_storage().nbytes()} bytes); build a new layout"
+                )
 
     @property
     def row_bytes(self) -> int:
@@ -149,8 +153,11 @@ class StateLayout:
             row = next(s.bytes for s, t in zip(self._table.rows, self._table.row_tensor) if t == i)
             if r is None:
                 r = (0, row)
-            if (not isinstance(r, (tuple, list)) or len(r) != 2
-                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in r)):
+            if (
+                not isinstance(r, (tuple, list))
+                or len(r) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+            ):
                 raise TypeError(f"image_ranges[{i}] must be None or (byte_offset, byte_count), got {r!r}")
             off, n = r
             if off < 0 or n <= 0 or off + n > row:
@@ -274,22 +281,34 @@ def _shard(tensors, dims, index_dims, tp_size: int, rank: int, device, name: str
             part = t
         else:
             if isinstance(dim, bool) or not isinstance(dim, int) or not index_dim < dim < t.dim():
-                raise ValueError(f"{name}_shard_dims[{i}]={dim!r} must be a dim after the "
-                                 f"{'slot' if name == 'state' else 'unit'} dim {index_dim} of a "
-                                 f"{t.dim()}-dim tensor (heads and channels are inside a row)")
+                raise ValueError(
+                    f"{name}_shard_dims[{i}]={dim!r} must be a dim after the "
+                    f"{'slot' if name == 'state' else 'unit'} dim {index_dim} of a "
+                    f"{t.dim()}-dim tensor (heads and channels are inside a row)"
+                )
             if t.shape[dim] % tp_size:
-                raise ValueError(f"{name} tensors[{i}] (shape {tuple(t.shape)}): dim {dim} of "
-                                 f"{t.shape[dim]} does not split evenly across tp_size={tp_size} ranks")
+                raise ValueError(
+                    f"{name} tensors[{i}] (shape {tuple(t.shape)}): dim {dim} of "
+                    f"{t.shape[dim]} does not split evenly across tp_size={tp_size} ranks"
+                )
             step = t.shape[dim] // tp_size
             part = t.narrow(dim, rank * step, step)
         # Each rank owns its own storage, as on its own GPU.
-        out.append(part.to(device if device is not None else t.device, copy=True)
-                   .contiguous())
+        out.append(part.to(device if device is not None else t.device, copy=True).contiguous())
     return out
 
 
-def tp_shard_layouts(state_tensors, page_tensors, tp_size: int, *, state_shard_dims, page_shard_dims,
-                     slot_dim=1, unit_dim=0, devices=None) -> list[TPShard]:
+def tp_shard_layouts(
+    state_tensors,
+    page_tensors,
+    tp_size: int,
+    *,
+    state_shard_dims,
+    page_shard_dims,
+    slot_dim=1,
+    unit_dim=0,
+    devices=None,
+) -> list[TPShard]:
     """Split a model's full (TP=1) state and KV tensors by heads across
     ``tp_size`` ranks and derive each rank's layouts.
 

@@ -79,8 +79,7 @@ _DEGRADATIONS = {
         "(%d in total); the tier writes too slowly or take_offload_stores is called too rarely"
     ),
     "offload_pins_reclaimed": (
-        "%d stale offload pins reclaimed (%d in total): an offload worker did not release "
-        "its source in time"
+        "%d stale offload pins reclaimed (%d in total): an offload worker did not release its source in time"
     ),
 }
 

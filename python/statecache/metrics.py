@@ -50,9 +50,7 @@ def hit_rates(funnel: Mapping[str, int]) -> dict[str, float]:
     """
     admitted = funnel.get("admitted_tokens", 0)
     if admitted <= 0:
-        return dict.fromkeys(
-            ("kv", "state", "lost_kv_miss", "lost_state_miss", "lost_cut_short"), 0.0
-        )
+        return dict.fromkeys(("kv", "state", "lost_kv_miss", "lost_state_miss", "lost_cut_short"), 0.0)
     kv = funnel.get("kv_hit_tokens", 0)
     return {
         "kv": kv / admitted,
@@ -175,9 +173,7 @@ class StateCacheMetrics:
         ``server.shutdown()`` stops it. Raises ImportError without
         prometheus-client, OSError when the port cannot be bound."""
         prometheus_client = _prometheus()
-        server, _thread = prometheus_client.start_http_server(
-            port, addr=addr, registry=self.registry()
-        )
+        server, _thread = prometheus_client.start_http_server(port, addr=addr, registry=self.registry())
         log_config(
             "metrics exporter",
             dict(
@@ -197,8 +193,7 @@ def _prometheus() -> Any:
         import prometheus_client
     except ImportError as e:
         raise ImportError(
-            "statecache.metrics' Prometheus exporter needs prometheus-client: "
-            "pip install 'statecache[metrics]'"
+            "statecache.metrics' Prometheus exporter needs prometheus-client: pip install 'statecache[metrics]'"
         ) from e
     return prometheus_client
 
@@ -218,9 +213,7 @@ class _PrometheusCollector:
 
         snap = self.metrics.collect()
 
-        funnel = counter(
-            "statecache_funnel", "engine checkpoint funnel counters", labels=["engine", "stage"]
-        )
+        funnel = counter("statecache_funnel", "engine checkpoint funnel counters", labels=["engine", "stage"])
         causes = counter(
             "statecache_admissions",
             "admitted prompts by why they were not resumed in full (full_hit: they were)",
@@ -249,9 +242,7 @@ class _PrometheusCollector:
         for cache, fs in snap["checkpoints"].items():
             for fate, v in sorted(fs.items()):
                 fates.add_metric([cache, fate.removeprefix("checkpoints_")], v)
-        occupancy = gauge(
-            "statecache_occupancy", "slot / group occupancy, per cache", labels=["cache", "field"]
-        )
+        occupancy = gauge("statecache_occupancy", "slot / group occupancy, per cache", labels=["cache", "field"])
         for cache, occ in snap["occupancy"].items():
             for field, v in sorted(occ.items()):
                 occupancy.add_metric([cache, field], v)
@@ -268,12 +259,8 @@ class _PrometheusCollector:
             "maintenance batches refused (nothing moved)",
             labels=["executor"],
         )
-        nbytes = counter(
-            "statecache_copy_bytes", "bytes copied by maintenance batches", labels=["executor"]
-        )
-        spans = counter(
-            "statecache_copy_spans", "copy spans of maintenance batches", labels=["executor"]
-        )
+        nbytes = counter("statecache_copy_bytes", "bytes copied by maintenance batches", labels=["executor"])
+        spans = counter("statecache_copy_spans", "copy spans of maintenance batches", labels=["executor"])
         latency = summary(
             "statecache_copy_batch_seconds",
             "host time to plan and run (CPU) or enqueue (GPU) one batch",

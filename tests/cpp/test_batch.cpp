@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include "batch_rows.h"
 #include "core/batch.h"
 #include "core/group_pool.h"
 #include "core/slot_pool.h"
-#include "batch_rows.h"
 
 using namespace statecache;
 using statecache::test_support::VecRows;
@@ -29,8 +29,8 @@ struct PoolState {
 };
 
 PoolState state_of(const StateFreeList& p) {
-  PoolState s{p.lru_order(), p.pinned_indices(), p.deferred_indices(), p.speculative_indices(), {}, {},
-              p.fates().kept, p.fates().dropped, p.fates().evicted, p.fates().orphaned, p.num_free()};
+  PoolState s{p.lru_order(),  p.pinned_indices(), p.deferred_indices(), p.speculative_indices(), {},          {},
+              p.fates().kept, p.fates().dropped,  p.fates().evicted,    p.fates().orphaned,      p.num_free()};
   for (int64_t u = 0; u < p.capacity(); ++u) s.hashes.push_back(p.hash_of(u));
   p.index().for_each([&](int64_t h, int64_t u) { s.index.emplace_back(h, u); });
   return s;
@@ -116,8 +116,8 @@ void run_random_passes(Twins<Pool>& t, uint32_t seed) {
 
 TEST(Batch, SlotPoolMatchesPerSequenceCalls) {
   for (uint32_t seed = 0; seed < 4; ++seed) {
-    Twins<StateSlotPool> t(StateSlotPool(64, StateTransfer(TransferKind::kFork, 4), 4), StateSlotPool(64, StateTransfer(TransferKind::kFork, 4), 4),
-                           20, true);
+    Twins<StateSlotPool> t(StateSlotPool(64, StateTransfer(TransferKind::kFork, 4), 4),
+                           StateSlotPool(64, StateTransfer(TransferKind::kFork, 4), 4), 20, true);
     run_random_passes(t, seed);
   }
 }
@@ -215,8 +215,7 @@ TEST(Batch, ResumableHitsRefusesBadHitsBeforeScanning) {
   }
   // Where the per-sequence call reads no hashes, neither does the batch.
   seqs[1].has_per_req_cache = false;
-  EXPECT_EQ(batch::resumable_hits(p, ptrs, std::vector<int64_t>{3, 7}, rows, false),
-            (std::vector<int64_t>{0, 7}));
+  EXPECT_EQ(batch::resumable_hits(p, ptrs, std::vector<int64_t>{3, 7}, rows, false), (std::vector<int64_t>{0, 7}));
 }
 
 TEST(Batch, GroupReleaseManyChecksEveryEntryFirst) {

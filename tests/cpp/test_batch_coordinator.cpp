@@ -39,8 +39,9 @@ TEST(Batch, CoordinatorMatchesPerSequenceCalls) {
     std::vector<Sequence*> pb;
     for (size_t i = 0; i < sa.size(); ++i) {
       hits.push_back(static_cast<int64_t>(rng() % 21));
-      one_by_one.push_back(a.resumable_hit(*sa[i], hits[i], static_cast<int64_t>(hashes[i].size()),
-                                           [&](int64_t k) { return hashes[i][static_cast<size_t>(k)]; }, false));
+      one_by_one.push_back(a.resumable_hit(
+          *sa[i], hits[i], static_cast<int64_t>(hashes[i].size()),
+          [&](int64_t k) { return hashes[i][static_cast<size_t>(k)]; }, false));
       pb.push_back(sb[i].get());
     }
     VecRows rows{hashes};

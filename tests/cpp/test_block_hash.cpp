@@ -30,7 +30,7 @@ TEST(BlockHash, PrefixDependsOnEveryEarlierToken) {
   auto ha = chain_block_hashes(a, 3);
   auto hb = chain_block_hashes(b, 3);
   EXPECT_NE(ha[0], hb[0]);
-  EXPECT_NE(ha[1], hb[1]);  // same second block, different parent
+  EXPECT_NE(ha[1], hb[1]);                  // same second block, different parent
   EXPECT_EQ(ha, chain_block_hashes(a, 3));  // deterministic
 }
 

@@ -175,11 +175,11 @@ TEST(StoreCost, EvictsByValueAndSkipsPinned) {
   ASSERT_TRUE(store.begin_store(13, 3, 1).has_value());
   store.complete_inflight();
   store.check_consistency();
-  ASSERT_TRUE(store.begin_restore(11, 5).has_value());  // pins 11 and makes it the newest
+  ASSERT_TRUE(store.begin_restore(11, 5).has_value());   // pins 11 and makes it the newest
   ASSERT_TRUE(store.begin_store(14, 4, 1).has_value());  // needs room: evicts one
-  EXPECT_TRUE(store.contains(10));   // worth the most
-  EXPECT_TRUE(store.contains(11));   // pinned
-  EXPECT_FALSE(store.contains(12));  // the oldest cheap one
+  EXPECT_TRUE(store.contains(10));                       // worth the most
+  EXPECT_TRUE(store.contains(11));                       // pinned
+  EXPECT_FALSE(store.contains(12));                      // the oldest cheap one
   EXPECT_TRUE(store.contains(13));
   store.check_consistency();
   store.take_restore_ops();

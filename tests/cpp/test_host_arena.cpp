@@ -59,14 +59,14 @@ TEST(HostArena, BudgetsPerClassAndEviction) {
   ASSERT_TRUE(a.allocate("c", 0, 2, 200, 1, &ev));
   EXPECT_EQ(ev, std::vector<std::string>{"b"});
   EXPECT_TRUE(a.contains("a"));
-  EXPECT_FALSE(a.contains("c"));  // not sealed yet
+  EXPECT_FALSE(a.contains("c"));                     // not sealed yet
   EXPECT_FALSE(a.allocate("d", 0, 7, 700, 1, &ev));  // over the class budget
   a.check_consistency();
 }
 
 TEST(HostArena, CostModelKeepsValuablePrefixes) {
   EvictionCostModel m = HostArena::cost_model();  // kCost, value = position
-  m.weight = 2;  // value outweighs recency
+  m.weight = 2;                                   // value outweighs recency
   HostArena a(10, 100, {100}, m);
   std::vector<std::string> ev;
   a.allocate("dear", 0, 5, 50, 100, &ev);  // older, but a deep prefix

@@ -268,21 +268,39 @@ TEST(Store, RandomSequencesConserveUnits) {
     for (int step = 0; step < 400; ++step) {
       const int64_t h = rng() % 8;
       switch (rng() % 12) {
-        case 0: case 1: case 2: store.begin_store(h, rng() % 4); break;
-        case 3: store.begin_restore(h, rng() % 4); break;
-        case 4: store.take_restore_ops(); break;
-        case 5: store.complete_inflight(); break;
-        case 6: store.unindex(h); break;
+        case 0:
+        case 1:
+        case 2:
+          store.begin_store(h, rng() % 4);
+          break;
+        case 3:
+          store.begin_restore(h, rng() % 4);
+          break;
+        case 4:
+          store.take_restore_ops();
+          break;
+        case 5:
+          store.complete_inflight();
+          break;
+        case 6:
+          store.unindex(h);
+          break;
         case 7:
           for (auto& s : store.take_offload_stores(3)) ops.push_back(s.first);
           break;
         case 8:
           if (!ops.empty()) {
             const auto op = ops[rng() % ops.size()];
-            if (rng() % 2) store.release_offload_store_source(op); else store.settle_offload_store(op);
+            if (rng() % 2)
+              store.release_offload_store_source(op);
+            else
+              store.settle_offload_store(op);
           }
           break;
-        case 9: now += 1.0; store.reclaim_stale_offload_pins(1.5); break;
+        case 9:
+          now += 1.0;
+          store.reclaim_stale_offload_pins(1.5);
+          break;
         case 10: {
           std::vector<int64_t> b;
           if (pool->allocate(1 + rng() % 3, b)) {
@@ -292,8 +310,12 @@ TEST(Store, RandomSequencesConserveUnits) {
           break;
         }
         case 11:
-          if (rng() % 20 == 0) store.clear();
-          else if (!kv.empty()) { pool->free(kv.back()); kv.pop_back(); }
+          if (rng() % 20 == 0)
+            store.clear();
+          else if (!kv.empty()) {
+            pool->free(kv.back());
+            kv.pop_back();
+          }
           break;
       }
       expect_conserved(*pool);

@@ -12,9 +12,7 @@ using namespace statecache;
 
 namespace {
 
-uint64_t addr(const std::vector<uint8_t>& v, size_t off = 0) {
-  return reinterpret_cast<uint64_t>(v.data() + off);
-}
+uint64_t addr(const std::vector<uint8_t>& v, size_t off = 0) { return reinterpret_cast<uint64_t>(v.data() + off); }
 
 // Two slot tensors ([2 layers, 4 slots, 5 bytes] and [4 slots, 7 bytes], image
 // = bytes 1..3 of the first and all of the second) and units of 4 + 2 bytes.

@@ -22,7 +22,7 @@ def rows_view(buf: torch.Tensor, offset: int, shape, dtype) -> torch.Tensor:
     n = 1
     for s in shape:
         n *= s
-    return buf[offset: offset + n * item].view(dtype).view(shape)
+    return buf[offset : offset + n * item].view(dtype).view(shape)
 
 
 DTYPES = [torch.uint8, torch.bfloat16, torch.float16, torch.float32, torch.int64]
@@ -97,7 +97,7 @@ def make_world(rng: random.Random, device="cpu", misaligned=True, partial=True, 
     if partial:
         ranges = []
         for t, dim in zip(tensors, st_dims):
-            row = _numel(t.shape[dim + 1:]) * t.element_size()
+            row = _numel(t.shape[dim + 1 :]) * t.element_size()
             if rng.random() < 0.5:
                 ranges.append(None)
             else:
@@ -137,13 +137,11 @@ def random_batch(rng: random.Random, state, page, lid: str, image_bytes: int, un
             (relocations if kind == "reloc" else copies).append((rng.choice(readers), w))
         elif kind == "restore" and len(units) >= units_per:
             ids = tuple(units.pop() for _ in range(units_per))
-            restores.append(sc.CheckpointRestoreOp(dst_slot=w, unit_ids=ids, total_bytes=image_bytes,
-                                                   layout_id=lid))
+            restores.append(sc.CheckpointRestoreOp(dst_slot=w, unit_ids=ids, total_bytes=image_bytes, layout_id=lid))
     for r in readers:
         if rng.random() < 0.7 and len(units) >= units_per:
             ids = tuple(units.pop() for _ in range(units_per))
-            stores.append(sc.CheckpointStoreOp(src_slot=r, unit_ids=ids, total_bytes=image_bytes,
-                                               layout_id=lid))
+            stores.append(sc.CheckpointStoreOp(src_slot=r, unit_ids=ids, total_bytes=image_bytes, layout_id=lid))
     return relocations, copies, stores, restores
 
 
@@ -179,7 +177,7 @@ class Model:
         return t.contiguous().view(torch.uint8).flatten() if t.dim() else t.reshape(1).view(torch.uint8)
 
     def image(self, slot) -> torch.Tensor:
-        parts = [self._bytes(row)[a:a + n] for row, (a, n) in self.slot_rows(slot)]
+        parts = [self._bytes(row)[a : a + n] for row, (a, n) in self.slot_rows(slot)]
         return torch.cat(parts)
 
     def whole(self, slot) -> torch.Tensor:
@@ -192,20 +190,20 @@ class Model:
         pos = 0
         for r in self.unit_rows(u):
             n = r.numel() * r.element_size()
-            r.reshape(-1).view(torch.uint8).copy_(data[pos:pos + n])
+            r.reshape(-1).view(torch.uint8).copy_(data[pos : pos + n])
             pos += n
 
     def set_image(self, slot, data: torch.Tensor) -> None:
         pos = 0
         for row, (a, n) in self.slot_rows(slot):
-            row.reshape(-1).view(torch.uint8)[a:a + n].copy_(data[pos:pos + n])
+            row.reshape(-1).view(torch.uint8)[a : a + n].copy_(data[pos : pos + n])
             pos += n
 
     def set_whole(self, slot, data: torch.Tensor) -> None:
         pos = 0
         for row, _ in self.slot_rows(slot):
             n = row.numel() * row.element_size()
-            row.reshape(-1).view(torch.uint8).copy_(data[pos:pos + n])
+            row.reshape(-1).view(torch.uint8).copy_(data[pos : pos + n])
             pos += n
 
     def run(self, relocations, copies, stores, restores, unit_bytes):
@@ -215,8 +213,8 @@ class Model:
         for op in stores:
             img = self.image(op.src_slot)
             for k, u in enumerate(op.unit_ids):
-                piece = img[k * unit_bytes:(k + 1) * unit_bytes]
-                full = torch.cat([piece, self.unit(u)[piece.numel():]])
+                piece = img[k * unit_bytes : (k + 1) * unit_bytes]
+                full = torch.cat([piece, self.unit(u)[piece.numel() :]])
                 self.set_unit(u, full)
         for op in restores:
             img = torch.cat([self.unit(u) for u in op.unit_ids])[: self.state.image_bytes]

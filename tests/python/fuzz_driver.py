@@ -121,10 +121,37 @@ class Reentrant:
 
 
 def hostile_scalars() -> list:
-    return [-1, -2, 0, 2**31, 2**62, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**70, -(2**70),
-            np.int64(2), np.int32(1), np.uint64(2**63), np.float64(1.0), True, False, 1.5,
-            float("nan"), float("inf"), "1", b"1", None, object(), [], {}, (1,),
-            RaisingIndex(), HugeIndex()]
+    return [
+        -1,
+        -2,
+        0,
+        2**31,
+        2**62,
+        2**63 - 1,
+        2**63,
+        -(2**63),
+        -(2**63) - 1,
+        2**70,
+        -(2**70),
+        np.int64(2),
+        np.int32(1),
+        np.uint64(2**63),
+        np.float64(1.0),
+        True,
+        False,
+        1.5,
+        float("nan"),
+        float("inf"),
+        "1",
+        b"1",
+        None,
+        object(),
+        [],
+        {},
+        (1,),
+        RaisingIndex(),
+        HugeIndex(),
+    ]
 
 
 def hostile_lists(rng: random.Random, seq: sc.Sequence) -> list:
@@ -135,12 +162,33 @@ def hostile_lists(rng: random.Random, seq: sc.Sequence) -> list:
     growing[0] = Growing(growing)
     seq.block_hashes = big
     return [
-        big, tuple(big), clearing, growing, [1, 2, 2.5], [1, None], [RaisingIndex()], [HugeIndex()],
-        [2**64], np.array(big, dtype=np.int64), np.array(big, dtype=np.int32),
-        np.array([1.0, 2.0]), np.zeros((2, 2), dtype=np.int64), array.array("q", big),
-        array.array("d", [1.0, 2.0]), array.array("b", [1, 2]), seq.block_hashes,
-        seq.state_slots, range(5), {1, 2}, (x for x in [1, 2]), "123", b"12", None, 7,
-        [np.int64(3), np.int32(4)], list(range(100_000)),
+        big,
+        tuple(big),
+        clearing,
+        growing,
+        [1, 2, 2.5],
+        [1, None],
+        [RaisingIndex()],
+        [HugeIndex()],
+        [2**64],
+        np.array(big, dtype=np.int64),
+        np.array(big, dtype=np.int32),
+        np.array([1.0, 2.0]),
+        np.zeros((2, 2), dtype=np.int64),
+        array.array("q", big),
+        array.array("d", [1.0, 2.0]),
+        array.array("b", [1, 2]),
+        seq.block_hashes,
+        seq.state_slots,
+        range(5),
+        {1, 2},
+        (x for x in [1, 2]),
+        "123",
+        b"12",
+        None,
+        7,
+        [np.int64(3), np.int32(4)],
+        list(range(100_000)),
     ]
 
 
@@ -148,9 +196,13 @@ def hostile_lists(rng: random.Random, seq: sc.Sequence) -> list:
 
 
 def snap_free_list(p) -> tuple:
-    out = [dict(p.hash_to_slot if hasattr(p, "hash_to_slot") else p.hash_to_group),
-           list(p.slot_hash if hasattr(p, "slot_hash") else p.group_hash),
-           p.num_free(), p.checkpoint_fates(), p._debug_state()]
+    out = [
+        dict(p.hash_to_slot if hasattr(p, "hash_to_slot") else p.hash_to_group),
+        list(p.slot_hash if hasattr(p, "slot_hash") else p.group_hash),
+        p.num_free(),
+        p.checkpoint_fates(),
+        p._debug_state(),
+    ]
     if hasattr(p, "occupancy"):
         out += [p.occupancy(), p._debug_relocations()]
     else:
@@ -164,17 +216,25 @@ def snap_block_pool(p) -> tuple:
 
 
 def snap_store(s) -> tuple:
-    recs = tuple((cid, r.prefix_hash, tuple(r.unit_ids), r.state, r.pin_count)
-                 for cid, r in s.records.items())
-    return (recs, tuple(s.hash_to_checkpoint.items()), s.generation, s.evictions,
-            tuple(s.store_backlog), s.offload_pins_reclaimed, snap_block_pool(s.pool))
+    recs = tuple((cid, r.prefix_hash, tuple(r.unit_ids), r.state, r.pin_count) for cid, r in s.records.items())
+    return (
+        recs,
+        tuple(s.hash_to_checkpoint.items()),
+        s.generation,
+        s.evictions,
+        tuple(s.store_backlog),
+        s.offload_pins_reclaimed,
+        snap_block_pool(s.pool),
+    )
 
 
 def check_block_pool(p) -> None:
     p.check_consistency()
     if p.num_free + p.num_kv_blocks + p.num_reserved != p.num_blocks:
-        raise Failure(f"units not conserved: {p.num_free} free + {p.num_kv_blocks} kv + "
-                      f"{p.num_reserved} reserved != {p.num_blocks}")
+        raise Failure(
+            f"units not conserved: {p.num_free} free + {p.num_kv_blocks} kv + "
+            f"{p.num_reserved} reserved != {p.num_blocks}"
+        )
 
 
 # ------------------------------------------------------------------ cases ----
@@ -281,16 +341,28 @@ class SlotPoolCase(Case):
                 self.owned[-1:] = [s.state_slot]
 
         return [
-            ("pop", pop), ("release", release), ("checkpoint", checkpoint), ("reserve", reserve),
+            ("pop", pop),
+            ("release", release),
+            ("checkpoint", checkpoint),
+            ("reserve", reserve),
             ("publish", lambda: p.publish_midstep(a(lambda: self.res), None)),
             ("cancel", lambda: p.cancel_midstep(a(lambda: self.res))),
             ("release_many", lambda: p.release_many(a(lambda: list(self.owned[-1:])))),
             ("pop_many", lambda: self.owned.extend(p.pop_many(a(lambda: rng.randrange(2))) or [])),
-            ("resumable_hit", lambda: p.resumable_hit(s, a(lambda: rng.randrange(65)), a(lambda: list(s.block_hashes)))),
+            (
+                "resumable_hit",
+                lambda: p.resumable_hit(s, a(lambda: rng.randrange(65)), a(lambda: list(s.block_hashes))),
+            ),
             ("resumable_hit_views", lambda: p.resumable_hit(s, 64, s.block_hashes)),
             ("reentrant_list", reentrant_list),
-            ("resumable_hits", lambda: p.resumable_hits(a(lambda: [s, s]), a(lambda: [rng.randrange(65), 3]),
-                                                        a(lambda: [list(s.block_hashes), [10**12, 5, 6]]))),
+            (
+                "resumable_hits",
+                lambda: p.resumable_hits(
+                    a(lambda: [s, s]),
+                    a(lambda: [rng.randrange(65), 3]),
+                    a(lambda: [list(s.block_hashes), [10**12, 5, 6]]),
+                ),
+            ),
             ("resumable_hits_own", lambda: p.resumable_hits(a(lambda: [s]), a(lambda: [3]))),
             ("checkpoint_many", checkpoint_many),
             ("lookup", lambda: p.lookup(a(self.h))),
@@ -338,18 +410,23 @@ class GroupPoolCase(Case):
                 p.release(self.owned.pop())
 
         return [
-            ("pop", pop), ("release", release),
+            ("pop", pop),
+            ("release", release),
             ("checkpoint", lambda: p.checkpoint(s, 1, a(lambda: rng.choice([21, 22, -1])))),
-            ("take_copies", p.take_copies), ("forget_pending", lambda: p.forget_pending(s)),
-            ("checkpoint_many", lambda: p.checkpoint_many(a(lambda: [s]), a(lambda: [1]),
-                                                          a(lambda: [rng.choice([21, 22, -1])]))),
+            ("take_copies", p.take_copies),
+            ("forget_pending", lambda: p.forget_pending(s)),
+            (
+                "checkpoint_many",
+                lambda: p.checkpoint_many(a(lambda: [s]), a(lambda: [1]), a(lambda: [rng.choice([21, 22, -1])])),
+            ),
             ("forget_pending_many", lambda: p.forget_pending_many(a(lambda: [s, s]))),
             ("release_many", lambda: p.release_many(a(lambda: list(self.owned[-1:])))),
             ("resumable_hits", lambda: p.resumable_hits(a(lambda: [s]), a(lambda: [3]), a(lambda: [[21, 22, 23]]))),
             ("record_copy", lambda: p.record_copy(a(lambda: rng.randrange(12)), a(lambda: rng.randrange(12)))),
             ("resumable_hit", lambda: p.resumable_hit(s, a(lambda: 3), a(lambda: [21, 22, 23]))),
             ("lookup", lambda: p.lookup(a(lambda: 21))),
-            ("release_pins", p.release_pins), ("retire_top", p.retire_top),
+            ("release_pins", p.release_pins),
+            ("retire_top", p.retire_top),
             ("extend", lambda: p.extend(a(lambda: 1))),
             ("unindex", lambda: p.unindex(a(lambda: 21))),
         ]
@@ -360,8 +437,7 @@ class PagedCase(Case):
 
     def __init__(self, rng) -> None:
         super().__init__(rng)
-        self.spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=256, layout_id="f",
-                                                image_bytes=256)
+        self.spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=256, layout_id="f", image_bytes=256)
         self.pool = sc.BlockPool(40)
         self.coord = sc.PagedStateCheckpointCoordinator(self.pool, self.spec, enabled=True)
         self.pool.on_evict = self.coord.unindex
@@ -381,11 +457,21 @@ class PagedCase(Case):
 
     def owner(self):
         p = self.pool
-        return self.rng.choice([
-            ("mine", 1), 1, 1.0, None, [1], RaisingHash(), RaisingEq(),
-            Reentrant(lambda: p.allocate(1)), ("state-transfer", RaisingHash()),
-            ("state-checkpoint", 2**70), ("state-checkpoint", -3),
-        ])
+        return self.rng.choice(
+            [
+                ("mine", 1),
+                1,
+                1.0,
+                None,
+                [1],
+                RaisingHash(),
+                RaisingEq(),
+                Reentrant(lambda: p.allocate(1)),
+                ("state-transfer", RaisingHash()),
+                ("state-checkpoint", 2**70),
+                ("state-checkpoint", -3),
+            ]
+        )
 
     def on_evict(self):
         p, c = self.pool, self.coord
@@ -432,14 +518,21 @@ class PagedCase(Case):
                 p.free([self.kv.pop()])
 
         def clock():
-            st.use_clock(rng.choice([lambda: 1.0, lambda: "x", lambda: (_ for _ in ()).throw(CallbackBoom()),
-                                     time.monotonic, None, 3]))
+            st.use_clock(
+                rng.choice(
+                    [lambda: 1.0, lambda: "x", lambda: (_ for _ in ()).throw(CallbackBoom()), time.monotonic, None, 3]
+                )
+            )
 
         return [
-            ("reserve_units", reserve), ("release_units", release), ("allocate", alloc), ("free", free),
+            ("reserve_units", reserve),
+            ("release_units", release),
+            ("allocate", alloc),
+            ("free", free),
             ("set_on_evict", lambda: setattr(p, "on_evict", self.on_evict())),
             ("checkpoint", lambda: c.checkpoint(s, a(lambda: 1), a(lambda: rng.randrange(1, 60)))),
-            ("complete", c.complete_previous_batch), ("take_ops", c.take_checkpoint_ops),
+            ("complete", c.complete_previous_batch),
+            ("take_ops", c.take_checkpoint_ops),
             ("begin_restore", lambda: c.begin_restore(a(lambda: rng.randrange(1, 60)), a(lambda: 1))),
             ("resumable_hit", lambda: c.resumable_hit(s, a(lambda: 3), a(lambda: [1, 2, 3]))),
             ("resumable_hit_view", lambda: c.resumable_hit(s, 3, s.block_hashes)),
@@ -454,8 +547,10 @@ class PagedCase(Case):
             ("adopt_units", lambda: st.adopt_units(a(lambda: tuple(self.kv[:4])), a(self.owner), a(lambda: 9))),
             ("reset_prefix_cache", p.reset_prefix_cache),
             ("forget_pending", lambda: c.forget_pending(s)),
-            ("checkpoint_many", lambda: c.checkpoint_many(a(lambda: [s]), a(lambda: [1]),
-                                                          a(lambda: [rng.randrange(1, 60)]))),
+            (
+                "checkpoint_many",
+                lambda: c.checkpoint_many(a(lambda: [s]), a(lambda: [1]), a(lambda: [rng.randrange(1, 60)])),
+            ),
             ("resumable_hits", lambda: c.resumable_hits(a(lambda: [s]), a(lambda: [3]), a(lambda: [[1, 2, 3]]))),
             ("forget_pending_many", lambda: c.forget_pending_many(a(lambda: [s]))),
             ("owner_of", lambda: p.owner_of(a(lambda: rng.randrange(40)))),
@@ -478,8 +573,15 @@ def uninitialised(deadline: float) -> int:
         except Exception:
             continue
         for attr in dir(cls):
-            if attr.startswith("__") and attr not in ("__len__", "__iter__", "__repr__", "__eq__",
-                                                       "__hash__", "__getitem__", "__contains__"):
+            if attr.startswith("__") and attr not in (
+                "__len__",
+                "__iter__",
+                "__repr__",
+                "__eq__",
+                "__hash__",
+                "__getitem__",
+                "__contains__",
+            ):
                 continue
             try:
                 v = getattr(obj, attr)
@@ -503,10 +605,23 @@ def pickling(deadline: float) -> int:
     slot = sc.StateSlotPool(4, sc.StateTransfer.fork(1))
     seq = sc.Sequence(3, num_tokens=5)
     seq.block_hashes = [1, 2]
-    objs = [pool, coord, coord.store, coord.store.records, coord.store.hash_to_checkpoint, slot,
-            slot.hash_to_slot, slot.slot_hash, seq, seq.block_hashes, sc.StateTransfer.copy(), spec,
-            sc.StateOffloadIndex(), sc.StateStoreOperationId(1, 2),
-            sc.StateGroupPool(2, sc.StateTransfer.fork(1))]
+    objs = [
+        pool,
+        coord,
+        coord.store,
+        coord.store.records,
+        coord.store.hash_to_checkpoint,
+        slot,
+        slot.hash_to_slot,
+        slot.slot_hash,
+        seq,
+        seq.block_hashes,
+        sc.StateTransfer.copy(),
+        spec,
+        sc.StateOffloadIndex(),
+        sc.StateStoreOperationId(1, 2),
+        sc.StateGroupPool(2, sc.StateTransfer.fork(1)),
+    ]
     n = 0
     for o in objs:
         for f in (lambda x: pickle.loads(pickle.dumps(x)), copy.copy, copy.deepcopy):

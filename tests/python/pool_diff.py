@@ -127,10 +127,12 @@ class SeqPair:
     def __init__(self, num_tokens, has_cache=True, ours_cls=sc.Sequence):
         SeqPair._next += 1
         self.id = SeqPair._next
-        self.ref = sc.Sequence(seq_id=self.id, num_tokens=num_tokens, num_prompt_tokens=num_tokens,
-                               has_per_req_cache=has_cache)
-        self.ours = ours_cls(seq_id=self.id, num_tokens=num_tokens, num_prompt_tokens=num_tokens,
-                             has_per_req_cache=has_cache)
+        self.ref = sc.Sequence(
+            seq_id=self.id, num_tokens=num_tokens, num_prompt_tokens=num_tokens, has_per_req_cache=has_cache
+        )
+        self.ours = ours_cls(
+            seq_id=self.id, num_tokens=num_tokens, num_prompt_tokens=num_tokens, has_per_req_cache=has_cache
+        )
 
     @property
     def both(self):
@@ -141,8 +143,16 @@ class SeqPair:
         setattr(self.ours, name, value)
 
     def check(self):
-        for f in ("state_slots", "state_fork_src", "per_req_cache_group", "pending_checkpoint",
-                  "num_tokens", "checkpoint_end_pos", "midstep_anchor_pos", "has_per_req_cache"):
+        for f in (
+            "state_slots",
+            "state_fork_src",
+            "per_req_cache_group",
+            "pending_checkpoint",
+            "num_tokens",
+            "checkpoint_end_pos",
+            "midstep_anchor_pos",
+            "has_per_req_cache",
+        ):
             a, b = getattr(self.ref, f), getattr(self.ours, f)
             if f == "state_slots":
                 a, b = list(a), list(b)
@@ -156,8 +166,18 @@ class _Driver:
     # checkpoints sit free, which is what exercises retire_top's re-homing.
     PROFILES = {
         "mixed": {},
-        "idle": {"admit": 1.5, "finish": 4, "checkpoint": 2, "release_pins": 3, "retire_top": 2, "extend": 2,
-                 "pop": 0.3, "pop_many": 0.3, "resume": 2, "claim": 0.5},
+        "idle": {
+            "admit": 1.5,
+            "finish": 4,
+            "checkpoint": 2,
+            "release_pins": 3,
+            "retire_top": 2,
+            "extend": 2,
+            "pop": 0.3,
+            "pop_many": 0.3,
+            "resume": 2,
+            "claim": 0.5,
+        },
         "shrink": {"retire_top": 3, "extend": 3, "checkpoint": 2, "release_pins": 2, "admit": 1.5, "finish": 1.5},
     }
 
@@ -221,8 +241,17 @@ class _Driver:
     # -- state comparison ----------------------------------------------------
     def compare(self):
         ref, ours, u = self.ref, self.ours, self.unit
-        for attr in (f"num_{u}s", "enabled", "min_fork_tokens", "successor_room", "hash_block_size",
-                     "checkpoints_kept", "checkpoints_dropped", "checkpoints_evicted", "checkpoints_orphaned"):
+        for attr in (
+            f"num_{u}s",
+            "enabled",
+            "min_fork_tokens",
+            "successor_room",
+            "hash_block_size",
+            "checkpoints_kept",
+            "checkpoints_dropped",
+            "checkpoints_evicted",
+            "checkpoints_orphaned",
+        ):
             same(getattr(ref, attr), getattr(ours, attr), attr)
         assert ref.transfer == ours.transfer
         same(getattr(ref, f"{u}_hash"), list(getattr(ours, f"{u}_hash")), f"{u}_hash")
@@ -283,7 +312,7 @@ class _Driver:
         `invalidate` (it would otherwise revive on extend)."""
         res = call(self.ref, self.ours, "retire_top")
         if res is not None:
-            for h, x in list(self.ref_index().items()):
+            for _h, x in list(self.ref_index().items()):
                 if x == res.retired:
                     self.ref.invalidate(x)
         return res
@@ -320,12 +349,34 @@ class SlotDriver(_Driver):
 
     def ops(self):
         return [
-            ("pop", 4), ("pop_many", 2), ("release", 4), ("release_many", 2), ("claim", 3),
-            ("mark_speculative", 1), ("promote", 2), ("pin", 3), ("unpin", 1), ("drop_reader", 2),
-            ("release_pins", 4), ("admit", 4), ("finish", 3), ("resume", 3), ("checkpoint", 6),
-            ("resumable_hit", 4), ("lookup", 1), ("reserve", 3), ("publish", 3), ("cancel", 1),
-            ("extend", 1), ("retire_top", 2), ("unindex", 2), ("clear_index", 0.2), ("invalidate", 1),
-            ("relocation", 1), ("queries", 2), ("seq_fields", 2),
+            ("pop", 4),
+            ("pop_many", 2),
+            ("release", 4),
+            ("release_many", 2),
+            ("claim", 3),
+            ("mark_speculative", 1),
+            ("promote", 2),
+            ("pin", 3),
+            ("unpin", 1),
+            ("drop_reader", 2),
+            ("release_pins", 4),
+            ("admit", 4),
+            ("finish", 3),
+            ("resume", 3),
+            ("checkpoint", 6),
+            ("resumable_hit", 4),
+            ("lookup", 1),
+            ("reserve", 3),
+            ("publish", 3),
+            ("cancel", 1),
+            ("extend", 1),
+            ("retire_top", 2),
+            ("unindex", 2),
+            ("clear_index", 0.2),
+            ("invalidate", 1),
+            ("relocation", 1),
+            ("queries", 2),
+            ("seq_fields", 2),
         ]
 
     def op_pop(self):
@@ -478,8 +529,7 @@ class SlotDriver(_Driver):
         elif form < 0.75:
             call(self.ref, self.ours, "resumable_hit", s.both, hit, arg, self.rng.random() < 0.5)
         else:
-            call(self.ref, self.ours, "resumable_hit", s.both, hit, arg,
-                 assume_checkpointed=self.rng.random() < 0.5)
+            call(self.ref, self.ours, "resumable_hit", s.both, hit, arg, assume_checkpointed=self.rng.random() < 0.5)
 
     def op_lookup(self):
         call(self.ref, self.ours, "lookup", self.some_hash())
@@ -604,11 +654,28 @@ class GroupDriver(_Driver):
 
     def ops(self):
         return [
-            ("pop", 4), ("release", 4), ("claim", 3), ("pin", 3), ("unpin", 1), ("drop_reader", 2),
-            ("release_pins", 4), ("admit", 4), ("finish", 3), ("resume", 3), ("checkpoint", 6),
-            ("take_copies", 4), ("record_copy", 1), ("forget_pending", 1), ("resumable_hit", 4),
-            ("lookup", 1), ("extend", 1), ("retire_top", 2), ("unindex", 2), ("invalidate", 1),
-            ("queries", 2), ("seq_fields", 2),
+            ("pop", 4),
+            ("release", 4),
+            ("claim", 3),
+            ("pin", 3),
+            ("unpin", 1),
+            ("drop_reader", 2),
+            ("release_pins", 4),
+            ("admit", 4),
+            ("finish", 3),
+            ("resume", 3),
+            ("checkpoint", 6),
+            ("take_copies", 4),
+            ("record_copy", 1),
+            ("forget_pending", 1),
+            ("resumable_hit", 4),
+            ("lookup", 1),
+            ("extend", 1),
+            ("retire_top", 2),
+            ("unindex", 2),
+            ("invalidate", 1),
+            ("queries", 2),
+            ("seq_fields", 2),
         ]
 
     op_pop = SlotDriver.op_pop
@@ -690,9 +757,18 @@ class GroupDriver(_Driver):
 
     def snapshot_ours(self, s):
         o = self.ours
-        return (list(o.group_hash), list(o.hash_to_group.items()), o.checkpoint_fates(), o.num_free(),
-                o._debug_state(), o._debug_copies(), len(o._debug_pending()), s.ours.per_req_cache_group,
-                s.ours.state_fork_src, s.ours.pending_checkpoint)
+        return (
+            list(o.group_hash),
+            list(o.hash_to_group.items()),
+            o.checkpoint_fates(),
+            o.num_free(),
+            o._debug_state(),
+            o._debug_copies(),
+            len(o._debug_pending()),
+            s.ours.per_req_cache_group,
+            s.ours.state_fork_src,
+            s.ours.pending_checkpoint,
+        )
 
     def op_take_copies(self):
         call(self.ref, self.ours, "take_copies")

@@ -80,9 +80,7 @@ def _literal(node: ast.expr | None) -> Any:
 def _stub_params(fn: ast.FunctionDef, drop_self: bool) -> list[Param]:
     a = fn.args
     positional = [(p, "posonly") for p in a.posonlyargs] + [(p, "pos") for p in a.args]
-    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(
-        a.defaults
-    )
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
     out = [Param(p.arg, kind, _literal(d)) for (p, kind), d in zip(positional, defaults)]
     if a.vararg is not None:
         out.append(Param(a.vararg.arg, "var"))
@@ -120,9 +118,7 @@ def _members(body: list[ast.stmt], in_class: bool) -> dict[str, Entry]:
             elif "staticmethod" in decs:
                 out[node.name] = Entry("static", _stub_params(node, False), doc)
             else:
-                out[node.name] = Entry(
-                    "method" if in_class else "function", _stub_params(node, in_class), doc
-                )
+                out[node.name] = Entry("method" if in_class else "function", _stub_params(node, in_class), doc)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             out[node.target.id] = Entry("data")
         elif isinstance(node, ast.Assign):
@@ -310,11 +306,7 @@ def _fmt(params: list[Param] | None) -> str:
         + ", ".join(
             ("" if p.kind != "kwonly" else "*")
             + (p.name if p.kind != "posonly" else "<pos>")
-            + (
-                ""
-                if p.default is _NO_DEFAULT
-                else "=" + ("..." if p.default is _UNKNOWN else repr(p.default))
-            )
+            + ("" if p.default is _NO_DEFAULT else "=" + ("..." if p.default is _UNKNOWN else repr(p.default)))
             for p in params
         )
         + ")"
@@ -348,8 +340,7 @@ def compare(mod: ModuleType, path: Path = STUB) -> list[str]:
                 continue
             if sp.default != rp.default or type(sp.default) is not type(rp.default):
                 problems.append(
-                    f"{name}: default of {sp.name} is {sp.default!r} in the stub, "
-                    f"{rp.default!r} in the module"
+                    f"{name}: default of {sp.name} is {sp.default!r} in the stub, {rp.default!r} in the module"
                 )
     return problems
 
@@ -374,9 +365,7 @@ def skeleton(mod: ModuleType, path: Path = STUB) -> str:
             f"{p.name}: Any" + ("" if p.default is _NO_DEFAULT else " = ...") for p in params
         ]
         deco = f"{indent}@staticmethod\n" if e.kind == "static" else ""
-        lines.append(
-            f"{deco}{indent}def {label}({', '.join(args)}) -> Any: ...  # in {owner or 'module'}"
-        )
+        lines.append(f"{deco}{indent}def {label}({', '.join(args)}) -> Any: ...  # in {owner or 'module'}")
     return "\n".join(lines)
 
 
@@ -385,9 +374,7 @@ def cxx_docstring_gaps(mod: ModuleType) -> list[str]:
     does not say what the call returns and what it raises."""
     out = []
     for name, e in sorted(runtime_entries(mod).items()):
-        if e.kind not in ("method", "static", "function") or name.rsplit(".", 1)[-1].startswith(
-            "__"
-        ):
+        if e.kind not in ("method", "static", "function") or name.rsplit(".", 1)[-1].startswith("__"):
             continue
         body = (e.doc or "").strip()
         first = body.splitlines()[0] if body else ""
@@ -465,8 +452,15 @@ def sync_docs(mod: ModuleType, path: Path = STUB) -> int:
 # tiers): classes and functions whose docstrings the docs check reads too.
 PYTHON_API = {
     "statecache": [
-        "StateStoreOperationId", "StateLayout", "PageLayout", "TPShard", "StateCopyExecutor",
-        "CapturedStateCopy", "layout_id", "paged_checkpoint_spec", "tp_shard_layouts",
+        "StateStoreOperationId",
+        "StateLayout",
+        "PageLayout",
+        "TPShard",
+        "StateCopyExecutor",
+        "CapturedStateCopy",
+        "layout_id",
+        "paged_checkpoint_spec",
+        "tp_shard_layouts",
     ],
     "statecache.metrics": ["StateCacheMetrics", "hit_rates"],
     "statecache.tiers": ["Tier", "HostTier", "MooncakeTier", "RedisTier", "TierKey"],

@@ -13,13 +13,25 @@ import statecache as sc
 
 
 def _slot_state(p):
-    return (dict(p.hash_to_slot), list(p.slot_hash), p.num_free(), p.occupancy(), p._debug_state(),
-            p.checkpoint_fates())
+    return (
+        dict(p.hash_to_slot),
+        list(p.slot_hash),
+        p.num_free(),
+        p.occupancy(),
+        p._debug_state(),
+        p.checkpoint_fates(),
+    )
 
 
 def _group_state(p):
-    return (dict(p.hash_to_group), list(p.group_hash), p.num_free(), p._debug_state(),
-            p._debug_copies(), p.checkpoint_fates())
+    return (
+        dict(p.hash_to_group),
+        list(p.group_hash),
+        p.num_free(),
+        p._debug_state(),
+        p._debug_copies(),
+        p.checkpoint_fates(),
+    )
 
 
 def _twins(kind, seed):
@@ -51,12 +63,12 @@ def test_batched_equals_per_sequence_calls(kind, seed):
     rng, (a, b), (sa, sb) = _twins(kind, seed)
     state = _slot_state if kind == "slot" else _group_state
     for _ in range(30):
-        a.release_pins(); b.release_pins()
+        a.release_pins()
+        b.release_pins()
         hits = [rng.randrange(41) for _ in sa]
         as_array = rng.random() < 0.5
         per_seq = [a.resumable_hit(s, h, list(s.block_hashes)) for s, h in zip(sa, hits)]
-        hashes = [np.asarray(list(s.block_hashes), dtype=np.int64) if as_array else list(s.block_hashes)
-                  for s in sb]
+        hashes = [np.asarray(list(s.block_hashes), dtype=np.int64) if as_array else list(s.block_hashes) for s in sb]
         batched = b.resumable_hits(sb, np.asarray(hits) if as_array else hits, hashes)
         assert batched == per_seq
         assert b.resumable_hits(sb, hits) == per_seq  # None: each sequence's own block_hashes
@@ -64,13 +76,15 @@ def test_batched_equals_per_sequence_calls(kind, seed):
         bounds = [rng.randrange(1, 41) for _ in chosen]
         for i, k in zip(chosen, bounds):
             a.checkpoint(sa[i], k, list(sa[i].block_hashes)[k - 1])
-        b.checkpoint_many([sb[i] for i in chosen], bounds,
-                          [list(sb[i].block_hashes)[k - 1] for i, k in zip(chosen, bounds)])
+        b.checkpoint_many(
+            [sb[i] for i in chosen], bounds, [list(sb[i].block_hashes)[k - 1] for i, k in zip(chosen, bounds)]
+        )
         if kind == "group-copy":
             assert a.take_copies() == b.take_copies()
         assert state(a) == state(b)
-        assert [s.state_slots[:] if kind == "slot" else s.per_req_cache_group for s in sa] == \
-               [s.state_slots[:] if kind == "slot" else s.per_req_cache_group for s in sb]
+        assert [s.state_slots[:] if kind == "slot" else s.per_req_cache_group for s in sa] == [
+            s.state_slots[:] if kind == "slot" else s.per_req_cache_group for s in sb
+        ]
 
 
 @pytest.mark.parametrize("kind", ["slot", "group-fork"])
@@ -82,7 +96,7 @@ def test_bad_batch_changes_nothing(kind):
     with pytest.raises(ValueError, match="-1"):
         p.checkpoint_many(seqs[:3], [4, 4, 4], good[:2] + [-1])
     with pytest.raises(ValueError):
-        p.checkpoint_many(seqs[:3], [4, 4], good)            # lengths differ
+        p.checkpoint_many(seqs[:3], [4, 4], good)  # lengths differ
     with pytest.raises(ValueError):
         p.checkpoint_many([seqs[0], seqs[0]], [4, 4], good[:2])  # one sequence twice
     with pytest.raises(TypeError):
@@ -96,7 +110,7 @@ def test_coordinator_batched():
     spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=256, layout_id="b", image_bytes=256)
     coords = [sc.PagedStateCheckpointCoordinator(sc.BlockPool(256), spec, enabled=True) for _ in range(2)]
     seqsets = []
-    for c in coords:
+    for _c in coords:
         seqs = []
         for i in range(12):
             s = sc.Sequence(i, num_tokens=100)
@@ -107,7 +121,8 @@ def test_coordinator_batched():
     (a, b), (sa, sb) = coords, seqsets
     rng = random.Random(3)
     for _ in range(20):
-        a.complete_previous_batch(); b.complete_previous_batch()
+        a.complete_previous_batch()
+        b.complete_previous_batch()
         hits = [rng.randrange(21) for _ in sa]
         assert b.resumable_hits(sb, hits) == [a.resumable_hit(s, h, list(s.block_hashes)) for s, h in zip(sa, hits)]
         chosen = [i for i in range(12) if rng.random() < 0.4]
@@ -116,7 +131,9 @@ def test_coordinator_batched():
             a.checkpoint(sa[i], k, list(sa[i].block_hashes)[k - 1])
         b.checkpoint_many([sb[i] for i in chosen], ks, [list(sb[i].block_hashes)[k - 1] for i, k in zip(chosen, ks)])
         ops_a, ops_b = a.take_checkpoint_ops(), b.take_checkpoint_ops()
-        assert [(o.src_slot, tuple(o.unit_ids)) for o in ops_a[0]] == [(o.src_slot, tuple(o.unit_ids)) for o in ops_b[0]]
+        assert [(o.src_slot, tuple(o.unit_ids)) for o in ops_a[0]] == [
+            (o.src_slot, tuple(o.unit_ids)) for o in ops_b[0]
+        ]
         assert a.checkpoint_fates() == b.checkpoint_fates()
 
 
@@ -176,7 +193,9 @@ def _admit(pool, kind, seqs):
 
 _ops = st.lists(
     st.tuples(st.integers(0, 3), st.lists(st.integers(0, 15), max_size=16), st.integers(0, 10**6)),
-    min_size=1, max_size=25)
+    min_size=1,
+    max_size=25,
+)
 
 
 @pytest.mark.parametrize("kind", ["slot", "group-fork", "group-copy"])
@@ -208,10 +227,15 @@ def test_random_batches_equal_per_sequence_calls(kind, seq_kind, ops):
             hits = [rng.randrange(41) for _ in chosen]
             want = [a.resumable_hit(sa[i], h, list(sa[i].block_hashes)) for i, h in zip(chosen, hits)]
             np_in = salt % 2 == 0
-            got = b.resumable_hits([sb[i] for i in chosen], np.asarray(hits, dtype=np.int64) if np_in else hits,
-                                   [np.asarray(list(sb[i].block_hashes), dtype=np.int64) if np_in
-                                    else tuple(sb[i].block_hashes) for i in chosen],
-                                   assume_checkpointed=salt % 5 == 0 and kind == "slot")
+            got = b.resumable_hits(
+                [sb[i] for i in chosen],
+                np.asarray(hits, dtype=np.int64) if np_in else hits,
+                [
+                    np.asarray(list(sb[i].block_hashes), dtype=np.int64) if np_in else tuple(sb[i].block_hashes)
+                    for i in chosen
+                ],
+                assume_checkpointed=salt % 5 == 0 and kind == "slot",
+            )
             if not (salt % 5 == 0 and kind == "slot"):
                 assert got == want
         elif op == 2:
@@ -315,8 +339,8 @@ def test_reentrant_index_in_a_batch_is_harmless():
 
         def __index__(self):
             calls.append(self.v)
-            rows[0].clear()   # a list the first scan read in place
-            p.pop()           # the pool changes (a vacant slot: no checkpoint lost)
+            rows[0].clear()  # a list the first scan read in place
+            p.pop()  # the pool changes (a vacant slot: no checkpoint lost)
             return self.v
 
     rows[1][9], rows[2][9] = Evil(109), Evil(209)
@@ -398,9 +422,9 @@ def test_coordinator_takes_any_object_with_the_sequence_attributes():
     c = sc.PagedStateCheckpointCoordinator(sc.BlockPool(64), spec, enabled=True)
     own, native = OwnSeq(1), sc.Sequence(2)
     own.state_slot, native.state_slots = 3, [4]
-    c.checkpoint(own, 2, 500)            # per-sequence, own object
+    c.checkpoint(own, 2, 500)  # per-sequence, own object
     c.checkpoint_many([native], [2], [600])
-    own.state_slot = 7                   # the drain reads the slot then, as the reference does
+    own.state_slot = 7  # the drain reads the slot then, as the reference does
     stores, _ = c.take_checkpoint_ops()
     assert sorted(op.src_slot for op in stores) == [4, 7]
     c.complete_previous_batch()
@@ -415,14 +439,15 @@ def test_coordinator_takes_any_object_with_the_sequence_attributes():
     assert stores == () and restores == ()
     import gc
     import weakref
+
     r = weakref.ref(own)
     c.checkpoint(own, 4, 502)
     del own
     gc.collect()
-    assert r() is not None               # kept alive while its boundary is pending
+    assert r() is not None  # kept alive while its boundary is pending
     c.take_checkpoint_ops()
     gc.collect()
-    assert r() is None                   # and let go once drained
+    assert r() is None  # and let go once drained
     c.check_consistency()
 
 
@@ -491,6 +516,7 @@ def test_coordinator_batch_with_a_tier_mutating_the_hash_lists():
 
 
 # ------------------------------------------------------------ begin_restores --
+
 
 def _restore_twins(seed):
     """Two coordinators with the same READY images (and a COPYING one)."""

@@ -192,7 +192,7 @@ def test_random_block_pool_sequences_against_a_model(seed):
     owners = {}  # unit -> owner
     refs = {}  # block -> refcount
     hashed = {}  # hash -> block
-    for step in range(400):
+    for _step in range(400):
         op = rng.randrange(7)
         if op == 0:
             owner = rng.choice(["a", "b", ("state-checkpoint", rng.randrange(3)), ("state-transfer", rng.randrange(2))])

@@ -29,9 +29,7 @@ def sections(text: str) -> set[str]:
 
 
 def citations(text: str) -> list[str]:
-    return [
-        name for m in CITATION.finditer(text) for name in re.findall(r'"([^"\n]+)"', m.group(1))
-    ]
+    return [name for m in CITATION.finditer(text) for name in re.findall(r'"([^"\n]+)"', m.group(1))]
 
 
 def test_citation_parser_reads_wrapped_and_multiple_names():

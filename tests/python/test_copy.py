@@ -37,8 +37,7 @@ def snapshot(layout):
 
 def same(a, b):
     """Bit-for-bit (NaN payloads included)."""
-    return all(torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
-               for x, y in zip(a, b))
+    return all(torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8)) for x, y in zip(a, b))
 
 
 @dataclass(frozen=True)
@@ -58,14 +57,16 @@ def test_layout_geometry_and_spec():
     spec = sc.paged_checkpoint_spec(state, page)
     assert isinstance(spec, sc.PagedStateCheckpointSpec)
     assert (spec.slot_bytes, spec.image_bytes, spec.page_unit_bytes) == (
-        state.slot_bytes, state.image_bytes, page.unit_bytes)
+        state.slot_bytes,
+        state.image_bytes,
+        page.unit_bytes,
+    )
     ex = sc.StateCopyExecutor(state, page, max_num_seqs=4)
     assert ex.spec == spec and ex.layout_id == spec.layout_id
     assert ex.units_per_image == spec.units_per_checkpoint
     # Segment tables: one row per (tensor, layer), base/stride in bytes.
     seg = state.segments[1]
-    assert (seg.base, seg.stride, seg.bytes) == (
-        state.tensors[0][1].data_ptr(), 3 * 10 * 2, 3 * 10 * 2)
+    assert (seg.base, seg.stride, seg.bytes) == (state.tensors[0][1].data_ptr(), 3 * 10 * 2, 3 * 10 * 2)
 
 
 def test_layout_id_tracks_geometry_and_dtype_not_addresses():
@@ -96,12 +97,15 @@ def test_store_then_restore_reproduces_the_image_bit_for_bit():
         t.view(torch.uint8).fill_(0xA5)
     before_units = {u: model.unit(u).clone() for u in range(page.num_units)}
     image = model.image(2).clone()
-    ex(stores=[sc.CheckpointStoreOp(src_slot=2, unit_ids=units, total_bytes=spec.image_bytes,
-                                    layout_id=spec.layout_id)])
+    ex(
+        stores=[
+            sc.CheckpointStoreOp(src_slot=2, unit_ids=units, total_bytes=spec.image_bytes, layout_id=spec.layout_id)
+        ]
+    )
     stream = torch.cat([model.unit(u) for u in units])
     assert torch.equal(stream[: spec.image_bytes], image)
     # The last unit's bytes past the image and every unlisted unit are untouched.
-    assert torch.equal(stream[spec.image_bytes:], torch.full_like(stream[spec.image_bytes:], 0xA5))
+    assert torch.equal(stream[spec.image_bytes :], torch.full_like(stream[spec.image_bytes :], 0xA5))
     for u in range(page.num_units):
         if u not in units:
             assert torch.equal(model.unit(u), before_units[u])
@@ -109,8 +113,11 @@ def test_store_then_restore_reproduces_the_image_bit_for_bit():
     for t in state.tensors:
         t[:, 4].view(torch.uint8).fill_(0x5A)
     others = [t.clone() for t in state.tensors]
-    ex(restores=[sc.CheckpointRestoreOp(dst_slot=4, unit_ids=units, total_bytes=spec.image_bytes,
-                                        layout_id=spec.layout_id)])
+    ex(
+        restores=[
+            sc.CheckpointRestoreOp(dst_slot=4, unit_ids=units, total_bytes=spec.image_bytes, layout_id=spec.layout_id)
+        ]
+    )
     assert torch.equal(model.image(4), image)
     conv4 = state.tensors[0][:, 4].contiguous().view(torch.uint8).reshape(3, -1)
     assert torch.all(conv4[:, :4] == 0x5A) and torch.all(conv4[:, 54:] == 0x5A)
@@ -133,8 +140,13 @@ def test_stand_in_ops_and_reference_value_types_plan_alike():
     ex = sc.StateCopyExecutor(state, page, max_num_seqs=2)
     n = ex.spec.units_per_checkpoint
     a = ex.plan(stores=[StandInStore(1, tuple(range(n)), ex.spec.image_bytes, ex.layout_id)])
-    b = ex.plan(stores=[sc.CheckpointStoreOp(src_slot=1, unit_ids=tuple(range(n)),
-                                             total_bytes=ex.spec.image_bytes, layout_id=ex.layout_id)])
+    b = ex.plan(
+        stores=[
+            sc.CheckpointStoreOp(
+                src_slot=1, unit_ids=tuple(range(n)), total_bytes=ex.spec.image_bytes, layout_id=ex.layout_id
+            )
+        ]
+    )
     assert ex._planner.spans(a) == ex._planner.spans(b) and a.bytes == ex.spec.image_bytes
 
 
@@ -152,12 +164,15 @@ def test_random_batches_match_the_model(seed, kv):
         # Model on clones of the same memory.
         twin_state = [t.clone() for t in state.tensors]
         twin_page = [t.clone() for t in page.tensors]
-        m = Model(sc.StateLayout(twin_state, state.slot_dims, state.image_ranges),
-                  sc.PageLayout(twin_page, page.unit_dims))
+        m = Model(
+            sc.StateLayout(twin_state, state.slot_dims, state.image_ranges), sc.PageLayout(twin_page, page.unit_dims)
+        )
         m.run(*batch, unit_bytes=page.unit_bytes)
         plan = ex(*batch)
-        assert plan.bytes == (len(batch[0]) + len(batch[1])) * state.slot_bytes + (
-            len(batch[2]) + len(batch[3])) * state.image_bytes
+        assert (
+            plan.bytes
+            == (len(batch[0]) + len(batch[1])) * state.slot_bytes + (len(batch[2]) + len(batch[3])) * state.image_bytes
+        )
         assert same(state.tensors, twin_state) and same(page.tensors, twin_page)
 
 
@@ -165,7 +180,7 @@ def test_template_merges_rows_adjacent_on_both_sides():
     # K and V of a unit are neighbours in one buffer ([units, 2, 8] bytes): the
     # template moves each unit's 16 bytes as one piece, not two.
     buf = torch.arange(4 * 64, dtype=torch.int32).to(torch.uint8)
-    state = sc.StateLayout(buf[:4 * 64].view(4, 64), slot_dim=0)
+    state = sc.StateLayout(buf[: 4 * 64].view(4, 64), slot_dim=0)
     kv = torch.zeros(32, 2, 8, dtype=torch.uint8)
     page = sc.PageLayout([kv[:, 0], kv[:, 1]])
     ex = sc.StateCopyExecutor(state, page, max_num_seqs=2)
@@ -343,8 +358,10 @@ def test_an_executor_is_safe_to_share_between_threads():
     for w in range(4):  # the last round of each worker, applied once
         units = tuple(range(w * 100 + 9 * k, w * 100 + 10 * k))
         twin(stores=[sc.CheckpointStoreOp(src_slot=w, unit_ids=units, total_bytes=n, layout_id=lid)])
-        twin(restores=[sc.CheckpointRestoreOp(dst_slot=8 + w, unit_ids=units, total_bytes=n, layout_id=lid)],
-             relocations=[(w, 12 + w)])
+        twin(
+            restores=[sc.CheckpointRestoreOp(dst_slot=8 + w, unit_ids=units, total_bytes=n, layout_id=lid)],
+            relocations=[(w, 12 + w)],
+        )
     # Every unit range a worker wrote holds its slot's image (stores of one
     # slot always write the same bytes), so the final states agree.
     for w in range(4):

@@ -14,8 +14,10 @@ from copy_model import make_world, random_batch
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not (torch.cuda.is_available() and sc.has_gpu_kernels),
-                       reason="needs a CUDA/HIP device and statecache built with GPU kernels"),
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and sc.has_gpu_kernels),
+        reason="needs a CUDA/HIP device and statecache built with GPU kernels",
+    ),
 ]
 
 
@@ -52,8 +54,7 @@ def test_kernel_matches_cpu_executor(seed, scale, kv):
     rng = random.Random(100 + seed)
     moved = 0
     for _ in range(3):
-        batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes,
-                             ec.units_per_image)
+        batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image)
         pg, pc = eg(*batch), ec(*batch)
         assert (pg.num_ops, pg.bytes) == (pc.num_ops, pc.bytes)
         moved += pg.bytes
@@ -66,20 +67,21 @@ def test_gdn_store_restore_roundtrip_on_gpu():
     g = torch.Generator(device="cuda").manual_seed(3)
     conv = torch.randn(L, slots, 3, 1024, device="cuda", generator=g).to(torch.bfloat16)
     rec = torch.randn(L, slots, 4, 64, 64, device="cuda", generator=g)
-    kv = [torch.randn(2, units, 16, 4, 64, device="cuda", generator=g).to(torch.bfloat16)
-          for _ in range(3)]
+    kv = [torch.randn(2, units, 16, 4, 64, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3)]
     state = sc.StateLayout([conv, rec])
     page = sc.PageLayout(kv, unit_dim=1)
     ex = sc.StateCopyExecutor(state, page, max_num_seqs=4)
     spec = ex.spec
     ids = tuple(random.Random(1).sample(range(units), spec.units_per_checkpoint))
     before = [t[:, 2].clone() for t in (conv, rec)]
-    ex(stores=[sc.CheckpointStoreOp(src_slot=2, unit_ids=ids, total_bytes=spec.image_bytes,
-                                    layout_id=spec.layout_id)])
+    ex(stores=[sc.CheckpointStoreOp(src_slot=2, unit_ids=ids, total_bytes=spec.image_bytes, layout_id=spec.layout_id)])
     for t in (conv, rec):
         t[:, 5].fill_(-7.0)  # poison the destination slot
-    ex(restores=[sc.CheckpointRestoreOp(dst_slot=5, unit_ids=ids, total_bytes=spec.image_bytes,
-                                        layout_id=spec.layout_id)])
+    ex(
+        restores=[
+            sc.CheckpointRestoreOp(dst_slot=5, unit_ids=ids, total_bytes=spec.image_bytes, layout_id=spec.layout_id)
+        ]
+    )
     torch.cuda.synchronize()
     for t, b in zip((conv, rec), before):
         assert torch.equal(t[:, 5].contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
@@ -94,8 +96,7 @@ def test_graph_capture_replays_new_ops(seed):
     # Capturing runs nothing.
     assert_same(gpu, cpu)
     for i in range(4):
-        batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes,
-                             ec.units_per_image)
+        batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image)
         if i == 2:  # eager batches interleave with replays
             eg(*batch)
         else:
@@ -147,8 +148,9 @@ def test_every_visible_gpu_runs_the_same_batch_bit_exactly():
     cpu = make_world(random.Random(21), device="cpu", misaligned=True, partial=True, scale=300, kv=True)
     ec = sc.StateCopyExecutor(cpu[0], cpu[1], 8)
     rng = random.Random(5)
-    batches = [random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image)
-               for _ in range(3)]
+    batches = [
+        random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image) for _ in range(3)
+    ]
     worlds, exes, caps = [], [], []
     for d in devices:
         w = make_world(random.Random(21), device=d, misaligned=True, partial=True, scale=300, kv=True)
@@ -188,8 +190,7 @@ def test_every_kernel_build_matches_cpu_executor(variant):
     (slot copies included, which the speculating build guesses around)."""
     gpu, cpu = twins(31 + variant, misaligned=True, partial=True, scale=1013, kv=True)
     eg, ec = executors(gpu, cpu)
-    eg._engine = sc._C._GpuCopyEngine(eg.device.index, eg._planner, eg.max_slot_copies, eg.max_paged_ops, 2,
-                                      variant)
+    eg._engine = sc._C._GpuCopyEngine(eg.device.index, eg._planner, eg.max_slot_copies, eg.max_paged_ops, 2, variant)
     rng = random.Random(variant)
     for _ in range(4):
         batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image)

@@ -28,8 +28,7 @@ def full_model(slots=6, units=64, layers=3, seed=0):
 @pytest.mark.parametrize("tp_size", [1, 2, 4])
 def test_one_op_list_restores_every_ranks_shard(tp_size):
     state, kv = full_model()
-    shards = sc.tp_shard_layouts(state, kv, tp_size, state_shard_dims=[2, 2], page_shard_dims=3,
-                                 slot_dim=1, unit_dim=1)
+    shards = sc.tp_shard_layouts(state, kv, tp_size, state_shard_dims=[2, 2], page_shard_dims=3, slot_dim=1, unit_dim=1)
     assert [s.rank for s in shards] == list(range(tp_size))
     lids = {s.layout_id for s in shards}
     assert len(lids) == 1  # every rank: the same geometry
@@ -48,11 +47,16 @@ def test_one_op_list_restores_every_ranks_shard(tp_size):
     rng = random.Random(tp_size)
     k = spec.units_per_checkpoint
     ids = rng.sample(range(64), 2 * k)
-    stores = [sc.CheckpointStoreOp(src_slot=s, unit_ids=tuple(ids[i * k:(i + 1) * k]),
-                                   total_bytes=spec.image_bytes, layout_id=spec.layout_id)
-              for i, s in enumerate((1, 3))]
-    restores = [sc.CheckpointRestoreOp(dst_slot=d, unit_ids=op.unit_ids, total_bytes=spec.image_bytes,
-                                       layout_id=spec.layout_id) for d, op in zip((4, 5), stores)]
+    stores = [
+        sc.CheckpointStoreOp(
+            src_slot=s, unit_ids=tuple(ids[i * k : (i + 1) * k]), total_bytes=spec.image_bytes, layout_id=spec.layout_id
+        )
+        for i, s in enumerate((1, 3))
+    ]
+    restores = [
+        sc.CheckpointRestoreOp(dst_slot=d, unit_ids=op.unit_ids, total_bytes=spec.image_bytes, layout_id=spec.layout_id)
+        for d, op in zip((4, 5), stores)
+    ]
     executors = [sc.StateCopyExecutor(s.state, s.page, max_num_seqs=4) for s in shards]
     for ex in executors:
         ex(stores=stores)

@@ -8,7 +8,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
-
 from statecache.engine import Request  # noqa: E402
 from statecache.models import build_engine, build_model  # noqa: E402
 
@@ -40,10 +39,10 @@ def script(seed=1):
 
     p0, tail_b, tail_c, tail_d = rand(75), rand(10), rand(30), rand(20)
     return [
-        lambda d: p0,                                  # A: fresh
-        lambda d: d[0].token_ids + tail_b,             # B: A's prompt-end anchor (64)
-        lambda d: p0[:48] + tail_c,                    # C: KV hit 48, ladder rung 32
-        lambda d: d[2].token_ids[:60] + tail_d,        # D: C's demand rung (48)
+        lambda d: p0,  # A: fresh
+        lambda d: d[0].token_ids + tail_b,  # B: A's prompt-end anchor (64)
+        lambda d: p0[:48] + tail_c,  # C: KV hit 48, ladder rung 32
+        lambda d: d[2].token_ids[:60] + tail_d,  # D: C's demand rung (48)
     ]
 
 
@@ -59,11 +58,9 @@ def assert_same(got, want):
 def test_resumed_equals_recomputed(model, mechanism):
     kw = dict(model_and_geom=model, checkpoint_interval_tokens=32, block_size=HBS)
     on = run_script(build_engine(mechanism=mechanism, **kw), script())
-    off = run_script(build_engine(mechanism=mechanism, enable_prefix_caching=False, **kw),
-                     script())
+    off = run_script(build_engine(mechanism=mechanism, enable_prefix_caching=False, **kw), script())
     src = "PAGE" if mechanism == "page" else "fork"
-    assert [(r.num_cached_tokens, r.state_source) for r in on] == [
-        (0, "none"), (64, src), (32, src), (48, src)]
+    assert [(r.num_cached_tokens, r.state_source) for r in on] == [(0, "none"), (64, src), (32, src), (48, src)]
     assert [r.num_cached_tokens for r in off] == [0, 0, 0, 0]
     assert on[1].prefill_computed == on[1].num_prompt_tokens - 64
     assert_same(on, off)
@@ -86,8 +83,7 @@ def test_corrupt_resumed_state_is_detected(model, mechanism):
 
     runner._forward = corrupting
     on = run_script(eng, script()[:2])
-    off = run_script(build_engine(mechanism=mechanism, enable_prefix_caching=False, **kw),
-                     script()[:2])
+    off = run_script(build_engine(mechanism=mechanism, enable_prefix_caching=False, **kw), script()[:2])
     assert on[1].num_cached_tokens == 64
     assert float((on[1].logits[0] - off[1].logits[0]).abs().max()) > 1e-3
 
@@ -102,9 +98,16 @@ def test_preemption_during_pending_checkpoint(model, mechanism):
     prompts = [shared + torch.randint(3, 256, (n,), generator=g).tolist() for n in (39, 110)]
 
     def serve(caching, preempt_at=None):
-        eng = build_engine(mechanism=mechanism, model_and_geom=model, block_size=HBS,
-                           num_blocks=40, num_slots=6, max_num_batched_tokens=48,
-                           enable_prefix_caching=caching, checkpoint_interval_tokens=16)
+        eng = build_engine(
+            mechanism=mechanism,
+            model_and_geom=model,
+            block_size=HBS,
+            num_blocks=40,
+            num_slots=6,
+            max_num_batched_tokens=48,
+            enable_prefix_caching=caching,
+            checkpoint_interval_tokens=16,
+        )
         reqs = [Request(p, 6) for p in prompts]
         for r in reqs:
             eng.add_request(r)
@@ -137,11 +140,9 @@ def test_readable_midstep_keeps_rungs_without_cutting_chunks(model, mechanism):
     kw = dict(model_and_geom=model, checkpoint_interval_tokens=32, block_size=HBS)
     eng = build_engine(mechanism=mechanism, readable_midstep=True, **kw)
     on = run_script(eng, script())
-    off = run_script(build_engine(mechanism=mechanism, enable_prefix_caching=False, **kw),
-                     script())
+    off = run_script(build_engine(mechanism=mechanism, enable_prefix_caching=False, **kw), script())
     src = "PAGE" if mechanism == "page" else "fork"
-    assert [(r.num_cached_tokens, r.state_source) for r in on][:3] == [
-        (0, "none"), (64, src), (32, src)]
+    assert [(r.num_cached_tokens, r.state_source) for r in on][:3] == [(0, "none"), (64, src), (32, src)]
     # A's whole prompt went in one forward (75 tokens < the budget) ...
     assert on[0].prefill_chunks == 1 and on[0].prefill_computed == 75
     # ... where a backend that cannot read midstep is cut at 32 and 64
@@ -164,8 +165,13 @@ def test_page_checkpoint_at_a_decode_boundary(model):
     tail = torch.randint(3, 256, (9,), generator=g).tolist()
 
     def serve(caching):
-        eng = build_engine(mechanism="page", model_and_geom=model, block_size=HBS,
-                           enable_prefix_caching=caching, placement=AlsoDecode())
+        eng = build_engine(
+            mechanism="page",
+            model_and_geom=model,
+            block_size=HBS,
+            enable_prefix_caching=caching,
+            placement=AlsoDecode(),
+        )
         a = Request(p0, 8)  # decodes through position 64
         eng.add_request(a)
         eng.run_until_done()

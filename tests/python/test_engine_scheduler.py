@@ -5,9 +5,8 @@ import random
 
 import pytest
 
-from statecache.engine import Request
-
 from engine_support import engine
+from statecache.engine import Request
 
 
 def req(prompt, n=4):
@@ -176,12 +175,15 @@ def test_state_capacity_gates_admission():
     assert b.num_cached_tokens > 0  # and it resumed from a's checkpoint
 
 
-@pytest.mark.parametrize("kw,name", [
-    (dict(hash_block_size=0), "hash_block_size"),
-    (dict(max_num_batched_tokens=-1), "max_num_batched_tokens"),
-    (dict(checkpoint_interval_tokens=-2), "checkpoint_interval_tokens"),
-    (dict(max_num_seqs=True), "max_num_seqs"),
-])
+@pytest.mark.parametrize(
+    "kw,name",
+    [
+        (dict(hash_block_size=0), "hash_block_size"),
+        (dict(max_num_batched_tokens=-1), "max_num_batched_tokens"),
+        (dict(checkpoint_interval_tokens=-2), "checkpoint_interval_tokens"),
+        (dict(max_num_seqs=True), "max_num_seqs"),
+    ],
+)
 def test_bad_config(kw, name):
     from statecache.engine import EngineConfig
 

@@ -23,7 +23,12 @@ CASES = ["slot_pool", "group_pool", "paged", "uninitialised", "pickling", "views
 def test_fuzz_case(case, seed):
     env = dict(os.environ)
     env.setdefault("PYTHONMALLOC", "debug")  # freed memory read back is poisoned
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(DRIVER), case, str(seed), str(SECONDS)],
-                          capture_output=True, text=True, timeout=SECONDS * 10 + 60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-X", "faulthandler", str(DRIVER), case, str(seed), str(SECONDS)],
+        capture_output=True,
+        text=True,
+        timeout=SECONDS * 10 + 60,
+        env=env,
+    )
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, f"{case} seed {seed}: exit {proc.returncode}\n{tail}"

@@ -31,13 +31,12 @@ def test_engine_built_and_dropped_100_times_leaves_no_pools():
 
 
 def test_pool_coordinator_cycle_is_collected():
-    spec = statecache.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=128, layout_id="g",
-                                               image_bytes=128)
+    spec = statecache.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=128, layout_id="g", image_bytes=128)
     refs = []
     for _ in range(10):
         pool = statecache.BlockPool(16)
         coord = statecache.PagedStateCheckpointCoordinator(pool, spec, enabled=True)
-        pool.on_evict = coord.unindex       # the README's own wiring: a cycle through C++
+        pool.on_evict = coord.unindex  # the README's own wiring: a cycle through C++
         refs += [weakref.ref(pool), weakref.ref(coord)]
         del pool, coord
     assert _alive(refs) == 0

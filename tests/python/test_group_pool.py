@@ -174,8 +174,12 @@ def test_checkpoint_keeps_nothing_under_none_and_replay(transfer):
     s = owner(p.pop())
     p.checkpoint(s, 1, 3)
     assert (s.per_req_cache_group, s.state_fork_src, s.pending_checkpoint) == (0, -1, -1)
-    assert p.checkpoint_fates() == {"checkpoints_kept": 0, "checkpoints_dropped": 0,
-                                    "checkpoints_evicted": 0, "checkpoints_orphaned": 0}
+    assert p.checkpoint_fates() == {
+        "checkpoints_kept": 0,
+        "checkpoints_dropped": 0,
+        "checkpoints_evicted": 0,
+        "checkpoints_orphaned": 0,
+    }
     assert dict(p.hash_to_group) == {} and p.num_free() == 1 and not p.is_pinned(0)
     # with nothing free, not even a dropped count (docs/contract.md, "API guarantees")
     p.pop()
@@ -201,8 +205,16 @@ def test_reference_forks_under_none_which_spec_fixes():
 
 
 def snapshot(p):
-    return (p.num_groups, list(p.group_hash), list(p.hash_to_group.items()), p.checkpoint_fates(),
-            p.num_free(), p._debug_state(), p._debug_copies(), len(p._debug_pending()))
+    return (
+        p.num_groups,
+        list(p.group_hash),
+        list(p.hash_to_group.items()),
+        p.checkpoint_fates(),
+        p.num_free(),
+        p._debug_state(),
+        p._debug_copies(),
+        len(p._debug_pending()),
+    )
 
 
 @pytest.mark.parametrize(
@@ -253,8 +265,13 @@ def test_group_hash_view_and_mapping():
 @pytest.mark.parametrize("seed", range(4))
 def test_differential_random_sequences(seed, transfer, profile):
     size = (4, 6, 9, 12)[seed]
-    GroupDriver(seed * 7919 + zlib.crc32(f"{transfer}/{profile}".encode()) % 1000, transfer, size=size,
-                hbs=1 + seed % 3, profile=profile).run(500)
+    GroupDriver(
+        seed * 7919 + zlib.crc32(f"{transfer}/{profile}".encode()) % 1000,
+        transfer,
+        size=size,
+        hbs=1 + seed % 3,
+        profile=profile,
+    ).run(500)
 
 
 @needs_ref
@@ -281,5 +298,11 @@ def test_assumed_hit_is_constant_time_and_overflow_safe():
 def test_differential_engine_request_class(seed, transfer):
     """Ours driven with a plain request class (no statecache base), the
     reference with statecache.Sequence: same results and fields (docs/contract.md, "API guarantees")."""
-    GroupDriver(3000 + seed, transfer, size=(5, 8, 11)[seed], hbs=1 + seed % 2, profile=("mixed", "idle", "shrink")[seed],
-        plain_seqs=True).run(400)
+    GroupDriver(
+        3000 + seed,
+        transfer,
+        size=(5, 8, 11)[seed],
+        hbs=1 + seed % 2,
+        profile=("mixed", "idle", "shrink")[seed],
+        plain_seqs=True,
+    ).run(400)

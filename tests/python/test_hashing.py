@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import statecache
 from statecache import chain_block_hashes
@@ -45,8 +46,7 @@ def test_bad_types():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 2**31), min_size=0, max_size=64), st.integers(1, 9),
-       st.integers(0, 63))
+@given(st.lists(st.integers(0, 2**31), min_size=0, max_size=64), st.integers(1, 9), st.integers(0, 63))
 def test_prefix_property(toks, bs, change):
     """Block i's hash depends on tokens [0, (i+1)*bs) only, and on all of them."""
     h = chain_block_hashes(toks, bs)

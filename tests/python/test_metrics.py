@@ -35,9 +35,7 @@ def causes_workload(mech="page", interval=-1):
     """A KV miss, a hit cut short (KV reaches past the anchor), a full hit."""
     eng = engine(mech, interval=interval)
     (a,) = serve(eng, [SYS + [50, 51, 52]])  # nothing cached: KV miss
-    (b,) = serve(
-        eng, [a.token_ids + [60, 61, 62, 63, 64]]
-    )  # KV covers a's output, state a's anchor
+    (b,) = serve(eng, [a.token_ids + [60, 61, 62, 63, 64]])  # KV covers a's output, state a's anchor
     (c,) = serve(eng, [SYS[:17] + [70, 71]])  # KV 4 blocks; anchor of a at 24: miss
     return eng, (a, b, c)
 
@@ -62,13 +60,9 @@ def test_admission_causes_add_up():
         == 3
     )
     assert f["admitted_tokens"] == sum(r.num_prompt_tokens for r in (a, b, c))
-    assert (
-        f["cut_short_tokens"] == f["kv_hit_tokens"] - f["resumed_tokens"] - f["state_miss_tokens"]
-    )
+    assert f["cut_short_tokens"] == f["kv_hit_tokens"] - f["resumed_tokens"] - f["state_miss_tokens"]
     r = hit_rates(f)
-    assert r["state"] + r["lost_kv_miss"] + r["lost_state_miss"] + r[
-        "lost_cut_short"
-    ] == pytest.approx(1.0)
+    assert r["state"] + r["lost_kv_miss"] + r["lost_state_miss"] + r["lost_cut_short"] == pytest.approx(1.0)
     assert 0 < r["state"] < r["kv"] < 1
     assert r["lost_state_miss"] > 0 and r["lost_cut_short"] > 0
 
@@ -170,27 +164,18 @@ def test_exporter_scraped_over_loopback_http():
         key = lambda name, **lab: (name, tuple(sorted(lab.items())))  # noqa: E731
         assert samples[key("statecache_admissions_total", engine="engine", cause="kv_miss")] == 1
         assert samples[key("statecache_admissions_total", engine="engine", cause="state_miss")] == 1
-        assert (
-            samples[key("statecache_funnel_total", engine="engine", stage="resumed_tokens")]
-            == f["resumed_tokens"]
-        )
+        assert samples[key("statecache_funnel_total", engine="engine", stage="resumed_tokens")] == f["resumed_tokens"]
         assert samples[key("statecache_hit_rate", engine="engine", kind="state")] == pytest.approx(
             hit_rates(f)["state"]
         )
         fates = eng.caches.coordinator.checkpoint_fates()
-        assert (
-            samples[key("statecache_checkpoint_fates_total", cache="page", fate="kept")]
-            == fates["checkpoints_kept"]
-        )
+        assert samples[key("statecache_checkpoint_fates_total", cache="page", fate="kept")] == fates["checkpoints_kept"]
         assert samples[key("statecache_tier_stat", tier="host", stat="hashes")] == 1
         # live: a later pass shows up in the next scrape
         serve(eng, [SYS + [80, 81]])
         with urllib.request.urlopen(url, timeout=10) as resp:
             again = resp.read().decode()
-        assert (
-            f'statecache_funnel_total{{engine="engine",stage="admitted"}} {float(f["admitted"] + 1)}'
-            in again
-        )
+        assert f'statecache_funnel_total{{engine="engine",stage="admitted"}} {float(f["admitted"] + 1)}' in again
     finally:
         server.shutdown()
 
@@ -231,9 +216,7 @@ def test_rate_limited_log_holds_back_repeats(caplog):
 def test_reclaimed_offload_pins_are_logged_rate_limited(caplog):
     clock = FakeClock()
     pool = sc.BlockPool(32)
-    spec = sc.PagedStateCheckpointSpec(
-        page_unit_bytes=100, slot_bytes=400, layout_id="L", image_bytes=400
-    )
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=100, slot_bytes=400, layout_id="L", image_bytes=400)
     store = sc.PageUnitCheckpointStore(pool, spec, offload_sink=True)
     store.use_clock(clock)
     for h in (1, 2):
@@ -257,9 +240,7 @@ def test_reclaimed_offload_pins_are_logged_rate_limited(caplog):
 
 def test_offload_backlog_overflow_is_logged(caplog):
     # one unit per image; the store keeps at most 8,192 nominations for the tier
-    spec = sc.PagedStateCheckpointSpec(
-        page_unit_bytes=400, slot_bytes=400, layout_id="L", image_bytes=400
-    )
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=400, slot_bytes=400, layout_id="L", image_bytes=400)
     pool = sc.BlockPool(8300)
     coord = sc.PagedStateCheckpointCoordinator(pool, spec, True)
     coord.attach_offload(sc.StateOffloadIndex())  # a sink: READY images are nominated

@@ -22,9 +22,7 @@ def _python(code: str, extra_path: str | None = None) -> subprocess.CompletedPro
     env = dict(os.environ)
     pkg = str(Path(statecache.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra_path, pkg, env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_import_loads_only_the_core():
@@ -91,8 +89,9 @@ def test_info_text_and_json(capsys):
 
 def test_python_dash_m_runs_the_cli():
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-    r = subprocess.run([sys.executable, "-m", "statecache", "info", "--json"], capture_output=True, text=True,
-                       env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "statecache", "info", "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["version"] == statecache.__version__
 

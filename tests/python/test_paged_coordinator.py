@@ -154,7 +154,11 @@ def test_fates_fold_the_tier_stats():
     assert fates["state_offload_stores_completed"] == 1 and fates["state_offload_store_backlog"] == 0
     assert fates["state_offload_nominations_dropped"] == 0
     assert list(fates)[:5] == [
-        "checkpoints_kept", "checkpoints_dropped", "checkpoints_evicted", "offload_pins_reclaimed", "checkpoints_orphaned"
+        "checkpoints_kept",
+        "checkpoints_dropped",
+        "checkpoints_evicted",
+        "offload_pins_reclaimed",
+        "checkpoints_orphaned",
     ]
 
 
@@ -267,7 +271,7 @@ def test_store_side_protocol_with_a_tier():
     c.checkpoint(seq_in(0), 1, 9)
     c.take_checkpoint_ops()
     c.complete_previous_batch()
-    (op, units), = c.take_offload_stores(2)
+    ((op, units),) = c.take_offload_stores(2)
     tier.note_store_started(op.prefix_hash)
     c.release_offload_store_source(op)
     assert c.has_offload_pins()

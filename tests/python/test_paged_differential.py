@@ -43,7 +43,9 @@ class StoreRun:
         self.ours_pool = sc.BlockPool(num_blocks)
         self.ref_pool = sc.BlockPool(num_blocks)
         self.ours = sc.PageUnitCheckpointStore(self.ours_pool, sc.PagedStateCheckpointSpec(**spec), offload_sink=sink)
-        self.theirs = ref.PageUnitCheckpointStore(self.ref_pool, ref.PagedStateCheckpointSpec(**spec), offload_sink=sink)
+        self.theirs = ref.PageUnitCheckpointStore(
+            self.ref_pool, ref.PagedStateCheckpointSpec(**spec), offload_sink=sink
+        )
         self.ours.use_clock(clock)
         self.ours_pool.on_evict = self.ours.unindex
         self.ref_pool.on_evict = self.theirs.unindex
@@ -99,9 +101,28 @@ class StoreRun:
         slot = r.choice(self.slots)
         kind = r.choices(
             [
-                "store", "restore", "take_restores", "complete", "cancel", "suspend", "resume", "release_susp",
-                "avail", "ensure", "lookup", "unindex", "clear", "adopt", "take_offload", "acquire",
-                "release_src", "settle", "reclaim", "kv_alloc", "kv_free", "restore_queued",
+                "store",
+                "restore",
+                "take_restores",
+                "complete",
+                "cancel",
+                "suspend",
+                "resume",
+                "release_susp",
+                "avail",
+                "ensure",
+                "lookup",
+                "unindex",
+                "clear",
+                "adopt",
+                "take_offload",
+                "acquire",
+                "release_src",
+                "settle",
+                "reclaim",
+                "kv_alloc",
+                "kv_free",
+                "restore_queued",
             ],
             weights=[14, 8, 5, 8, 2, 2, 2, 1, 4, 2, 3, 3, 0.3, 2, 3, 2, 3, 3, 2, 3, 3, 1],
         )[0]
@@ -220,10 +241,18 @@ class CoordinatorRun(StoreRun):
         self.ref_pool = sc.BlockPool(num_blocks)
         self.tiers = (sc.StateOffloadIndex(capacity=6), sc.StateOffloadIndex(capacity=6)) if tier else (None, None)
         self.ours_c = sc.PagedStateCheckpointCoordinator(
-            self.ours_pool, sc.PagedStateCheckpointSpec(**spec), enabled, offload=self.tiers[0], readable_midstep=readable
+            self.ours_pool,
+            sc.PagedStateCheckpointSpec(**spec),
+            enabled,
+            offload=self.tiers[0],
+            readable_midstep=readable,
         )
         self.ref_c = ref.PagedStateCheckpointCoordinator(
-            self.ref_pool, ref.PagedStateCheckpointSpec(**spec), enabled, offload=self.tiers[1], readable_midstep=readable
+            self.ref_pool,
+            ref.PagedStateCheckpointSpec(**spec),
+            enabled,
+            offload=self.tiers[1],
+            readable_midstep=readable,
         )
         self.ours, self.theirs = self.ours_c.store, self.ref_c.store
         self.ours.use_clock(clock)
@@ -268,10 +297,34 @@ class CoordinatorRun(StoreRun):
         seq = r.choice(self.seqs)
         kind = r.choices(
             [
-                "checkpoint", "forget", "take", "complete", "restore", "hit", "reserve_mid", "publish_mid",
-                "cancel_mid", "xfer_reserve", "xfer_release", "xfer_adopt", "attach", "tier_note", "take_offload",
-                "acquire", "release_src", "settle", "reclaim", "unindex", "clear", "avail", "move_slot",
-                "suspend", "resume", "kv_alloc", "kv_free", "contains",
+                "checkpoint",
+                "forget",
+                "take",
+                "complete",
+                "restore",
+                "hit",
+                "reserve_mid",
+                "publish_mid",
+                "cancel_mid",
+                "xfer_reserve",
+                "xfer_release",
+                "xfer_adopt",
+                "attach",
+                "tier_note",
+                "take_offload",
+                "acquire",
+                "release_src",
+                "settle",
+                "reclaim",
+                "unindex",
+                "clear",
+                "avail",
+                "move_slot",
+                "suspend",
+                "resume",
+                "kv_alloc",
+                "kv_free",
+                "contains",
             ],
             weights=[16, 2, 9, 9, 6, 6, 3, 3, 1, 2, 1, 2, 0.5, 2, 2, 1, 2, 2, 1, 3, 0.3, 3, 4, 1, 1, 2, 2, 1],
         )[0]
@@ -303,7 +356,9 @@ class CoordinatorRun(StoreRun):
         elif kind in ("publish_mid", "cancel_mid") and self.closed and r.random() < 0.2:
             # A row already published or cancelled: publishing it again would
             # free a slot someone else may hold now.
-            self.refused(self.ours_c, "publish_midstep" if kind == "publish_mid" else "cancel_midstep", r.choice(self.closed))
+            self.refused(
+                self.ours_c, "publish_midstep" if kind == "publish_mid" else "cancel_midstep", r.choice(self.closed)
+            )
         elif kind in ("publish_mid", "cancel_mid") and self.reservations:
             res = self.reservations.pop(r.randrange(len(self.reservations)))
             self.closed = (self.closed + [list(res)])[-6:]
@@ -329,7 +384,10 @@ class CoordinatorRun(StoreRun):
             if choice == 0:
                 self.coord_attach(None)
             else:
-                self.coord_attach(self.tiers if self.tiers[0] is not None else (sc.StateOffloadIndex(), sc.StateOffloadIndex()), sink=choice == 1)
+                self.coord_attach(
+                    self.tiers if self.tiers[0] is not None else (sc.StateOffloadIndex(), sc.StateOffloadIndex()),
+                    sink=choice == 1,
+                )
         elif kind == "tier_note":
             for t in (self.ours_c.offload, self.ref_c.offload):
                 if t is not None:
@@ -365,7 +423,9 @@ class CoordinatorRun(StoreRun):
             if sa == "ok" and a is not None:
                 self.suspended.append((a, b))
         elif kind == "resume" and self.spent and r.random() < 0.3:
-            self.refused(self.ours_c, r.choice(["resume_suspended_restore", "release_suspended_restore"]), r.choice(self.spent))
+            self.refused(
+                self.ours_c, r.choice(["resume_suspended_restore", "release_suspended_restore"]), r.choice(self.spent)
+            )
         elif kind == "resume" and self.suspended:
             a, b = self.suspended.pop(r.randrange(len(self.suspended)))
             self.spent = (self.spent + [a])[-8:]

@@ -25,7 +25,12 @@ def ready(store, h, slot=0):
 def test_attributes_and_views():
     pool, store = make()
     assert store.pool is pool and store.spec == SPEC and store.units_per_checkpoint == 4
-    assert (store.generation, store.evictions, store.offload_pins_reclaimed, store.offload_nominations_dropped) == (0, 0, 0, 0)
+    assert (store.generation, store.evictions, store.offload_pins_reclaimed, store.offload_nominations_dropped) == (
+        0,
+        0,
+        0,
+        0,
+    )
     ready(store, 5)
     assert isinstance(store.records, collections.abc.Mapping)
     assert isinstance(store.hash_to_checkpoint, collections.abc.Mapping)
@@ -209,7 +214,7 @@ def test_adopt_units_publishes_without_a_copy_or_releases():
 def test_nominations_are_deferred_not_dropped_and_requeued_at_the_front():
     pool, store = make(num_blocks=32, sink=True)
     ready(store, 1)
-    (op1, units1), = store.take_offload_stores(4)
+    ((op1, units1),) = store.take_offload_stores(4)
     assert op1 == (1, 1) and op1.prefix_hash == 1 and units1 == store.records[0].unit_ids
     assert store.records[0].pin_count == 1 and store.has_offload_pins()
     store.unindex(1)  # spent while the store is out; the copy goes on
@@ -224,7 +229,7 @@ def test_nominations_are_deferred_not_dropped_and_requeued_at_the_front():
     assert store.has_offload_pins()  # still dispatched-but-unreported
     assert store.take_offload_stores(4) == []  # hash 1 still in flight until settled
     store.settle_offload_store(op1)
-    (op3, _), = store.take_offload_stores(4)
+    ((op3, _),) = store.take_offload_stores(4)
     assert op3 == (1, 3) and not store.was_reclaimed(op3)
 
 
@@ -232,7 +237,7 @@ def test_in_flight_cap_counts_released_but_unsettled_operations():
     pool, store = make(num_blocks=32, sink=True)
     for h in (1, 2, 3):
         ready(store, h)
-    (a, _), = store.take_offload_stores(1)
+    ((a, _),) = store.take_offload_stores(1)
     store.release_offload_store_source(a)
     assert store.take_offload_stores(1) == [] and len(store.store_backlog) == 2
     assert store.acquire_checkpoint_source(3, max_inflight=1) is None

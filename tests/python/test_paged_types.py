@@ -119,7 +119,9 @@ def test_suspended_restore_and_constants():
     op = sc.CheckpointRestoreOp(1, (2, 3), 10, "L")
     s = sc.SuspendedCheckpointRestore(4, op)
     assert (s.checkpoint_id, s.operation) == (4, op)
-    assert s == sc.SuspendedCheckpointRestore(checkpoint_id=4, operation=op) and hash(s) == hash(sc.SuspendedCheckpointRestore(4, op))
+    assert s == sc.SuspendedCheckpointRestore(checkpoint_id=4, operation=op) and hash(s) == hash(
+        sc.SuspendedCheckpointRestore(4, op)
+    )
     assert (sc.COPYING, sc.READY, sc.EVICTING) == (ref.COPYING, ref.READY, ref.EVICTING)
 
 

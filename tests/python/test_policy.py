@@ -3,10 +3,16 @@
 import pytest
 
 import statecache as sc
-from statecache.engine import (AdaptiveCheckpointPolicy, AnchorLadderDemand, CostModel, Engine,
-                               EngineConfig, GuessFirstLRU, StateCaches)
+from statecache.engine import (
+    AdaptiveCheckpointPolicy,
+    AnchorLadderDemand,
+    CostModel,
+    Engine,
+    EngineConfig,
+    GuessFirstLRU,
+    StateCaches,
+)
 from statecache.sim import policies, simulator, workload
-from statecache.sim.geometry import preset
 
 HBS = 16
 
@@ -19,29 +25,52 @@ def seq(i, tokens=1000, anchor=0):
 
 # ------------------------------ setter ---------------------------------- #
 
-@pytest.mark.parametrize("make", [
-    lambda: sc.StateSlotPool(8, sc.StateTransfer.fork(1)),
-    lambda: sc.StateGroupPool(8, sc.StateTransfer.fork(1)),
-    lambda: sc.PageUnitCheckpointStore(sc.BlockPool(64), sc.PagedStateCheckpointSpec(
-        page_unit_bytes=4096, slot_bytes=16384, layout_id="x", image_bytes=16384)),
-    lambda: sc.PagedStateCheckpointCoordinator(sc.BlockPool(64), sc.PagedStateCheckpointSpec(
-        page_unit_bytes=4096, slot_bytes=16384, layout_id="x", image_bytes=16384), True),
-])
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: sc.StateSlotPool(8, sc.StateTransfer.fork(1)),
+        lambda: sc.StateGroupPool(8, sc.StateTransfer.fork(1)),
+        lambda: sc.PageUnitCheckpointStore(
+            sc.BlockPool(64),
+            sc.PagedStateCheckpointSpec(page_unit_bytes=4096, slot_bytes=16384, layout_id="x", image_bytes=16384),
+        ),
+        lambda: sc.PagedStateCheckpointCoordinator(
+            sc.BlockPool(64),
+            sc.PagedStateCheckpointSpec(page_unit_bytes=4096, slot_bytes=16384, layout_id="x", image_bytes=16384),
+            True,
+        ),
+    ],
+)
 def test_setter_defaults_round_trips_and_refuses_bad_values(make):
     cache = make()
     assert cache.eviction_policy["kind"] == "lru"  # the reference behaviour by default
-    cache.set_eviction_policy("cost", flops_per_token=2.0, flops_per_context_token=3.0,
-                              checkpoint_bytes=10.0, tokens_per_position=16, weight=0.5,
-                              guesses_first=False)
-    assert cache.eviction_policy == dict(kind="cost", flops_per_token=2.0,
-                                         flops_per_context_token=3.0, checkpoint_bytes=10.0,
-                                         tokens_per_position=16.0, weight=0.5,
-                                         guesses_first=False)
+    cache.set_eviction_policy(
+        "cost",
+        flops_per_token=2.0,
+        flops_per_context_token=3.0,
+        checkpoint_bytes=10.0,
+        tokens_per_position=16,
+        weight=0.5,
+        guesses_first=False,
+    )
+    assert cache.eviction_policy == dict(
+        kind="cost",
+        flops_per_token=2.0,
+        flops_per_context_token=3.0,
+        checkpoint_bytes=10.0,
+        tokens_per_position=16.0,
+        weight=0.5,
+        guesses_first=False,
+    )
     before = cache.eviction_policy
-    for kwargs, name in [(dict(kind="fifo"), "kind"), (dict(weight=-1.0), "weight"),
-                         (dict(checkpoint_bytes=0.0), "checkpoint_bytes"),
-                         (dict(tokens_per_position=float("nan")), "tokens_per_position"),
-                         (dict(flops_per_token=float("inf")), "flops_per_token")]:
+    for kwargs, name in [
+        (dict(kind="fifo"), "kind"),
+        (dict(weight=-1.0), "weight"),
+        (dict(checkpoint_bytes=0.0), "checkpoint_bytes"),
+        (dict(tokens_per_position=float("nan")), "tokens_per_position"),
+        (dict(flops_per_token=float("inf")), "flops_per_token"),
+    ]:
         with pytest.raises(ValueError, match=name):
             cache.set_eviction_policy(**{"kind": "cost", **kwargs})
         assert cache.eviction_policy == before
@@ -78,13 +107,14 @@ def test_slot_pool_cost_model_keeps_the_valuable_old_checkpoint():
         assert pool.occupancy()["slots_vacant"] == 4
         pool.pop_many(5)
         pool._check_invariants()
-    assert lru.lookup(500) == -1 and lru.lookup(501) >= 0       # LRU spends the oldest
-    assert cost.lookup(500) >= 0 and cost.lookup(501) == -1     # cost spends a cheap one
+    assert lru.lookup(500) == -1 and lru.lookup(501) >= 0  # LRU spends the oldest
+    assert cost.lookup(500) >= 0 and cost.lookup(501) == -1  # cost spends a cheap one
 
 
 def test_coordinator_ranks_images_by_the_boundary_it_was_given():
-    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=4096, slot_bytes=16384, layout_id="x",
-                                       image_bytes=16384)  # 4 units an image
+    spec = sc.PagedStateCheckpointSpec(
+        page_unit_bytes=4096, slot_bytes=16384, layout_id="x", image_bytes=16384
+    )  # 4 units an image
     pool = sc.BlockPool(16)
     coord = sc.PagedStateCheckpointCoordinator(pool, spec, True)
     coord.set_eviction_policy("cost", tokens_per_position=HBS)
@@ -130,8 +160,9 @@ def test_group_pool_ranks_checkpoints_by_the_boundary_it_was_given():
 
 def _store_and_arena(model):
     """A PAGE store and a host arena under one model, given the same uses."""
-    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=4096, slot_bytes=4096, layout_id="x",
-                                       image_bytes=4096)  # one unit an image
+    spec = sc.PagedStateCheckpointSpec(
+        page_unit_bytes=4096, slot_bytes=4096, layout_id="x", image_bytes=4096
+    )  # one unit an image
     pool = sc.BlockPool(6)
     coord = sc.PagedStateCheckpointCoordinator(pool, spec, True)
     coord.set_eviction_policy(**model)
@@ -151,11 +182,14 @@ def _store_and_arena(model):
     return pool, coord, arena, s
 
 
-@pytest.mark.parametrize("model", [
-    dict(kind="cost", tokens_per_position=HBS, flops_per_context_token=1.0, weight=1.0),
-    dict(kind="cost", tokens_per_position=HBS, weight=4.0),
-    dict(kind="lru"),
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        dict(kind="cost", tokens_per_position=HBS, flops_per_context_token=1.0, weight=1.0),
+        dict(kind="cost", tokens_per_position=HBS, weight=4.0),
+        dict(kind="lru"),
+    ],
+)
 def test_host_arena_evicts_in_the_order_the_page_store_does(model):
     pool, coord, arena, s = _store_and_arena(model)
     # Spend one image at a time in both: the same hashes go, in the same order.
@@ -182,6 +216,7 @@ def test_host_arena_evicts_in_the_order_the_page_store_does(model):
 
 # --------------------------- adaptive default ---------------------------- #
 
+
 def test_adaptive_arguments_are_checked():
     with pytest.raises(ValueError, match="sample_every"):
         AdaptiveCheckpointPolicy(sample_every=0)
@@ -203,17 +238,33 @@ def test_engine_default_is_adaptive_and_a_fixed_policy_can_be_pinned():
     eng = Engine(EngineConfig(hash_block_size=HBS), pool, caches, runner=None)
     assert isinstance(eng.block_manager.placement, AdaptiveCheckpointPolicy)
     assert eng.block_manager.eviction is eng.block_manager.placement
-    pinned = Engine(EngineConfig(hash_block_size=HBS), sc.BlockPool(64),
-                    StateCaches.build(sc.StateTransfer.fork(1), 8, HBS), runner=None,
-                    placement=AnchorLadderDemand(), eviction=GuessFirstLRU())
+    pinned = Engine(
+        EngineConfig(hash_block_size=HBS),
+        sc.BlockPool(64),
+        StateCaches.build(sc.StateTransfer.fork(1), 8, HBS),
+        runner=None,
+        placement=AnchorLadderDemand(),
+        eviction=GuessFirstLRU(),
+    )
     assert type(pinned.block_manager.placement) is AnchorLadderDemand
     assert type(pinned.block_manager.eviction) is GuessFirstLRU
 
 
-RAG = workload.WorkloadSpec(kind="rag", sessions=120, session_rate_per_s=4.0, system_prompts=1,
-                            system_prompt_tokens=1024, turns=1.5, user_tokens=100,
-                            output_tokens=50, documents=12, document_tokens=1500,
-                            documents_per_request=3, think_time_ms=2000.0, seed=3)
+RAG = workload.WorkloadSpec(
+    kind="rag",
+    sessions=120,
+    session_rate_per_s=4.0,
+    system_prompts=1,
+    system_prompt_tokens=1024,
+    turns=1.5,
+    user_tokens=100,
+    output_tokens=50,
+    documents=12,
+    document_tokens=1500,
+    documents_per_request=3,
+    think_time_ms=2000.0,
+    seed=3,
+)
 
 
 def _simulate(memory, seed=0):
@@ -223,17 +274,24 @@ def _simulate(memory, seed=0):
     built = {}
 
     def build(c):
-        p = AdaptiveCheckpointPolicy(CostModel.from_geometry(c.geometry), seed=c.seed, warmup=32,
-                                     decide_every=8, horizon=256)
+        p = AdaptiveCheckpointPolicy(
+            CostModel.from_geometry(c.geometry), seed=c.seed, warmup=32, decide_every=8, horizon=256
+        )
         built["policy"] = p
         return p, p
 
     name = "adaptive-short"
     policies.POLICIES[name] = policies.PolicySpec(name, "adaptive, short warm-up", build)
     try:
-        cfg = simulator.SimConfig(policy=name, geometry="hybrid-7b", memory=memory,
-                                  kv_memory=None, state_memory=None, max_output_tokens=8,
-                                  seed=seed)
+        cfg = simulator.SimConfig(
+            policy=name,
+            geometry="hybrid-7b",
+            memory=memory,
+            kv_memory=None,
+            state_memory=None,
+            max_output_tokens=8,
+            seed=seed,
+        )
         res = simulator.simulate(reqs, cfg).to_dict()
     finally:
         del policies.POLICIES[name]
@@ -272,26 +330,41 @@ def test_ample_memory_takes_room_rungs_and_scarce_memory_decides():
 
 # ------------------------------ workloads -------------------------------- #
 
+
 def test_tool_calling_shares_the_long_system_prompt_and_takes_short_steps():
-    spec = workload.WorkloadSpec(kind="tool_calling", sessions=6, system_prompts=1,
-                                 system_prompt_tokens=4096, turns=4.0, user_tokens=50,
-                                 output_tokens=30, tool_result_tokens=80, seed=2)
+    spec = workload.WorkloadSpec(
+        kind="tool_calling",
+        sessions=6,
+        system_prompts=1,
+        system_prompt_tokens=4096,
+        turns=4.0,
+        user_tokens=50,
+        output_tokens=30,
+        tool_result_tokens=80,
+        seed=2,
+    )
     reqs = workload.generate(spec)
     sys_blocks = 4096 // spec.block_size
     assert len({r.hash_ids[:sys_blocks] for r in reqs}) == 1
     by_session = {}
     for r in sorted(reqs, key=lambda r: r.input_length):
-        by_session.setdefault(r.hash_ids[sys_blocks] if len(r.hash_ids) > sys_blocks else None,
-                              []).append(r)
-    steps = [b.input_length - a.input_length for rs in by_session.values()
-             for a, b in zip(rs, rs[1:])]
+        by_session.setdefault(r.hash_ids[sys_blocks] if len(r.hash_ids) > sys_blocks else None, []).append(r)
+    steps = [b.input_length - a.input_length for rs in by_session.values() for a, b in zip(rs, rs[1:])]
     assert steps and max(steps) < 4096  # a step adds an answer and a tool result, no more
 
 
 def test_rag_puts_shared_documents_at_varying_positions():
-    spec = workload.WorkloadSpec(kind="rag", sessions=40, system_prompts=1,
-                                 system_prompt_tokens=512, documents=2, document_tokens=2048,
-                                 documents_per_request=2, turns=1.0, seed=4)
+    spec = workload.WorkloadSpec(
+        kind="rag",
+        sessions=40,
+        system_prompts=1,
+        system_prompt_tokens=512,
+        documents=2,
+        document_tokens=2048,
+        documents_per_request=2,
+        turns=1.0,
+        seed=4,
+    )
     reqs = workload.generate(spec)
     first_doc = {r.hash_ids[1] for r in reqs}  # the block right after the system prompt
     assert len(first_doc) == 2  # each document comes first in some requests, second in others

@@ -59,20 +59,25 @@ def test_tokens_follow_block_ids(tmp_path):
 
 
 def test_tail_past_hash_ids_is_private(tmp_path):
-    rows = [{"timestamp": 0, "input_length": 700, "output_length": 0, "hash_ids": [1]},
-            {"timestamp": 0, "input_length": 700, "output_length": 0, "hash_ids": [1]}]
+    rows = [
+        {"timestamp": 0, "input_length": 700, "output_length": 0, "hash_ids": [1]},
+        {"timestamp": 0, "input_length": 700, "output_length": 0, "hash_ids": [1]},
+    ]
     a, b = (r.prompt_tokens() for r in trace.load_trace(_write(tmp_path, rows)))
     assert np.array_equal(a[:512], b[:512]) and not np.array_equal(a[512:], b[512:])
 
 
-@pytest.mark.parametrize("line, what", [
-    ('{"timestamp": 0, "input_length": -1, "output_length": 1, "hash_ids": []}', "input_length"),
-    ('{"timestamp": 0, "input_length": 1, "output_length": 1.5, "hash_ids": []}', "output_length"),
-    ('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": ["a"]}', "hash_ids"),
-    ('{"timestamp": -3, "input_length": 1, "output_length": 1, "hash_ids": []}', "timestamp"),
-    ('[1, 2]', "JSON object"),
-    ('{oops', "not JSON"),
-])
+@pytest.mark.parametrize(
+    "line, what",
+    [
+        ('{"timestamp": 0, "input_length": -1, "output_length": 1, "hash_ids": []}', "input_length"),
+        ('{"timestamp": 0, "input_length": 1, "output_length": 1.5, "hash_ids": []}', "output_length"),
+        ('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": ["a"]}', "hash_ids"),
+        ('{"timestamp": -3, "input_length": 1, "output_length": 1, "hash_ids": []}', "timestamp"),
+        ("[1, 2]", "JSON object"),
+        ("{oops", "not JSON"),
+    ],
+)
 def test_bad_lines_name_the_field(tmp_path, line, what):
     p = tmp_path / "bad.jsonl"
     p.write_text(line + "\n")
@@ -105,8 +110,9 @@ def test_workload_is_seeded_and_round_trips(tmp_path):
     p = tmp_path / "w.jsonl"
     trace.write_trace(a, p)
     back = trace.load_trace(p)
-    assert [(r.input_length, r.output_length, r.hash_ids) for r in back] == \
-           [(r.input_length, r.output_length, r.hash_ids) for r in a]
+    assert [(r.input_length, r.output_length, r.hash_ids) for r in back] == [
+        (r.input_length, r.output_length, r.hash_ids) for r in a
+    ]
     for r in a:
         assert len(r.hash_ids) == -(-r.input_length // spec.block_size)
     assert [r.timestamp_ms for r in a] == sorted(r.timestamp_ms for r in a)
@@ -123,8 +129,9 @@ def test_multi_turn_sessions_share_their_history():
 
 
 def test_agentic_branches_share_a_prefix_then_diverge():
-    spec = workload.WorkloadSpec(kind="agentic", sessions=30, branch_prob=1.0, branch_factor=3,
-                                 turns=3, seed=2, tool_result_tokens=600)
+    spec = workload.WorkloadSpec(
+        kind="agentic", sessions=30, branch_prob=1.0, branch_factor=3, turns=3, seed=2, tool_result_tokens=600
+    )
     reqs = workload.generate(spec)
     assert trace.ideal_block_hit_rate(reqs) > 0.5
     # some pair of requests shares a non-empty prefix and then differs (a branch point)
@@ -153,7 +160,8 @@ def test_workload_command_writes_a_trace(tmp_path, capsys):
     assert workload.main([str(out), "--kind", "agentic", "--sessions", "5", "--seed", "7"]) == 0
     reqs = trace.load_trace(out)
     assert reqs and "requests" in capsys.readouterr().out
-    assert [r.hash_ids for r in reqs] == [r.hash_ids for r in workload.generate(
-        workload.WorkloadSpec(kind="agentic", sessions=5, seed=7))]
+    assert [r.hash_ids for r in reqs] == [
+        r.hash_ids for r in workload.generate(workload.WorkloadSpec(kind="agentic", sessions=5, seed=7))
+    ]
     with pytest.raises(SystemExit):
         workload.main([str(out), "--sessions", "0"])

@@ -283,8 +283,12 @@ def test_replay_returns_hit_and_keeps_nothing(impl):
     s = seq_with(p.pop())
     assert p.resumable_hit(s, 3, [1, 2, 3]) == 3
     p.checkpoint(s, 2, 9)
-    assert p.checkpoint_fates() == {"checkpoints_kept": 0, "checkpoints_dropped": 0,
-                                    "checkpoints_evicted": 0, "checkpoints_orphaned": 0}
+    assert p.checkpoint_fates() == {
+        "checkpoints_kept": 0,
+        "checkpoints_dropped": 0,
+        "checkpoints_evicted": 0,
+        "checkpoints_orphaned": 0,
+    }
     assert p.successor_room == float("inf") and p.min_fork_tokens == 0
 
 
@@ -363,8 +367,12 @@ def test_fates_occupancy_relocations(impl):
     occ = p.occupancy()
     assert occ == {"slots_total": 4, "slots_used": 1, "slots_held": 1, "slots_vacant": 2}
     assert list(occ) == ["slots_total", "slots_used", "slots_held", "slots_vacant"]
-    assert list(p.checkpoint_fates()) == ["checkpoints_kept", "checkpoints_dropped",
-                                          "checkpoints_evicted", "checkpoints_orphaned"]
+    assert list(p.checkpoint_fates()) == [
+        "checkpoints_kept",
+        "checkpoints_dropped",
+        "checkpoints_evicted",
+        "checkpoints_orphaned",
+    ]
     p.record_relocation(3, 1)
     p.record_relocation(2, 0)
     assert p.take_relocations() == ((3, 1), (2, 0))
@@ -425,8 +433,15 @@ def test_scratch_slot_source_shares_the_pool():
 
 
 def snapshot(p):
-    return (p.num_slots, list(p.slot_hash), list(p.hash_to_slot.items()), p.checkpoint_fates(),
-            p.num_free(), p._debug_state(), p._debug_relocations())
+    return (
+        p.num_slots,
+        list(p.slot_hash),
+        list(p.hash_to_slot.items()),
+        p.checkpoint_fates(),
+        p.num_free(),
+        p._debug_state(),
+        p._debug_relocations(),
+    )
 
 
 @pytest.mark.parametrize(
@@ -528,8 +543,13 @@ def test_defaults_match_reference():
 @pytest.mark.parametrize("seed", range(4))
 def test_differential_random_sequences(seed, transfer, profile):
     size = (4, 6, 9, 12)[seed]
-    SlotDriver(seed * 7919 + zlib.crc32(f"{transfer}/{profile}".encode()) % 1000, transfer, size=size, hbs=1 + seed % 3,
-               profile=profile).run(500)
+    SlotDriver(
+        seed * 7919 + zlib.crc32(f"{transfer}/{profile}".encode()) % 1000,
+        transfer,
+        size=size,
+        hbs=1 + seed % 3,
+        profile=profile,
+    ).run(500)
 
 
 @needs_ref
@@ -573,5 +593,11 @@ def test_public_api_matches_reference(module, cls_name):
 def test_differential_engine_request_class(seed, transfer):
     """Ours driven with a plain request class (no statecache base), the
     reference with statecache.Sequence: same results and fields (docs/contract.md, "API guarantees")."""
-    SlotDriver(3000 + seed, transfer, size=(5, 8, 11)[seed], hbs=1 + seed % 2, profile=("mixed", "idle", "shrink")[seed],
-        plain_seqs=True).run(400)
+    SlotDriver(
+        3000 + seed,
+        transfer,
+        size=(5, 8, 11)[seed],
+        hbs=1 + seed % 2,
+        profile=("mixed", "idle", "shrink")[seed],
+        plain_seqs=True,
+    ).run(400)

@@ -52,8 +52,7 @@ def _drifted(tmp_path, old: str, new: str) -> list[str]:
         (
             "    def pin(self, slot: _Int, *, reader_is_next_batch: bool = False) -> None:",
             "    def pin(self, slot: _Int, reader_is_next_batch: bool = False) -> None:",
-            "StateSlotPool.pin: stub (slot, reader_is_next_batch=False) != module "
-            "(slot, *reader_is_next_batch=False)",
+            "StateSlotPool.pin: stub (slot, reader_is_next_batch=False) != module (slot, *reader_is_next_batch=False)",
         ),
         (
             "    def reset_prefix_cache(self) -> int:",
@@ -81,9 +80,7 @@ def test_skeleton_for_new_names(tmp_path):
     text = stubcheck.STUB.read_text().replace("def checkpoint_copy_ops_per_batch(", "def _gone(")
     path = tmp_path / "_C.pyi"
     path.write_text(text)
-    assert "def checkpoint_copy_ops_per_batch(max_num_seqs: Any) -> Any: ..." in stubcheck.skeleton(
-        _C, path
-    )
+    assert "def checkpoint_copy_ops_per_batch(max_num_seqs: Any) -> Any: ..." in stubcheck.skeleton(_C, path)
 
 
 def test_stub_and_marker_ship_beside_the_module():
@@ -95,9 +92,7 @@ def test_every_public_function_in_the_stub_has_a_docstring():
     missing = [
         name
         for name, e in stubcheck.stub_entries().items()
-        if e.kind in ("function", "method", "static")
-        and e.doc is None
-        and not name.rsplit(".", 1)[-1].startswith("__")
+        if e.kind in ("function", "method", "static") and e.doc is None and not name.rsplit(".", 1)[-1].startswith("__")
     ]
     assert missing == []
 

@@ -7,11 +7,10 @@ import pytest
 
 import statecache
 from statecache import _C
-from statecache.tiers import MISSING, TRUNCATED, HostTier, TierKey
-from statecache.tiers import integrity
-
+from statecache.tiers import MISSING, TRUNCATED, HostTier, TierKey, integrity
 
 # ------------------------------ prefix keys -------------------------------- #
+
 
 def test_prefix_keys_chain_and_derive_scheduler_hashes():
     toks = list(range(3, 60))
@@ -20,7 +19,7 @@ def test_prefix_keys_chain_and_derive_scheduler_hashes():
     tail_h, tail_k = statecache.chain_block_keys(toks[16:], 16, keys[:16])
     assert tail_h == hashes[1:] and tail_k == keys[16:]
     for i, h in enumerate(hashes):
-        assert statecache.scheduler_hash(keys[16 * i:16 * i + 16]) == h != -1
+        assert statecache.scheduler_hash(keys[16 * i : 16 * i + 16]) == h != -1
     # another deployment seed or salt names every prefix differently
     for kw in ({"seed": 7}, {"salt": b"tenant-a"}, {"salt": "tenant-a"}):
         other_h, other_k = statecache.chain_block_keys(toks, 16, **kw)
@@ -59,6 +58,7 @@ def test_tier_key_fields_are_checked_and_encoded():
 
 # ------------------------------- integrity --------------------------------- #
 
+
 def test_integrity_detects_flip_truncation_and_wrong_key():
     rng = np.random.default_rng(0)
     payload = [rng.integers(0, 256, 5000, dtype=np.uint8), rng.integers(0, 256, 3000, dtype=np.uint8)]
@@ -78,6 +78,7 @@ def test_integrity_detects_flip_truncation_and_wrong_key():
 
 
 # ------------------------------- host arena -------------------------------- #
+
 
 def test_host_arena_bad_arguments_raise_before_change():
     with pytest.raises(ValueError, match="entry_bytes"):
@@ -128,6 +129,7 @@ def test_host_arena_ranks_by_the_cost_model_and_recency():
 
 # -------------------------------- HostTier --------------------------------- #
 
+
 def test_host_tier_interface_round_trip_and_errors():
     t = HostTier(64 * 1024, 4096)
     a = np.arange(10000, dtype=np.uint8)
@@ -155,12 +157,12 @@ def test_host_tier_interface_round_trip_and_errors():
 def test_host_tier_full_refuses_and_evicts_unpinned_only():
     t = HostTier(4 * 1024, 1024)  # 4 entries
     big = np.ones(3000, np.uint8)
-    assert t.put_many(["a"], [[big]]) == [True]   # 3 entries
-    rows, n, _ = t.read("a")                       # pinned by a reader
+    assert t.put_many(["a"], [[big]]) == [True]  # 3 entries
+    rows, n, _ = t.read("a")  # pinned by a reader
     assert n == 3000
     assert t.put_many(["b"], [[big]]) == [False]  # only 1 free, "a" pinned
     t.unpin("a")
-    assert t.put_many(["b"], [[big]]) == [True]   # "a" evicted now
+    assert t.put_many(["b"], [[big]]) == [True]  # "a" evicted now
     assert t.contains_many(["a", "b"]) == [False, True]
     assert t.put_many(["huge"], [[np.ones(5000, np.uint8)]]) == [False]
     assert t.stats()["puts_failed"] == 2
@@ -197,6 +199,7 @@ def test_host_tier_is_thread_safe():
 
 def test_lazy_backends_name_their_extra(monkeypatch):
     import builtins
+
     real = builtins.__import__
 
     def fake(name, *a, **k):
@@ -206,6 +209,7 @@ def test_lazy_backends_name_their_extra(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", fake)
     from statecache.tiers import mooncake_tier, redis_tier
+
     with pytest.raises(ImportError, match=r"statecache\[mooncake\]"):
         mooncake_tier._import_store()
     with pytest.raises(ImportError, match=r"statecache\[redis\]"):
@@ -224,9 +228,9 @@ def test_unit_mover_round_trips_whole_units():
     assert m.unit_bytes == 2 * 3 * 8 * 4 + 5 * 2
     host = HostTier(16 * m.unit_bytes, m.unit_bytes)
     rows = host.reserve("x", 3 * m.unit_bytes)
-    assert _consecutive(rows, m.unit_bytes) is not None          # fast path
+    assert _consecutive(rows, m.unit_bytes) is not None  # fast path
     scattered = [host.rows[9], host.rows[4], host.rows[12]]
-    assert _consecutive(scattered, m.unit_bytes) is None         # row by row
+    assert _consecutive(scattered, m.unit_bytes) is None  # row by row
     for dst in (rows, scattered):
         m.to_rows([7, 2, 5], dst)
         k2, v2 = k.clone(), v.clone()
@@ -239,6 +243,7 @@ def test_unit_mover_round_trips_whole_units():
 
 def test_engine_config_checks_the_deployment_key():
     from statecache.engine import EngineConfig
+
     assert EngineConfig(hash_seed=5, hash_salt=b"fleet-a").hash_seed == 5
     with pytest.raises(ValueError, match="hash_seed"):
         EngineConfig(hash_seed="5")

@@ -15,9 +15,23 @@ from tier_support import need  # noqa: E402
 
 def test_demo_tiers_three_runs_identical():
     need("mooncake_master", "pip install 'statecache[mooncake]'")
-    out = subprocess.run([sys.executable, "-m", "statecache.cli", "demo", "--tiers", "--no-progress",
-                          "--conversations", "2", "--turns", "3"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "statecache.cli",
+            "demo",
+            "--tiers",
+            "--no-progress",
+            "--conversations",
+            "2",
+            "--turns",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
     assert "starting mooncake_master" in text and "stopped mooncake_master" in text

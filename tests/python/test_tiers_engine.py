@@ -7,7 +7,6 @@ key, times out, restarts, or never reports a store)."""
 import signal
 import time
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -28,12 +27,18 @@ def model():
     return build_model("qwen3next", seed=0)
 
 
-def run(model, *, caching=True, tiers=None, tier_options=None, num_blocks=GPU_BLOCKS,
-        during=None):
+def run(model, *, caching=True, tiers=None, tier_options=None, num_blocks=GPU_BLOCKS, during=None):
     """Serves the workload; checks conservation after every pass. ``during``:
     called with (engine, pass number) after each pass (fault injection)."""
-    eng = build_engine("qwen3next", "page", model_and_geom=model, enable_prefix_caching=caching,
-                       num_blocks=num_blocks, tiers=tiers, tier_options=tier_options)
+    eng = build_engine(
+        "qwen3next",
+        "page",
+        model_and_geom=model,
+        enable_prefix_caching=caching,
+        num_blocks=num_blocks,
+        tiers=tiers,
+        tier_options=tier_options,
+    )
     step = eng.step
 
     def checked_step():
@@ -125,6 +130,7 @@ def test_warm_host_cold_gpu_and_corrupted_entries(model, reference, unit):
     # holds now (values written again by this run, or never asked for) is
     # either sound or one of the flipped ones nobody read
     from statecache.tiers import integrity
+
     bad = 0
     for k in host.arena.keys():
         entries, nbytes, meta, _ = host.arena.lookup(k, False)
@@ -133,6 +139,7 @@ def test_warm_host_cold_gpu_and_corrupted_entries(model, reference, unit):
 
 
 # ------------------------------ shared tier -------------------------------- #
+
 
 @pytest.fixture(scope="module")
 def mooncake():
@@ -143,13 +150,13 @@ def mooncake():
 
 def mooncake_tier(servers, timeout_s=2.0):
     from statecache.tiers.mooncake_tier import MooncakeTier
+
     return MooncakeTier(servers.master_addr, servers.metadata_url, timeout_s=timeout_s)
 
 
 def test_fresh_engine_resumes_from_mooncake(model, reference, unit, mooncake):
     shared = mooncake_tier(mooncake)
-    eng, rows = run(model, tiers=[host_tier(unit), shared],
-                    tier_options={"shared_writes": "through"})
+    eng, rows = run(model, tiers=[host_tier(unit), shared], tier_options={"shared_writes": "through"})
     eng.close()
     assert_identical(rows, reference)
     # Empty GPU and empty host: everything resumed comes from Mooncake Store.
@@ -175,8 +182,7 @@ def test_shared_key_removed_between_contains_and_get(model, reference, unit, moo
             return super().get_many_into(keys, dests)
 
     writer = mooncake_tier(mooncake)
-    eng, rows = run(model, tiers=[host_tier(unit), writer],
-                    tier_options={"shared_writes": "through"})
+    eng, rows = run(model, tiers=[host_tier(unit), writer], tier_options={"shared_writes": "through"})
     eng.close()
     reader = RemovingTier(mooncake.master_addr, mooncake.metadata_url, timeout_s=2.0)
     eng2, rows2 = run(model, tiers=[host_tier(unit), reader])
@@ -196,16 +202,15 @@ def test_master_killed_and_timeouts_during_a_run(model, reference, unit):
 
         def fault(eng, n):
             if n == 6:
-                servers.master.kill()          # mid-run: every call fails
+                servers.master.kill()  # mid-run: every call fails
             elif n == 12:
-                servers.master.start(30)       # back, empty
+                servers.master.start(30)  # back, empty
             elif n == 18:
-                servers.master.signal(signal.SIGSTOP)   # calls time out
+                servers.master.signal(signal.SIGSTOP)  # calls time out
             elif n == 24:
                 servers.master.signal(signal.SIGCONT)
 
-        eng, rows = run(model, tiers=[host_tier(unit, images=4, kv_blocks=16), shared],
-                        during=fault)
+        eng, rows = run(model, tiers=[host_tier(unit, images=4, kv_blocks=16), shared], during=fault)
         assert_identical(rows, reference)
         st = eng.tiering.stats()
         assert st["mooncake"]["timeouts"] + st["shared_writes_failed"] > 0
@@ -232,9 +237,9 @@ def test_store_report_that_never_arrives_is_reclaimed(model, reference, mooncake
             mooncake.master.signal(signal.SIGCONT)
 
     try:
-        eng, rows = run(model, tiers=[shared],
-                        tier_options={"offload_timeout_s": 0.5, "max_inflight": 4, "kv": False},
-                        during=fault)
+        eng, rows = run(
+            model, tiers=[shared], tier_options={"offload_timeout_s": 0.5, "max_inflight": 4, "kv": False}, during=fault
+        )
     finally:
         mooncake.master.signal(signal.SIGCONT)
     assert_identical(rows, reference)
@@ -257,14 +262,19 @@ def test_bad_tier_configurations_raise_before_anything_runs(model, unit):
     with pytest.raises(ValueError, match="entry_bytes"):
         build_engine("qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub // 2)])
     with pytest.raises(ValueError, match="at most one HostTier"):
-        build_engine("qwen3next", "page", model_and_geom=model,
-                     tiers=[HostTier(64 * ub, ub), HostTier(64 * ub, ub)])
+        build_engine("qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub), HostTier(64 * ub, ub)])
     with pytest.raises(ValueError, match="shared_writes"):
-        build_engine("qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub)],
-                     tier_options={"shared_writes": "sometimes"})
+        build_engine(
+            "qwen3next",
+            "page",
+            model_and_geom=model,
+            tiers=[HostTier(64 * ub, ub)],
+            tier_options={"shared_writes": "sometimes"},
+        )
     with pytest.raises(ValueError, match="max_inflight"):
-        build_engine("qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub)],
-                     tier_options={"max_inflight": 0})
+        build_engine(
+            "qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub)], tier_options={"max_inflight": 0}
+        )
 
 
 def test_fresh_engine_resumes_from_redis(model, reference, unit):
@@ -273,8 +283,9 @@ def test_fresh_engine_resumes_from_redis(model, reference, unit):
 
     srv = redis_server()
     try:
-        eng, rows = run(model, tiers=[host_tier(unit), RedisTier(port=srv.port)],
-                        tier_options={"shared_writes": "through"})
+        eng, rows = run(
+            model, tiers=[host_tier(unit), RedisTier(port=srv.port)], tier_options={"shared_writes": "through"}
+        )
         eng.close()
         assert_identical(rows, reference)
         # shared tier only: the host arena just stages

@@ -9,8 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from statecache.tiers import MISSING, TIMED_OUT, TRUNCATED
-from statecache.tiers import integrity
+from statecache.tiers import MISSING, TIMED_OUT, TRUNCATED, integrity
 from tier_support import corrupt_one_byte, mooncake_servers, redis_server
 
 
@@ -31,8 +30,10 @@ def redis_srv():
 def make_tier(kind, mooncake=None, redis_srv=None, timeout_s=2.0):
     if kind == "mooncake":
         from statecache.tiers.mooncake_tier import MooncakeTier
+
         return MooncakeTier(mooncake.master_addr, mooncake.metadata_url, timeout_s=timeout_s)
     from statecache.tiers.redis_tier import RedisTier
+
     return RedisTier(port=redis_srv.port, timeout_s=timeout_s)
 
 
@@ -72,7 +73,7 @@ def test_mooncake_zero_copy_from_registered_memory(mooncake):
     try:
         arena = np.zeros((8, 4096), np.uint8)
         t.register(arena)
-        arena[0:3] = np.arange(3 * 4096, dtype=np.uint32).view(np.uint8)[:3 * 4096].reshape(3, 4096)
+        arena[0:3] = np.arange(3 * 4096, dtype=np.uint32).view(np.uint8)[: 3 * 4096].reshape(3, 4096)
         k = _key("zc")
         assert t.put_many([k], [[arena[0], arena[1], arena[2]]]) == [True]
         assert t.get_many_into([k], [[arena[4], arena[5], arena[6]]]) == [3 * 4096]
@@ -118,6 +119,7 @@ def test_timeout_is_bounded_and_the_tier_recovers(request):
             t = make_tier(kind, redis_srv=srv, timeout_s=1.0)
             proc = srv.server
         import signal
+
         k = _key("slow")
         proc.signal(signal.SIGSTOP)
         try:

@@ -17,15 +17,24 @@ def reqs(rows):
 
 # Conversation A, then many unrelated requests that push A out of the GPU,
 # then A's next turn.
-ROWS = ([(0, 4096, list(range(1, 9)))]
-        + [(1 + i, 4096, list(range(100 + 10 * i, 108 + 10 * i))) for i in range(12)]
-        + [(100, 5120, list(range(1, 9)) + [999, 998])])
+ROWS = (
+    [(0, 4096, list(range(1, 9)))]
+    + [(1 + i, 4096, list(range(100 + 10 * i, 108 + 10 * i))) for i in range(12)]
+    + [(100, 5120, list(range(1, 9)) + [999, 998])]
+)
 
 
 def run(host=0, shared=0, **kw):
-    cfg = simulator.SimConfig(geometry="hybrid-7b", memory=40 * BLOCK, kv_memory=None,
-                              state_memory=None, concurrency=1, host_memory=host,
-                              shared_tier_memory=shared, **kw)
+    cfg = simulator.SimConfig(
+        geometry="hybrid-7b",
+        memory=40 * BLOCK,
+        kv_memory=None,
+        state_memory=None,
+        concurrency=1,
+        host_memory=host,
+        shared_tier_memory=shared,
+        **kw,
+    )
     return simulator.simulate(reqs(ROWS), cfg).to_dict()
 
 
@@ -57,5 +66,6 @@ def test_tier_budgets_are_validated():
     with pytest.raises(ValueError, match="memory"):
         simulator.SimConfig(geometry="hybrid-7b", host_memory=1 << 40)
     with pytest.raises(ValueError, match="host_gbps"):
-        simulator.SimConfig(geometry="hybrid-7b", memory=1 << 36, kv_memory=None,
-                            state_memory=None, host_memory=1 << 40, host_gbps=0)
+        simulator.SimConfig(
+            geometry="hybrid-7b", memory=1 << 36, kv_memory=None, state_memory=None, host_memory=1 << 40, host_gbps=0
+        )

@@ -35,9 +35,12 @@ def isolated(body: str, malloc_debug: bool = False) -> str:
     if malloc_debug:
         env["PYTHONMALLOC"] = "debug"
     # The caller's path first (a sanitizer build, say), then this checkout's.
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [os.path.abspath(PYTHON_DIR), os.path.dirname(__file__)])
-    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", src], capture_output=True, text=True, env=env,
-                       timeout=120)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [p for p in sys.path if p] + [os.path.abspath(PYTHON_DIR), os.path.dirname(__file__)]
+    )
+    r = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", src], capture_output=True, text=True, env=env, timeout=120
+    )
     assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     return r.stdout
 
@@ -489,9 +492,14 @@ def test_int_arguments_are_range_checked_and_change_nothing():
             pool.owner_of(big)
         with pytest.raises((ValueError, OverflowError), match="generation"):
             store.changed_since(big)
-    for neg, fn in ((-1, lambda v: pool.reserve_units(v, "o")), (-1, pool.allocate),
-                    (-2, lambda v: store.begin_store(5, v)), (-1, lambda v: coord.checkpoint(s, v, 5)),
-                    (-1, lambda v: coord.resumable_hit(s, v, [7])), (-1, store.ensure_free_units)):
+    for neg, fn in (
+        (-1, lambda v: pool.reserve_units(v, "o")),
+        (-1, pool.allocate),
+        (-2, lambda v: store.begin_store(5, v)),
+        (-1, lambda v: coord.checkpoint(s, v, 5)),
+        (-1, lambda v: coord.resumable_hit(s, v, [7])),
+        (-1, store.ensure_free_units),
+    ):
         with pytest.raises(ValueError):
             fn(neg)
     with pytest.raises(IndexError):
@@ -520,7 +528,9 @@ MUTATING_SETUP = """
 
 
 def test_resumable_hit_hash_list_mutated_by_index_is_safe():
-    out = isolated(MUTATING_SETUP + """
+    out = isolated(
+        MUTATING_SETUP
+        + """
     results = []
     for n in range(1, 6):
         for make in (list, tuple):
@@ -533,12 +543,16 @@ def test_resumable_hit_hash_list_mutated_by_index_is_safe():
                 results.append(type(e).__name__)
     coord.check_consistency()
     print("ok", len(results))
-    """, malloc_debug=True)
+    """,
+        malloc_debug=True,
+    )
     assert out.split() == ["ok", "10"]
 
 
 def test_unit_and_reservation_lists_mutated_by_index_are_safe():
-    out = isolated(MUTATING_SETUP + """
+    out = isolated(
+        MUTATING_SETUP
+        + """
     results = []
     got = pool.reserve_units(3, "me")
     ids = list(got)
@@ -561,7 +575,9 @@ def test_unit_and_reservation_lists_mutated_by_index_are_safe():
     pool.check_consistency()
     coord.check_consistency()
     print("ok")
-    """, malloc_debug=True)
+    """,
+        malloc_debug=True,
+    )
     assert out.split() == ["ok"]
 
 
@@ -604,9 +620,18 @@ def test_publish_and_cancel_take_only_open_reservations():
 # ------------------------------------------------- bare instances and pickling --
 
 PAGE_CLASSES = [
-    "BlockPool", "PageUnitCheckpointStore", "PagedStateCheckpointCoordinator", "StateOffloadIndex",
-    "PagedStateCheckpointSpec", "CheckpointStoreOp", "CheckpointRestoreOp", "CheckpointRecord",
-    "SuspendedCheckpointRestore", "CheckpointRecordsView", "CheckpointHashIndexView", "OffloadBacklogView",
+    "BlockPool",
+    "PageUnitCheckpointStore",
+    "PagedStateCheckpointCoordinator",
+    "StateOffloadIndex",
+    "PagedStateCheckpointSpec",
+    "CheckpointStoreOp",
+    "CheckpointRestoreOp",
+    "CheckpointRecord",
+    "SuspendedCheckpointRestore",
+    "CheckpointRecordsView",
+    "CheckpointHashIndexView",
+    "OffloadBacklogView",
     "OffloadHashesView",
 ]
 
@@ -661,9 +686,14 @@ def test_live_objects_refuse_pickle_and_copy(i):
 
 def test_value_types_round_trip_through_pickle_and_copy():
     op = sc.CheckpointStoreOp(1, (2, 3), 400, "L")
-    values = [SPEC, op, sc.CheckpointRestoreOp(1, (2, 3), 400, "L"), sc.StateStoreOperationId(5, 2),
-              sc.SuspendedCheckpointRestore(3, sc.CheckpointRestoreOp(1, (2,), 400, "L")),
-              sc.CheckpointRecord(5, (1, 2), "READY", 1)]
+    values = [
+        SPEC,
+        op,
+        sc.CheckpointRestoreOp(1, (2, 3), 400, "L"),
+        sc.StateStoreOperationId(5, 2),
+        sc.SuspendedCheckpointRestore(3, sc.CheckpointRestoreOp(1, (2,), 400, "L")),
+        sc.CheckpointRecord(5, (1, 2), "READY", 1),
+    ]
     for v in values:
         for fn in (lambda x: pickle.loads(pickle.dumps(x)), copy.copy, copy.deepcopy):
             assert fn(v) == v
@@ -707,7 +737,7 @@ def test_views_iterated_while_the_store_changes_do_not_hang():
         ready(store, 200 + cid, slot=1)
         seen += 1
     assert seen == 8
-    for h in store.hash_to_checkpoint:
+    for _h in store.hash_to_checkpoint:
         store.clear()
     consistent(pool, store)
 
@@ -806,8 +836,9 @@ def test_gc_clear_leaves_surviving_cpp_objects_usable():
 def test_checkers_hold_across_random_valid_and_invalid_calls():
     rng = random.Random(9)
     pool = sc.BlockPool(10 * UNITS)
-    coord = sc.PagedStateCheckpointCoordinator(pool, SPEC, True, offload=sc.StateOffloadIndex(capacity=4),
-                                               readable_midstep=True)
+    coord = sc.PagedStateCheckpointCoordinator(
+        pool, SPEC, True, offload=sc.StateOffloadIndex(capacity=4), readable_midstep=True
+    )
     store = coord.store
     coord.attach_midstep_scratch(FakeScratch(3), 3)
     pool.on_evict = coord.unindex
@@ -899,7 +930,8 @@ class DeviceModel:
             images = {self.unit[u][0] if self.unit[u] else None for u in op.unit_ids}
             positions = [self.unit[u][1] if self.unit[u] else None for u in op.unit_ids]
             assert len(images) == 1 and positions == list(range(len(op.unit_ids))), (
-                f"restore into slot {op.dst_slot} gathers units {op.unit_ids} holding {[self.unit[u] for u in op.unit_ids]}")
+                f"restore into slot {op.dst_slot} gathers units {op.unit_ids} holding {[self.unit[u] for u in op.unit_ids]}"
+            )
             self.slot[op.dst_slot] = images.pop()
 
     def scribble(self, blocks):
@@ -936,8 +968,24 @@ def test_a_hit_never_names_bytes_of_another_prefix(seed, unraisable):
     kv, suspended, pending_slots = [], [], set()
     restored = 0
     for step in range(1200):
-        kind = rng.choice(["advance", "advance", "checkpoint", "checkpoint", "drain", "hit", "hit", "kv", "kv_free",
-                           "unindex", "suspend", "owner", "bad", "clear"])
+        kind = rng.choice(
+            [
+                "advance",
+                "advance",
+                "checkpoint",
+                "checkpoint",
+                "drain",
+                "hit",
+                "hit",
+                "kv",
+                "kv_free",
+                "unindex",
+                "suspend",
+                "owner",
+                "bad",
+                "clear",
+            ]
+        )
         s = rng.choice(seqs)
         slot = s.state_slots[0]
         # The pass protocol: a forward runs after the batch that carries the
@@ -985,8 +1033,11 @@ def test_a_hit_never_names_bytes_of_another_prefix(seed, unraisable):
                 dev.scribble(got)
                 pool.release_units(got, ("other", step))
         elif kind == "bad":
-            for call in (lambda: coord.checkpoint(s, 1, -1), lambda: store.begin_store(-1, slot),
-                         lambda: coord.publish_midstep([(slot, 1, 2)])):
+            for call in (
+                lambda: coord.checkpoint(s, 1, -1),
+                lambda: store.begin_store(-1, slot),
+                lambda: coord.publish_midstep([(slot, 1, 2)]),
+            ):
                 with pytest.raises(ValueError):
                     call()
         elif kind == "clear" and rng.random() < 0.2:
@@ -996,7 +1047,8 @@ def test_a_hit_never_names_bytes_of_another_prefix(seed, unraisable):
             if cid >= 0:
                 units = store.records[cid].unit_ids
                 assert [dev.unit[u] for u in units] == [(h, i) for i in range(len(units))], (
-                    f"step {step}: READY {h} names units holding {[dev.unit[u] for u in units]}")
+                    f"step {step}: READY {h} names units holding {[dev.unit[u] for u in units]}"
+                )
         consistent(pool, store, coord)
     assert restored > 10 and coord.checkpoints_kept > 30  # the property was exercised
 

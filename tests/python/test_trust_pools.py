@@ -142,9 +142,19 @@ def _case_views_as_arguments():
 
 
 def _case_uninitialized_instances():
-    classes = [sc.StateSlotPool, sc.StateGroupPool, sc.Sequence, sc.StateTransfer, sc.SlotRetirement,
-               sc.GroupRetirement, type(fork_pool().hash_to_slot), type(fork_pool().slot_hash),
-               type(sc.Sequence().block_hashes), sc.PageUnitCheckpointStore, sc.PagedStateCheckpointCoordinator]
+    classes = [
+        sc.StateSlotPool,
+        sc.StateGroupPool,
+        sc.Sequence,
+        sc.StateTransfer,
+        sc.SlotRetirement,
+        sc.GroupRetirement,
+        type(fork_pool().hash_to_slot),
+        type(fork_pool().slot_hash),
+        type(sc.Sequence().block_hashes),
+        sc.PageUnitCheckpointStore,
+        sc.PagedStateCheckpointCoordinator,
+    ]
     for cls in classes:
         try:
             cls.__new__(cls)
@@ -170,8 +180,11 @@ def _case_uninitialized_instances():
             except TypeError:
                 seen.append("set")
             pool = fork_pool()
-            for call in (lambda: pool.applies(self), lambda: pool.checkpoint(self, 1, 5),
-                         lambda: pool.resumable_hit(self, 0, [])):
+            for call in (
+                lambda: pool.applies(self),
+                lambda: pool.checkpoint(self, 1, 5),
+                lambda: pool.resumable_hit(self, 0, []),
+            ):
                 try:
                     call()
                 except TypeError:
@@ -194,8 +207,12 @@ def _case_pickle_and_copy():
             except TypeError:
                 continue
             raise AssertionError(f"{f.__name__} of {type(obj).__name__} did not raise TypeError")
-    for value in (sc.StateTransfer.fork(3, readable_midstep=True), sc.StateTransfer.copy("gdn"),
-                  sc.SlotRetirement(3, 1, False), sc.GroupRetirement(2, -1, True)):
+    for value in (
+        sc.StateTransfer.fork(3, readable_midstep=True),
+        sc.StateTransfer.copy("gdn"),
+        sc.SlotRetirement(3, 1, False),
+        sc.GroupRetirement(2, -1, True),
+    ):
         for f in (lambda v: pickle.loads(pickle.dumps(v)), copy.copy, copy.deepcopy):
             got = f(value)
             assert got == value and type(got) is type(value)
@@ -239,8 +256,9 @@ CASES = [name for name in list(globals()) if name.startswith("_case_")]
 @pytest.mark.parametrize("case", CASES)
 def test_crash_class_in_subprocess(case):
     env = dict(os.environ, PYTHONMALLOC="debug", PYTHONFAULTHANDLER="1")
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), case], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), case], env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, f"{case}: rc={r.returncode}\n{r.stdout}\n{r.stderr}"
 
 

@@ -57,8 +57,7 @@ class SlotPoolModel:
         p = self.pool
         for h, s in dict(p.hash_to_slot).items():
             assert h != -1, "-1 filed as a content hash"
-            assert self.content.get(s) == h, (
-                f"hash {h} names slot {s}, which holds {self.content.get(s)!r}")
+            assert self.content.get(s) == h, f"hash {h} names slot {s}, which holds {self.content.get(s)!r}"
         p._check_invariants()
 
     def refused(self) -> None:
@@ -66,18 +65,20 @@ class SlotPoolModel:
         p, rng = self.pool, self.rng
         before = (dict(p.hash_to_slot), list(p.slot_hash), p.num_free(), p.occupancy())
         bad = rng.choice(BAD_INTS)
-        call = rng.choice([
-            lambda: p.release(bad),
-            lambda: p.claim(bad),
-            lambda: p.pin(bad),
-            lambda: p.pop_many(bad),
-            lambda: p.release_many([0, 0]),
-            lambda: p.release_many([bad]),
-            lambda: p.lookup(bad),
-            lambda: p.extend(bad),
-            lambda: p.checkpoint(sc.Sequence(99, num_tokens=64), 1, -1),
-            lambda: p.resumable_hit(sc.Sequence(98, num_tokens=64), bad, [1, 2, 3]),
-        ])
+        call = rng.choice(
+            [
+                lambda: p.release(bad),
+                lambda: p.claim(bad),
+                lambda: p.pin(bad),
+                lambda: p.pop_many(bad),
+                lambda: p.release_many([0, 0]),
+                lambda: p.release_many([bad]),
+                lambda: p.lookup(bad),
+                lambda: p.extend(bad),
+                lambda: p.checkpoint(sc.Sequence(99, num_tokens=64), 1, -1),
+                lambda: p.resumable_hit(sc.Sequence(98, num_tokens=64), bad, [1, 2, 3]),
+            ]
+        )
         try:
             call()
         except REFUSED:
@@ -97,7 +98,8 @@ class SlotPoolModel:
             if hit:
                 src = p.lookup(hashes[hit - 1])
                 assert src >= 0 and self.content.get(src) == hashes[hit - 1], (
-                    f"resumable_hit {hit} names slot {src} holding {self.content.get(src)!r}")
+                    f"resumable_hit {hit} names slot {src} holding {self.content.get(src)!r}"
+                )
             seq.state_slots = p.pop_many(1)
             self.content[seq.state_slot] = Live(seq.seq_id)
             self.seqs.append(seq)
@@ -145,17 +147,19 @@ def test_retired_top_index_does_not_come_back_with_its_hash():
     must not name the slot the new owner now writes."""
     p = sc.StateSlotPool(2, sc.StateTransfer.fork(1), hash_block_size=1)
     seq = sc.Sequence(1, num_tokens=10)
-    seq.state_slots = [p.pop()]                # slot 0
-    p.checkpoint(seq, 1, 777)                  # slot 0 filed, seq moves to slot 1
-    p.release_pins(); p.release_pins()
+    seq.state_slots = [p.pop()]  # slot 0
+    p.checkpoint(seq, 1, 777)  # slot 0 filed, seq moves to slot 1
+    p.release_pins()
+    p.release_pins()
     p.release_many(list(seq.state_slots))
     # make slot 1 (top) the checkpoint holder
     seq2 = sc.Sequence(2, num_tokens=10)
     p.claim(0)
-    seq2.state_slots = [p.pop()]               # slot 1
-    p.checkpoint(seq2, 1, 888)                 # needs a free slot: none, dropped or moves
+    seq2.state_slots = [p.pop()]  # slot 1
+    p.checkpoint(seq2, 1, 888)  # needs a free slot: none, dropped or moves
     p.release_many([0])
-    p.release_pins(); p.release_pins()
+    p.release_pins()
+    p.release_pins()
     p.release_many(list(seq2.state_slots))
     for _ in range(3):
         p.retire_top()
@@ -180,8 +184,7 @@ class GroupPoolModel:
     def check(self) -> None:
         for h, g in dict(self.pool.hash_to_group).items():
             assert h != -1
-            assert self.content.get(g) == h, (
-                f"hash {h} names group {g}, which holds {self.content.get(g)!r}")
+            assert self.content.get(g) == h, f"hash {h} names group {g}, which holds {self.content.get(g)!r}"
         self.pool._check_invariants()
 
     def step(self) -> None:
@@ -218,12 +221,14 @@ class GroupPoolModel:
         # a refused call changes nothing
         before = (dict(p.hash_to_group), list(p.group_hash), p.num_free())
         try:
-            rng.choice([
-                lambda: p.release(rng.choice(BAD_INTS)),
-                lambda: p.checkpoint(sc.Sequence(97), 1, -1),
-                lambda: p.record_copy(rng.choice(BAD_INTS), 0),
-                lambda: p.lookup(rng.choice(BAD_INTS)),
-            ])()
+            rng.choice(
+                [
+                    lambda: p.release(rng.choice(BAD_INTS)),
+                    lambda: p.checkpoint(sc.Sequence(97), 1, -1),
+                    lambda: p.record_copy(rng.choice(BAD_INTS), 0),
+                    lambda: p.lookup(rng.choice(BAD_INTS)),
+                ]
+            )()
         except REFUSED:
             assert before == (dict(p.hash_to_group), list(p.group_hash), p.num_free())
 
@@ -249,7 +254,7 @@ def test_copy_intent_dies_with_its_group():
     b = sc.Sequence(2, num_tokens=10)
     b.per_req_cache_group = p.pop()
     assert b.per_req_cache_group == a.per_req_cache_group
-    for src, dst in p.take_copies():
+    for src, _dst in p.take_copies():
         assert src != b.per_req_cache_group, "B's group copied under A's hash"
     assert p.lookup(4242) == -1
 
@@ -262,8 +267,9 @@ class PagedModel:
 
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
-        spec = sc.PagedStateCheckpointSpec(page_unit_bytes=self.UNIT, slot_bytes=4 * self.UNIT,
-                                           layout_id="model", image_bytes=4 * self.UNIT)
+        spec = sc.PagedStateCheckpointSpec(
+            page_unit_bytes=self.UNIT, slot_bytes=4 * self.UNIT, layout_id="model", image_bytes=4 * self.UNIT
+        )
         self.pool = sc.BlockPool(48)
         self.coord = sc.PagedStateCheckpointCoordinator(self.pool, spec, enabled=True)
         self.unit_content: dict[int, object] = {}
@@ -281,7 +287,8 @@ class PagedModel:
             rec = store.records[cid]
             for i, u in enumerate(rec.unit_ids):
                 assert self.unit_content.get(u) == (h, i), (
-                    f"READY checkpoint {cid} of {h} names unit {u} holding {self.unit_content.get(u)!r}")
+                    f"READY checkpoint {cid} of {h} names unit {u} holding {self.unit_content.get(u)!r}"
+                )
         store.check_consistency()
         self.pool.check_consistency()
 
@@ -336,12 +343,14 @@ class PagedModel:
         # the stores recorded above read the slot in the next batch; until
         # then a sequence's slot keeps that boundary's state
         try:
-            rng.choice([
-                lambda: coord.checkpoint(sc.Sequence(96), 1, -1),
-                lambda: coord.begin_restore(rng.choice(BAD_INTS), 0),
-                lambda: pool.release_units([rng.choice(BAD_INTS)], ("state-checkpoint", 0)),
-                lambda: coord.resumable_hit(sc.Sequence(95, num_tokens=9), rng.choice(BAD_INTS), [1]),
-            ])()
+            rng.choice(
+                [
+                    lambda: coord.checkpoint(sc.Sequence(96), 1, -1),
+                    lambda: coord.begin_restore(rng.choice(BAD_INTS), 0),
+                    lambda: pool.release_units([rng.choice(BAD_INTS)], ("state-checkpoint", 0)),
+                    lambda: coord.resumable_hit(sc.Sequence(95, num_tokens=9), rng.choice(BAD_INTS), [1]),
+                ]
+            )()
         except REFUSED:
             pass
 

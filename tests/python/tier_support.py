@@ -17,12 +17,14 @@ def need(binary: str, extra: str) -> None:
 def mooncake_servers(segment_bytes: int = 64 << 20):
     need("mooncake_master", "pip install 'statecache[mooncake]'")
     from statecache.tiers.servers import MooncakeServers
+
     return MooncakeServers(segment_bytes=segment_bytes).start(timeout_s=60)
 
 
 def redis_server(maxmemory: int = 0):
     need("redis-server", "apt-get install redis-server")
     from statecache.tiers.servers import RedisServer
+
     return RedisServer(maxmemory=maxmemory).start(timeout_s=30)
 
 

@@ -58,12 +58,20 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from itertools import repeat
 from dataclasses import dataclass
+from itertools import repeat
 from operator import neg
 
-from .placement import (ANCHOR, DEMAND, LADDER, Boundary, EvictionPolicy, PlacementContext,
-                        PlacementPolicy, prompt_end_anchor)
+from .placement import (
+    ANCHOR,
+    DEMAND,
+    LADDER,
+    Boundary,
+    EvictionPolicy,
+    PlacementContext,
+    PlacementPolicy,
+    prompt_end_anchor,
+)
 
 LADDER_CANDIDATES = (0, 32768, 16384, 8192, 4096, 2048, 1024, 512)
 _MASK = (1 << 64) - 1
@@ -81,19 +89,27 @@ class CostModel:
     weight: float = 1.0
 
     @classmethod
-    def from_geometry(cls, geometry, weight: float = 1.0) -> "CostModel":
+    def from_geometry(cls, geometry, weight: float = 1.0) -> CostModel:
         """From a ``statecache.sim.geometry.ModelGeometry`` (or anything with
         its ``flops_per_token``, ``attention_flops_per_context_token`` and
         ``state_bytes``)."""
-        return cls(float(geometry.flops_per_token), float(geometry.attention_flops_per_context_token),
-                   float(max(1, geometry.state_bytes)), float(weight))
+        return cls(
+            float(geometry.flops_per_token),
+            float(geometry.attention_flops_per_context_token),
+            float(max(1, geometry.state_bytes)),
+            float(weight),
+        )
 
     def settings(self, hash_block_size: int) -> dict:
         """Keyword arguments of ``set_eviction_policy("cost", ...)``."""
-        return dict(flops_per_token=self.flops_per_token,
-                    flops_per_context_token=self.flops_per_context_token,
-                    checkpoint_bytes=self.checkpoint_bytes, tokens_per_position=float(hash_block_size),
-                    weight=self.weight, guesses_first=True)
+        return dict(
+            flops_per_token=self.flops_per_token,
+            flops_per_context_token=self.flops_per_context_token,
+            checkpoint_bytes=self.checkpoint_bytes,
+            tokens_per_position=float(hash_block_size),
+            weight=self.weight,
+            guesses_first=True,
+        )
 
 
 def _mix(x: int) -> int:
@@ -111,8 +127,8 @@ class _Shadow:
 
     def __init__(self, interval: int) -> None:
         self.interval = interval
-        self.step = 0     # the interval in hash blocks (0: no ladder), set at bind
-        self.gain = 0.0   # decayed tokens it would have resumed
+        self.step = 0  # the interval in hash blocks (0: no ladder), set at bind
+        self.gain = 0.0  # decayed tokens it would have resumed
         self.units = 0.0  # decayed image units it writes per admission
 
 
@@ -122,29 +138,46 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
 
     name = "adaptive"
 
-    def __init__(self, cost: CostModel | None = None, *, seed: int = 0, sample_every: int = 4,
-                 ladder_candidates=LADDER_CANDIDATES, initial_ladder: int = 16384,
-                 horizon: int = 2048, decide_every: int = 32, warmup: int = 256, margin: float = 0.05,
-                 max_decisions: int = 256, room_ladder: int = 1024, room_share: float = 0.4,
-                 room_floor: float = 0.03) -> None:
+    def __init__(
+        self,
+        cost: CostModel | None = None,
+        *,
+        seed: int = 0,
+        sample_every: int = 4,
+        ladder_candidates=LADDER_CANDIDATES,
+        initial_ladder: int = 16384,
+        horizon: int = 2048,
+        decide_every: int = 32,
+        warmup: int = 256,
+        margin: float = 0.05,
+        max_decisions: int = 256,
+        room_ladder: int = 1024,
+        room_share: float = 0.4,
+        room_floor: float = 0.03,
+    ) -> None:
         if cost is not None and not isinstance(cost, CostModel):
             raise TypeError(f"cost must be a CostModel or None, got {type(cost).__name__}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
-        for name, v in (("sample_every", sample_every), ("horizon", horizon),
-                        ("decide_every", decide_every), ("warmup", warmup),
-                        ("max_decisions", max_decisions)):
+        for name, v in (
+            ("sample_every", sample_every),
+            ("horizon", horizon),
+            ("decide_every", decide_every),
+            ("warmup", warmup),
+            ("max_decisions", max_decisions),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         cands = tuple(ladder_candidates)
-        if not cands or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in cands) \
-                or len(set(cands)) != len(cands):
+        if (
+            not cands
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in cands)
+            or len(set(cands)) != len(cands)
+        ):
             raise ValueError(f"ladder_candidates must be distinct ints >= 0, got {ladder_candidates!r}")
         if initial_ladder not in cands:
-            raise ValueError(f"initial_ladder must be one of ladder_candidates {cands}, got "
-                             f"{initial_ladder!r}")
-        if not (isinstance(margin, (int, float)) and not isinstance(margin, bool)
-                and 0 <= margin < 1):
+            raise ValueError(f"initial_ladder must be one of ladder_candidates {cands}, got {initial_ladder!r}")
+        if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and 0 <= margin < 1):
             raise ValueError(f"margin must be a number in [0, 1), got {margin!r}")
         if isinstance(room_ladder, bool) or not isinstance(room_ladder, int) or room_ladder < 0:
             raise ValueError(f"room_ladder must be an int >= 0 (0: no room rungs), got {room_ladder!r}")
@@ -241,8 +274,11 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
             self.pool_blocks = pool.num_free + pool.num_reserved
             # The sample is of requests (their last prompt block), so one
             # system prompt shared by all still leaves a sample.
-            last = hashes[min(len(hashes), ctx.num_prompt_tokens // ctx.hash_block_size) - 1] \
-                if ctx.num_prompt_tokens >= ctx.hash_block_size else hashes[0]
+            last = (
+                hashes[min(len(hashes), ctx.num_prompt_tokens // ctx.hash_block_size) - 1]
+                if ctx.num_prompt_tokens >= ctx.hash_block_size
+                else hashes[0]
+            )
             self._shadow_admission(ctx, anchor, _mix(last ^ self.salt) % self.sample_every == 0)
         out = []
         # A positive checkpoint_interval_tokens in the engine config pins the
@@ -278,8 +314,7 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         pool = self._pool
         vacant = pool.num_free - pool.num_cached
         want = (anchor - first + step - 1) // step
-        if vacant < want * self.units_per_checkpoint + self._batch_blocks \
-                + self.room_share * pool.num_blocks:
+        if vacant < want * self.units_per_checkpoint + self._batch_blocks + self.room_share * pool.num_blocks:
             return []
         lad = max(hbs, (ladder // hbs) * hbs) if ladder > 0 else 0
         out = [Boundary(p, LADDER, True) for p in range(first, anchor, step) if not lad or p % lad]
@@ -292,7 +327,6 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         hbs = ctx.hash_block_size
         hashes = ctx.block_hashes
         kv = min(ctx.kv_hit_position // hbs, len(hashes))
-        actual = ctx.resume_position // hbs
         anchor_b = anchor // hbs
         prompt_blocks = min(len(hashes), ctx.num_prompt_tokens // hbs)
         d = self.decay
@@ -318,8 +352,9 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
             for sh in self.shadows:
                 # This candidate's images take residency from KV in proportion
                 # to what it writes, so its pool reaches back fewer KV blocks.
-                capacity = (self.pool_blocks * written / (written + sh.units)
-                            if written + sh.units > 0 else self.pool_blocks)
+                capacity = (
+                    self.pool_blocks * written / (written + sh.units) if written + sh.units > 0 else self.pool_blocks
+                )
                 reach = bisect_left(stamps, capacity - self.clock, key=neg)
                 while scanned > 1 and (not found or found[-1] > reach):
                     scanned -= 1
@@ -355,8 +390,11 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
         # Decisions wait until the pool has turned over once: before that,
         # images cost nothing (room rungs use that) and every score favours
         # the finest ladder.
-        if self._admissions >= self.warmup and self._admissions % self.decide_every == 0 \
-                and self.clock >= self.pool_blocks:
+        if (
+            self._admissions >= self.warmup
+            and self._admissions % self.decide_every == 0
+            and self.clock >= self.pool_blocks
+        ):
             self._decide()
 
     def _prune(self) -> None:
@@ -369,7 +407,7 @@ class AdaptiveCheckpointPolicy(PlacementPolicy, EvictionPolicy):
     def scores(self) -> list[float]:
         """Each candidate's shadow score: the (decayed) tokens it would have
         resumed, its own images' memory already charged (module doc)."""
-        owed = self.decay ** self._unsampled
+        owed = self.decay**self._unsampled
         return [sh.gain * owed for sh in self.shadows]
 
     def _decide(self) -> None:

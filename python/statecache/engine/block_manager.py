@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from statecache import chain_block_keys
 
-from .placement import (AnchorLadderDemand, Boundary, GuessFirstLRU, PlacementContext,
-                        feasible_positions)
+from .placement import AnchorLadderDemand, Boundary, GuessFirstLRU, PlacementContext, feasible_positions
 from .state_caches import StateCaches
 
 SOURCE_NONE = "none"
@@ -29,17 +28,26 @@ class Admission:
     __slots__ = ("kv_hit", "hit", "new_blocks", "claim_src")
 
     def __init__(self, kv_hit: int, hit: int, new_blocks: int, claim_src: int):
-        self.kv_hit = kv_hit          # blocks the KV index matched
-        self.hit = hit                # blocks resumable after the state cap
+        self.kv_hit = kv_hit  # blocks the KV index matched
+        self.hit = hit  # blocks resumable after the state cap
         self.new_blocks = new_blocks  # blocks to allocate beyond the hit
-        self.claim_src = claim_src    # fork source slot, -1 if none
+        self.claim_src = claim_src  # fork source slot, -1 if none
 
 
 class BlockManager:
-    def __init__(self, block_pool, caches: StateCaches, hash_block_size: int,
-                 enable_prefix_caching: bool = True, num_spec: int = 0,
-                 placement=None, eviction=None, interval_tokens: int = -1,
-                 hash_seed: int = 0, hash_salt=None):
+    def __init__(
+        self,
+        block_pool,
+        caches: StateCaches,
+        hash_block_size: int,
+        enable_prefix_caching: bool = True,
+        num_spec: int = 0,
+        placement=None,
+        eviction=None,
+        interval_tokens: int = -1,
+        hash_seed: int = 0,
+        hash_salt=None,
+    ):
         self.pool = block_pool
         self.caches = caches
         self.hbs = hash_block_size
@@ -82,9 +90,13 @@ class BlockManager:
             first = len(hashes)
             start = first * self.hbs
             keys = getattr(seq, "prefix_keys", b"")
-            new, new_keys = chain_block_keys(seq.token_ids[start:full * self.hbs], self.hbs,
-                                             keys[-16:] if keys else None,
-                                             seed=self.hash_seed, salt=self.hash_salt)
+            new, new_keys = chain_block_keys(
+                seq.token_ids[start : full * self.hbs],
+                self.hbs,
+                keys[-16:] if keys else None,
+                seed=self.hash_seed,
+                salt=self.hash_salt,
+            )
             hashes += new
             seq.prefix_keys = keys + new_keys
             seq.block_hashes = hashes
@@ -142,8 +154,7 @@ class BlockManager:
         # costs free capacity too.
         hit_ids = [self.pool.lookup(h) for h in seq.hashes[:hit]]
         cached_free = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
-        if not self._blocks_available(new_blocks + cached_free,
-                                      seq.hashes[hit - 1] if hit else None):
+        if not self._blocks_available(new_blocks + cached_free, seq.hashes[hit - 1] if hit else None):
             return None
         return Admission(kv_hit, hit, new_blocks, claim_src)
 
@@ -236,11 +247,15 @@ class BlockManager:
 
     def _plan(self, seq, kv_hit_pos: int) -> None:
         ctx = PlacementContext(
-            hash_block_size=self.hbs, successor_room=self.caches.successor_room,
-            num_prompt_tokens=seq.num_prompt_tokens, num_tokens=seq.num_tokens,
-            resume_position=seq.num_computed_tokens, kv_hit_position=kv_hit_pos,
+            hash_block_size=self.hbs,
+            successor_room=self.caches.successor_room,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_tokens=seq.num_tokens,
+            resume_position=seq.num_computed_tokens,
+            kv_hit_position=kv_hit_pos,
             interval_tokens=self.interval_tokens if self.enable_prefix_caching else 0,
-            block_hashes=seq.hashes)
+            block_hashes=seq.hashes,
+        )
         asked = self.placement.prompt_boundaries(ctx)
         plan = feasible_positions(asked, ctx)
         self.count("boundaries_planned", len(asked))

@@ -38,8 +38,8 @@ anchors at the tail. The engine's default now is
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 ANCHOR = "anchor"
 LADDER = "ladder"

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import statecache
 from statecache.logs import log_config
 
-from .block_manager import BlockManager
 from .adaptive import AdaptiveCheckpointPolicy
+from .block_manager import BlockManager
 from .placement import AnchorLadderDemand, GuessFirstLRU
 from .state_caches import StateCaches, StateOps
 
@@ -58,8 +58,11 @@ class EngineConfig:
         n = self.checkpoint_interval_tokens
         if not isinstance(n, int) or isinstance(n, bool) or n < -1:
             raise ValueError(f"checkpoint_interval_tokens={n!r} must be -1, 0 or a positive int")
-        if not isinstance(self.hash_seed, int) or isinstance(self.hash_seed, bool) or not (
-                -2**63 <= self.hash_seed < 2**63):
+        if (
+            not isinstance(self.hash_seed, int)
+            or isinstance(self.hash_seed, bool)
+            or not (-(2**63) <= self.hash_seed < 2**63)
+        ):
             raise ValueError(f"hash_seed={self.hash_seed!r} must be a 64-bit int")
         if self.hash_salt is not None and not isinstance(self.hash_salt, (bytes, str)):
             raise ValueError(f"hash_salt={self.hash_salt!r} must be bytes, str or None")
@@ -72,11 +75,17 @@ class Request(statecache.Sequence):
 
     _ids = itertools.count()
 
-    def __init__(self, prompt_token_ids, max_new_tokens: int, request_id=None,
-                 scripted_output=None, eos_token_id=None, arrival=0.0):
+    def __init__(
+        self,
+        prompt_token_ids,
+        max_new_tokens: int,
+        request_id=None,
+        scripted_output=None,
+        eos_token_id=None,
+        arrival=0.0,
+    ):
         seq_id = next(Request._ids)
-        super().__init__(seq_id=seq_id, num_tokens=len(prompt_token_ids),
-                         num_prompt_tokens=len(prompt_token_ids))
+        super().__init__(seq_id=seq_id, num_tokens=len(prompt_token_ids), num_prompt_tokens=len(prompt_token_ids))
         self.request_id = request_id if request_id is not None else seq_id
         self.token_ids = list(prompt_token_ids)
         self.max_new_tokens = max_new_tokens
@@ -101,7 +110,7 @@ class Request(statecache.Sequence):
     @property
     def output_token_ids(self) -> list[int]:
         """The tokens generated so far."""
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_prefill(self) -> bool:
@@ -143,8 +152,17 @@ class Batch:
 class Engine:
     """Reference engine: a block manager and a scheduler over the library."""
 
-    def __init__(self, config: EngineConfig, block_pool, caches: StateCaches, runner,
-                 placement=None, eviction=None, tiers=None, tier_options=None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        block_pool,
+        caches: StateCaches,
+        runner,
+        placement=None,
+        eviction=None,
+        tiers=None,
+        tier_options=None,
+    ):
         self.config = config
         self.caches = caches
         self.runner = runner
@@ -153,24 +171,37 @@ class Engine:
         if placement is None and eviction is None:
             placement = eviction = AdaptiveCheckpointPolicy()
         self.block_manager = BlockManager(
-            block_pool, caches, config.hash_block_size,
-            enable_prefix_caching=config.enable_prefix_caching, num_spec=config.num_spec,
+            block_pool,
+            caches,
+            config.hash_block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            num_spec=config.num_spec,
             placement=placement or AnchorLadderDemand(),
             eviction=eviction or GuessFirstLRU(),
             interval_tokens=config.checkpoint_interval_tokens,
-            hash_seed=config.hash_seed, hash_salt=config.hash_salt)
+            hash_seed=config.hash_seed,
+            hash_salt=config.hash_salt,
+        )
         self.tiering = None
         if tiers:
             from .tiering import attach_tiers
+
             self.tiering = attach_tiers(self, tiers, **(tier_options or {}))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished: list[Request] = []
         self.num_passes = 0
         self.num_preemptions = 0
-        log_config("Engine", dict(**vars(config), transfer=caches.transfer.kind,
-                                  slots=caches.slot_pool.num_slots, paged=caches.pages,
-                                  blocks=block_pool.num_blocks))
+        log_config(
+            "Engine",
+            dict(
+                **vars(config),
+                transfer=caches.transfer.kind,
+                slots=caches.slot_pool.num_slots,
+                paged=caches.pages,
+                blocks=block_pool.num_blocks,
+            ),
+        )
 
     # ------------------------------- intake -------------------------------- #
 
@@ -212,7 +243,8 @@ class Engine:
         if not items and not self.running and self.waiting:
             raise RuntimeError(
                 f"request {self.waiting[0].request_id} cannot be admitted even with nothing "
-                "running: the KV block pool or the state slots are too small for it")
+                "running: the KV block pool or the state slots are too small for it"
+            )
         # 3. build the batch
         ops = self.caches.take_ops()
         if self.tiering is not None:
@@ -286,8 +318,16 @@ class Engine:
                     midstep += [(r[0], r[1]) for r in rs]
         read = seq.state_fork_src if seq.state_fork_src >= 0 else seq.state_slot
         ends_prompt = start + n >= seq.num_tokens
-        item = BatchItem(seq, start, seq.token_ids[start:start + n], list(seq.block_table),
-                         read, seq.state_slot, ends_prompt, midstep)
+        item = BatchItem(
+            seq,
+            start,
+            seq.token_ids[start : start + n],
+            list(seq.block_table),
+            read,
+            seq.state_slot,
+            ends_prompt,
+            midstep,
+        )
         return item, n
 
     def _postprocess(self, items, reservations, results) -> list[Request]:
@@ -315,7 +355,7 @@ class Engine:
                 bm.decode_boundary(seq)
             if item.sample:
                 out = results.get(seq.seq_id)
-                token, logits = (out if isinstance(out, tuple) else (out, None))
+                token, logits = out if isinstance(out, tuple) else (out, None)
                 if token is None:
                     token = seq.scripted_output[len(seq.output_token_ids)]
                 if logits is not None:
@@ -347,8 +387,7 @@ class Engine:
     def preempt(self, seq: Request) -> None:
         """Recompute-style preemption: everything goes back, the request waits
         at the front of the queue with its tokens so far."""
-        if seq.state_fork_src >= 0 or any(
-                b.position == seq.num_computed_tokens for b in seq.planned):
+        if seq.state_fork_src >= 0 or any(b.position == seq.num_computed_tokens for b in seq.planned):
             # its last forward ended on a boundary whose checkpoint is in flight
             self.block_manager.count("preempted_with_pending_checkpoint")
         self.block_manager.free(seq)

@@ -40,22 +40,30 @@ class StateCaches:
             self.voters = [slot_pool]
 
     @classmethod
-    def build(cls, transfer, num_slots: int, hash_block_size: int, block_pool=None,
-              spec=None, enabled: bool = True, max_num_seqs: int | None = None) -> "StateCaches":
+    def build(
+        cls,
+        transfer,
+        num_slots: int,
+        hash_block_size: int,
+        block_pool=None,
+        spec=None,
+        enabled: bool = True,
+        max_num_seqs: int | None = None,
+    ) -> StateCaches:
         if transfer.copies:
             if block_pool is None or spec is None:
                 raise ValueError("a copy transfer needs block_pool and spec for PAGE images")
-            slots = statecache.StateSlotPool(num_slots, statecache.StateTransfer.none(),
-                                             hash_block_size=hash_block_size, enabled=enabled)
+            slots = statecache.StateSlotPool(
+                num_slots, statecache.StateTransfer.none(), hash_block_size=hash_block_size, enabled=enabled
+            )
             coord = statecache.PagedStateCheckpointCoordinator(
-                block_pool, spec, enabled, readable_midstep=transfer.readable_midstep)
+                block_pool, spec, enabled, readable_midstep=transfer.readable_midstep
+            )
             if transfer.readable_midstep:
                 # midstep stores must fit the runner's per-batch op staging
-                coord.attach_midstep_scratch(
-                    slots, statecache.checkpoint_copy_ops_per_batch(max_num_seqs or num_slots))
+                coord.attach_midstep_scratch(slots, statecache.checkpoint_copy_ops_per_batch(max_num_seqs or num_slots))
             return cls(transfer, slots, coord, hash_block_size)
-        slots = statecache.StateSlotPool(num_slots, transfer, hash_block_size=hash_block_size,
-                                         enabled=enabled)
+        slots = statecache.StateSlotPool(num_slots, transfer, hash_block_size=hash_block_size, enabled=enabled)
         return cls(transfer, slots, None, hash_block_size)
 
     @property
@@ -100,7 +108,7 @@ class StateCaches:
         if self.degradations is not None:
             self.degradations.poll()
 
-    def take_ops(self) -> "StateOps":
+    def take_ops(self) -> StateOps:
         """Step 3 of a pass: drains this batch's maintenance ops (relocations,
         PAGE stores and restores); returns them as ``StateOps``."""
         relocations = tuple(self.slot_pool.take_relocations())
@@ -135,5 +143,7 @@ class StateOps:
         return bool(self.relocations or self.copies or self.stores or self.restores)
 
     def __repr__(self) -> str:
-        return (f"StateOps(relocations={len(self.relocations)}, copies={len(self.copies)}, "
-                f"stores={len(self.stores)}, restores={len(self.restores)})")
+        return (
+            f"StateOps(relocations={len(self.relocations)}, copies={len(self.copies)}, "
+            f"stores={len(self.stores)}, restores={len(self.restores)})"
+        )

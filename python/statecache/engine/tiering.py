@@ -73,9 +73,9 @@ class UnitMover:
         first, rem = divmod(addr - base, self.unit_bytes)
         if rem or first < 0 or first + block.shape[0] > h.shape[0] or h.shape[1] != self.unit_bytes:
             return None
-        return h[first:first + block.shape[0]]
+        return h[first : first + block.shape[0]]
 
-    def gather(self, units) -> "object":
+    def gather(self, units) -> object:
         """``[len(units), unit_bytes]`` uint8 on the KV device."""
         torch = self.torch
         idx = torch.as_tensor(list(units), dtype=torch.long, device=self.device)
@@ -90,7 +90,7 @@ class UnitMover:
         col = 0
         for v in self.views:
             w = v.shape[0] * v.shape[2]
-            part = data[:, col:col + w].reshape(len(units), v.shape[0], v.shape[2]).permute(1, 0, 2)
+            part = data[:, col : col + w].reshape(len(units), v.shape[0], v.shape[2]).permute(1, 0, 2)
             v.index_copy_(1, idx, part)
             col += w
 
@@ -132,8 +132,7 @@ def _consecutive(rows, unit_bytes: int):
             return None
     # Every row was checked to start where the previous one ends, so one
     # strided view over the first covers exactly their bytes.
-    return np.lib.stride_tricks.as_strided(rows[0], shape=(len(rows), unit_bytes),
-                                           strides=(unit_bytes, 1))
+    return np.lib.stride_tricks.as_strided(rows[0], shape=(len(rows), unit_bytes), strides=(unit_bytes, 1))
 
 
 class _Job:
@@ -160,10 +159,22 @@ class Tiering:
     when the engine builds this object).
     """
 
-    def __init__(self, tiers, *, caches, block_pool, page_layout, layout_id: str,
-                 hash_block_size: int, tp_rank: int = 0, tp_size: int = 1,
-                 max_inflight: int = 16, offload_timeout_s: float = 10.0,
-                 shared_writes: str | None = None, kv: bool = True):
+    def __init__(
+        self,
+        tiers,
+        *,
+        caches,
+        block_pool,
+        page_layout,
+        layout_id: str,
+        hash_block_size: int,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        max_inflight: int = 16,
+        offload_timeout_s: float = 10.0,
+        shared_writes: str | None = None,
+        kv: bool = True,
+    ):
         tiers = list(tiers)
         if not tiers:
             raise ValueError("tiers must name at least one tier")
@@ -174,8 +185,11 @@ class Tiering:
             raise ValueError("tiers need PAGE checkpoints (a copy StateTransfer)")
         if not isinstance(max_inflight, int) or isinstance(max_inflight, bool) or max_inflight <= 0:
             raise ValueError(f"max_inflight={max_inflight!r} must be a positive int")
-        if isinstance(offload_timeout_s, bool) or not isinstance(offload_timeout_s, (int, float)) \
-                or not offload_timeout_s > 0:
+        if (
+            isinstance(offload_timeout_s, bool)
+            or not isinstance(offload_timeout_s, (int, float))
+            or not offload_timeout_s > 0
+        ):
             raise ValueError(f"offload_timeout_s={offload_timeout_s!r} must be a positive number")
         if shared_writes not in (None, "demote", "through"):
             raise ValueError(f"shared_writes={shared_writes!r} must be 'demote' or 'through'")
@@ -201,8 +215,9 @@ class Tiering:
         if hasattr(self.host._owner, "data_ptr"):
             self.mover.attach_host(self.host._owner)
         if self.host.entry_bytes != self.unit_bytes:
-            raise ValueError(f"HostTier entry_bytes={self.host.entry_bytes} must equal the page "
-                             f"unit size {self.unit_bytes}")
+            raise ValueError(
+                f"HostTier entry_bytes={self.host.entry_bytes} must equal the page unit size {self.unit_bytes}"
+            )
         self.shared_writes = shared_writes or ("through" if self.staging_only else "demote")
         if self.shared and not self.staging_only and self.shared_writes == "demote":
             self.host.on_evict = self._demote
@@ -223,17 +238,31 @@ class Tiering:
         self._kv_blocks: dict[int, int] = {}  # published hash -> block
         self._kv_pending: list[tuple[int, int]] = []  # (hash, block) to copy down
         self._loaded_from: dict[int, str] = {}
-        self.counters = {k: 0 for k in (
-            "state_offloaded", "state_offload_failed", "state_loaded_host", "state_loaded_shared",
-            "kv_offloaded", "kv_loaded_host", "kv_loaded_shared", "loads_untrusted",
-            "loads_missing", "loads_failed", "demoted", "shared_writes_failed", "probes")}
+        self.counters = {
+            k: 0
+            for k in (
+                "state_offloaded",
+                "state_offload_failed",
+                "state_loaded_host",
+                "state_loaded_shared",
+                "kv_offloaded",
+                "kv_loaded_host",
+                "kv_loaded_shared",
+                "loads_untrusted",
+                "loads_missing",
+                "loads_failed",
+                "demoted",
+                "shared_writes_failed",
+                "probes",
+            )
+        }
 
     # ------------------------------ keys ----------------------------------- #
 
     def note_keys(self, hashes, keys: bytes, first_block: int) -> None:
         """Learns the 128-bit prefix keys of blocks ``first_block...``."""
         for i, h in enumerate(hashes):
-            self.known[h] = (keys[16 * i:16 * i + 16], (first_block + i + 1) * self.hbs)
+            self.known[h] = (keys[16 * i : 16 * i + 16], (first_block + i + 1) * self.hbs)
         if len(self.known) > (1 << 21):  # bounded: forget the oldest half
             for h in list(itertools.islice(self.known, len(self.known) // 2)):
                 del self.known[h]
@@ -312,8 +341,7 @@ class Tiering:
     def _copy_and_write(self, job, units, rows) -> bool:
         self.mover.to_rows(units, rows)
         job.source_done = True
-        header = integrity.make_header(job.key, len(rows) * self.unit_bytes,
-                                       integrity.checksum(rows))
+        header = integrity.make_header(job.key, len(rows) * self.unit_bytes, integrity.checksum(rows))
         return self._write_shared(job.key, rows, header)
 
     def _settle(self, op, h: int, key: str, ok: bool) -> None:
@@ -345,7 +373,7 @@ class Tiering:
         return ok
 
     def _header_buffer(self, slot: int, header: bytes):
-        buf = self.headers[slot, :len(header)]
+        buf = self.headers[slot, : len(header)]
         buf[:] = np.frombuffer(header, dtype=np.uint8)
         return buf
 
@@ -382,7 +410,7 @@ class Tiering:
 
     def _demote(self, batch) -> None:
         """Host eviction hook: the evicted values go to the shared tiers."""
-        for key, rows, nbytes, meta in batch:
+        for key, rows, _nbytes, meta in batch:
             if not meta:
                 continue
             for t in self.shared:
@@ -471,9 +499,8 @@ class Tiering:
         if to_shared:
             slots = len(self.headers) - 8  # slots 0-7 serve single values
             for lo in range(0, len(items), slots):
-                chunk = items[lo:lo + slots]
-                values = [[self._header_buffer(8 + j, headers[lo + j]), *rows]
-                          for j, (_, rows, _) in enumerate(chunk)]
+                chunk = items[lo : lo + slots]
+                values = [[self._header_buffer(8 + j, headers[lo + j]), *rows] for j, (_, rows, _) in enumerate(chunk)]
                 for t in self.shared:
                     try:
                         ok = t.put_many([k for k, _, _ in chunk], values)
@@ -543,8 +570,7 @@ class Tiering:
             return
         lo = getattr(seq, "_tier_probed", 0)
         seq._tier_probed = upto
-        hs = [h for h in seq.hashes[lo:upto]
-              if not self.index.could_serve(h) and not self.coord.contains(h)]
+        hs = [h for h in seq.hashes[lo:upto] if not self.index.could_serve(h) and not self.coord.contains(h)]
         keys = [self.key("state", h) for h in hs]
         pairs = [(h, k) for h, k in zip(hs, keys) if k is not None]
         if not pairs:
@@ -638,8 +664,7 @@ class Tiering:
         got = self._read(key, nbytes, STATE)
         if got is None:
             # Every copy was missing or failed its check (and was removed).
-            self.index.fail_load(h, missing=True,
-                                 untrusted=self.counters["loads_untrusted"] > untrusted)
+            self.index.fail_load(h, missing=True, untrusted=self.counters["loads_untrusted"] > untrusted)
             return False
         rows, where = got
         owner = ("statecache-tier-load", next(self._owner_ids))
@@ -681,7 +706,8 @@ class Tiering:
         if pool.num_free + pool.num_kv_blocks + pool.num_reserved != pool.num_blocks:
             raise AssertionError(
                 f"page units: free {pool.num_free} + kv {pool.num_kv_blocks} + reserved "
-                f"{pool.num_reserved} != {pool.num_blocks}")
+                f"{pool.num_reserved} != {pool.num_blocks}"
+            )
         arena = self.host.arena
         arena.check_consistency()
         pinned = {j.key for j in self._jobs if j.pinned} | {k for _, k in self._quarantine}
@@ -707,20 +733,28 @@ class Tiering:
         self.coord.attach_offload(None)
 
 
-def attach_tiers(engine, tiers, *, page_layout=None, tp_rank: int = 0, tp_size: int = 1,
-                 **options) -> Tiering:
+def attach_tiers(engine, tiers, *, page_layout=None, tp_rank: int = 0, tp_size: int = 1, **options) -> Tiering:
     """Builds the engine's ``Tiering`` over its runner's page layout."""
     runner = engine.runner
     executor = getattr(runner, "executor", None)
     if page_layout is None:
         if executor is None:
-            raise ValueError("tiers need the runner's page layout: pass "
-                             "tier_options={'page_layout': ...} for a runner without an executor")
+            raise ValueError(
+                "tiers need the runner's page layout: pass "
+                "tier_options={'page_layout': ...} for a runner without an executor"
+            )
         page_layout = executor.page_layout
     layout_id = getattr(runner, "layout_id", None) or engine.caches.coordinator.store.spec.layout_id
-    t = Tiering(tiers, caches=engine.caches, block_pool=engine.block_manager.pool,
-                page_layout=page_layout, layout_id=layout_id,
-                hash_block_size=engine.config.hash_block_size, tp_rank=tp_rank, tp_size=tp_size,
-                **options)
+    t = Tiering(
+        tiers,
+        caches=engine.caches,
+        block_pool=engine.block_manager.pool,
+        page_layout=page_layout,
+        layout_id=layout_id,
+        hash_block_size=engine.config.hash_block_size,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        **options,
+    )
     engine.block_manager.tiering = t
     return t

@@ -9,5 +9,13 @@ from .hybrid import MODELS, HybridGeometry, build_model, probe_geometry  # noqa:
 from .runner import HybridModelRunner  # noqa: E402
 from .serve import build_engine  # noqa: E402
 
-__all__ = ["MIN_TRANSFORMERS", "MODELS", "HybridGeometry", "HybridModelRunner", "build_engine",
-           "build_model", "probe_geometry", "require_transformers"]
+__all__ = [
+    "MIN_TRANSFORMERS",
+    "MODELS",
+    "HybridGeometry",
+    "HybridModelRunner",
+    "build_engine",
+    "build_model",
+    "probe_geometry",
+    "require_transformers",
+]

@@ -28,8 +28,7 @@ def require_transformers(installed: str | None = None) -> str:
             installed = importlib.metadata.version("transformers")
         except importlib.metadata.PackageNotFoundError:
             raise ImportError(
-                f"statecache.models needs transformers>={MIN_TRANSFORMERS}, "
-                f"which is not installed: {fix}"
+                f"statecache.models needs transformers>={MIN_TRANSFORMERS}, which is not installed: {fix}"
             ) from None
     if _release(installed) < _release(MIN_TRANSFORMERS):
         raise ImportError(

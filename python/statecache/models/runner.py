@@ -25,8 +25,16 @@ from .hybrid import HybridGeometry
 
 
 class HybridModelRunner:
-    def __init__(self, model, geom: HybridGeometry, num_slots: int, num_blocks: int,
-                 block_size: int, device: str = "cpu", max_num_seqs: int = 8):
+    def __init__(
+        self,
+        model,
+        geom: HybridGeometry,
+        num_slots: int,
+        num_blocks: int,
+        block_size: int,
+        device: str = "cpu",
+        max_num_seqs: int = 8,
+    ):
         self.model = model
         self.geom = geom
         self.block_size = block_size
@@ -35,8 +43,9 @@ class HybridModelRunner:
         R, A = len(geom.recurrent_layers), len(geom.attention_layers)
         self.conv = torch.zeros((R, num_slots) + geom.conv_shape, dtype=dt, device=self.device)
         self.ssm = torch.zeros((R, num_slots) + geom.ssm_shape, dtype=dt, device=self.device)
-        self.kv = torch.zeros((A, num_blocks, 2, block_size, geom.kv_heads, geom.head_dim),
-                              dtype=dt, device=self.device)
+        self.kv = torch.zeros(
+            (A, num_blocks, 2, block_size, geom.kv_heads, geom.head_dim), dtype=dt, device=self.device
+        )
         self.executor = make_executor(self, max_num_seqs)
         self.layout_id = self.executor.layout_id
         self.num_forwards = 0
@@ -72,11 +81,9 @@ class HybridModelRunner:
         slot_at = {p: s for s, p in item.midstep}
         pos, logits = start, None
         for cut in cuts:
-            ids = torch.tensor([toks[pos - start:cut - start]], dtype=torch.long,
-                               device=self.device)
+            ids = torch.tensor([toks[pos - start : cut - start]], dtype=torch.long, device=self.device)
             positions = torch.arange(pos, cut, device=self.device).unsqueeze(0)
-            res = self.model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True,
-                             logits_to_keep=1)
+            res = self.model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
             logits = res.logits[0, -1]
             if cut in slot_at:  # an interior state a readable_midstep backend keeps
                 self._save_state(cache, slot_at[cut])
@@ -95,8 +102,7 @@ class HybridModelRunner:
             layer = cache.layers[li]
             conv = self.conv[j, slot].unsqueeze(0)
             ssm = self.ssm[j, slot].unsqueeze(0)
-            layer.lazy_initialization(conv_states=conv, recurrent_states=ssm,
-                                      conv_kernel_size=self.geom.conv_kernel)
+            layer.lazy_initialization(conv_states=conv, recurrent_states=ssm, conv_kernel_size=self.geom.conv_kernel)
             layer.conv_states[0].copy_(conv)
             layer.recurrent_states[0].copy_(ssm)
             layer.has_previous_state[0] = True
@@ -111,8 +117,7 @@ class HybridModelRunner:
         """Row index into ``kv[a, :, kind].view(-1, kvh, hd)`` per position."""
         pos = torch.arange(start, end)
         table = torch.tensor(block_table, dtype=torch.long)
-        return (table[pos // self.block_size] * self.block_size + pos % self.block_size).to(
-            self.device)
+        return (table[pos // self.block_size] * self.block_size + pos % self.block_size).to(self.device)
 
     def _stage_kv(self, cache, block_table, length: int) -> None:
         g, bs = self.geom, self.block_size
@@ -132,8 +137,8 @@ class HybridModelRunner:
             layer = cache.layers[li]
             view = self.kv[j].view(-1, 2, self.block_size, g.kv_heads, g.head_dim)
             blocks, offs = rows // self.block_size, rows % self.block_size
-            view[blocks, 0, offs] = layer.keys[0, :, start:start + n].transpose(0, 1)
-            view[blocks, 1, offs] = layer.values[0, :, start:start + n].transpose(0, 1)
+            view[blocks, 0, offs] = layer.keys[0, :, start : start + n].transpose(0, 1)
+            view[blocks, 1, offs] = layer.values[0, :, start : start + n].transpose(0, 1)
 
 
 def make_executor(runner: HybridModelRunner, max_num_seqs: int):
@@ -143,6 +148,9 @@ def make_executor(runner: HybridModelRunner, max_num_seqs: int):
     from statecache.executor import StateCopyExecutor
     from statecache.layout import PageLayout, StateLayout
 
-    return StateCopyExecutor(StateLayout([runner.conv, runner.ssm], slot_dim=1),
-                             PageLayout([runner.kv], unit_dim=1), max_num_seqs,
-                             runner.device)
+    return StateCopyExecutor(
+        StateLayout([runner.conv, runner.ssm], slot_dim=1),
+        PageLayout([runner.kv], unit_dim=1),
+        max_num_seqs,
+        runner.device,
+    )

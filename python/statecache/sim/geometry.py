@@ -87,8 +87,8 @@ def _qwen3_next_80b_a3b() -> ModelGeometry:
         attention_layers=12,
         state_bytes=36 * 2 * (32 * 128 * 128 + (2 * 16 * 128 + 32 * 128) * 3),
         kv_bytes_per_token=12 * 2 * 2 * 256 * 2,
-        recurrent_flops_per_token=36 * (2 * (2048 * (2 * 2048 + 2 * 4096) + 2048 * 64 + 8192 * 4
-                                             + 4096 * 2048) + 7 * 128 * 128 * 32),
+        recurrent_flops_per_token=36
+        * (2 * (2048 * (2 * 2048 + 2 * 4096) + 2048 * 64 + 8192 * 4 + 4096 * 2048) + 7 * 128 * 128 * 32),
         attention_flops_per_token=12 * 2 * (2048 * 16 * 256 * 2 + 2 * 2048 * 512 + 4096 * 2048),
         attention_flops_per_context_token=12 * 2 * 2 * 16 * 256,
         other_flops_per_token=48 * 2 * (2048 * 512 + 11 * 3 * 2048 * 512),
@@ -118,8 +118,8 @@ def _mamba_codestral_7b() -> ModelGeometry:
         attention_layers=0,
         state_bytes=64 * 2 * (128 * 64 * 128 + (8192 + 2 * 8 * 128) * 3),
         kv_bytes_per_token=0,
-        recurrent_flops_per_token=64 * (2 * (4096 * (2 * 8192 + 2 * 8 * 128 + 128) + 10240 * 4
-                                             + 8192 * 4096) + 5 * 128 * 64 * 128),
+        recurrent_flops_per_token=64
+        * (2 * (4096 * (2 * 8192 + 2 * 8 * 128 + 128) + 10240 * 4 + 8192 * 4096) + 5 * 128 * 64 * 128),
         attention_flops_per_token=0,
         attention_flops_per_context_token=0,
         other_flops_per_token=0,
@@ -154,17 +154,15 @@ def _hybrid_7b() -> ModelGeometry:
         attention_layers=4,
         state_bytes=24 * 2 * (4096 * 128 + 4 * (2 * 4096 + 2 * 128)),
         kv_bytes_per_token=4 * 2 * 4096 * 2,
-        recurrent_flops_per_token=24 * (2 * (4096 * (2 * 8192 + 2 * 128 + 128) + 8448 * 4
-                                             + 8192 * 4096) + 5 * 4096 * 128),
+        recurrent_flops_per_token=24
+        * (2 * (4096 * (2 * 8192 + 2 * 128 + 128) + 8448 * 4 + 8192 * 4096) + 5 * 4096 * 128),
         attention_flops_per_token=4 * 2 * 4 * 4096 * 4096,
         attention_flops_per_context_token=4 * 2 * 2 * 4096,
         other_flops_per_token=28 * 2 * 2 * 4096 * 16384,
     )
 
 
-PRESETS: dict[str, ModelGeometry] = {
-    g.name: g for g in (_qwen3_next_80b_a3b(), _mamba_codestral_7b(), _hybrid_7b())
-}
+PRESETS: dict[str, ModelGeometry] = {g.name: g for g in (_qwen3_next_80b_a3b(), _mamba_codestral_7b(), _hybrid_7b())}
 DEFAULT_PRESET = "qwen3-next-80b-a3b"
 
 

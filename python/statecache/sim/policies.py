@@ -33,8 +33,8 @@ setting the simulator measured well on chat traces (see
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from statecache.engine.adaptive import AdaptiveCheckpointPolicy, CostModel
 from statecache.engine.placement import (
@@ -186,8 +186,7 @@ class WithLadder(AnchorLadderDemand):
     name = "anchor-ladder-demand"
 
     def __init__(self, interval_tokens: int, gate=None) -> None:
-        if isinstance(interval_tokens, bool) or not isinstance(interval_tokens, int) \
-                or interval_tokens < -1:
+        if isinstance(interval_tokens, bool) or not isinstance(interval_tokens, int) or interval_tokens < -1:
             raise ValueError(f"interval_tokens must be an int >= -1, got {interval_tokens!r}")
         self.interval_tokens = interval_tokens
         self.gate = gate
@@ -230,7 +229,7 @@ class FlopAwareEviction(PlainLRU):
         self.demote = frozenset(demote)
         self.demoted: set[int] = set()
         self.clock = 0
-        self.last_use: dict[int, int] = {}      # prefix hash -> clock of last write or read
+        self.last_use: dict[int, int] = {}  # prefix hash -> clock of last write or read
         self.efficiency: dict[int, float] = {}  # prefix hash -> FLOPs saved per byte
         self.reorders = 0
         self._filed = -1  # len(held) at the last reorder; -1: something changed since
@@ -285,8 +284,10 @@ class FlopAwareEviction(PlainLRU):
         r_lo, r_hi = min(rec), max(rec)
         e_lo, e_hi = min(eff), max(eff)
         r_span, e_span = (r_hi - r_lo) or 1, (e_hi - e_lo) or 1.0
-        score = [(h not in self.demoted, ((r - r_lo) / r_span) + self.alpha * ((e - e_lo) / e_span))
-                 for (h, _), r, e in zip(items, rec, eff)]
+        score = [
+            (h not in self.demoted, ((r - r_lo) / r_span) + self.alpha * ((e - e_lo) / e_span))
+            for (h, _), r, e in zip(items, rec, eff)
+        ]
         for k in sorted(range(len(items)), key=score.__getitem__):
             slot = items[k][1]
             pool.mark_speculative(slot)
@@ -301,7 +302,7 @@ class PolicySpec:
 
     name: str
     description: str
-    build: Callable[["PolicyContext"], tuple[PlacementPolicy, EvictionPolicy]]
+    build: Callable[[PolicyContext], tuple[PlacementPolicy, EvictionPolicy]]
 
 
 @dataclass(frozen=True)
@@ -329,27 +330,40 @@ def _statecache_adaptive(c: PolicyContext) -> tuple[PlacementPolicy, EvictionPol
 POLICIES: dict[str, PolicySpec] = {
     p.name: p
     for p in (
-        PolicySpec("statecache",
-                   "the library default (adaptive): anchor + demand rung + a ladder chosen online "
-                   "by shadow evaluation; recency + FLOPs saved per byte in the library",
-                   _statecache_adaptive),
-        PolicySpec("statecache-lru",
-                   "the fixed pre-adaptive default: prompt-end anchor + demand rung; guesses "
-                   "spent first, LRU",
-                   lambda c: (AnchorLadderDemand(), GuessFirstLRU())),
-        PolicySpec("vllm-all", "vLLM all: every block boundary, prefill and decode; LRU",
-                   lambda c: (EveryBlock(), PlainLRU())),
-        PolicySpec("vllm-align", "vLLM align: ends of grid-aligned prefill chunks; LRU",
-                   lambda c: (ChunkEnds(c.chunk_tokens), PlainLRU())),
-        PolicySpec("sglang", "SGLang: every N tokens and at finish; LRU",
-                   lambda c: (EveryNTokens(c.interval_tokens), PlainLRU())),
-        PolicySpec("marconi",
-                   "Marconi: branch points and the end; recency + FLOPs saved per byte",
-                   lambda c: (BranchPointsAndEnd(), FlopAwareEviction(c.geometry))),
-        PolicySpec("statecache-flop",
-                   "statecache placement with a ladder; ladder rungs spent first, then "
-                   "recency + FLOPs saved per byte",
-                   _statecache_flop),
+        PolicySpec(
+            "statecache",
+            "the library default (adaptive): anchor + demand rung + a ladder chosen online "
+            "by shadow evaluation; recency + FLOPs saved per byte in the library",
+            _statecache_adaptive,
+        ),
+        PolicySpec(
+            "statecache-lru",
+            "the fixed pre-adaptive default: prompt-end anchor + demand rung; guesses spent first, LRU",
+            lambda c: (AnchorLadderDemand(), GuessFirstLRU()),
+        ),
+        PolicySpec(
+            "vllm-all", "vLLM all: every block boundary, prefill and decode; LRU", lambda c: (EveryBlock(), PlainLRU())
+        ),
+        PolicySpec(
+            "vllm-align",
+            "vLLM align: ends of grid-aligned prefill chunks; LRU",
+            lambda c: (ChunkEnds(c.chunk_tokens), PlainLRU()),
+        ),
+        PolicySpec(
+            "sglang",
+            "SGLang: every N tokens and at finish; LRU",
+            lambda c: (EveryNTokens(c.interval_tokens), PlainLRU()),
+        ),
+        PolicySpec(
+            "marconi",
+            "Marconi: branch points and the end; recency + FLOPs saved per byte",
+            lambda c: (BranchPointsAndEnd(), FlopAwareEviction(c.geometry)),
+        ),
+        PolicySpec(
+            "statecache-flop",
+            "statecache placement with a ladder; ladder rungs spent first, then recency + FLOPs saved per byte",
+            _statecache_flop,
+        ),
     )
 }
 
@@ -361,6 +375,18 @@ def policy(name: str) -> PolicySpec:
         raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}") from None
 
 
-__all__ = ["POLICIES", "PolicyContext", "PolicySpec", "policy", "EveryBlock", "ChunkEnds",
-           "EveryNTokens", "BranchPointsAndEnd", "FlopAwareEviction", "WithLadder", "AnchorLadderDemand",
-           "GuessFirstLRU", "PlainLRU"]
+__all__ = [
+    "POLICIES",
+    "PolicyContext",
+    "PolicySpec",
+    "policy",
+    "EveryBlock",
+    "ChunkEnds",
+    "EveryNTokens",
+    "BranchPointsAndEnd",
+    "FlopAwareEviction",
+    "WithLadder",
+    "AnchorLadderDemand",
+    "GuessFirstLRU",
+    "PlainLRU",
+]

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9,
-          "GB": 10**9, "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
-          "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 10**3,
+    "KB": 10**3,
+    "M": 10**6,
+    "MB": 10**6,
+    "G": 10**9,
+    "GB": 10**9,
+    "T": 10**12,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_bytes(text: str | int) -> int:
@@ -96,8 +109,13 @@ def plot_hit_rates(results: Sequence[dict], path: str, title: str = "") -> str:
         best_kv[r["state_memory"]] = max(best_kv.get(r["state_memory"], 0.0), r["kv_hit_rate"])
     ceiling = sorted(best_kv.items())
     if ceiling:
-        ax.plot([x / 2**30 for x, _ in ceiling], [100 * y for _, y in ceiling], "k--",
-                linewidth=1, label="KV-only (ceiling)")
+        ax.plot(
+            [x / 2**30 for x, _ in ceiling],
+            [100 * y for _, y in ceiling],
+            "k--",
+            linewidth=1,
+            label="KV-only (ceiling)",
+        )
     ax.set_xlabel(budget_axis_label(results))
     ax.set_ylabel("state-gated token hit rate (%)")
     if len(best_kv) > 2:

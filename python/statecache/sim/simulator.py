@@ -20,18 +20,18 @@ Memory is given in bytes and turned into the engine's sizes:
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
 
 import statecache
 from statecache.engine import Engine, EngineConfig, Request, StateCaches
 
 from .geometry import DEFAULT_PRESET, ModelGeometry, preset
-from .policies import PolicyContext, policy as policy_spec
+from .policies import PolicyContext
+from .policies import policy as policy_spec
 from .trace import TraceRequest, ideal_block_hit_rate
 
 # The library's time per pass is this thread's CPU time: on a shared machine
@@ -93,8 +93,7 @@ class SimConfig:
                 raise ValueError("kv_memory and state_memory are both needed without memory")
             _non_negative("kv_memory", self.kv_memory)
             _non_negative("state_memory", self.state_memory)
-        for name in ("concurrency", "max_batched_tokens", "hash_block_size", "peer_interval_tokens",
-                     "fork_tokens"):
+        for name in ("concurrency", "max_batched_tokens", "hash_block_size", "peer_interval_tokens", "fork_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -105,25 +104,28 @@ class SimConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < -1:
                 raise ValueError(f"{name} must be an int >= -1, got {value!r}")
         if self.max_output_tokens is not None and (
-                isinstance(self.max_output_tokens, bool) or not isinstance(self.max_output_tokens, int)
-                or self.max_output_tokens <= 0):
-            raise ValueError(f"max_output_tokens must be a positive int or None, got "
-                             f"{self.max_output_tokens!r}")
+            isinstance(self.max_output_tokens, bool)
+            or not isinstance(self.max_output_tokens, int)
+            or self.max_output_tokens <= 0
+        ):
+            raise ValueError(f"max_output_tokens must be a positive int or None, got {self.max_output_tokens!r}")
         if self.arrivals not in ("trace", "asap"):
             raise ValueError(f"arrivals must be 'trace' or 'asap', got {self.arrivals!r}")
         _non_negative("host_memory", self.host_memory)
         _non_negative("shared_tier_memory", self.shared_tier_memory)
         if (self.host_memory or self.shared_tier_memory) and self.memory is None:
-            raise ValueError("host_memory / shared_tier_memory model tiers under PAGE images: "
-                             "give memory (shared KV + checkpoints), not kv_memory/state_memory")
+            raise ValueError(
+                "host_memory / shared_tier_memory model tiers under PAGE images: "
+                "give memory (shared KV + checkpoints), not kv_memory/state_memory"
+            )
         if not 0.0 <= self.tier_kv_share <= 1.0:
             raise ValueError(f"tier_kv_share must be in [0, 1], got {self.tier_kv_share!r}")
         if not self.host_gbps > 0 or not self.remote_gbps > 0:
-            raise ValueError(f"host_gbps and remote_gbps must be > 0, got {self.host_gbps!r}, "
-                             f"{self.remote_gbps!r}")
+            raise ValueError(f"host_gbps and remote_gbps must be > 0, got {self.host_gbps!r}, {self.remote_gbps!r}")
         if not self.device_flops > 0 or not self.pass_floor_ms >= 0:
-            raise ValueError(f"device_flops must be > 0 and pass_floor_ms >= 0, got "
-                             f"{self.device_flops!r}, {self.pass_floor_ms!r}")
+            raise ValueError(
+                f"device_flops must be > 0 and pass_floor_ms >= 0, got {self.device_flops!r}, {self.pass_floor_ms!r}"
+            )
 
     @property
     def shared(self) -> bool:
@@ -171,11 +173,12 @@ def _sizes(cfg: SimConfig, g: ModelGeometry) -> _Sizes:
     live = cfg.concurrency
     if cfg.shared:
         if not block_bytes:
-            raise ValueError(f"geometry {g.name} has no KV blocks to share memory with: give "
-                             "kv_memory and state_memory instead of memory")
+            raise ValueError(
+                f"geometry {g.name} has no KV blocks to share memory with: give "
+                "kv_memory and state_memory instead of memory"
+            )
         units = -(-g.state_bytes // block_bytes)
-        return _Sizes(block_bytes, cfg.memory // block_bytes, live, units,
-                      cfg.memory // (units * block_bytes))
+        return _Sizes(block_bytes, cfg.memory // block_bytes, live, units, cfg.memory // (units * block_bytes))
     blocks = cfg.kv_memory // block_bytes if block_bytes else _UNBOUNDED_BLOCKS
     capacity = cfg.state_memory // g.state_bytes
     return _Sizes(block_bytes, blocks, live + capacity, 0, capacity)
@@ -233,8 +236,9 @@ class SimResult:
             },
             "funnel": dict(sorted(f.items())),
             "checkpoint_bytes_peak": max(self.checkpoint_bytes_samples, default=0),
-            "checkpoint_bytes_mean": (statistics.fmean(self.checkpoint_bytes_samples)
-                                      if self.checkpoint_bytes_samples else 0.0),
+            "checkpoint_bytes_mean": (
+                statistics.fmean(self.checkpoint_bytes_samples) if self.checkpoint_bytes_samples else 0.0
+            ),
             "passes": self.passes,
             "library_us_per_pass": ns[len(ns) // 2] / 1e3 if ns else 0.0,
             "library_us_per_pass_mean": statistics.fmean(ns) / 1e3 if ns else 0.0,
@@ -244,8 +248,11 @@ class SimResult:
             "host_memory": cfg.host_memory,
             "shared_tier_memory": cfg.shared_tier_memory,
             # state-gated hit rate by where the resumed image came from
-            "tier_hit_rate": {t: f.get(f"resumed_tokens_{t}", 0) / self.prompt_tokens
-                              for t in ("gpu", "host", "shared")} if self.prompt_tokens else {},
+            "tier_hit_rate": {
+                t: f.get(f"resumed_tokens_{t}", 0) / self.prompt_tokens for t in ("gpu", "host", "shared")
+            }
+            if self.prompt_tokens
+            else {},
         }
 
 
@@ -257,27 +264,47 @@ def build_engine(cfg: SimConfig, g: ModelGeometry | None = None) -> tuple[Engine
     pool = statecache.BlockPool(sizes.num_blocks)
     if cfg.shared:
         spec = statecache.PagedStateCheckpointSpec(
-            page_unit_bytes=sizes.block_bytes, slot_bytes=g.state_bytes,
-            layout_id=f"sim-{g.name}", image_bytes=g.state_bytes)
-        caches = StateCaches.build(statecache.StateTransfer.copy(f"sim-{g.name}"), sizes.num_slots,
-                                   hbs, block_pool=pool, spec=spec)
+            page_unit_bytes=sizes.block_bytes,
+            slot_bytes=g.state_bytes,
+            layout_id=f"sim-{g.name}",
+            image_bytes=g.state_bytes,
+        )
+        caches = StateCaches.build(
+            statecache.StateTransfer.copy(f"sim-{g.name}"), sizes.num_slots, hbs, block_pool=pool, spec=spec
+        )
     else:
-        caches = StateCaches.build(statecache.StateTransfer.fork(cfg.fork_tokens), sizes.num_slots,
-                                   hbs)
-    ctx = PolicyContext(geometry=g, hash_block_size=hbs, chunk_tokens=cfg.max_batched_tokens,
-                        interval_tokens=cfg.peer_interval_tokens, ladder_tokens=cfg.ladder_tokens,
-                        seed=cfg.seed)
+        caches = StateCaches.build(statecache.StateTransfer.fork(cfg.fork_tokens), sizes.num_slots, hbs)
+    ctx = PolicyContext(
+        geometry=g,
+        hash_block_size=hbs,
+        chunk_tokens=cfg.max_batched_tokens,
+        interval_tokens=cfg.peer_interval_tokens,
+        ladder_tokens=cfg.ladder_tokens,
+        seed=cfg.seed,
+    )
     placement, eviction = policy_spec(cfg.policy).build(ctx)
-    econf = EngineConfig(hash_block_size=hbs, max_num_seqs=cfg.concurrency,
-                         max_num_batched_tokens=cfg.max_batched_tokens,
-                         checkpoint_interval_tokens=cfg.interval_tokens)
+    econf = EngineConfig(
+        hash_block_size=hbs,
+        max_num_seqs=cfg.concurrency,
+        max_num_batched_tokens=cfg.max_batched_tokens,
+        checkpoint_interval_tokens=cfg.interval_tokens,
+    )
     runner = _ClockRunner(g, cfg.device_flops, cfg.pass_floor_ms / 1e3)
     engine = Engine(econf, pool, caches, runner, placement=placement, eviction=eviction)
     if cfg.host_memory or cfg.shared_tier_memory:
         from .tiers import SimTiers
-        tiers = SimTiers(engine, runner, sizes.block_bytes, sizes.units_per_checkpoint,
-                         cfg.host_memory, cfg.shared_tier_memory, cfg.host_gbps, cfg.remote_gbps,
-                         kv_share=cfg.tier_kv_share)
+
+        tiers = SimTiers(
+            engine,
+            runner,
+            sizes.block_bytes,
+            sizes.units_per_checkpoint,
+            cfg.host_memory,
+            cfg.shared_tier_memory,
+            cfg.host_gbps,
+            cfg.remote_gbps,
+            kv_share=cfg.tier_kv_share,
+        )
         engine.tiering = engine.block_manager.tiering = tiers
     return engine, sizes, runner
 
@@ -296,12 +323,12 @@ def simulate(trace: Sequence[TraceRequest], cfg: SimConfig, progress=None) -> Si
     engine, sizes, runner = build_engine(cfg, g)
     hbs = cfg.hash_block_size
     cap = cfg.max_output_tokens or 1 << 62
-    longest = max((-(-(r.input_length + max(1, min(cap, r.output_length))) // hbs) for r in trace),
-                  default=0)
+    longest = max((-(-(r.input_length + max(1, min(cap, r.output_length))) // hbs) for r in trace), default=0)
     if longest > sizes.num_blocks - cfg.concurrency:
         raise ValueError(
             f"kv memory holds {sizes.num_blocks} blocks of {hbs} tokens; the longest request needs "
-            f"{longest} (+{cfg.concurrency} for decode headroom): raise the KV budget")
+            f"{longest} (+{cfg.concurrency} for decode headroom): raise the KV budget"
+        )
     res = SimResult(config=cfg, sizes=asdict(sizes), ideal_block_hit_rate=ideal_block_hit_rate(trace))
     pending = deque(r for r in trace if r.input_length > 0)
     res.requests = len(pending)
@@ -311,12 +338,18 @@ def simulate(trace: Sequence[TraceRequest], cfg: SimConfig, progress=None) -> Si
     while pending or engine.has_unfinished():
         if not asap and pending and not engine.has_unfinished():
             runner.now_s = max(runner.now_s, pending[0].timestamp_ms / 1e3)
-        while pending and len(engine.waiting) < queue_cap and (
-                asap or pending[0].timestamp_ms / 1e3 <= runner.now_s):
+        while pending and len(engine.waiting) < queue_cap and (asap or pending[0].timestamp_ms / 1e3 <= runner.now_s):
             r = pending.popleft()
-            out = r.output_tokens().tolist()[:cfg.max_output_tokens] or [0]
-            engine.add_request(Request(r.prompt_tokens().tolist(), len(out), request_id=r.index,
-                                       scripted_output=out, arrival=r.timestamp_ms))
+            out = r.output_tokens().tolist()[: cfg.max_output_tokens] or [0]
+            engine.add_request(
+                Request(
+                    r.prompt_tokens().tolist(),
+                    len(out),
+                    request_id=r.index,
+                    scripted_output=out,
+                    arrival=r.timestamp_ms,
+                )
+            )
         if not engine.has_unfinished():
             continue
         busy0 = runner.busy_ns
@@ -345,8 +378,9 @@ def simulate(trace: Sequence[TraceRequest], cfg: SimConfig, progress=None) -> Si
     return res
 
 
-def sweep(trace: Sequence[TraceRequest], configs: Iterable[SimConfig], jobs: int = 1,
-          progress: bool = False) -> list[dict]:
+def sweep(
+    trace: Sequence[TraceRequest], configs: Iterable[SimConfig], jobs: int = 1, progress: bool = False
+) -> list[dict]:
     """Run every config (in processes when ``jobs > 1``); results in order."""
     configs = list(configs)
     if jobs <= 1 or len(configs) <= 1:

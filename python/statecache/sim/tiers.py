@@ -22,9 +22,19 @@ class SimTiers:
     """Host and shared tiers of ``host_bytes`` / ``shared_bytes`` (each split
     ``kv_share`` for KV blocks, the rest for state images)."""
 
-    def __init__(self, engine, runner, block_bytes: int, units_per_checkpoint: int,
-                 host_bytes: int, shared_bytes: int, host_gbps: float, remote_gbps: float,
-                 kv_share: float = 0.5, max_inflight: int = 64):
+    def __init__(
+        self,
+        engine,
+        runner,
+        block_bytes: int,
+        units_per_checkpoint: int,
+        host_bytes: int,
+        shared_bytes: int,
+        host_gbps: float,
+        remote_gbps: float,
+        kv_share: float = 0.5,
+        max_inflight: int = 64,
+    ):
         self.coord = engine.caches.coordinator
         self.pool = engine.block_manager.pool
         self.runner = runner
@@ -43,9 +53,19 @@ class SimTiers:
         self.positions: dict[int, int] = {}
         self._eviction_model = None
         self._loaded_from: dict[int, str] = {}
-        self.counters = {k: 0 for k in ("state_offloaded", "kv_offloaded", "demoted",
-                                        "state_loaded_host", "state_loaded_shared",
-                                        "kv_loaded_host", "kv_loaded_shared", "load_seconds")}
+        self.counters = {
+            k: 0
+            for k in (
+                "state_offloaded",
+                "kv_offloaded",
+                "demoted",
+                "state_loaded_host",
+                "state_loaded_shared",
+                "kv_loaded_host",
+                "kv_loaded_shared",
+                "load_seconds",
+            )
+        }
         self._owner = 0
 
     @staticmethod
@@ -108,8 +128,7 @@ class SimTiers:
                 if not self.tiers["host"].contains(v) if "host" in self.tiers else True:
                     self.index.forget(vh)
         # position in hash blocks, the store's unit
-        got = arena.allocate(key, klass, count, count * self.block_bytes,
-                             self.positions.get(h, 0) // self.hbs)
+        got = arena.allocate(key, klass, count, count * self.block_bytes, self.positions.get(h, 0) // self.hbs)
         if got is None:
             return False
         arena.seal(key, b"")

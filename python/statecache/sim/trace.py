@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -81,7 +81,7 @@ class TraceRequest:
         ``[i*block_size, (i+1)*block_size)``; anything past the last id comes
         from this request alone, so it can never fake a shared prefix."""
         n_blocks = min(len(self.hash_ids), -(-self.input_length // block_size))
-        tokens = block_tokens(self.hash_ids[:n_blocks], block_size)[:self.input_length]
+        tokens = block_tokens(self.hash_ids[:n_blocks], block_size)[: self.input_length]
         short = self.input_length - len(tokens)
         if short > 0:
             tokens = np.concatenate([tokens, derived_tokens(self.index, short, stream=2)])

@@ -87,11 +87,26 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {self.kind!r}")
-        for name in ("sessions", "system_prompts", "system_prompt_tokens", "user_tokens",
-                     "output_tokens", "tool_result_tokens", "branch_factor", "branch_steps",
-                     "documents", "document_tokens", "documents_per_request", "block_size"):
+        for name in (
+            "sessions",
+            "system_prompts",
+            "system_prompt_tokens",
+            "user_tokens",
+            "output_tokens",
+            "tool_result_tokens",
+            "branch_factor",
+            "branch_steps",
+            "documents",
+            "document_tokens",
+            "documents_per_request",
+            "block_size",
+        ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "system_prompt_tokens" else 1):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < (0 if name == "system_prompt_tokens" else 1)
+            ):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         for name in ("session_rate_per_s", "turns"):
             if not getattr(self, name) > 0:
@@ -102,8 +117,9 @@ class WorkloadSpec:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.documents_per_request > self.documents:
-            raise ValueError(f"documents_per_request must be <= documents, got "
-                             f"{self.documents_per_request!r} > {self.documents!r}")
+            raise ValueError(
+                f"documents_per_request must be <= documents, got {self.documents_per_request!r} > {self.documents!r}"
+            )
         if not self.document_zipf > 0:
             raise ValueError(f"document_zipf must be > 0, got {self.document_zipf!r}")
         if not 0.0 <= self.branch_prob <= 1.0:
@@ -124,17 +140,17 @@ class _BlockNamer:
             got = self._ids[key] = len(self._ids)
         return got
 
-    def hash_ids(self, ctx: "_Context") -> tuple[int, ...]:
+    def hash_ids(self, ctx: _Context) -> tuple[int, ...]:
         bs = self.block_size
         n = len(ctx.tokens)
         while (len(ctx.full_ids) + 1) * bs <= n:  # full blocks never change: name once
             i = len(ctx.full_ids)
             prev = ctx.full_ids[-1] if ctx.full_ids else -1
-            ctx.full_ids.append(self._name(prev, ctx.tokens[i * bs:(i + 1) * bs]))
+            ctx.full_ids.append(self._name(prev, ctx.tokens[i * bs : (i + 1) * bs]))
         ids = list(ctx.full_ids)
         tail = n - len(ids) * bs
         if tail:
-            ids.append(self._name(ids[-1] if ids else -1, ctx.tokens[n - tail:]))
+            ids.append(self._name(ids[-1] if ids else -1, ctx.tokens[n - tail :]))
         return tuple(ids)
 
 
@@ -146,7 +162,7 @@ class _Context:
     def extend(self, more: np.ndarray) -> None:
         self.tokens = np.concatenate([self.tokens, more])
 
-    def branch(self) -> "_Context":
+    def branch(self) -> _Context:
         return _Context(self.tokens.copy(), list(self.full_ids))
 
 
@@ -173,8 +189,9 @@ def generate(spec: WorkloadSpec) -> list[TraceRequest]:
     def steps() -> int:
         return int(rng.geometric(1.0 / spec.turns))
 
-    system = [rng.integers(0, VOCAB_SIZE, spec.system_prompt_tokens, dtype=np.int64)
-              for _ in range(spec.system_prompts)]
+    system = [
+        rng.integers(0, VOCAB_SIZE, spec.system_prompt_tokens, dtype=np.int64) for _ in range(spec.system_prompts)
+    ]
     agentic = spec.kind == "agentic"
     tools = agentic or spec.kind == "tool_calling"  # tool results follow each step
     docs, popularity = [], None
@@ -189,8 +206,7 @@ def generate(spec: WorkloadSpec) -> list[TraceRequest]:
         t += rng.exponential(1000.0 / spec.session_rate_per_s)
         parts = [system[rng.integers(spec.system_prompts)]]
         if docs:
-            picked = rng.choice(spec.documents, size=spec.documents_per_request, replace=False,
-                                p=popularity)
+            picked = rng.choice(spec.documents, size=spec.documents_per_request, replace=False, p=popularity)
             parts += [docs[i] for i in picked]  # drawn order: positions vary
         parts.append(text(spec.user_tokens))
         ctx = _Context(np.concatenate(parts))
@@ -211,16 +227,14 @@ def generate(spec: WorkloadSpec) -> list[TraceRequest]:
             for _ in range(spec.branch_factor):
                 child = ctx.branch()
                 child.extend(text(spec.user_tokens))  # the sub-agent's own instruction
-                heapq.heappush(queue, _Pending(p.at_ms + gap, order, child,
-                                               spec.branch_steps, False))
+                heapq.heappush(queue, _Pending(p.at_ms + gap, order, child, spec.branch_steps, False))
                 order += 1
         ctx.extend(text(spec.tool_result_tokens if tools else spec.user_tokens))
         heapq.heappush(queue, _Pending(p.at_ms + gap, order, ctx, p.steps_left - 1, p.branchable))
         order += 1
 
     out.sort(key=lambda r: (r[0], r[1]))
-    return [TraceRequest(i, round(at, 3), n_in, n_out, ids)
-            for i, (at, _, n_in, n_out, ids) in enumerate(out)]
+    return [TraceRequest(i, round(at, 3), n_in, n_out, ids) for i, (at, _, n_in, n_out, ids) in enumerate(out)]
 
 
 # Workloads the hit-rate benchmark ships (about 1,000-1,500 requests each).
@@ -231,15 +245,35 @@ PRESETS: dict[str, WorkloadSpec] = {
     "agentic": WorkloadSpec(kind="agentic", sessions=150, session_rate_per_s=0.5, seed=1),
     # Tool-calling assistants: long shared system prompts (tool schemas),
     # short model / tool turns.
-    "tool-calling": WorkloadSpec(kind="tool_calling", sessions=160, session_rate_per_s=0.8,
-                                 system_prompts=6, system_prompt_tokens=8192, turns=8.0,
-                                 user_tokens=150, output_tokens=80, tool_result_tokens=400,
-                                 think_time_ms=2000.0, seed=5),
+    "tool-calling": WorkloadSpec(
+        kind="tool_calling",
+        sessions=160,
+        session_rate_per_s=0.8,
+        system_prompts=6,
+        system_prompt_tokens=8192,
+        turns=8.0,
+        user_tokens=150,
+        output_tokens=80,
+        tool_result_tokens=400,
+        think_time_ms=2000.0,
+        seed=5,
+    ),
     # RAG: shared documents at varying positions, a few follow-up questions.
-    "rag": WorkloadSpec(kind="rag", sessions=500, session_rate_per_s=2.0, system_prompts=2,
-                        system_prompt_tokens=1024, turns=2.0, user_tokens=120, output_tokens=250,
-                        documents=120, document_tokens=2500, documents_per_request=4,
-                        think_time_ms=6000.0, seed=7),
+    "rag": WorkloadSpec(
+        kind="rag",
+        sessions=500,
+        session_rate_per_s=2.0,
+        system_prompts=2,
+        system_prompt_tokens=1024,
+        turns=2.0,
+        user_tokens=120,
+        output_tokens=250,
+        documents=120,
+        document_tokens=2500,
+        documents_per_request=4,
+        think_time_ms=6000.0,
+        seed=7,
+    ),
 }
 
 
@@ -251,8 +285,7 @@ def main(argv=None) -> int:
 
     from statecache.sim.trace import write_trace
 
-    p = argparse.ArgumentParser(description=WorkloadSpec.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=WorkloadSpec.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", help="JSONL file to write")
     for f in dataclasses.fields(WorkloadSpec):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)

@@ -12,8 +12,18 @@ from .base import FAILED, MISSING, TIMED_OUT, TRUNCATED, Tier, TierError
 from .host import HostTier
 from .keys import TierKey
 
-__all__ = ["FAILED", "HostTier", "MISSING", "MooncakeTier", "RedisTier", "TIMED_OUT", "TRUNCATED",
-           "Tier", "TierError", "TierKey"]
+__all__ = [
+    "FAILED",
+    "HostTier",
+    "MISSING",
+    "MooncakeTier",
+    "RedisTier",
+    "TIMED_OUT",
+    "TRUNCATED",
+    "Tier",
+    "TierError",
+    "TierKey",
+]
 
 
 if TYPE_CHECKING:  # imported on first use at run time (their clients are optional)
@@ -24,8 +34,10 @@ if TYPE_CHECKING:  # imported on first use at run time (their clients are option
 def __getattr__(name: str) -> type[Tier]:
     if name == "MooncakeTier":
         from .mooncake_tier import MooncakeTier
+
         return MooncakeTier
     if name == "RedisTier":
         from .redis_tier import RedisTier
+
         return RedisTier
     raise AttributeError(f"module 'statecache.tiers' has no attribute {name!r}")

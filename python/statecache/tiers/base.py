@@ -28,10 +28,10 @@ Segment: TypeAlias = Any
 Segments: TypeAlias = Sequence[Segment]
 
 # get_many_into per-key results (>= 0: bytes read)
-MISSING = -1     # no such key
-TRUNCATED = -2   # stored size differs from the destination's size
-FAILED = -3      # the backend reported an error
-TIMED_OUT = -4   # the call did not finish within timeout_s
+MISSING = -1  # no such key
+TRUNCATED = -2  # stored size differs from the destination's size
+FAILED = -3  # the backend reported an error
+TIMED_OUT = -4  # the call did not finish within timeout_s
 
 
 class TierError(RuntimeError):
@@ -43,9 +43,7 @@ def segment_nbytes(segments: Segments) -> int:
     return sum(memoryview(s).nbytes for s in segments)
 
 
-def check_batch(
-    keys: Sequence[str], values: Sequence[Segments] | None = None, name: str = "values"
-) -> None:
+def check_batch(keys: Sequence[str], values: Sequence[Segments] | None = None, name: str = "values") -> None:
     """Validates a batch's shape before anything moves; returns None. Raises
     TypeError for keys that are not a list of non-empty str, ValueError for
     values that are not one non-empty segment list per key."""
@@ -72,9 +70,18 @@ class Tier(ABC):
             raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds")
         self.timeout_s = float(timeout_s)
         self._lock = threading.RLock()
-        self._stats = {"puts": 0, "puts_failed": 0, "gets": 0, "gets_missing": 0,
-                       "gets_truncated": 0, "gets_failed": 0, "timeouts": 0,
-                       "bytes_put": 0, "bytes_got": 0, "removes": 0}
+        self._stats = {
+            "puts": 0,
+            "puts_failed": 0,
+            "gets": 0,
+            "gets_missing": 0,
+            "gets_truncated": 0,
+            "gets_failed": 0,
+            "timeouts": 0,
+            "bytes_put": 0,
+            "bytes_got": 0,
+            "removes": 0,
+        }
         self.closed = False
 
     def _count(self, key: str, n: int = 1) -> None:
@@ -86,8 +93,9 @@ class Tier(ABC):
                 self._count("gets")
                 self._count("bytes_got", r)
             else:
-                self._count({MISSING: "gets_missing", TRUNCATED: "gets_truncated",
-                             TIMED_OUT: "timeouts"}.get(r, "gets_failed"))
+                self._count(
+                    {MISSING: "gets_missing", TRUNCATED: "gets_truncated", TIMED_OUT: "timeouts"}.get(r, "gets_failed")
+                )
 
     def _check_open(self) -> None:
         if self.closed:

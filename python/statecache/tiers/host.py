@@ -37,7 +37,7 @@ def copy_stream(src_segments: Segments, dst_segments: Segments) -> int:
         s, d = srcs[si], dsts[di]
         n = min(s.size - so, d.size - do)
         if n:
-            d[do:do + n] = s[so:so + n]
+            d[do : do + n] = s[so : so + n]
         so += n
         do += n
         done += n
@@ -53,6 +53,7 @@ def _allocate_buffer(num_entries: int, entry_bytes: int, pin_memory: bool | None
     if pin_memory is None or pin_memory:
         try:
             import torch
+
             if pin_memory or torch.cuda.is_available():
                 t = torch.empty((num_entries, entry_bytes), dtype=torch.uint8, pin_memory=True)
                 rows: Rows = t.numpy()
@@ -75,12 +76,19 @@ class HostTier(Tier):
 
     name = "host"
 
-    def __init__(self, capacity_bytes: int, entry_bytes: int, *, state_bytes: int | None = None,
-                 kv_bytes: int = 0, ranking: Literal["lru", "cost"] = "cost",
-                 pin_memory: bool | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        entry_bytes: int,
+        *,
+        state_bytes: int | None = None,
+        kv_bytes: int = 0,
+        ranking: Literal["lru", "cost"] = "cost",
+        pin_memory: bool | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
         super().__init__(timeout_s)
-        for name, v in (("capacity_bytes", capacity_bytes), ("entry_bytes", entry_bytes),
-                        ("kv_bytes", kv_bytes)):
+        for name, v in (("capacity_bytes", capacity_bytes), ("entry_bytes", entry_bytes), ("kv_bytes", kv_bytes)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an int >= 0")
         if entry_bytes <= 0:
@@ -90,13 +98,11 @@ class HostTier(Tier):
         if not isinstance(state_bytes, int) or isinstance(state_bytes, bool) or state_bytes < 0:
             raise ValueError(f"state_bytes={state_bytes!r} must be an int >= 0")
         if state_bytes + kv_bytes > capacity_bytes:
-            raise ValueError(f"state_bytes={state_bytes} + kv_bytes={kv_bytes} exceed "
-                             f"capacity_bytes={capacity_bytes}")
+            raise ValueError(f"state_bytes={state_bytes} + kv_bytes={kv_bytes} exceed capacity_bytes={capacity_bytes}")
         self.arena = _C.HostArena(entry_bytes, capacity_bytes, [state_bytes, kv_bytes], ranking)
         self.entry_bytes = entry_bytes
         self.capacity_bytes = capacity_bytes
-        self.rows, self._owner = _allocate_buffer(max(self.arena.num_entries, 1), entry_bytes,
-                                                  pin_memory)
+        self.rows, self._owner = _allocate_buffer(max(self.arena.num_entries, 1), entry_bytes, pin_memory)
         self.pinned = self._owner is not self.rows
         # Called with [(key, row views, nbytes, meta)] before those values are
         # evicted, so a lower tier can take them (demotion).
@@ -109,9 +115,7 @@ class HostTier(Tier):
 
     # ------------------------------ entries -------------------------------- #
 
-    def reserve(
-        self, key: str, nbytes: int, position: int = 0, klass: int | None = None
-    ) -> list[Rows] | None:
+    def reserve(self, key: str, nbytes: int, position: int = 0, klass: int | None = None) -> list[Rows] | None:
         """Returns the entries for a value of ``nbytes`` whose prefix ends at
         ``position`` (row views, in order), evicting (and first demoting) by
         the ranking; None when the class cannot hold it now or ``key`` is

@@ -35,8 +35,10 @@ BAD_CHECKSUM = "checksum mismatch"
 
 def _need_xxhash() -> ModuleType:
     if _xxhash is None:
-        raise ImportError("statecache tiers need the 'xxhash' package: pip install xxhash "
-                          "(or pip install 'statecache[redis]' / '[mooncake]')")
+        raise ImportError(
+            "statecache tiers need the 'xxhash' package: pip install xxhash "
+            "(or pip install 'statecache[redis]' / '[mooncake]')"
+        )
     return _xxhash
 
 
@@ -64,9 +66,7 @@ def make_header(key: str, payload_nbytes: int, digest: bytes) -> bytes:
     return raw.ljust(header_nbytes(key), b"\0")
 
 
-def check(
-    header: Segment, key: str, payload_segments: Segments, payload_nbytes: int | None = None
-) -> str:
+def check(header: Segment, key: str, payload_segments: Segments, payload_nbytes: int | None = None) -> str:
     """Returns ``OK``, or why the value must not be adopted. Raises
     ImportError without the xxhash package."""
     hb = bytes(header)
@@ -75,7 +75,7 @@ def check(
     magic, version, klen, nbytes, digest = _FIXED.unpack_from(hb)
     if magic != MAGIC or version != VERSION or _FIXED.size + klen > len(hb):
         return BAD_HEADER
-    if hb[_FIXED.size:_FIXED.size + klen] != key.encode():
+    if hb[_FIXED.size : _FIXED.size + klen] != key.encode():
         return WRONG_KEY
     have = sum(memoryview(s).nbytes for s in payload_segments)
     if nbytes != have or (payload_nbytes is not None and nbytes != payload_nbytes):

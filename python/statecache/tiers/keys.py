@@ -34,7 +34,6 @@ class TierKey:
 
     def encode(self) -> str:
         """Returns the key as the str the backends store it under. Raises nothing."""
-        return (f"statecache/v1/{self.kind}/{self.layout_id}/tp{self.tp_rank}-{self.tp_size}/"
-                f"{self.prefix_key.hex()}")
+        return f"statecache/v1/{self.kind}/{self.layout_id}/tp{self.tp_rank}-{self.tp_size}/{self.prefix_key.hex()}"
 
     __str__ = encode

@@ -44,7 +44,8 @@ def _import_store() -> Any:
         raise ImportError(
             "MooncakeTier needs Mooncake Store: pip install 'statecache[mooncake]' "
             "(PyPI mooncake-transfer-engine; mooncake-transfer-engine-non-cuda on machines "
-            "without CUDA; Debian libibverbs1 librdmacm1 libnuma1)") from e
+            "without CUDA; Debian libibverbs1 librdmacm1 libnuma1)"
+        ) from e
     return MooncakeDistributedStore
 
 
@@ -68,9 +69,18 @@ class MooncakeTier(Tier):
 
     name = "mooncake"
 
-    def __init__(self, master_addr: str, metadata_server: str, *, local_host: str = "127.0.0.1",
-                 protocol: str = "tcp", device_names: str = "", segment_bytes: int = 0,
-                 staging_bytes: int = 64 << 20, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        master_addr: str,
+        metadata_server: str,
+        *,
+        local_host: str = "127.0.0.1",
+        protocol: str = "tcp",
+        device_names: str = "",
+        segment_bytes: int = 0,
+        staging_bytes: int = 64 << 20,
+        timeout_s: float = 5.0,
+    ) -> None:
         super().__init__(timeout_s)
         Store = _import_store()
         for name, v in (("master_addr", master_addr), ("metadata_server", metadata_server)):
@@ -79,13 +89,22 @@ class MooncakeTier(Tier):
         self._io = cf.ThreadPoolExecutor(1, thread_name_prefix="mooncake-tier")
         self._busy: cf.Future[Any] | None = None  # a call that overran its timeout
         self._store = Store()
-        rc = self._call(lambda: self._store.setup(
-            local_host, metadata_server, int(segment_bytes), int(staging_bytes) + (16 << 20),
-            protocol, device_names, master_addr))
+        rc = self._call(
+            lambda: self._store.setup(
+                local_host,
+                metadata_server,
+                int(segment_bytes),
+                int(staging_bytes) + (16 << 20),
+                protocol,
+                device_names,
+                master_addr,
+            )
+        )
         if rc != 0:
             self._io.shutdown(wait=False)
-            raise TierError(f"MooncakeDistributedStore.setup(master={master_addr!r}, "
-                            f"metadata={metadata_server!r}) returned {rc}")
+            raise TierError(
+                f"MooncakeDistributedStore.setup(master={master_addr!r}, metadata={metadata_server!r}) returned {rc}"
+            )
         self._regions: list[tuple[int, int, object]] = []
         self._staging = np.empty(max(staging_bytes, 4096), dtype=np.uint8)
         self._staging_lock = threading.Lock()
@@ -129,9 +148,7 @@ class MooncakeTier(Tier):
     def _registered(self, ptr: int, n: int) -> bool:
         return any(lo <= ptr and ptr + n <= hi for lo, hi, _ in self._regions)
 
-    def _plan(
-        self, segments: Segments
-    ) -> tuple[list[int] | None, list[int] | None, list[tuple[int, int]] | None]:
+    def _plan(self, segments: Segments) -> tuple[list[int] | None, list[int] | None, list[tuple[int, int]] | None]:
         addrs = [_address(s) for s in segments]
         if all(self._registered(p, n) for p, n in addrs):
             return [p for p, _ in addrs], [n for _, n in addrs], None
@@ -159,8 +176,7 @@ class MooncakeTier(Tier):
         ok: dict[str, bool] = {}
         try:
             if direct_k:
-                codes = self._call(lambda: self._store.batch_put_from_multi_buffers(
-                    direct_k, direct_p, direct_n))
+                codes = self._call(lambda: self._store.batch_put_from_multi_buffers(direct_k, direct_p, direct_n))
                 ok.update({k: c in (0, _OBJECT_ALREADY_EXISTS) for k, c in zip(direct_k, codes)})
             for k, segs in staged:
                 ok[k] = self._put_staged(k, segs)
@@ -181,13 +197,15 @@ class MooncakeTier(Tier):
 
     def _put_staged(self, key: str, segs: Segments) -> bool:
         from .host import copy_stream
+
         n = sum(memoryview(s).nbytes for s in segs)
         if n > self._staging.nbytes:
             return False
         with self._staging_lock:
             copy_stream(segs, [self._staging[:n]])
-            code = self._call(lambda: self._store.batch_put_from_multi_buffers(
-                [key], [[self._staging.ctypes.data]], [[n]]))[0]
+            code = self._call(
+                lambda: self._store.batch_put_from_multi_buffers([key], [[self._staging.ctypes.data]], [[n]])
+            )[0]
         return bool(code in (0, _OBJECT_ALREADY_EXISTS))
 
     def get_many_into(self, keys: Sequence[str], dests: Sequence[Segments]) -> list[int]:
@@ -200,9 +218,11 @@ class MooncakeTier(Tier):
             direct = [(k, *self._plan(d)[:2]) for k, d in zip(keys, dests)]
             dk = [k for k, p, _ in direct if p is not None]
             if dk:
-                codes = self._call(lambda: self._store.batch_get_into_multi_buffers(
-                    dk, [p for _, p, _ in direct if p is not None],
-                    [n for _, p, n in direct if p is not None]))
+                codes = self._call(
+                    lambda: self._store.batch_get_into_multi_buffers(
+                        dk, [p for _, p, _ in direct if p is not None], [n for _, p, n in direct if p is not None]
+                    )
+                )
                 res.update(zip(dk, codes))
             for k, d in zip(keys, dests):
                 if k not in res:
@@ -212,10 +232,17 @@ class MooncakeTier(Tier):
                 sizes = self._call(lambda: [self._store.get_size(k) for k in bad])
                 want = {k: sum(memoryview(s).nbytes for s in d) for k, d in zip(keys, dests)}
                 for k, size in zip(bad, sizes):
-                    res[k] = TRUNCATED if size >= 0 and size != want[k] else (
-                        MISSING if size == _OBJECT_NOT_FOUND else FAILED)
-            out = [MISSING if res[k] == _OBJECT_NOT_FOUND else (res[k] if res[k] >= 0 or res[k] in (
-                TRUNCATED, FAILED, MISSING) else FAILED) for k in keys]
+                    res[k] = (
+                        TRUNCATED
+                        if size >= 0 and size != want[k]
+                        else (MISSING if size == _OBJECT_NOT_FOUND else FAILED)
+                    )
+            out = [
+                MISSING
+                if res[k] == _OBJECT_NOT_FOUND
+                else (res[k] if res[k] >= 0 or res[k] in (TRUNCATED, FAILED, MISSING) else FAILED)
+                for k in keys
+            ]
         except TimeoutError:
             out = [TIMED_OUT] * len(keys)
         except Exception as e:
@@ -227,12 +254,14 @@ class MooncakeTier(Tier):
 
     def _get_staged(self, key: str, dest: Segments) -> int:
         from .host import copy_stream
+
         n = sum(memoryview(s).nbytes for s in dest)
         if n > self._staging.nbytes:
             return FAILED
         with self._staging_lock:
-            got: int = self._call(lambda: self._store.batch_get_into_multi_buffers(
-                [key], [[self._staging.ctypes.data]], [[n]]))[0]
+            got: int = self._call(
+                lambda: self._store.batch_get_into_multi_buffers([key], [[self._staging.ctypes.data]], [[n]])
+            )[0]
             if got == n:
                 copy_stream([self._staging[:n]], dest)
         return got

@@ -27,18 +27,32 @@ class RedisTier(Tier):
 
     name = "redis"
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 6379, db: int = 0, *,
-                 timeout_s: float = 5.0, password: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        db: int = 0,
+        *,
+        timeout_s: float = 5.0,
+        password: str | None = None,
+    ) -> None:
         super().__init__(timeout_s)
         redis = _import_redis()
         self._errors = redis.exceptions
         from redis.backoff import NoBackoff
         from redis.retry import Retry
+
         # No client-side retries: one call is bounded by timeout_s, and the
         # engine recomputes what a failed call would have brought.
-        self._r = redis.Redis(host=host, port=port, db=db, password=password,
-                              socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                              retry=Retry(NoBackoff(), 0))
+        self._r = redis.Redis(
+            host=host,
+            port=port,
+            db=db,
+            password=password,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
 
     def _run(self, build: Callable[[Any], object]) -> list[Any]:
         with self._lock:
@@ -53,8 +67,9 @@ class RedisTier(Tier):
         stored. Raises TypeError/ValueError for a malformed batch, TierError
         when closed."""
         check_batch(keys, values)
-        blobs = [b"".join(bytes(memoryview(s).cast("B")) if not isinstance(s, bytes) else s
-                          for s in segs) for segs in values]
+        blobs = [
+            b"".join(bytes(memoryview(s).cast("B")) if not isinstance(s, bytes) else s for s in segs) for segs in values
+        ]
         try:
             res = self._run(lambda p: [p.set(k, b, nx=True) for k, b in zip(keys, blobs)])
         except self._errors.TimeoutError as e:
@@ -85,6 +100,7 @@ class RedisTier(Tier):
         TierError when closed."""
         check_batch(keys, dests, "dests")
         from .host import copy_stream
+
         try:
             res = self._run(lambda p: [p.get(k) for k in keys])
         except self._errors.TimeoutError:

@@ -49,14 +49,16 @@ class ServerProcess:
 
     def start(self, timeout_s: float = 20.0) -> ServerProcess:
         log = open(self.log_path, "ab")
-        proc = self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = self.proc = subprocess.Popen(
+            self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         log.close()
         deadline = time.monotonic() + timeout_s
         while not _listening(self.port):
             if proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {proc.returncode} before "
-                                   f"listening on {self.port}; see {self.log_path}")
+                raise RuntimeError(
+                    f"{self.name} exited with {proc.returncode} before listening on {self.port}; see {self.log_path}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"{self.name} did not listen on {self.port} within {timeout_s} s")
@@ -96,28 +98,52 @@ class MooncakeServers:
     127.0.0.1 over TCP. ``master_addr`` / ``metadata_url`` are what a
     ``MooncakeTier`` connects to."""
 
-    def __init__(self, segment_bytes: int = 256 << 20, log_dir: str | None = None,
-                 lease_ms: int = 2000):
-        master = _find("mooncake_master", "pip install 'statecache[mooncake]' "
-                       "(mooncake-transfer-engine, or -non-cuda without a GPU)")
+    def __init__(self, segment_bytes: int = 256 << 20, log_dir: str | None = None, lease_ms: int = 2000):
+        master = _find(
+            "mooncake_master",
+            "pip install 'statecache[mooncake]' (mooncake-transfer-engine, or -non-cuda without a GPU)",
+        )
         client = _find("mooncake_client", "pip install 'statecache[mooncake]'")
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="statecache-mooncake-")
         self.rpc_port, self.http_port, self.metrics_port, self.holder_port = (
-            free_port(), free_port(), free_port(), free_port())
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        )
         self.master_addr = f"127.0.0.1:{self.rpc_port}"
         self.metadata_url = f"http://127.0.0.1:{self.http_port}/metadata"
         self.segment_bytes = segment_bytes
-        self.master = ServerProcess("mooncake_master", [
-            master, f"--rpc_port={self.rpc_port}", "--enable_http_metadata_server=true",
-            "--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={self.http_port}",
-            f"--metrics_port={self.metrics_port}", f"--default_kv_lease_ttl={lease_ms}",
-            "--rpc_address=127.0.0.1"], self.rpc_port, self.log_dir)
-        self.holder = ServerProcess("mooncake_client", [
-            client, "--host=127.0.0.1", f"--port={self.holder_port}",
-            f"--global_segment_size={segment_bytes}", "--local_buffer_size=0",
-            f"--master_server_address={self.master_addr}",
-            f"--metadata_server={self.metadata_url}", "--protocol=tcp"],
-            self.holder_port, self.log_dir)
+        self.master = ServerProcess(
+            "mooncake_master",
+            [
+                master,
+                f"--rpc_port={self.rpc_port}",
+                "--enable_http_metadata_server=true",
+                "--http_metadata_server_host=127.0.0.1",
+                f"--http_metadata_server_port={self.http_port}",
+                f"--metrics_port={self.metrics_port}",
+                f"--default_kv_lease_ttl={lease_ms}",
+                "--rpc_address=127.0.0.1",
+            ],
+            self.rpc_port,
+            self.log_dir,
+        )
+        self.holder = ServerProcess(
+            "mooncake_client",
+            [
+                client,
+                "--host=127.0.0.1",
+                f"--port={self.holder_port}",
+                f"--global_segment_size={segment_bytes}",
+                "--local_buffer_size=0",
+                f"--master_server_address={self.master_addr}",
+                f"--metadata_server={self.metadata_url}",
+                "--protocol=tcp",
+            ],
+            self.holder_port,
+            self.log_dir,
+        )
 
     def start(self, timeout_s: float = 30.0) -> MooncakeServers:
         self.master.start(timeout_s)
@@ -134,6 +160,7 @@ class MooncakeServers:
     def wait_mounted(self, timeout_s: float = 30.0) -> None:
         """Waits until the holder's segment is mounted (a put succeeds)."""
         from .mooncake_tier import MooncakeTier
+
         deadline = time.monotonic() + timeout_s
         probe = MooncakeTier(self.master_addr, self.metadata_url, timeout_s=timeout_s)
         try:
@@ -172,11 +199,30 @@ class RedisServer:
         binary = _find("redis-server", "apt-get install redis-server")
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="statecache-redis-")
         self.port = free_port()
-        self.server = ServerProcess("redis-server", [
-            binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-            "--appendonly", "no", "--dir", self.log_dir, "--maxmemory", str(maxmemory),
-            "--maxmemory-policy", "noeviction", "--protected-mode", "yes"],
-            self.port, self.log_dir)
+        self.server = ServerProcess(
+            "redis-server",
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.log_dir,
+                "--maxmemory",
+                str(maxmemory),
+                "--maxmemory-policy",
+                "noeviction",
+                "--protected-mode",
+                "yes",
+            ],
+            self.port,
+            self.log_dir,
+        )
 
     def start(self, timeout_s: float = 20.0) -> RedisServer:
         self.server.start(timeout_s)
