@@ -265,12 +265,15 @@ void def_int(py::handle cls, const char* name) {
 traverseproc dict_traverse = nullptr;  // pybind11's, for the dynamic attributes
 PyTypeObject* sequence_type = nullptr;
 
-// A Python subclass's own traverse (CPython's subtype_traverse) already visits
-// its instance dict and then calls this one: visiting the dict again would
-// count it twice and keep every cycle through a subclass instance alive.
+// A Python subclass's traverse (CPython's subtype_traverse) visits the
+// instance dict itself only where the subclass moved the dict (its dictoffset
+// differs from ours, as on 3.11); then visiting it again here would count it
+// twice. Elsewhere (3.12) only this traverse reaches the dict.
 int sequence_traverse(PyObject* self, visitproc visit, void* arg) {
-  if (Py_TYPE(self) == sequence_type) return dict_traverse(self, visit, arg);
-  Py_VISIT(Py_TYPE(self));
+  PyTypeObject* type = Py_TYPE(self);
+  if (type == sequence_type || type->tp_dictoffset == sequence_type->tp_dictoffset)
+    return dict_traverse(self, visit, arg);
+  Py_VISIT(type);
   return 0;
 }
 

@@ -587,6 +587,24 @@ def test_cycle_through_group_pool_intents_is_collected():
     assert all(r() is None for r in refs)
 
 
+def test_sequence_subclass_self_cycle_is_collected():
+    # CPython 3.11 and 3.12 differ in who visits a subclass instance's dict
+    class Req(sc.Sequence):
+        pass
+
+    class Deeper(Req):
+        __slots__ = ()
+
+    refs = []
+    for cls in (sc.Sequence, Req, Deeper):
+        s = cls(seq_id=1)
+        s.me = s
+        refs.append(weakref.ref(s))
+        del s
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
 def test_engine_pools_do_not_accumulate():
     refs = []
     for _ in range(100):
