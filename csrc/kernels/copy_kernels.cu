@@ -12,8 +12,9 @@
 #include <vector>
 
 // The runtime header first: span_planner.h's resolve() needs its qualifiers.
-#include "kernels/copy_kernels.h"
 #include "kernels/gpu_compat.h"
+
+#include "kernels/copy_kernels.h"
 
 namespace statecache {
 
