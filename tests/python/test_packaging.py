@@ -88,7 +88,8 @@ def test_info_text_and_json(capsys):
 
 
 def test_python_dash_m_runs_the_cli():
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    # the statecache this test imported: the checkout, or the installed package in .ci/run
+    env = dict(os.environ, PYTHONPATH=str(Path(statecache.__file__).resolve().parents[1]))
     r = subprocess.run(
         [sys.executable, "-m", "statecache", "info", "--json"], capture_output=True, text=True, env=env, timeout=120
     )
