@@ -160,7 +160,10 @@ def admission(mod):
     return one_pass
 
 
-def coordinator(mod):
+def warm_coordinator(mod):
+    """A coordinator whose store holds every 8th boundary of 512 prompts, its
+    64 running sequences, and 64 passes' draws as a scheduler keeps them: per
+    request, its hash list and (the benchmark's) salt."""
     pool = sc.BlockPool(UNITS)
     c = with_eviction(mod, mod.PagedStateCheckpointCoordinator(pool, mod.PagedStateCheckpointSpec(**SPEC), True))
     rng = random.Random(5)
@@ -170,17 +173,18 @@ def coordinator(mod):
         s.state_slots = [i]
         seqs.append(s)
     prompts = [[rng.getrandbits(62) for _ in range(64)] for _ in range(512)]
-    # Warm the store with every 8th boundary of every prompt.
     for p in prompts:
         for b in range(7, 64, 8):
             c.checkpoint(seqs[0], b + 1, p[b])
             c.take_checkpoint_ops()
         c.complete_previous_batch()
-
     draws = [[(rng.randrange(len(prompts)), rng.getrandbits(8)) for _ in seqs] for _ in range(64)]
-    # Per request, its hash list and (the benchmark's) salt, as the batched
-    # pass has them.
     batches = [([prompts[p_at] for p_at, _ in plan], [salt for _, salt in plan]) for plan in draws]
+    return c, seqs, batches
+
+
+def coordinator(mod):
+    c, seqs, batches = warm_coordinator(mod)
     turn = [0]
 
     def one_pass():
@@ -205,26 +209,8 @@ def coordinator_batched(mod):
     the reference side runs the per-sequence pass."""
     if mod is not sc:
         return coordinator(mod)
-    pool = sc.BlockPool(UNITS)
-    c = with_eviction(mod, mod.PagedStateCheckpointCoordinator(pool, mod.PagedStateCheckpointSpec(**SPEC), True))
-    rng = random.Random(5)
-    seqs = []
-    for i in range(64):
-        s = sc.Sequence(seq_id=i)
-        s.state_slots = [i]
-        seqs.append(s)
-    prompts = [[rng.getrandbits(62) for _ in range(64)] for _ in range(512)]
-    for p in prompts:  # the same warm store as `coordinator`
-        for b in range(7, 64, 8):
-            c.checkpoint(seqs[0], b + 1, p[b])
-            c.take_checkpoint_ops()
-        c.complete_previous_batch()
-
-    draws = [[(rng.randrange(len(prompts)), rng.getrandbits(8)) for _ in seqs] for _ in range(64)]
-    # The same draws, as a scheduler keeps its batch: per request, its hash
-    # list and (the benchmark's) salt; the batch's slots and hit caps.
-    batches = [([prompts[p_at] for p_at, _ in plan], [salt for _, salt in plan]) for plan in draws]
-    caps = [63] * len(seqs)
+    c, seqs, batches = warm_coordinator(mod)
+    caps = [63] * len(seqs)  # the batch's hit caps and slots, as a scheduler keeps them
     slots = [s.state_slot for s in seqs]
     turn = [0]
 

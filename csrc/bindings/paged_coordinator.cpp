@@ -540,14 +540,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       "``hit > len(block_hashes)``.");
   fast::def<PyCoordinator>(
       cls, "resumable_hits", [](PyCoordinator& c, PyObject** a) { return coord_resumable_hits(c, a); },
-      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2,
-      "Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i], block_hashes[i], "
-      "assume_checkpointed) for i ...]``, computed in one call. ``hits``: a list or NumPy "
-      "int64 array; ``block_hashes``: one hash list per sequence, a 2-D int64 array with a row "
-      "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the "
-      "lengths differ or a "
-      "hit is negative or past a hash list the scan reads; TypeError for an item that is not a "
-      "sequence or an int.");
+      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2, kResumableHitsDoc);
   fast::def<PyCoordinator>(
       cls, "checkpoint", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint(c, a); },
       {"seq", "boundary_blocks", "h"}, 3,

@@ -450,14 +450,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       [](Pool& p, PyObject** a) {
         return resumable_hits_arg(p, a[0], a[1], a[2], a[3], fast::kHasCache | fast::kNumTokens).release().ptr();
       },
-      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2,
-      "Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i], block_hashes[i], "
-      "assume_checkpointed) for i ...]``, computed in one call. ``hits``: a list or NumPy "
-      "int64 array; ``block_hashes``: one hash list per sequence, a 2-D int64 array with a row "
-      "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the "
-      "lengths differ or a "
-      "hit is negative or past a hash list the scan reads; TypeError for an item that is not a "
-      "sequence or an int.");
+      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2, kResumableHitsDoc);
   fast::def<Pool>(
       cls, "release_many",
       [](Pool& p, PyObject** a) {
@@ -677,14 +670,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
             });
         return fast::none();
       },
-      {"seqs", "boundary_blocks", "hashes"}, 3,
-      "Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i], boundary_blocks[i], "
-      "hashes[i])`` for each i in order. Returns None. The batch is checked as a whole first; "
-      "raises ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
-      "TypeError for an item that is not a sequence, and what ``checkpoint`` would raise for "
-      "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing, and so does a setter "
-      "of an engine's own sequence object that raises (the fields already written are "
-      "restored).");
+      {"seqs", "boundary_blocks", "hashes"}, 3, kPoolCheckpointManyDoc);
   fast::def<P>(
       cls, "unindex",
       [](P& p, PyObject** a) {
@@ -888,14 +874,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         for (size_t i : joined) p.pending_seqs.push_back(seqs.ref(i));
         return fast::none();
       },
-      {"seqs", "boundary_blocks", "hashes"}, 3,
-      "Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i], boundary_blocks[i], "
-      "hashes[i])`` for each i in order. Returns None. The batch is checked as a whole first; "
-      "raises ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
-      "TypeError for an item that is not a sequence, and what ``checkpoint`` would raise for "
-      "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing, and so does a setter "
-      "of an engine's own sequence object that raises (the fields already written are "
-      "restored).");
+      {"seqs", "boundary_blocks", "hashes"}, 3, kPoolCheckpointManyDoc);
   fast::def<G>(
       cls, "forget_pending_many",
       [](G& p, PyObject** a) {
