@@ -38,7 +38,7 @@ echo "sm_90 SASS memory instructions (count):"
 grep -oE '\b(LDG|STG|LD|ST|LDL|STL)\.[A-Z0-9.]*' "$TMP/sass_sm90.txt" | sort | uniq -c | tr '\n' ';'; echo
 
 log "tests (GPU + CPU copy engine)"
-(cd tests/python && timeout 300 $PY -m pytest -q -p no:cacheprovider -rs test_copy_gpu.py test_copy.py test_copy_tp.py test_copy_ranks.py 2>&1 \
+(cd tests/python && timeout 300 $PY -m pytest -q -p no:cacheprovider -rs copy/ 2>&1 \
   | tee "$OUT/pytest.txt" | tail -15)
 
 if [ -z "${SKIP_SANITIZER:-}" ]; then
@@ -47,7 +47,7 @@ if [ -z "${SKIP_SANITIZER:-}" ]; then
   for tool in memcheck racecheck; do
     log "compute-sanitizer --tool $tool"
     (cd tests/python && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 200 compute-sanitizer --tool $tool \
-      --print-limit 20 $PY -m pytest -q -p no:cacheprovider -x test_copy_gpu.py -k "not 4096" > "$OUT/sanitizer_$tool.txt" 2>&1;
+      --print-limit 20 $PY -m pytest -q -p no:cacheprovider -x copy/test_copy_gpu.py -k "not 4096" > "$OUT/sanitizer_$tool.txt" 2>&1;
      echo "exit $?" >> "$OUT/sanitizer_$tool.txt")
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|exit" "$OUT/sanitizer_$tool.txt" | tail -4
   done

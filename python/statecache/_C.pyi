@@ -1,6 +1,6 @@
 # Type stubs for statecache._C, the C++ extension (pybind11).
 #
-# Kept by hand; tests/python/test_stubs.py compares this file with the built
+# Kept by hand; tests/python/api/test_stubs.py compares this file with the built
 # module (names, kinds, parameters and the methods' docstrings) and fails on
 # any drift. After changing the bindings run `python tests/python/stubcheck.py`
 # for the differences, `--skeleton` for stub lines of new names and

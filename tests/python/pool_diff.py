@@ -1,6 +1,6 @@
 """Side-by-side drivers: the reference pool and statecache's, one random
 operation sequence, every result and all public (and mirrored private) state
-compared after every step. Used by test_slot_pool.py and test_group_pool.py.
+compared after every step. Used by pools/test_slot_pool.py and pools/test_group_pool.py.
 
 Arguments are drawn from the reference's state, so every call is one the
 protocol allows. Where docs/contract.md deliberately differs from the reference the

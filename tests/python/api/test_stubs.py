@@ -15,7 +15,7 @@ import pytest
 import stubcheck
 from statecache import _C
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = Path(__file__).with_name("test_typing_examples.py")
 
 
@@ -154,7 +154,7 @@ def test_readme_examples_are_the_checked_ones():
     examples = _code_lines(EXAMPLES.read_text())
     for block in blocks:
         lines = _code_lines(block)
-        # each README block appears, in order, inside test_typing_examples.py
+        # each README block appears, in order, inside api/test_typing_examples.py
         pos = 0
         for ln in lines:
             assert ln in examples[pos:], f"README line not in {EXAMPLES.name}: {ln}"

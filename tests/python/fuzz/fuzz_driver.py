@@ -1,10 +1,10 @@
 """Adversarial call fuzzer for statecache's public objects (issue: trust).
 
-Run as ``python fuzz_driver.py CASE SEED SECONDS``; exits 0 when every call
+Run as ``python fuzz/fuzz_driver.py CASE SEED SECONDS``; exits 0 when every call
 either returned with every invariant holding, or raised a clean exception
 having changed nothing (or, where a callback or a re-entrant argument of the
 fuzzer itself ran and raised, left every invariant holding). A crash of the
-process is the other way this can fail: test_fuzz.py runs each case in its
+process is the other way this can fail: fuzz/test_fuzz.py runs each case in its
 own subprocess for that reason.
 
 Arguments are drawn from the object's current state (valid slots, units,

@@ -1,5 +1,5 @@
 """The README's examples as code that runs and that `mypy --strict` checks
-(see test_stubs.py). test_stubs.py also checks that every ```python block of
+(see api/test_stubs.py). api/test_stubs.py also checks that every ```python block of
 the README appears here line for line, so the two cannot drift apart."""
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from paged_harness import FakeScratch, check_conservation
 SPEC = sc.PagedStateCheckpointSpec(page_unit_bytes=100, slot_bytes=400, layout_id="L", image_bytes=400)
 UNITS = SPEC.units_per_checkpoint  # 4
 
-PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "python")
+SUPPORT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def isolated(body: str, malloc_debug: bool = False) -> str:
@@ -36,7 +37,7 @@ def isolated(body: str, malloc_debug: bool = False) -> str:
         env["PYTHONMALLOC"] = "debug"
     # The caller's path first (a sanitizer build, say), then this checkout's.
     env["PYTHONPATH"] = os.pathsep.join(
-        [p for p in sys.path if p] + [os.path.abspath(PYTHON_DIR), os.path.dirname(__file__)]
+        [p for p in sys.path if p] + [os.path.abspath(PYTHON_DIR), SUPPORT_DIR]
     )
     r = subprocess.run(
         [sys.executable, "-X", "faulthandler", "-c", src], capture_output=True, text=True, env=env, timeout=120

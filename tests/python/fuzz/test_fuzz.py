@@ -1,4 +1,4 @@
-"""Runs the adversarial fuzzer (fuzz_driver.py) one case class per subprocess,
+"""Runs the adversarial fuzzer (fuzz/fuzz_driver.py) one case class per subprocess,
 so that a crash fails its test instead of taking the test runner down.
 
 STATECACHE_FUZZ_SECONDS sets each case's budget (default 4 s; .ci/run also

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONTRACT = ROOT / "docs" / "contract.md"
 TREES = ("csrc", "python", "tests", "benchmarks")
 SUFFIXES = {".py", ".pyi", ".h", ".cpp", ".cu", ".md", ".txt", ".sh", ".cmake"}

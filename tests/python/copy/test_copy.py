@@ -1,6 +1,6 @@
 """Copy engine on the CPU: layouts, span planning, the memcpy executor, and
 validation (docs/contract.md, "Copying"). The GPU kernel is compared against this executor in
-test_copy_gpu.py."""
+copy/test_copy_gpu.py."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import statecache
 from statecache import _C
 from statecache.cli import main as cli_main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _python(code: str, extra_path: str | None = None) -> subprocess.CompletedProcess:
