@@ -1,0 +1,570 @@
+"""The scheduler side: what statecache holds below vLLM's memory, what each
+admission can resume from it, and what each step saves (docs/vllm.md, "How
+it works").
+
+The host tier's index (the C++ ``HostArena``: which entries hold which value,
+ranked by recompute cost per byte and recency) lives here, so one place
+decides for every tensor-parallel rank: a value becomes findable only when
+every rank has reported its shard stored, and a shared-tier value counts only
+when every rank's key is there.
+
+Names: a value is named by the tiers' 128-bit prefix key, chained (keyed
+SipHash, ``statecache.chain_block_keys``) over vLLM's own block hashes at each
+block boundary, under a salt derived from the deployment secret and the
+model's identity; the tier key adds the layout (geometry and dtypes) and the
+rank. A KV value ``i`` and the state at boundary ``i + 1`` share a prefix key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from statecache import _C
+from statecache.tiers.keys import TierKey
+from statecache.vllm.config import ConnectorConfig
+from statecache.vllm.geometry import KV, STATE, Geometry
+from statecache.vllm.metadata import Load, StateCacheMeta, Value, WorkerReport, arena_key
+from statecache.vllm.shared import open_shared_tier
+
+log = logging.getLogger("statecache.vllm")
+
+HOST, SHARED = "host", "shared"
+
+# cumulative counters (connector stats report their increase per interval)
+COUNTERS = (
+    "admissions",
+    "admissions_kv_miss",
+    "admissions_state_miss",
+    "admissions_hit_cut_short",
+    "admissions_full_hit",
+    "admitted_tokens",
+    "kv_hit_tokens",
+    "state_miss_tokens",
+    "cut_short_tokens",
+    "tokens_resumed_local",
+    "tokens_resumed_host",
+    "tokens_resumed_shared",
+    "tokens_planned_external",
+    "loads",
+    "loads_failed",
+    "loads_untrusted",
+    "loads_missing",
+    "loads_timed_out",
+    "values_saved",
+    "values_loaded",
+    "values_fetched",
+    "bytes_saved",
+    "bytes_loaded",
+    "saves_dropped_host_full",
+    "saves_skipped_unnamed",
+    "state_saves_decode",
+    "shared_writes",
+    "shared_writes_failed",
+    "shared_lookups",
+    "shared_lookup_failures",
+    "scheduler_seconds",
+    "scheduler_calls",
+    "steps",
+)
+
+
+def pack_headers(headers: list[bytes]) -> bytes:
+    return b"".join(len(h).to_bytes(2, "little") + h for h in headers)
+
+
+def unpack_headers(meta: bytes) -> list[bytes]:
+    out, i = [], 0
+    while i < len(meta):
+        n = int.from_bytes(meta[i : i + 2], "little")
+        out.append(meta[i + 2 : i + 2 + n])
+        i += 2 + n
+    return out
+
+
+class HostPlacement:
+    """Where the connector's values rank in the host tier: one byte budget
+    for KV blocks and states, ranked by the cost model of the GPU caches
+    (prefill FLOPs a hit saves per byte, and recency). A KV block is filed at
+    the boundary of the prompt it was saved for (a chain is worth what its
+    deepest state is), a state at its own boundary. The one place that
+    decides placement (docs/vllm.md, "Policy")."""
+
+    def __init__(self, geometry: Geometry, capacity_bytes: int, ranking: str, model_flops: tuple[float, float]):
+        self.geometry = geometry
+        self.arena = _C.HostArena(geometry.entry_bytes, capacity_bytes, [capacity_bytes], ranking)
+        if ranking == "cost":
+            per_token, per_context = model_flops
+            self.arena.set_eviction_policy(
+                "cost",
+                flops_per_token=per_token,
+                flops_per_context_token=per_context,
+                checkpoint_bytes=float(geometry.value_bytes(STATE) + geometry.value_bytes(KV)) / 2.0,
+                tokens_per_position=float(geometry.block_size),
+            )
+
+    def position(self, kind: str, boundary: int, prompt_boundary: int) -> int:
+        """In blocks: a KV block ranks with its prompt's last boundary."""
+        return boundary if kind == STATE else max(boundary, prompt_boundary)
+
+    def allocate(self, key: str, kind: str, position: int) -> list[int] | None:
+        """Entries for a new value (evicting by rank), or None."""
+        g = self.geometry
+        try:
+            got = self.arena.allocate(key, 0, g.value_entries(kind), g.value_bytes(kind), position)
+        except ValueError as e:
+            if "already in the arena" in str(e):
+                return None
+            raise
+        return None if got is None else list(got[0])
+
+
+def model_flops(vllm_config: Any) -> tuple[float, float]:
+    """Rough prefill FLOPs per token and per (token, earlier token) pair of
+    the model; only their ratio matters to the ranking."""
+    mc = vllm_config.model_config
+    hf = mc.hf_text_config
+    hidden = float(getattr(hf, "hidden_size", 1024))
+    layers = float(getattr(hf, "num_hidden_layers", 1))
+    types = getattr(hf, "layer_types", None) or []
+    attn = float(sum(1 for t in types if "full" in str(t))) if types else layers
+    heads = float(getattr(hf, "num_attention_heads", 1)) * float(getattr(hf, "head_dim", hidden / 16))
+    return 24.0 * hidden * hidden * layers, 4.0 * attn * heads
+
+
+@dataclass
+class _Plan:
+    local: int  # tokens vLLM resumes itself
+    boundary: int  # blocks the connector resumes to (0: none)
+    kv_run: int  # blocks with KV below vLLM's memory, counted from local
+    kv_sources: list[str] = field(default_factory=list)
+    state_source: str | None = None
+
+
+@dataclass
+class _Req:
+    request: Any
+    keys: list[bytes] = field(default_factory=list)  # prefix key per boundary (index i: boundary i + 1)
+    plan: _Plan | None = None
+    shared: dict[tuple[str, int], bool] = field(default_factory=dict)
+    shared_local: int = -1  # the local hit ``shared`` was looked up for
+
+
+class ConnectorScheduler:
+    """Scheduler-side state of the connector."""
+
+    def __init__(self, config: ConnectorConfig, geometry: Geometry, tp_size: int, vllm_config: Any):
+        self.config = config
+        self.geometry = geometry
+        self.tp_size = tp_size
+        self.bs = geometry.block_size
+        self.hash_ratio = 1
+        self.layout_ids = {KV: geometry.layout_id(KV), STATE: geometry.layout_id(STATE)}
+        self.kv_groups = [g.group for g in geometry.kv_groups]
+        self.state_groups = [g.group for g in geometry.state_groups]
+        self.placement = HostPlacement(geometry, config.host_memory, config.ranking, model_flops(vllm_config))
+        self.arena = self.placement.arena
+        self._salt = hashlib.blake2b(
+            b"statecache-vllm-v1\0" + config.secret + geometry.identity.encode(), digest_size=32
+        ).digest()
+        self._reqs: dict[str, _Req] = {}
+        self._loads: list[Load] = []
+        self._saves: list[Value] = []
+        self._inflight: dict[str, list[tuple[str, str]]] = {}  # req -> [(value key, "pinned" | "staged")]
+        self._load_tokens: dict[str, dict[str, int]] = {}  # req -> tokens by source, counted when it lands
+        self._acc_saved: dict[str, dict[int, bytes]] = {}
+        self._acc_fetched: dict[str, dict[int, bytes]] = {}
+        self._fetch_failed: dict[str, set[int]] = {}
+        self._acc_shared: dict[str, set[int]] = {}
+        self._staged: set[str] = set()
+        self._shared_pending: set[str] = set()
+        self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
+        self._reported: dict[str, float] = dict.fromkeys(COUNTERS, 0)
+        self.kv_cache_manager: Any = None
+        self.shared = None
+        self._shared_down_until = 0.0
+        if config.shared is not None:
+            self.shared = open_shared_tier(config.shared, config.lookup_timeout_s, staging_bytes=4096)
+        log.info(
+            "statecache connector scheduler: host %.2f GB in %d entries of %d bytes, block %d tokens, "
+            "%d KV + %d state groups, tp %d, shared %s, layouts kv=%s state=%s",
+            config.host_memory / 1e9,
+            self.arena.num_entries,
+            geometry.entry_bytes,
+            self.bs,
+            len(self.kv_groups),
+            len(self.state_groups),
+            tp_size,
+            config.shared.kind if config.shared else None,
+            self.layout_ids[KV],
+            self.layout_ids[STATE],
+        )
+
+    # ---------------------------------------------------------------- keys --
+
+    def bind(self, kv_cache_manager: Any) -> None:
+        self.kv_cache_manager = kv_cache_manager
+        hbs = getattr(getattr(kv_cache_manager, "block_pool", None), "hash_block_size", None) or self.bs
+        if self.bs % hbs:
+            raise ValueError(f"block_size {self.bs} is not a multiple of vLLM's hash block size {hbs}")
+        self.hash_ratio = self.bs // hbs
+
+    def _keys(self, r: _Req, upto: int) -> list[bytes]:
+        """Prefix keys of boundaries 1..upto (fewer when vLLM has not hashed
+        that far yet)."""
+        keys = r.keys
+        hashes = r.request.block_hashes
+        upto = min(upto, len(hashes) // self.hash_ratio)
+        if len(keys) >= upto:
+            return keys
+        first = len(keys)
+        words = []
+        for k in range(first + 1, upto + 1):
+            h = bytes(hashes[k * self.hash_ratio - 1])
+            if len(h) % 8 or len(h) != 32:
+                h = hashlib.blake2b(h, digest_size=32).digest()
+            words.append(h)
+        tokens = np.frombuffer(b"".join(words), dtype=np.int64)
+        parent = keys[-1] if keys else None
+        _hs, packed = _C.chain_block_keys(tokens, 4, parent, 0, self._salt)
+        keys.extend(packed[16 * i : 16 * i + 16] for i in range(len(words)))
+        return keys
+
+    def _req(self, request: Any) -> _Req:
+        r = self._reqs.get(request.request_id)
+        if r is None or r.request is not request:
+            r = self._reqs[request.request_id] = _Req(request)
+        return r
+
+    def tier_keys(self, kind: str, prefix_key: bytes) -> list[str]:
+        """Every rank's shared-tier key of a value."""
+        lid = self.layout_ids[kind]
+        return [TierKey(kind, lid, rank, self.tp_size, prefix_key).encode() for rank in range(self.tp_size)]
+
+    # --------------------------------------------------------------- match --
+
+    def _shared_has(self, r: _Req, local_blocks: int, max_k: int) -> None:
+        """Fills ``r.shared`` for the values past the local hit the host does
+        not hold: one batch lookup per admission, every rank's key."""
+        if self.shared is None or r.shared_local == local_blocks or time.monotonic() < self._shared_down_until:
+            return
+        r.shared_local = local_blocks
+        r.shared = {}
+        ask: list[tuple[str, int]] = []
+        for i in range(local_blocks, max_k):
+            if not self.arena.contains(arena_key(KV, r.keys[i])):
+                ask.append((KV, i))
+            if self.state_groups and not self.arena.contains(arena_key(STATE, r.keys[i])):
+                ask.append((STATE, i))
+        if not ask:
+            return
+        names = [k for kind, i in ask for k in self.tier_keys(kind, r.keys[i])]
+        self.counters["shared_lookups"] += 1
+        try:
+            found = self.shared.contains_many(names)
+        except Exception as e:  # a tier failure is a miss, never an engine failure
+            found = []
+            log.warning("statecache: shared tier lookup failed (%s); skipping it for 5 s", e)
+        if len(found) != len(names):
+            self.counters["shared_lookup_failures"] += 1
+            self._shared_down_until = time.monotonic() + 5.0
+            return
+        n = self.tp_size
+        for j, key in enumerate(ask):
+            r.shared[key] = all(found[j * n : (j + 1) * n])
+
+    def _where(self, r: _Req, kind: str, i: int) -> str | None:
+        if self.arena.contains(arena_key(kind, r.keys[i])):
+            return HOST
+        if r.shared.get((kind, i)):
+            return SHARED
+        return None
+
+    def match(self, request: Any, local: int) -> int:
+        """Tokens past ``local`` (block aligned) that statecache can resume:
+        KV blocks for every block after ``local`` and the state at the same
+        boundary, never one without the other. Remembers the plan."""
+        r = self._req(request)
+        bs = self.bs
+        max_k = (request.num_tokens - 1) // bs
+        first = local // bs
+        if max_k <= first or getattr(request, "skip_reading_prefix_cache", False):
+            r.plan = _Plan(local, 0, 0)
+            return 0
+        keys = self._keys(r, max_k)
+        max_k = min(max_k, len(keys))
+        self._shared_has(r, first, max_k)
+        kv_sources = []
+        run = first
+        while run < max_k:
+            src = self._where(r, KV, run)
+            if src is None:
+                break
+            kv_sources.append(src)
+            run += 1
+        best, state_src = 0, None
+        for k in range(run, first, -1):
+            src = self._where(r, STATE, k - 1) if self.state_groups else HOST
+            if src is not None:
+                best, state_src = k, src
+                break
+        r.plan = _Plan(local, best, run - first, kv_sources, state_src)
+        return best * bs - local if best else 0
+
+    # ------------------------------------------------------------- loading --
+
+    def _count_admission(self, request: Any, plan: _Plan, local: int, external: int) -> None:
+        c = self.counters
+        bs = self.bs
+        cacheable = (request.num_tokens - 1) // bs * bs
+        kv_hit = max(local, plan.local + plan.kv_run * bs)
+        resumed = local + external
+        c["admissions"] += 1
+        c["admitted_tokens"] += request.num_tokens
+        c["kv_hit_tokens"] += kv_hit
+        c["tokens_resumed_local"] += local
+        c["tokens_planned_external"] += external
+        if resumed >= cacheable:
+            c["admissions_full_hit"] += 1
+        elif kv_hit <= local:
+            c["admissions_kv_miss"] += 1
+        elif external == 0:
+            c["admissions_state_miss"] += 1
+            c["state_miss_tokens"] += kv_hit - local
+        else:
+            c["admissions_hit_cut_short"] += 1
+            c["cut_short_tokens"] += kv_hit - resumed
+
+    def after_alloc(self, request: Any, blocks: Any, num_external: int) -> None:
+        """Plans the load of what ``match`` found into the blocks vLLM
+        allocated; counts the admission."""
+        r = self._reqs.get(request.request_id)
+        plan = r.plan if r is not None else None
+        if r is None or plan is None:
+            return  # the second call after an async load, or a request never matched
+        r.plan = None
+        if num_external == 0:
+            fa = blocks.blocks[self.kv_groups[0]]
+            local = 0
+            while local < len(fa) and fa[local].block_hash is not None and not fa[local].is_null:
+                local += 1
+            local = min(local * self.bs, (request.num_tokens - 1) // self.bs * self.bs)
+            self._count_admission(request, plan, local, 0)
+            return
+        self._count_admission(request, plan, plan.local, num_external)
+        ids = blocks.get_block_ids()
+        first, k = plan.local // self.bs, plan.boundary
+        values: list[Value] = []
+        headers: list[list[bytes] | None] = []
+        holds: list[tuple[str, str]] = []
+        tokens = {HOST: 0, SHARED: 0}
+        fail = plan.local + num_external != k * self.bs
+        wanted = [(KV, i, plan.kv_sources[i - first]) for i in range(first, k)]
+        if self.state_groups:
+            wanted.append((STATE, k - 1, plan.state_source))
+        for kind, i, src in wanted if not fail else ():
+            groups = self.kv_groups if kind == KV else self.state_groups
+            dst = [ids[g][i] for g in groups]
+            if any(b <= 0 for b in dst):
+                fail = True
+                break
+            key = arena_key(kind, r.keys[i])
+            got = self.arena.lookup(key, True)
+            if got is not None:
+                self.arena.pin(key)
+                holds.append((key, "pinned"))
+                values.append(Value(kind, r.keys[i], list(got[0]), dst))
+                headers.append(unpack_headers(got[2]))
+            elif src == SHARED:
+                entries = self.placement.allocate(key, kind, i + 1)
+                if entries is None:
+                    fail = True
+                    break
+                self._staged.add(key)
+                holds.append((key, "staged"))
+                values.append(Value(kind, r.keys[i], entries, dst))
+                headers.append(None)
+            else:
+                fail = True  # evicted since match(): recompute
+                break
+            if kind == KV:
+                tokens[SHARED if src == SHARED or plan.state_source == SHARED else HOST] += self.bs
+        self._inflight[request.request_id] = holds
+        self._load_tokens[request.request_id] = tokens
+        self._loads.append(Load(request.request_id, values, headers, fail))
+        self.counters["loads"] += 1
+
+    def hit_sources(self, request: Any) -> dict[str, int]:
+        return dict(self._load_tokens.get(request.request_id, {}))
+
+    # ------------------------------------------------------------- saving --
+
+    def _save(self, r: _Req, kind: str, i: int, blocks: list[int]) -> None:
+        """Queues value ``kind`` of boundary ``i + 1`` from ``blocks``."""
+        key = arena_key(kind, r.keys[i])
+        if self.arena.contains(key):
+            self.arena.lookup(key, True)  # a use: keeps the chain warm
+            return
+        if any(b <= 0 for b in blocks):
+            return
+        prompt_boundary = (r.request.num_prompt_tokens - 1) // self.bs
+        entries = self.placement.allocate(key, kind, self.placement.position(kind, i + 1, prompt_boundary))
+        if entries is None:
+            if not self.arena.contains(key) and key not in self._acc_saved:
+                self.counters["saves_dropped_host_full"] += 1
+            return
+        self._acc_saved[key] = {}
+        self._saves.append(Value(kind, r.keys[i], entries, blocks))
+
+    def _plan_saves(self, req_id: str, start: int, end: int, admitted: bool) -> None:
+        """Values completed by computing tokens ``[start, end)``: KV of every
+        block that fills, the state if ``end`` is a boundary; on admission
+        also the local hit's chain and state the host tier lacks."""
+        r = self._reqs.get(req_id)
+        if r is None:
+            return
+        bs = self.bs
+        lo = 0 if admitted else start // bs
+        hi = end // bs
+        states = []
+        if self.state_groups:
+            if admitted and start and start % bs == 0:
+                states.append(start // bs)  # the local hit's state: vLLM's cached block
+            if end % bs == 0 and end > start and (self.config.save_decode or end <= r.request.num_prompt_tokens):
+                states.append(end // bs)
+                if end > r.request.num_prompt_tokens:
+                    self.counters["state_saves_decode"] += 1
+        if hi <= lo and not states:
+            return
+        keys = self._keys(r, max(hi, *states) if states else hi)
+        if len(keys) < hi:
+            self.counters["saves_skipped_unnamed"] += hi - len(keys)
+            hi = len(keys)
+        ids = self.kv_cache_manager.get_block_ids(req_id)
+        for i in range(lo, hi):
+            self._save(r, KV, i, [ids[g][i] for g in self.kv_groups])
+        for k in states:
+            if k > len(keys):
+                self.counters["saves_skipped_unnamed"] += 1
+                continue
+            self._save(r, STATE, k - 1, [ids[g][k - 1] for g in self.state_groups])
+
+    def build_meta(self, so: Any) -> StateCacheMeta:
+        self.counters["steps"] += 1
+        nsched = so.num_scheduled_tokens
+        for nr in so.scheduled_new_reqs:
+            n = nsched.get(nr.req_id, 0)
+            if n:
+                self._plan_saves(nr.req_id, nr.num_computed_tokens, nr.num_computed_tokens + n, True)
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            n = nsched.get(req_id, 0)
+            if n:
+                c = cached.num_computed_tokens[i]
+                self._plan_saves(req_id, c, c + n, False)
+        meta = StateCacheMeta(self._saves, self._loads, shared_writes=self.shared is not None)
+        self._saves, self._loads = [], []
+        return meta
+
+    # -------------------------------------------------------------- results --
+
+    def _seal(self, key: str, per_rank: dict[int, bytes]) -> None:
+        self.arena.seal(key, pack_headers([per_rank[r] for r in range(self.tp_size)]))
+
+    def update(self, output: Any) -> None:
+        """Reads the workers' report and the finished / failed loads."""
+        rep = getattr(output, "kv_connector_worker_meta", None)
+        n = self.tp_size
+        if isinstance(rep, WorkerReport):
+            for key, per_rank in rep.saved.items():
+                acc = self._acc_saved.get(key)
+                if acc is None:
+                    continue
+                acc.update(per_rank)
+                if len(acc) == n:
+                    del self._acc_saved[key]
+                    self._seal(key, acc)
+                    if self.shared is not None:
+                        self.arena.pin(key)  # until every rank's shared write is done
+                        self._shared_pending.add(key)
+                        self._acc_shared[key] = set()
+            for key in rep.save_failed:
+                if self._acc_saved.pop(key, None) is not None:
+                    self.arena.remove(key)
+            for key, per_rank in rep.fetched.items():
+                self._acc_fetched.setdefault(key, {}).update(per_rank)
+            for key, ranks in rep.fetch_failed.items():
+                self._fetch_failed.setdefault(key, set()).update(ranks)
+                for why in ranks.values() if isinstance(ranks, dict) else ():
+                    if why == "missing":
+                        self.counters["loads_missing"] += 1
+            for key in list(self._staged):
+                got, bad = self._acc_fetched.get(key, {}), self._fetch_failed.get(key, set())
+                if len(got) + len(bad - set(got)) < n:
+                    continue  # some rank's read may still land in these entries
+                self._staged.discard(key)
+                self._acc_fetched.pop(key, None)
+                self._fetch_failed.pop(key, None)
+                if not bad and len(got) == n:
+                    self._seal(key, got)
+                else:
+                    self.arena.remove(key)
+            for key in rep.untrusted:
+                self.arena.remove(key)  # a pinned one goes at its last unpin
+            for key, ranks in rep.shared_done.items():
+                acc = self._acc_shared.get(key)
+                if acc is not None:
+                    acc.update(ranks)
+                    if len(acc) == n:
+                        self._release_shared(key)
+            for key in rep.shared_failed:
+                if key in self._acc_shared:
+                    self._release_shared(key)
+            for name, v in rep.counters.items():
+                self.counters[name] = self.counters.get(name, 0) + v
+        failed = getattr(output, "failed_recving", None) or set()
+        for req_id in getattr(output, "finished_recving", None) or ():
+            for key, how in self._inflight.pop(req_id, ()):
+                if how == "pinned":
+                    self.arena.unpin(key)
+            tokens = self._load_tokens.pop(req_id, {})
+            if req_id not in failed:
+                self.counters["tokens_resumed_host"] += tokens.get(HOST, 0)
+                self.counters["tokens_resumed_shared"] += tokens.get(SHARED, 0)
+
+    def _release_shared(self, key: str) -> None:
+        del self._acc_shared[key]
+        self._shared_pending.discard(key)
+        if self.arena.pins(key):
+            self.arena.unpin(key)
+
+    def finished(self, request: Any) -> None:
+        self._reqs.pop(request.request_id, None)
+
+    # -------------------------------------------------------------- metrics --
+
+    def funnel(self) -> dict[str, float]:
+        """Cumulative counters, plus the host tier's occupancy."""
+        d = dict(self.counters)
+        d["resumed_tokens"] = d["tokens_resumed_local"] + d["tokens_resumed_host"] + d["tokens_resumed_shared"]
+        st = self.arena.class_stats(0)
+        d["host_values"] = st["values"]
+        d["host_used_bytes"] = st["used_entries"] * self.geometry.entry_bytes
+        d["host_evictions"] = st["evictions"]
+        return d
+
+    def take_interval(self) -> dict[str, float]:
+        """Counter increases since the last call (vLLM's connector stats)."""
+        out = {k: v - self._reported.get(k, 0) for k, v in self.counters.items()}
+        self._reported = dict(self.counters)
+        return {k: v for k, v in out.items() if v}
+
+    def shutdown(self) -> None:
+        if self.shared is not None:
+            self.shared.close()
+

@@ -1,0 +1,410 @@
+"""vLLM engines for the connector's tests and benchmark, each in a process
+of its own, driven over a pipe; the multi-turn workload; the numerics rule.
+
+An engine process runs ``vllm.LLM`` in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+so the driver reaches the connector's scheduler and worker objects (funnel,
+fault injection) and times vLLM's scheduler. Requests go through
+``LLMEngine.add_request`` / ``step`` so each one's time to first token is
+measured. Run as ``python vllm_support.py`` it is that engine process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_MAGIC = "@@statecache-engine@@ "
+BLOCK = 256  # vLLM's block with an fp32 SSM cache on this model
+
+
+def base_llm_kwargs(model: str, **over: Any) -> dict[str, Any]:
+    """The tiny model as VLLM.md runs it: fp32 SSM state and lm_head."""
+    kw = dict(
+        model=model,
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="bfloat16",
+        max_model_len=4096,
+        max_num_seqs=4,
+        max_num_batched_tokens=1024,
+        enable_prefix_caching=True,
+        mamba_ssm_cache_dtype="float32",
+        hf_overrides={"head_dtype": "float32"},
+        seed=0,
+    )
+    kw.update(over)
+    return kw
+
+
+def connector_config(extra: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        kv_connector="StateCacheConnector",
+        kv_connector_module_path="statecache.vllm",
+        kv_role="kv_both",
+        kv_connector_extra_config=extra,
+    )
+
+
+# ------------------------------------------------------------------ client --
+
+
+class Engine:
+    """A vLLM engine in its own process. ``llm_kwargs`` are ``LLM(...)``'s
+    (``kv_transfer_config`` as a dict); ``env`` extra environment."""
+
+    def __init__(self, name: str, llm_kwargs: dict[str, Any], log_dir: str, env: dict[str, str] | None = None):
+        self.name = name
+        self.log_path = os.path.join(log_dir, f"engine-{name}.log")
+        e = dict(os.environ)
+        e.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        e.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        e.setdefault("PYTHONHASHSEED", "0")
+        e.update(env or {})
+        src = str(Path(__file__).resolve().parents[2] / "python")
+        e["PYTHONPATH"] = os.pathsep.join(p for p in (src, e.get("PYTHONPATH", "")) if p)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, json.dumps(llm_kwargs)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=e,
+            text=True,
+            bufsize=1,
+        )
+        self.startup_s = self._read()["startup_s"]
+
+    def _read(self) -> Any:
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"engine {self.name} exited ({self.proc.poll()}); see {self.log_path}")
+            if line.startswith(_MAGIC):
+                msg = json.loads(line[len(_MAGIC) :])
+                if "error" in msg:
+                    raise RuntimeError(f"engine {self.name}: {msg['error']}; see {self.log_path}")
+                return msg
+
+    def call(self, op: str, **args: Any) -> Any:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["result"]
+
+    def generate(
+        self, prompts: list[list[int]], max_tokens: int, logprobs: int = 5, arrivals: list[float] | None = None
+    ) -> list[dict[str, Any]]:
+        """Runs the prompts (all at once, or at ``arrivals`` seconds from
+        now); returns per prompt ``tokens``, ``logprobs`` (top-k dicts),
+        ``cached`` (num_cached_tokens), ``ttft_s``, ``latency_s``."""
+        return self.call("generate", prompts=prompts, max_tokens=max_tokens, logprobs=logprobs, arrivals=arrivals)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.call("exit")
+            except Exception:
+                pass
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+# ---------------------------------------------------------------- workload --
+
+
+@dataclass
+class Conversation:
+    seed: int
+    prompts: list[list[int]] = field(default_factory=list)
+
+
+def first_prompts(n: int, seed: int, lengths: tuple[int, int] = (600, 900), vocab: int = 1024) -> list[list[int]]:
+    """Opening prompts that end 180-230 tokens past a block boundary, so an
+    80-token answer crosses the next boundary in decode."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        target = rng.randrange(*lengths)
+        target = target - target % BLOCK + rng.randrange(200, 225)
+        out.append([rng.randrange(vocab) for _ in range(target)])
+    return out
+
+
+def next_turn(prompt: list[int], answer: list[int], rng: random.Random, vocab: int = 1024) -> list[int]:
+    """The previous prompt + its greedy answer + new user tokens, ending
+    180-230 tokens past a boundary."""
+    base = prompt + answer
+    want = len(base) + 60
+    want = want - want % BLOCK + BLOCK + rng.randrange(200, 225)
+    return base + [rng.randrange(vocab) for _ in range(want - len(base))]
+
+
+def run_turns(
+    ref: Engine, prompts: list[list[int]], turns: int, max_tokens: int, seed: int = 1
+) -> list[list[dict[str, Any]]]:
+    """Runs the multi-turn workload on ``ref`` (turn t + 1's prompts are
+    built from ``ref``'s answers to turn t); returns the results per turn,
+    each with its ``prompt``."""
+    rng = random.Random(seed)
+    out = []
+    for _t in range(turns):
+        res = ref.generate(prompts, max_tokens)
+        for p, r in zip(prompts, res):
+            r["prompt"] = p
+        out.append(res)
+        prompts = [next_turn(p, r["tokens"], rng) for p, r in zip(prompts, res)]
+    return out
+
+
+def replay(engine: Engine, turns: list[list[dict[str, Any]]], max_tokens: int) -> list[list[dict[str, Any]]]:
+    """Sends the same prompts, turn by turn, to another engine."""
+    return [engine.generate([r["prompt"] for r in turn], max_tokens) for turn in turns]
+
+
+# ----------------------------------------------------------------- numerics --
+
+
+@dataclass
+class Deviation:
+    """How one request's answer deviates from the reference's."""
+
+    diverged_at: int | None  # first differing token, None when identical
+    max_logprob_delta: float  # |logprob(ref token)| difference up to there
+    tie_gap: float  # at the divergence: how much the reference preferred its token (0 when none)
+
+
+def deviation(ref: dict[str, Any], got: dict[str, Any]) -> Deviation:
+    rt, gt = ref["tokens"], got["tokens"]
+    d = next((i for i, (a, b) in enumerate(zip(rt, gt)) if a != b), None)
+    if d is None and len(rt) != len(gt):
+        d = min(len(rt), len(gt))
+    upto = len(rt) if d is None else d
+    delta = 0.0
+    for j in range(upto):
+        tok = str(rt[j])
+        a, b = ref["logprobs"][j].get(tok), got["logprobs"][j].get(tok)
+        delta = max(delta, math.inf if a is None or b is None else abs(a - b))
+    gap = 0.0
+    if d is not None and d < len(rt) and d < len(gt):
+        lp = ref["logprobs"][d]
+        theirs = lp.get(str(gt[d]))
+        gap = math.inf if theirs is None else lp[str(rt[d])] - theirs
+    return Deviation(d, delta, gap)
+
+
+def noise(ref_turns, got_turns) -> float:
+    """The largest deviation (logprob delta or tie gap) of one run against
+    the reference: vLLM's own noise when ``got`` is vLLM's prefix caching."""
+    worst = 0.0
+    for rt, gt in zip(ref_turns, got_turns):
+        for r, g in zip(rt, gt):
+            dv = deviation(r, g)
+            worst = max(worst, dv.max_logprob_delta, dv.tie_gap)
+    return worst
+
+
+def violations(ref_turns, got_turns, tol: float) -> list[str]:
+    """The rule of test 7(a): each answer equals the reference's token for
+    token, except that it may deviate by no more than ``tol`` (vLLM's own
+    prefix-caching noise on the same workload) -- a logprob of the
+    reference's token off by at most ``tol``, and a divergence only where the
+    reference's top two were within ``tol`` (a near tie). Returns one line
+    per request that breaks it."""
+    bad = []
+    for t, (rt, gt) in enumerate(zip(ref_turns, got_turns)):
+        for i, (r, g) in enumerate(zip(rt, gt)):
+            dv = deviation(r, g)
+            if dv.max_logprob_delta > tol or dv.tie_gap > tol:
+                bad.append(
+                    f"turn {t} request {i}: diverged at {dv.diverged_at}, logprob delta {dv.max_logprob_delta:.4f}, "
+                    f"tie gap {dv.tie_gap:.4f} > {tol:.4f} (cached {g['cached']} tokens)"
+                )
+    return bad
+
+
+# ----------------------------------------------------------- engine process --
+
+
+def _serve(llm_kwargs: dict[str, Any]) -> None:
+    out = sys.stdout
+    sys.stdout = sys.stderr  # vLLM's prints must not reach the pipe
+
+    def reply(msg: Any) -> None:
+        out.write(_MAGIC + json.dumps(msg) + "\n")
+        out.flush()
+
+    try:
+        t0 = time.perf_counter()
+        from vllm import LLM, SamplingParams
+        from vllm.config import KVTransferConfig
+        from vllm.inputs import TokensPrompt
+
+        kw = dict(llm_kwargs)
+        if "kv_transfer_config" in kw:
+            kw["kv_transfer_config"] = KVTransferConfig(**kw["kv_transfer_config"])
+        llm = LLM(**kw)
+        core = llm.llm_engine.engine_core.engine_core
+        sched = core.scheduler
+        timing = {"schedule_s": 0.0, "update_s": 0.0, "steps": 0}
+        for name, key in (("schedule", "schedule_s"), ("update_from_output", "update_s")):
+            orig = getattr(sched, name)
+
+            def timed(*a, _orig=orig, _key=key, **k):
+                t = time.perf_counter()
+                try:
+                    return _orig(*a, **k)
+                finally:
+                    timing[_key] += time.perf_counter() - t
+                    if _key == "schedule_s":
+                        timing["steps"] += 1
+
+            setattr(sched, name, timed)
+        reply({"startup_s": time.perf_counter() - t0})
+    except BaseException as e:  # report start-up failures to the driver
+        reply({"error": f"start-up failed: {type(e).__name__}: {e}"})
+        raise
+    engine = llm.llm_engine
+    counter = [0]
+
+    def connector():
+        return sched.connector
+
+    def worker_connector():
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        return get_kv_transfer_group()
+
+    def generate(prompts, max_tokens, logprobs, arrivals):
+        sp = SamplingParams(temperature=0, max_tokens=max_tokens, detokenize=False, logprobs=logprobs)
+        start = time.perf_counter()
+        arrivals = arrivals or [0.0] * len(prompts)
+        order = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+        ids, added, first, done, res = {}, 0, {}, {}, {}
+        while len(done) < len(prompts):
+            now = time.perf_counter() - start
+            while added < len(order) and arrivals[order[added]] <= now:
+                i = order[added]
+                counter[0] += 1
+                rid = f"r{counter[0]}"
+                ids[rid] = i
+                engine.add_request(rid, TokensPrompt(prompt_token_ids=prompts[i]), sp)
+                added += 1
+            if not engine.has_unfinished_requests():
+                time.sleep(min(0.01, max(0.0, arrivals[order[added]] - now)) if added < len(order) else 0)
+                continue
+            for o in engine.step():
+                i = ids[o.request_id]
+                t = time.perf_counter() - start
+                if o.outputs and o.outputs[0].token_ids and i not in first:
+                    first[i] = t
+                if o.finished:
+                    done[i] = t
+                    c = o.outputs[0]
+                    res[i] = dict(
+                        tokens=list(c.token_ids),
+                        logprobs=[{str(k): v.logprob for k, v in d.items()} for d in (c.logprobs or [])],
+                        cached=o.num_cached_tokens or 0,
+                        ttft_s=first.get(i, t) - arrivals[i],
+                        latency_s=t - arrivals[i],
+                    )
+        return [res[i] for i in range(len(prompts))]
+
+    def funnel():
+        c = connector()
+        return c.checkpoint_funnel() if c is not None and hasattr(c, "checkpoint_funnel") else {}
+
+    def corrupt_loads(on):
+        """Test hook: every state a load restores gets its bytes perturbed
+        after the checks passed (what a wrong state would look like)."""
+        w = worker_connector().worker
+        import torch
+
+        if not on:
+            w.__dict__.pop("_move", None)
+            return True
+        orig = type(w)._move
+
+        def bad_move(values, store, _orig=orig, _w=w):
+            _orig(_w, values, store)
+            if store:
+                return
+            for v in values:
+                if v.kind != "state":
+                    continue
+                for g, b, _e in _w._images(v):
+                    m = _w.movers[g.group]
+                    for view in m.executor.state_layout.tensors:
+                        row = view[b, : g.real_bytes]
+                        ssm = row[3072:].view(torch.float32)
+                        ssm.mul_(0.5)  # a stale or foreign state, in size
+        w._move = bad_move
+        return True
+
+    def flip_host_byte(kind):
+        """Test hook: flips one byte of a sealed host value of ``kind``
+        (the most recently used); returns its key."""
+        s, w = connector().sched, worker_connector().worker
+        for key in reversed([k.decode() for k in s.arena.keys()]):
+            if key.startswith(kind + "/") and s.arena.contains(key):
+                entries, _n, _meta, _k = s.arena.lookup(key, False)
+                w.rows[entries[0], 7] ^= 0x40
+                return key
+        return None
+
+    def shared_keys(kind):
+        s = connector().sched
+        return [s.tier_keys(kind, bytes.fromhex(k.decode().split("/")[1]))[0] for k in s.arena.keys()
+                if k.decode().startswith(kind + "/")]
+
+    def drop_host(kind):
+        """Test hook: removes every host value of ``kind`` (so loads must
+        come from the shared tier)."""
+        s = connector().sched
+        n = 0
+        for k in s.arena.keys():
+            if k.decode().startswith(kind + "/") and s.arena.remove(k):
+                n += 1
+        return n
+
+    ops = {
+        "generate": generate,
+        "funnel": funnel,
+        "reset_prefix_cache": lambda: bool(llm.reset_prefix_cache()),
+        "corrupt_loads": corrupt_loads,
+        "flip_host_byte": flip_host_byte,
+        "shared_keys": shared_keys,
+        "drop_host": drop_host,
+        "timing": lambda: dict(timing),
+        "exit": lambda: True,
+    }
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd.pop("op")
+        try:
+            reply({"result": ops[op](**cmd)})
+        except BaseException as e:
+            import traceback
+
+            traceback.print_exc()
+            reply({"error": f"{op}: {type(e).__name__}: {e}"})
+        if op == "exit":
+            break
+    del llm
+
+
+if __name__ == "__main__":
+    _serve(json.loads(sys.argv[1]))
