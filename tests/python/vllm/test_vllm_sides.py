@@ -1,0 +1,296 @@
+"""The connector's scheduler and worker sides on vLLM's own config objects
+and CPU tensors laid out as vLLM lays them, without an engine: every byte of
+a save and a load, tensor parallelism (one scheduler, several workers), keys,
+integrity, the shared tier on a real Mooncake Store."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from statecache.vllm.config import ConnectorConfig, parse_bytes
+from statecache.vllm.metadata import arena_key
+from vllm_fakes import BS, FakeBlocks, FakeRequest, Rig, scheduler_output
+
+MAMBA_REAL = 3 * 32 * 2 + 2 * 16 * 16 * 4  # conv bf16 + ssm fp32 of one GDN layer
+STATE_GROUPS = (0, 1, 2)
+
+
+def prefill_a(rig: Rig, tokens: list[int]) -> FakeRequest:
+    """Request A computes its prompt in two chunks (0 -> 3 blocks -> 5
+    blocks), states at both chunk ends, as vLLM's align mode does."""
+    a = FakeRequest("A", tokens, len(tokens))
+    assert rig.sched.match(a, 0) == 0
+    fa = list(range(1, 7))
+    ids = tuple([0, 0, 10 + g] for g in STATE_GROUPS) + (fa,)
+    rig.sched.after_alloc(a, FakeBlocks(ids), 0)
+    rig.kvm.ids["A"] = ids
+    rig.step(scheduler_output(new=[("A", 0, 3 * BS)]))
+    ids = tuple([0, 0, 10 + g, 0, 20 + g] for g in STATE_GROUPS) + (fa,)
+    rig.kvm.ids["A"] = ids
+    rig.step(scheduler_output(cached=[("A", 3 * BS, 2 * BS)]))
+    return a
+
+
+def load_b(rig: Rig, tokens: list[int], expect_tokens: int):
+    b = FakeRequest("B", tokens, len(tokens))
+    n = rig.sched.match(b, 0)
+    assert n == expect_tokens
+    k = n // BS
+    ids = tuple([0] * (k - 1) + [40 + g] for g in STATE_GROUPS) + (list(range(31, 31 + k + 1)),)
+    rig.sched.after_alloc(b, FakeBlocks(ids), n)
+    return b, until_received(rig)
+
+
+def until_received(rig: Rig, timeout_s: float = 10.0):
+    """Steps (as vLLM keeps stepping) until a load finished; returns that step's output."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = rig.step(scheduler_output())
+        if out.finished_recving or time.monotonic() > deadline:
+            return out
+        time.sleep(0.01)
+
+
+def tokens(n: int, seed: int = 1) -> list[int]:
+    import random
+
+    r = random.Random(seed)
+    return [r.randrange(1000) for _ in range(n)]
+
+
+@pytest.mark.parametrize("staging", [None, 3], ids=["direct", "staged"])
+def test_a_load_restores_every_byte_of_kv_and_state_and_nothing_else(staging):
+    """``staged``: the GPU path (units in a staging area, rows copied to the
+    host entries), on CPU tensors, with batches of three blocks."""
+    rig = Rig(staging=staging)
+    t = tokens(5 * BS + 3)
+    prefill_a(rig, t)
+    assert rig.sched.funnel()["host_values"] == 5 + 2  # KV blocks 0-4, states at 3 and 5 blocks
+    before = [rig.block(0, 40 + g) for g in STATE_GROUPS]
+    _b, out = load_b(rig, t + tokens(20, 2), 5 * BS)
+    assert out.finished_recving == {"B"} and not out.failed_recving
+    for i in range(5):  # KV block i of A (block i + 1) landed in B's block 31 + i
+        assert rig.block(0, 31 + i) == rig.block(0, 1 + i)
+    for g in STATE_GROUPS:
+        got = rig.block(0, 40 + g)
+        assert got[:MAMBA_REAL] == rig.block(0, 20 + g)[:MAMBA_REAL]
+        assert got[MAMBA_REAL:] == before[g][MAMBA_REAL:]  # the page's padding is never written
+    f = rig.sched.funnel()
+    assert f["tokens_resumed_host"] == 5 * BS and f["loads_failed"] == 0
+
+
+def test_never_a_state_without_its_kv_prefix():
+    rig = Rig()
+    t = tokens(5 * BS + 3)
+    prefill_a(rig, t)
+    # KV block 3 gone: the state at 5 blocks is unreachable, the one at 3 stays
+    assert rig.sched.arena.remove(arena_key("kv", rig.sched._reqs["A"].keys[3]))
+    b = FakeRequest("B", t + tokens(20, 2), len(t) + 20)
+    assert rig.sched.match(b, 0) == 3 * BS
+    # and with no state at all past the local hit there is nothing to resume
+    for k in (3, 5):
+        rig.sched.arena.remove(arena_key("state", rig.sched._reqs["A"].keys[k - 1]))
+    assert rig.sched.match(b, 0) == 0
+    assert rig.sched.match(b, 2 * BS) == 0
+
+
+def test_match_starts_past_the_local_hit_and_keeps_one_token_to_compute():
+    rig = Rig()
+    t = tokens(5 * BS + 3)
+    prefill_a(rig, t)
+    b = FakeRequest("B", t + tokens(20, 2), len(t) + 20)
+    assert rig.sched.match(b, 3 * BS) == 2 * BS
+    assert rig.sched.match(b, 5 * BS) == 0
+    exact = FakeRequest("C", t[: 5 * BS], 5 * BS)  # a hit may not cover the last token
+    assert rig.sched.match(exact, 0) == 3 * BS
+
+
+def test_tensor_parallel_a_value_counts_only_when_every_rank_holds_its_shard():
+    rig = Rig(tp=2)
+    t = tokens(5 * BS + 3)
+    a = FakeRequest("A", t, len(t))
+    rig.sched.match(a, 0)
+    fa = list(range(1, 7))
+    ids = tuple([0, 0, 10 + g] for g in STATE_GROUPS) + (fa,)
+    rig.sched.after_alloc(a, FakeBlocks(ids), 0)
+    rig.kvm.ids["A"] = ids
+    meta = rig.sched.build_meta(scheduler_output(new=[("A", 0, 3 * BS)]))
+    rig.workers[0].save(meta)
+    rig.workers[1].save(meta)
+    r0 = rig.workers[0].take_report()
+    rig.sched.update(type("O", (), {"kv_connector_worker_meta": r0})())
+    b = FakeRequest("B", t + tokens(20, 2), len(t) + 20)
+    assert rig.sched.match(b, 0) == 0  # rank 1 has not reported: nothing is findable
+    r1 = rig.workers[1].take_report()
+    rig.sched.update(type("O", (), {"kv_connector_worker_meta": r1})())
+    assert rig.sched.match(b, 0) == 3 * BS
+    # each rank restores its own shard
+    rig.sched.after_alloc(b, FakeBlocks(tuple([0, 0, 40 + g] for g in STATE_GROUPS) + ([31, 32, 33, 34],)), 3 * BS)
+    out = rig.step(scheduler_output())
+    assert out.finished_recving == {"B"} and not out.failed_recving
+    for rank in (0, 1):
+        for i in range(3):
+            assert rig.block(rank, 31 + i) == rig.block(rank, 1 + i)
+        assert rig.block(rank, 40)[:MAMBA_REAL] == rig.block(rank, 10)[:MAMBA_REAL]
+    assert rig.block(0, 31) != rig.block(1, 31)  # the shards differ
+
+
+def test_tensor_parallel_one_rank_failing_its_check_fails_the_load_everywhere():
+    rig = Rig(tp=2)
+    t = tokens(5 * BS + 3)
+    prefill_a(rig, t)
+    s = rig.sched
+    key = arena_key("state", s._reqs["A"].keys[4])
+    entries = s.arena.lookup(key, False)[0]
+    rig.workers[1].rows[entries[0], 11] ^= 0x01  # one bit, on rank 1 only
+    _b, out = load_b(rig, t + tokens(20, 2), 5 * BS)
+    assert out.failed_recving == {"B"} and out.finished_recving == {"B"}
+    f = s.funnel()
+    assert f["loads_untrusted"] == 1 and f["loads_failed"] == 1
+    assert f["tokens_resumed_host"] == 0
+    assert not s.arena.contains(key)  # dropped: the retry resumes less, from trusted values
+    b2 = FakeRequest("B2", t + tokens(20, 2), len(t) + 20)
+    assert s.match(b2, 0) == 3 * BS
+
+
+def test_keys_are_keyed_by_the_secret_and_the_model():
+    t = tokens(4 * BS)
+    req = FakeRequest("X", t, len(t))
+    a = Rig(extra={"secret": "s" * 16})
+    b = Rig(extra={"secret": "s" * 16}, seed=3)
+    c = Rig(extra={"secret": "t" * 16})
+    d = Rig(extra={"secret": "s" * 16}, identity="another model")
+    ka, kb, kc, kd = (r.sched._keys(r.sched._req(req), 3) for r in (a, b, c, d))
+    assert ka == kb and len(ka) == 3 and all(len(k) == 16 for k in ka)
+    assert ka != kc and ka != kd
+    assert a.sched.tier_keys("state", ka[0]) == b.sched.tier_keys("state", ka[0])
+    assert a.sched.layout_ids != d.sched.layout_ids
+    # no secret: random per process, so two engines never share names
+    assert Rig().sched._keys(Rig().sched._req(req), 3) != Rig().sched._keys(Rig().sched._req(req), 3)
+
+
+def test_config_is_checked_before_anything_starts():
+    assert parse_bytes("4GB", "x") == 4 * 10**9 and parse_bytes("512 MiB", "x") == 512 << 20
+    assert parse_bytes(123, "x") == 123
+    for bad, err in (("4 parsecs", ValueError), (True, TypeError), (-1, ValueError), ([1], TypeError)):
+        with pytest.raises(err, match="host_memory"):
+            ConnectorConfig.from_extra({"host_memory": bad})
+    with pytest.raises(ValueError, match="unknown keys"):
+        ConnectorConfig.from_extra({"host_memroy": "1GB"})
+    with pytest.raises(ValueError, match="secret"):
+        ConnectorConfig.from_extra({"mooncake": {"master_addr": "127.0.0.1:1", "metadata_server": "P2PHANDSHAKE"}})
+    with pytest.raises(ValueError, match="at least 16"):
+        ConnectorConfig.from_extra({"secret": "short"})
+    with pytest.raises(ValueError, match="one shared tier"):
+        ConnectorConfig.from_extra(
+            {"secret": "x" * 16, "redis": {}, "mooncake": {"master_addr": "a", "metadata_server": "b"}}
+        )
+
+
+def test_decode_boundaries_are_saved_unless_turned_off():
+    for save_decode in (True, False):
+        rig = Rig(extra={"save_decode": save_decode})
+        t = tokens(2 * BS + 10)
+        a = FakeRequest("A", t, len(t))
+        rig.sched.match(a, 0)
+        ids = tuple([0, 0, 10 + g] for g in STATE_GROUPS) + ([1, 2, 3],)
+        rig.sched.after_alloc(a, FakeBlocks(ids), 0)
+        rig.kvm.ids["A"] = ids
+        rig.step(scheduler_output(new=[("A", 0, len(t))]))
+        # decode: six tokens reach the boundary at 3 blocks
+        for pos in range(len(t), 3 * BS):
+            a.tokens.append(7)
+            a.block_hashes = FakeRequest("tmp", a.tokens, 0).block_hashes
+            rig.step(scheduler_output(cached=[("A", pos, 1)]))
+        f = rig.sched.funnel()
+        assert f["state_saves_decode"] == (1 if save_decode else 0)
+        b = FakeRequest("B", a.tokens + tokens(9, 5), len(a.tokens) + 9)
+        assert rig.sched.match(b, 0) == (3 * BS if save_decode else 0)
+
+
+@pytest.fixture(scope="module")
+def mooncake():
+    from statecache.tiers.servers import MooncakeServers
+
+    with MooncakeServers(segment_bytes=64 << 20) as s:
+        yield s
+
+
+def shared_extra(s) -> dict:
+    return {
+        "secret": "a deployment secret",
+        "mooncake": {"master_addr": s.master_addr, "metadata_server": s.metadata_url},
+    }
+
+
+def settle(rig: Rig, timeout_s: float = 10.0) -> None:
+    """Until every shared write of the rig is done."""
+    deadline = time.monotonic() + timeout_s
+    while rig.sched._shared_pending and time.monotonic() < deadline:
+        time.sleep(0.02)
+        rig.step(scheduler_output())
+    assert not rig.sched._shared_pending
+
+
+def test_a_fresh_engine_resumes_from_the_shared_tier(mooncake):
+    t = tokens(5 * BS + 3, seed=11)
+    first = Rig(extra=shared_extra(mooncake), seed=1)
+    prefill_a(first, t)
+    settle(first)
+    assert first.sched.funnel()["shared_writes"] == 7
+    fresh = Rig(extra=shared_extra(mooncake), seed=2)  # other tensors, empty host tier
+    _b, out = load_b(fresh, t + tokens(20, 2), 5 * BS)
+    assert out.finished_recving == {"B"} and not out.failed_recving
+    for i in range(5):
+        assert fresh.block(0, 31 + i) == first.block(0, 1 + i)
+    for g in STATE_GROUPS:
+        assert fresh.block(0, 40 + g)[:MAMBA_REAL] == first.block(0, 20 + g)[:MAMBA_REAL]
+    f = fresh.sched.funnel()
+    assert f["tokens_resumed_shared"] == 5 * BS and f["values_fetched"] == 6
+    assert f["host_values"] == 6  # what was fetched now sits in the host tier too
+
+
+def test_an_untrusted_shared_value_is_never_adopted_and_is_removed(mooncake):
+    import numpy as np
+
+    from statecache.tiers.mooncake_tier import MooncakeTier
+
+    t = tokens(5 * BS + 3, seed=12)
+    first = Rig(extra=shared_extra(mooncake), seed=1)
+    prefill_a(first, t)
+    settle(first)
+    key = first.sched.tier_keys("state", first.sched._reqs["A"].keys[4])[0]
+    client = MooncakeTier(mooncake.master_addr, mooncake.metadata_url)
+    try:
+        size = 8192 + 3 * 4096
+        buf = np.zeros(size, dtype=np.uint8)
+        n = client.get_many_into([key], [[buf]])[0]
+        assert n < 0  # the stored size differs from the buffer: learn it from a second read
+        from statecache.tiers import integrity
+
+        whole = integrity.header_nbytes(key) + 3 * MAMBA_REAL
+        buf = np.zeros(whole, dtype=np.uint8)
+        assert client.get_many_into([key], [[buf]])[0] == whole
+        buf[-5] ^= 0x10  # one flipped bit in the stored state
+        assert client.remove_many([key]) == [True]
+        assert client.put_many([key], [[buf]]) == [True]
+        fresh = Rig(extra=shared_extra(mooncake), seed=2)
+        b = FakeRequest("B", t + tokens(20, 2), len(t) + 20)
+        n = fresh.sched.match(b, 0)
+        assert n == 5 * BS  # it exists; only its bytes are wrong
+        fresh.sched.after_alloc(
+            b, FakeBlocks(tuple([0] * 4 + [40 + g] for g in STATE_GROUPS) + (list(range(31, 37)),)), n
+        )
+        out = until_received(fresh)
+        assert out.failed_recving == {"B"}
+        f = fresh.sched.funnel()
+        assert f["loads_untrusted"] == 1 and f["tokens_resumed_shared"] == 0
+        deadline = time.monotonic() + 5
+        while client.contains_many([key])[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.contains_many([key]) == [False]  # removed where it was found
+        assert fresh.sched.match(FakeRequest("B3", b.tokens, len(b.tokens)), 0) == 3 * BS
+    finally:
+        client.close()
