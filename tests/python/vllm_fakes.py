@@ -79,9 +79,15 @@ class FakeRequest:
     def __post_init__(self) -> None:
         self.block_hashes = block_hashes(self.tokens)
 
+    num_computed_tokens: int = 0
+
     @property
     def num_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.tokens
 
 
 class FakeBlocks:
@@ -150,19 +156,23 @@ class Rig:
         orders them for async loads), reports merged back. Returns the
         aggregated output the scheduler read."""
         meta = self.sched.build_meta(so)
-        done_all, failed = None, set()
+        done_all, sent_all, failed = None, None, set()
         report = None
         for w in self.workers:
             w.start_loads(meta)
             w.save(meta)
-            done, bad = w.get_finished()
+            sent, done, bad = w.get_finished()
             done_all = done if done_all is None else done_all & done
+            sent_all = sent if sent_all is None else sent_all & sent
             failed |= bad
             r = w.take_report()
             if r is not None:
                 report = r if report is None else report.aggregate(r)
         out = SimpleNamespace(
-            kv_connector_worker_meta=report, finished_recving=done_all or set(), failed_recving=failed
+            kv_connector_worker_meta=report,
+            finished_recving=done_all or set(),
+            finished_sending=sent_all or set(),
+            failed_recving=failed,
         )
         self.sched.update(out)
         return out

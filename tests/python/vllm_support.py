@@ -159,16 +159,15 @@ def next_turn(prompt: list[int], answer: list[int], rng: random.Random, vocab: i
     return base + [rng.randrange(vocab) for _ in range(want - len(base))]
 
 
-def run_turns(
-    ref: Engine, prompts: list[list[int]], turns: int, max_tokens: int, seed: int = 1
-) -> list[list[dict[str, Any]]]:
-    """Runs the multi-turn workload on ``ref`` (turn t + 1's prompts are
-    built from ``ref``'s answers to turn t); returns the results per turn,
-    each with its ``prompt``."""
+def run_turns(engine: Engine, prompts: list[list[int]], turns: int, max_tokens: int, seed: int = 1):
+    """The multi-turn workload on ``engine``: turn t + 1's prompt is turn t's
+    prompt + the greedy answer ``engine`` gave + new tokens (the same new
+    tokens on every engine). Returns the results per turn, each with its
+    ``prompt``."""
     rng = random.Random(seed)
     out = []
     for _t in range(turns):
-        res = ref.generate(prompts, max_tokens)
+        res = engine.generate(prompts, max_tokens)
         for p, r in zip(prompts, res):
             r["prompt"] = p
         out.append(res)
@@ -176,9 +175,17 @@ def run_turns(
     return out
 
 
-def replay(engine: Engine, turns: list[list[dict[str, Any]]], max_tokens: int) -> list[list[dict[str, Any]]]:
-    """Sends the same prompts, turn by turn, to another engine."""
-    return [engine.generate([r["prompt"] for r in turn], max_tokens) for turn in turns]
+def reference(ref: Engine, runs, max_tokens: int):
+    """What ``ref`` (prefix caching off) answers to the prompts of ``runs``,
+    turn by turn (each result with its ``prompt``)."""
+    out = []
+    for turn in runs:
+        prompts = [r["prompt"] for r in turn]
+        res = ref.generate(prompts, max_tokens)
+        for p, r in zip(prompts, res):
+            r["prompt"] = p
+        out.append(res)
+    return out
 
 
 # ----------------------------------------------------------------- numerics --
@@ -253,6 +260,11 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         out.write(_MAGIC + json.dumps(msg) + "\n")
         out.flush()
 
+    import logging
+
+    sc_log = logging.getLogger("statecache")
+    sc_log.addHandler(logging.StreamHandler(sys.stderr))
+    sc_log.setLevel(logging.DEBUG if os.environ.get("STATECACHE_DEBUG") == "1" else logging.INFO)
     try:
         t0 = time.perf_counter()
         from vllm import LLM, SamplingParams

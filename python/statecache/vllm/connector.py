@@ -144,13 +144,13 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         assert self.worker is not None
-        done, _failed = self.worker.get_finished()
-        return None, done
+        sent, done, _failed = self.worker.get_finished()
+        return sent, done
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         assert self.worker is not None
-        done, failed = self.worker.get_finished()
-        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
+        sent, done, failed = self.worker.get_finished()
+        return KVConnectorTransferResults(finished_sending=sent, finished_recving=done, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         # vLLM 0.32 refuses block-level failures for models with several KV
@@ -214,15 +214,20 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self.sched is not None:
-            self.sched.finished(request)
+            self.sched.finished(request, None)
         return False, None
 
     def request_finished_all_groups(
         self, request: Any, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
-        # Every value the request computed was saved in the step that computed
-        # it (its last boundary included), from its blocks, so nothing holds them now.
-        return self.request_finished(request, [])
+        # Values at boundaries were saved in the steps that computed them; the
+        # state the request ends with, off a boundary, is saved from its blocks
+        # in the next step, and vLLM keeps them until the worker says so.
+        assert self.sched is not None
+        t0 = time.perf_counter()
+        hold = self.sched.finished(request, block_ids)
+        self._timed(t0)
+        return hold, None
 
     # ------------------------------------------------------------ metrics --
 

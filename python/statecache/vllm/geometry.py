@@ -9,7 +9,10 @@ bytes of that page in each of the group's layers. Two kinds of value go below
 vLLM's memory, both named by the prefix they end:
 
 * ``kv``: the images of block ``i`` of every full-attention group;
-* ``state``: the images of every Mamba/GDN group's state block at a boundary.
+* ``state``: the images of every Mamba/GDN group's state block at a boundary;
+* ``tail``: where a request ended off a boundary (the state a finished
+  request ends with), the images of its last, partly filled attention block
+  and of its state blocks.
 
 Scheduler and workers derive the same geometry from ``kv_cache_config``.
 """
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSpec
 
-KV, STATE = "kv", "state"
+KV, STATE, TAIL = "kv", "state", "tail"
 
 
 @dataclass(frozen=True)
@@ -71,13 +74,19 @@ class Geometry:
     def state_groups(self) -> tuple[GroupImage, ...]:
         return tuple(g for g in self.images if g.kind == STATE)
 
+    def groups_of(self, kind: str) -> tuple[GroupImage, ...]:
+        """The images one value of ``kind`` holds, in order."""
+        if kind == TAIL:
+            return self.kv_groups + self.state_groups
+        return self.kv_groups if kind == KV else self.state_groups
+
     def units(self, image: GroupImage) -> int:
         """Host entries one image takes."""
         return -(-image.image_bytes // self.entry_bytes)
 
     def value_entries(self, kind: str) -> int:
         """Host entries one value of ``kind`` takes."""
-        return sum(self.units(g) for g in self.images if g.kind == kind)
+        return sum(self.units(g) for g in self.groups_of(kind))
 
     def value_bytes(self, kind: str) -> int:
         return self.value_entries(kind) * self.entry_bytes
@@ -91,7 +100,7 @@ class Geometry:
                 kind,
                 self.block_size,
                 self.entry_bytes,
-                [(g.group, g.real_bytes, len(g.places)) for g in self.images if g.kind == kind],
+                [(g.group, g.real_bytes, len(g.places)) for g in self.groups_of(kind)],
             )
         )
         return "v" + hashlib.blake2b(desc.encode(), digest_size=8).hexdigest()

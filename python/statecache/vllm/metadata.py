@@ -51,6 +51,7 @@ class StateCacheMeta(KVConnectorMetadata):
     saves: list[Value] = field(default_factory=list)
     loads: list[Load] = field(default_factory=list)
     shared_writes: bool = False  # write saved values through to the shared tier
+    finished_saves: list[str] = field(default_factory=list)  # finished requests whose blocks wait for these saves
 
 
 @dataclass

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 from statecache import _C
 from statecache.tiers.keys import TierKey
 from statecache.vllm.config import ConnectorConfig
-from statecache.vllm.geometry import KV, STATE, Geometry
+from statecache.vllm.geometry import KV, STATE, TAIL, Geometry
 from statecache.vllm.metadata import Load, StateCacheMeta, Value, WorkerReport, arena_key
 from statecache.vllm.shared import open_shared_tier
 
@@ -64,6 +65,8 @@ COUNTERS = (
     "saves_dropped_host_full",
     "saves_skipped_unnamed",
     "state_saves_decode",
+    "tail_saves",
+    "tokens_resumed_tail",
     "shared_writes",
     "shared_writes_failed",
     "shared_lookups",
@@ -144,6 +147,7 @@ class _Plan:
     kv_run: int  # blocks with KV below vLLM's memory, counted from local
     kv_sources: list[str] = field(default_factory=list)
     state_source: str | None = None
+    tail: tuple[int, bytes] | None = None  # (tail tokens past ``boundary``, its prefix key)
 
 
 @dataclass
@@ -164,7 +168,7 @@ class ConnectorScheduler:
         self.tp_size = tp_size
         self.bs = geometry.block_size
         self.hash_ratio = 1
-        self.layout_ids = {KV: geometry.layout_id(KV), STATE: geometry.layout_id(STATE)}
+        self.layout_ids = {k: geometry.layout_id(k) for k in (KV, STATE, TAIL)}
         self.kv_groups = [g.group for g in geometry.kv_groups]
         self.state_groups = [g.group for g in geometry.state_groups]
         self.placement = HostPlacement(geometry, config.host_memory, config.ranking, model_flops(vllm_config))
@@ -173,6 +177,9 @@ class ConnectorScheduler:
             b"statecache-vllm-v1\0" + config.secret + geometry.identity.encode(), digest_size=32
         ).digest()
         self._reqs: dict[str, _Req] = {}
+        # tail lengths filed under the key of the boundary they start from
+        self._tails: OrderedDict[bytes, set[int]] = OrderedDict()
+        self._finished_saves: list[str] = []
         self._loads: list[Load] = []
         self._saves: list[Value] = []
         self._inflight: dict[str, list[tuple[str, str]]] = {}  # req -> [(value key, "pinned" | "staged")]
@@ -243,8 +250,34 @@ class ConnectorScheduler:
 
     def tier_keys(self, kind: str, prefix_key: bytes) -> list[str]:
         """Every rank's shared-tier key of a value."""
-        lid = self.layout_ids[kind]
-        return [TierKey(kind, lid, rank, self.tp_size, prefix_key).encode() for rank in range(self.tp_size)]
+        lid, name = self.layout_ids[kind], STATE if kind == TAIL else kind
+        return [TierKey(name, lid, rank, self.tp_size, prefix_key).encode() for rank in range(self.tp_size)]
+
+    def _tail_key(self, parent: bytes, tokens: list[int]) -> bytes:
+        """The prefix key of a prefix that ends ``len(tokens)`` past the
+        boundary named ``parent`` (a marker first: never a block's key)."""
+        toks = np.asarray([-7, *tokens], dtype=np.int64)
+        return bytes(_C.chain_block_keys(toks, len(toks), parent, 0, self._salt)[1])
+
+    def _find_tail(self, r: _Req, first: int, run: int) -> tuple[int, int, bytes] | None:
+        """The longest tail the host holds that starts at a boundary in
+        ``[first, run]`` (its KV before it held) and leaves a token to compute."""
+        if not self._tails or not self.state_groups:
+            return None
+        req = r.request
+        toks = req.all_token_ids
+        bs = self.bs
+        for b in range(run, max(first, 1) - 1, -1):
+            lens = self._tails.get(r.keys[b - 1])
+            if not lens:
+                continue
+            for n in sorted(lens, reverse=True):
+                if b * bs + n > req.num_tokens - 1:
+                    continue
+                key = self._tail_key(r.keys[b - 1], list(toks[b * bs : b * bs + n]))
+                if self.arena.contains(arena_key(TAIL, key)):
+                    return b, n, key
+        return None
 
     # --------------------------------------------------------------- match --
 
@@ -313,7 +346,24 @@ class ConnectorScheduler:
             if src is not None:
                 best, state_src = k, src
                 break
-        r.plan = _Plan(local, best, run - first, kv_sources, state_src)
+        plan = _Plan(local, best, run - first, kv_sources, state_src)
+        tail = self._find_tail(r, first, run)
+        if tail is not None and tail[0] * bs + tail[1] > best * bs:
+            plan.boundary, plan.tail = tail[0], (tail[1], tail[2])
+            plan.kv_sources = kv_sources[: tail[0] - first]
+        r.plan = plan
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "match %s: %d tokens, local %d, KV to block %d, state boundary %d, tail %s",
+                request.request_id,
+                request.num_tokens,
+                local,
+                run,
+                best,
+                plan.tail and (plan.boundary, plan.tail[0]),
+            )
+        if plan.tail is not None:
+            return plan.boundary * bs + plan.tail[0] - local
         return best * bs - local if best else 0
 
     # ------------------------------------------------------------- loading --
@@ -363,22 +413,27 @@ class ConnectorScheduler:
         headers: list[list[bytes] | None] = []
         holds: list[tuple[str, str]] = []
         tokens = {HOST: 0, SHARED: 0}
-        fail = plan.local + num_external != k * self.bs
-        wanted = [(KV, i, plan.kv_sources[i - first]) for i in range(first, k)]
-        if self.state_groups:
-            wanted.append((STATE, k - 1, plan.state_source))
-        for kind, i, src in wanted if not fail else ():
-            groups = self.kv_groups if kind == KV else self.state_groups
-            dst = [ids[g][i] for g in groups]
+        end = k * self.bs + (plan.tail[0] if plan.tail else 0)
+        fail = plan.local + num_external != end
+        wanted = [(KV, i, plan.kv_sources[i - first], r.keys[i]) for i in range(first, k)]
+        if plan.tail is not None:
+            wanted.append((TAIL, k, HOST, plan.tail[1]))  # blocks of index k: the partial one, the state's
+        elif self.state_groups:
+            wanted.append((STATE, k - 1, plan.state_source, r.keys[k - 1]))
+        for kind, i, src, pkey in wanted if not fail else ():
+            if kind == TAIL:
+                dst = [ids[g][i] for g in self.kv_groups] + [ids[g][i] for g in self.state_groups]
+            else:
+                dst = [ids[g][i] for g in (self.kv_groups if kind == KV else self.state_groups)]
             if any(b <= 0 for b in dst):
                 fail = True
                 break
-            key = arena_key(kind, r.keys[i])
+            key = arena_key(kind, pkey)
             got = self.arena.lookup(key, True)
             if got is not None:
                 self.arena.pin(key)
                 holds.append((key, "pinned"))
-                values.append(Value(kind, r.keys[i], list(got[0]), dst))
+                values.append(Value(kind, pkey, list(got[0]), dst))
                 headers.append(unpack_headers(got[2]))
             elif src == SHARED:
                 entries = self.placement.allocate(key, kind, i + 1)
@@ -387,13 +442,24 @@ class ConnectorScheduler:
                     break
                 self._staged.add(key)
                 holds.append((key, "staged"))
-                values.append(Value(kind, r.keys[i], entries, dst))
+                values.append(Value(kind, pkey, entries, dst))
                 headers.append(None)
             else:
                 fail = True  # evicted since match(): recompute
                 break
             if kind == KV:
                 tokens[SHARED if src == SHARED or plan.state_source == SHARED else HOST] += self.bs
+            elif kind == TAIL:
+                tokens[HOST] += plan.tail[0]
+                tokens["tail"] = plan.tail[0]
+        if fail:  # nothing is read: give back what was taken, the worker reports the load failed
+            for key, how in holds:
+                if how == "pinned":
+                    self.arena.unpin(key)
+                else:
+                    self._staged.discard(key)
+                    self.arena.remove(key)
+            values, headers, holds, tokens = [], [], [], {}
         self._inflight[request.request_id] = holds
         self._load_tokens[request.request_id] = tokens
         self._loads.append(Load(request.request_id, values, headers, fail))
@@ -467,8 +533,10 @@ class ConnectorScheduler:
             if n:
                 c = cached.num_computed_tokens[i]
                 self._plan_saves(req_id, c, c + n, False)
-        meta = StateCacheMeta(self._saves, self._loads, shared_writes=self.shared is not None)
-        self._saves, self._loads = [], []
+        meta = StateCacheMeta(
+            self._saves, self._loads, shared_writes=self.shared is not None, finished_saves=self._finished_saves
+        )
+        self._saves, self._loads, self._finished_saves = [], [], []
         return meta
 
     # -------------------------------------------------------------- results --
@@ -537,6 +605,7 @@ class ConnectorScheduler:
             if req_id not in failed:
                 self.counters["tokens_resumed_host"] += tokens.get(HOST, 0)
                 self.counters["tokens_resumed_shared"] += tokens.get(SHARED, 0)
+                self.counters["tokens_resumed_tail"] += tokens.get("tail", 0)
 
     def _release_shared(self, key: str) -> None:
         del self._acc_shared[key]
@@ -544,8 +613,42 @@ class ConnectorScheduler:
         if self.arena.pins(key):
             self.arena.unpin(key)
 
-    def finished(self, request: Any) -> None:
-        self._reqs.pop(request.request_id, None)
+    def finished(self, request: Any, block_ids: tuple[list[int], ...] | None) -> bool:
+        """A request is done. Saves the state it ends with where that is off
+        a boundary (with its partly filled attention block): returns True when
+        vLLM must keep its blocks until the worker reports that save done."""
+        r = self._reqs.pop(request.request_id, None)
+        if r is None or block_ids is None or not self.state_groups or not self.config.save_decode:
+            return False
+        if getattr(request, "lora_request", None) is not None or getattr(request, "mm_features", None):
+            return False  # the tail's tokens would not name all of its content
+        bs = self.bs
+        done = request.num_computed_tokens
+        b, n = divmod(done, bs)
+        if b < 1 or n == 0 or len(self._keys(r, b)) < b:
+            return False
+        blocks = [block_ids[g][b] for g in self.kv_groups] + [block_ids[g][b] for g in self.state_groups]
+        if any(x <= 0 for x in blocks):
+            return False
+        key = self._tail_key(r.keys[b - 1], list(request.all_token_ids[b * bs : done]))
+        akey = arena_key(TAIL, key)
+        if self.arena.contains(akey):
+            self.arena.lookup(akey, True)
+            return False
+        entries = self.placement.allocate(akey, TAIL, b + 1)
+        if entries is None:
+            self.counters["saves_dropped_host_full"] += 1
+            return False
+        self._acc_saved[akey] = {}
+        self._saves.append(Value(TAIL, key, entries, blocks))
+        self._finished_saves.append(request.request_id)
+        lens = self._tails.setdefault(r.keys[b - 1], set())
+        lens.add(n)
+        self._tails.move_to_end(r.keys[b - 1])
+        while len(self._tails) > 1 << 18:
+            self._tails.popitem(last=False)
+        self.counters["tail_saves"] += 1
+        return True
 
     # -------------------------------------------------------------- metrics --
 

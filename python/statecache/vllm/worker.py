@@ -129,7 +129,7 @@ class ConnectorWorker:
         self.staging_entries = staging_entries
         self.geometry = geometry
         self.rank, self.tp_size = tp_rank, tp_size
-        self.layout_ids = {kind: geometry.layout_id(kind) for kind in ("kv", "state")}
+        self.layout_ids = {kind: geometry.layout_id(kind) for kind in ("kv", "state", "tail")}
         self.num_entries = config.host_memory // geometry.entry_bytes
         self.movers: dict[int, BlockMover] = {}
         self.host: torch.Tensor | None = None
@@ -141,6 +141,7 @@ class ConnectorWorker:
         self._writes: list[tuple[cf.Future, str, int]] = []
         self._pending: dict[str, _PendingLoad] = {}
         self._recv_done: set[str] = set()
+        self._send_done: set[str] = set()  # finished requests whose blocks were held for a save
         self._recv_failed: set[str] = set()
         self._quarantine: list[tuple[str, int]] = []  # staged reads that timed out: (key, header slot)
         self._report = WorkerReport()
@@ -207,12 +208,14 @@ class ConnectorWorker:
     # -------------------------------------------------------------- values --
 
     def full_key(self, v: Value) -> str:
-        return TierKey(v.kind, self.layout_ids[v.kind], self.rank, self.tp_size, v.prefix_key).encode()
+        # a tail is a state checkpoint (plus its partial block): its own layout keeps the names apart
+        kind = "state" if v.kind == "tail" else v.kind
+        return TierKey(kind, self.layout_ids[v.kind], self.rank, self.tp_size, v.prefix_key).encode()
 
     def _images(self, v: Value):
         """(group image, block, its entries) for each image of ``v``."""
         off = 0
-        groups = self.geometry.kv_groups if v.kind == "kv" else self.geometry.state_groups
+        groups = self.geometry.groups_of(v.kind)
         if len(v.blocks) != len(groups):
             raise ValueError(f"value {v.key}: {len(v.blocks)} blocks for {len(groups)} {v.kind} groups")
         for g, b in zip(groups, v.blocks):
@@ -254,6 +257,7 @@ class ConnectorWorker:
         """After the forward: copies this step's values to the host rows,
         files their headers in the report, starts shared writes."""
         if not meta.saves:
+            self._send_done.update(meta.finished_saves)
             return
         t0 = time.perf_counter()
         self._move(meta.saves, store=True)
@@ -269,6 +273,7 @@ class ConnectorWorker:
                 slot = self._free_headers.pop() if self._free_headers else -1
                 hb = self._header_view(slot, header)
                 self._writes.append((self._io.submit(self._put, key, [hb, *segs]), v.key, slot))
+        self._send_done.update(meta.finished_saves)
         self._count("bytes_saved", nbytes)
         self._count("values_saved", len(meta.saves))
         self._count("save_seconds", time.perf_counter() - t0)
@@ -384,12 +389,13 @@ class ConnectorWorker:
 
     # ------------------------------------------------------------- reports --
 
-    def get_finished(self) -> tuple[set[str], set[str]]:
-        """Returns (loads finished, loads failed) since the last call."""
+    def get_finished(self) -> tuple[set[str], set[str], set[str]]:
+        """Returns (saves of finished requests done, loads finished, loads
+        failed) since the last call."""
         self.poll()
-        done, failed = self._recv_done, self._recv_failed
-        self._recv_done, self._recv_failed = set(), set()
-        return done, failed
+        sent, done, failed = self._send_done, self._recv_done, self._recv_failed
+        self._send_done, self._recv_done, self._recv_failed = set(), set(), set()
+        return sent, done, failed
 
     def take_report(self) -> WorkerReport | None:
         """The report of everything since the last call, or None."""

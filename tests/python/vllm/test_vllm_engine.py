@@ -68,27 +68,25 @@ def ref(model, logs):
     e.close()
 
 
-@pytest.fixture(scope="module")
-def turns(ref):
-    """The workload and the reference answers (prefix caching off)."""
-    return vs.run_turns(ref, vs.first_prompts(CONVERSATIONS, 0), TURNS, ANSWER)
+def conversation(engine):
+    return vs.run_turns(engine, vs.first_prompts(CONVERSATIONS, 0), TURNS, ANSWER)
 
 
 @pytest.fixture(scope="module")
-def alone(model, logs, turns):
-    """vLLM's own prefix caching at the budget: its answers and its noise."""
+def alone(model, logs):
+    """vLLM's own prefix caching at the budget, on its own conversations."""
     e = vs.Engine("alone", vs.base_llm_kwargs(model, num_gpu_blocks_override=BLOCKS), logs)
     try:
-        return vs.replay(e, turns, ANSWER)
+        return conversation(e)
     finally:
         e.close()
 
 
 @pytest.fixture(scope="module")
-def tol(turns, alone):
+def tol(ref, alone):
     """The rule's tolerance: the largest deviation vLLM's own prefix caching
-    shows against the run without caching, on this workload."""
-    return vs.noise(turns, alone)
+    shows against the run without caching, on the same prompts."""
+    return vs.noise(vs.reference(ref, alone, ANSWER), alone)
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +100,14 @@ def sc(model, logs, mooncake):
 
 
 @pytest.fixture(scope="module")
-def sc_runs(sc, turns):
-    return vs.replay(sc, turns, ANSWER)
+def sc_runs(sc):
+    return conversation(sc)
+
+
+@pytest.fixture(scope="module")
+def turns(ref, sc_runs):
+    """The reference's answers to the prompts the connector's engine saw."""
+    return vs.reference(ref, sc_runs, ANSWER)
 
 
 def cached(runs) -> int:

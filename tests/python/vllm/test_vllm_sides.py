@@ -294,3 +294,52 @@ def test_an_untrusted_shared_value_is_never_adopted_and_is_removed(mooncake):
         assert fresh.sched.match(FakeRequest("B3", b.tokens, len(b.tokens)), 0) == 3 * BS
     finally:
         client.close()
+
+
+def test_a_value_evicted_between_match_and_allocation_fails_the_load_and_leaks_nothing():
+    rig = Rig()
+    t = tokens(5 * BS + 3)
+    prefill_a(rig, t)
+    s = rig.sched
+    b = FakeRequest("B", t + tokens(20, 2), len(t) + 20)
+    assert s.match(b, 0) == 5 * BS
+    assert s.arena.remove(arena_key("kv", s._reqs["A"].keys[2]))  # gone before vLLM allocated
+    ids = tuple([0] * 4 + [40 + g] for g in STATE_GROUPS) + (list(range(31, 37)),)
+    s.after_alloc(b, FakeBlocks(ids), 5 * BS)
+    out = until_received(rig)
+    assert out.failed_recving == {"B"}
+    assert s.funnel()["loads_failed"] == 1
+    assert all(s.arena.pins(k) == 0 for k in s.arena.keys())
+    s.arena.check_consistency()
+
+
+def test_the_state_a_finished_request_ends_with_resumes_the_next_turn():
+    """A request ending off a boundary: its final state and partly filled
+    attention block are saved from its blocks (vLLM holds them until the
+    worker is done), and the next turn resumes up to where it ended."""
+    rig = Rig()
+    t = tokens(5 * BS + 3)
+    a = prefill_a(rig, t)
+    ids = tuple([0, 0, 0, 0, 0, 20 + g] for g in STATE_GROUPS) + (list(range(1, 7)),)
+    rig.kvm.ids["A"] = ids
+    rig.step(scheduler_output(cached=[("A", 5 * BS, 3)]))  # the prompt's last 3 tokens
+    a.tokens.append(99)  # the answer's one token, never computed
+    a.num_computed_tokens = 5 * BS + 3
+    assert rig.sched.finished(a, ids) is True  # hold the blocks
+    out = rig.step(scheduler_output())
+    assert out.finished_sending == {"A"}  # saved: vLLM may free them now
+    nxt = FakeRequest("B", a.tokens + tokens(30, 3), len(a.tokens) + 30)
+    assert rig.sched.match(nxt, 0) == 5 * BS + 3
+    assert rig.sched.match(nxt, 5 * BS) == 3  # vLLM's attention hit at the boundary: only the tail
+    dst = tuple([0] * 5 + [40 + g] for g in STATE_GROUPS) + (list(range(31, 38)),)
+    rig.sched.after_alloc(nxt, FakeBlocks(dst), 3)
+    out = until_received(rig)
+    assert out.finished_recving == {"B"} and not out.failed_recving
+    assert rig.block(0, 36) == rig.block(0, 6)  # the partial block, whole page image
+    for g in STATE_GROUPS:
+        assert rig.block(0, 40 + g)[:MAMBA_REAL] == rig.block(0, 20 + g)[:MAMBA_REAL]
+    f = rig.sched.funnel()
+    assert f["tail_saves"] == 1 and f["tokens_resumed_tail"] == 3
+    # another continuation of the same boundary is not fooled by the tail
+    other = FakeRequest("C", t[: 5 * BS] + [1, 2, 3, 4] + tokens(30, 4), 5 * BS + 34)
+    assert rig.sched.match(other, 0) == 5 * BS
