@@ -36,6 +36,7 @@ from statecache.vllm.shared import open_shared_tier
 log = logging.getLogger("statecache.vllm")
 
 HOST, SHARED = "host", "shared"
+MAX_LOAD_FAILURES = 3
 
 # cumulative counters (connector stats report their increase per interval)
 COUNTERS = (
@@ -157,6 +158,7 @@ class _Req:
     plan: _Plan | None = None
     shared: dict[tuple[str, int], bool] = field(default_factory=dict)
     shared_local: int = -1  # the local hit ``shared`` was looked up for
+    failures: int = 0  # loads of this request that failed
 
 
 class ConnectorScheduler:
@@ -326,7 +328,8 @@ class ConnectorScheduler:
         bs = self.bs
         max_k = (request.num_tokens - 1) // bs
         first = local // bs
-        if max_k <= first or getattr(request, "skip_reading_prefix_cache", False):
+        # after repeated failures the request is recomputed whatever the tiers say
+        if max_k <= first or r.failures >= MAX_LOAD_FAILURES or getattr(request, "skip_reading_prefix_cache", False):
             r.plan = _Plan(local, 0, 0)
             return 0
         keys = self._keys(r, max_k)
@@ -453,6 +456,7 @@ class ConnectorScheduler:
                 tokens[HOST] += plan.tail[0]
                 tokens["tail"] = plan.tail[0]
         if fail:  # nothing is read: give back what was taken, the worker reports the load failed
+            log.debug("load for %s not planned (a value went missing or no room to stage it)", request.request_id)
             for key, how in holds:
                 if how == "pinned":
                     self.arena.unpin(key)
@@ -528,10 +532,11 @@ class ConnectorScheduler:
             if n:
                 self._plan_saves(nr.req_id, nr.num_computed_tokens, nr.num_computed_tokens + n, True)
         cached = so.scheduled_cached_reqs
-        for i, req_id in enumerate(cached.req_ids):
+        bs = self.bs
+        for req_id, c in zip(cached.req_ids, cached.num_computed_tokens):
             n = nsched.get(req_id, 0)
-            if n:
-                c = cached.num_computed_tokens[i]
+            # the common decode step fills no block: nothing to plan
+            if n and ((c + n) // bs != c // bs or (c + n) % bs == 0):
                 self._plan_saves(req_id, c, c + n, False)
         meta = StateCacheMeta(
             self._saves, self._loads, shared_writes=self.shared is not None, finished_saves=self._finished_saves
@@ -597,6 +602,11 @@ class ConnectorScheduler:
                 self.counters[name] = self.counters.get(name, 0) + v
         failed = getattr(output, "failed_recving", None) or set()
         self.counters["loads_failed"] += len(failed)
+        for req_id in failed:
+            r = self._reqs.get(req_id)
+            if r is not None:
+                r.failures += 1
+                r.shared_local = -1  # what the shared tier holds may have changed: ask again
         for req_id in getattr(output, "finished_recving", None) or ():
             for key, how in self._inflight.pop(req_id, ()):
                 if how == "pinned":

@@ -364,6 +364,7 @@ class ConnectorWorker:
                     slot = -1
                     p.failed = True
                 else:
+                    log.warning("statecache: shared copy of %s not adopted (%s): recomputing", v.key, why)
                     self._report.fetch_failed.setdefault(v.key, {})[self.rank] = why
                     self._count("loads_untrusted" if why not in ("missing", "failed") else f"loads_{why}")
                     if why not in ("missing", "failed"):

@@ -149,8 +149,9 @@ def test_a_corrupted_restored_state_is_caught(sc, sc_runs, turns, tol):
 
 
 def test_flipped_bytes_in_the_host_tier_are_recomputed(sc, sc_runs, turns, tol):
+    assert sc.call("wait_shared_writes")  # the shared copies were written before the bits flip
     before = sc.call("funnel")
-    n = sc.call("flip_host_bytes", kind="state")
+    n = sc.call("flip_host_bytes", kinds=["state", "tail"])
     assert n > 0
     assert sc.call("reset_prefix_cache")
     got = sc.generate([r["prompt"] for r in turns[-1]], ANSWER)

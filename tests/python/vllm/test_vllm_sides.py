@@ -343,3 +343,28 @@ def test_the_state_a_finished_request_ends_with_resumes_the_next_turn():
     # another continuation of the same boundary is not fooled by the tail
     other = FakeRequest("C", t[: 5 * BS] + [1, 2, 3, 4] + tokens(30, 4), 5 * BS + 34)
     assert rig.sched.match(other, 0) == 5 * BS
+
+
+def test_a_failed_shared_load_is_looked_up_again_and_a_request_failing_repeatedly_is_recomputed(mooncake):
+    t = tokens(5 * BS + 3, seed=13)
+    first = Rig(extra=shared_extra(mooncake), seed=1)
+    prefill_a(first, t)
+    settle(first)
+    fresh = Rig(extra=shared_extra(mooncake), seed=2)
+    s = fresh.sched
+    b = FakeRequest("B", t + tokens(20, 2), len(t) + 20)
+    ids = tuple([0] * 4 + [40 + g] for g in STATE_GROUPS) + (list(range(31, 37)),)
+    # the deepest state vanishes from the store after the lookup found it
+    assert s.match(b, 0) == 5 * BS
+    s.shared.remove_many(s.tier_keys("state", first.sched._reqs["A"].keys[4]))
+    s.after_alloc(b, FakeBlocks(ids), 5 * BS)
+    out = until_received(fresh)
+    assert out.failed_recving == {"B"} and s.funnel()["loads_missing"] >= 1
+    # the retry asks the store again instead of trusting the first answer
+    assert s.match(b, 0) == 3 * BS
+    for _ in range(2):  # two more failures: the request is then left to vLLM
+        s.after_alloc(b, FakeBlocks(ids), 3 * BS)
+        s.arena.remove(arena_key("kv", s._reqs["B"].keys[0]))  # and make each load fail
+        until_received(fresh)
+        s.match(b, 0)
+    assert s._reqs["B"].failures == 3 and s.match(b, 0) == 0
