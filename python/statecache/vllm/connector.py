@@ -169,11 +169,13 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---------------------------------------------------------- scheduler --
 
-    def _timed(self, t0: float) -> None:
+    def _timed(self, t0: float, what: str) -> None:
         assert self.sched is not None
         c = self.sched.counters
-        c["scheduler_seconds"] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        c["scheduler_seconds"] += dt
         c["scheduler_calls"] += 1
+        c[what] = c.get(what, 0.0) + dt
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
@@ -184,14 +186,14 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         assert self.sched is not None
         t0 = time.perf_counter()
         n = self.sched.match(request, num_computed_tokens)
-        self._timed(t0)
+        self._timed(t0, "scheduler_seconds_match")
         return n, n > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         assert self.sched is not None
         t0 = time.perf_counter()
         self.sched.after_alloc(request, blocks, num_external_tokens)
-        self._timed(t0)
+        self._timed(t0, "scheduler_seconds_after_alloc")
 
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict[CacheHitSource, int]:
         assert self.sched is not None
@@ -203,14 +205,14 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         assert self.sched is not None
         t0 = time.perf_counter()
         meta = self.sched.build_meta(scheduler_output)
-        self._timed(t0)
+        self._timed(t0, "scheduler_seconds_build_meta")
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
         assert self.sched is not None
         t0 = time.perf_counter()
         self.sched.update(connector_output)
-        self._timed(t0)
+        self._timed(t0, "scheduler_seconds_update")
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self.sched is not None:
@@ -226,7 +228,7 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         assert self.sched is not None
         t0 = time.perf_counter()
         hold = self.sched.finished(request, block_ids)
-        self._timed(t0)
+        self._timed(t0, "scheduler_seconds_finished")
         return hold, None
 
     # ------------------------------------------------------------ metrics --
