@@ -58,6 +58,7 @@ COUNTERS = (
     "loads_untrusted",
     "loads_missing",
     "loads_timed_out",
+    "retries_recomputed",
     "values_saved",
     "values_loaded",
     "values_fetched",
@@ -328,8 +329,20 @@ class ConnectorScheduler:
         bs = self.bs
         max_k = (request.num_tokens - 1) // bs
         first = local // bs
+        # A plan never allocated means vLLM refused the async load's blocks. A
+        # request whose load failed stays in vLLM's in-flight reservation while
+        # it waits (0.32), so its async retries can be refused forever when
+        # several fail at once: it retries without the connector instead.
+        refused = r.plan is not None and r.failures > 0
+        if refused:
+            self.counters["retries_recomputed"] += 1
         # after repeated failures the request is recomputed whatever the tiers say
-        if max_k <= first or r.failures >= MAX_LOAD_FAILURES or getattr(request, "skip_reading_prefix_cache", False):
+        if (
+            max_k <= first
+            or refused
+            or r.failures >= MAX_LOAD_FAILURES
+            or getattr(request, "skip_reading_prefix_cache", False)
+        ):
             r.plan = _Plan(local, 0, 0)
             return 0
         keys = self._keys(r, max_k)

@@ -368,3 +368,30 @@ def test_a_failed_shared_load_is_looked_up_again_and_a_request_failing_repeatedl
         until_received(fresh)
         s.match(b, 0)
     assert s._reqs["B"].failures == 3 and s.match(b, 0) == 0
+
+
+def test_a_failed_request_whose_async_retry_vllm_refuses_retries_without_the_connector():
+    """vLLM 0.32 keeps a request whose async load failed in its in-flight
+    reservation while it waits, so several failed requests can make every
+    async retry's allocation fail, forever (seen: 4 requests, 48 blocks). A
+    retry that vLLM did not allocate (matched again, no allocation between)
+    is offered nothing, so vLLM schedules it as a plain prefill."""
+    rig = Rig()
+    t = tokens(5 * BS + 3)
+    prefill_a(rig, t)
+    s = rig.sched
+    b = FakeRequest("B", t + tokens(20, 2), len(t) + 20)
+    assert s.match(b, 0) == 5 * BS
+    s.arena.remove(arena_key("state", s._reqs["A"].keys[4]))  # the load will fail
+    ids = tuple([0] * 4 + [40 + g] for g in STATE_GROUPS) + (list(range(31, 37)),)
+    s.after_alloc(b, FakeBlocks(ids), 5 * BS)
+    assert until_received(rig).failed_recving == {"B"}
+    assert s.match(b, 0) == 3 * BS  # the retry is offered what is left ...
+    assert s.match(b, 0) == 0  # ... and, refused by vLLM, nothing
+    assert s.funnel()["retries_recomputed"] == 1
+    before = s.funnel()["admissions"]
+    s.after_alloc(b, FakeBlocks(ids), 0)  # scheduled as a plain prefill
+    assert s.funnel()["admissions"] == before + 1
+    # a request that never failed keeps its offer while vLLM has no room for it
+    c = FakeRequest("C", t + tokens(20, 3), len(t) + 20)
+    assert s.match(c, 0) == 3 * BS and s.match(c, 0) == 3 * BS
