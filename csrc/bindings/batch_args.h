@@ -44,9 +44,10 @@ inline constexpr const char* kPoolCheckpointManyDoc =
     "hashes[i])`` for each i in order. Returns None. The batch is checked as a whole first; "
     "raises ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
     "TypeError for an item that is not a sequence, and what ``checkpoint`` would raise for "
-    "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing, and so does a setter "
-    "of an engine's own sequence object that raises (the fields already written are "
-    "restored).";
+    "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing. An engine object's "
+    "setter that raises (or changes the pool: RuntimeError) stops the batch at its entry, "
+    "whose fields get their old values back; the entries before it stay filed, as their "
+    "``checkpoint`` calls would have filed them.";
 
 // An owned tuple of a batch argument's items: a list or tuple (or another
 // iterable, read whole). TypeError naming `name` for str, bytes, mappings
@@ -151,12 +152,15 @@ class SeqBatch {
 // pointer. A non-exact item (a NumPy scalar, an int subclass, anything with
 // __index__) reads as -1 and sets saw_non_exact(); the caller then converts
 // every such row with own_lists() (which may run __index__) and runs the
-// batch again. int64 buffers are read in place (the export is held), other
-// buffers and iterables are converted up front. A statecache.Sequence's own
-// hashes are read from its C++ vector, re-checking its length on every read.
+// batch again; so does a caller whose scan may run Python code (a tier's
+// vote), before its first scan. Buffers are never read in place: row i's
+// first min(limits[i], length) items (all a scan up to hit limits[i] reads)
+// are copied, other iterables converted whole, up front. A
+// statecache.Sequence's own hashes are read from its C++ vector, re-checking
+// its length on every read.
 class HashRows {
  public:
-  HashRows(py::handle block_hashes, const SeqBatch& seqs) {
+  HashRows(py::handle block_hashes, const SeqBatch& seqs, std::span<const int64_t> limits) : limits_(limits) {
     const size_t n = seqs.size();
     rows_.resize(n);
     if (block_hashes.is_none()) {
@@ -262,13 +266,23 @@ class HashRows {
   }
   bool saw_non_exact() const { return non_exact_; }
 
-  // Converts every list or tuple row, its first min(limits[i], length)
-  // items (what a scan up to hit limits[i] can read), into owned ints; those
-  // rows then run no Python code when read. May run __index__.
-  void own_lists(std::span<const int64_t> limits) {
+  // Converts every list or tuple row (with `native_too`, a
+  // statecache.Sequence's own list as well), its first min(limits[i],
+  // length) items (what a scan up to hit limits[i] can read), into owned
+  // ints; those rows then run no Python code when read and nothing a
+  // callback does changes them. May run __index__.
+  void own_lists(std::span<const int64_t> limits, bool native_too = false) {
     non_exact_ = false;
     for (size_t i = 0; i < rows_.size(); ++i) {
       Row& row = rows_[i];
+      if (row.kind == kNative && native_too) {
+        const int64_t take = std::min<int64_t>(i < limits.size() ? std::max<int64_t>(0, limits[i]) : 0, row.n);
+        auto ints =
+            std::make_unique<std::vector<int64_t>>(row.seq->block_hashes.begin(), row.seq->block_hashes.begin() + take);
+        row = Row{kData, nullptr, row.n, ints->data(), nullptr, take};
+        owned_.push_back(std::move(ints));
+        continue;
+      }
       if (row.kind != kList && row.kind != kTuple) continue;
       py::tuple snap = sequence_snapshot(row.obj, "block_hashes");
       const std::string label = "block_hashes[" + std::to_string(i) + "]";
@@ -306,8 +320,10 @@ class HashRows {
     return v;
   }
 
-  // A 2-D int64 buffer (a NumPy array, row i = sequence i's hashes), read in
-  // place; false (nothing held) for anything else.
+  int64_t limit(size_t i) const { return i < limits_.size() ? std::max<int64_t>(0, limits_[i]) : 0; }
+
+  // A 2-D int64 buffer (a NumPy array, row i = sequence i's hashes), each
+  // row's readable prefix copied; false (nothing held) for anything else.
   bool set_matrix(PyObject* obj) {
     if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj) || !PyObject_CheckBuffer(obj)) return false;
     Py_buffer view{};
@@ -323,13 +339,16 @@ class HashRows {
       PyBuffer_Release(&view);
       return false;  // read as a sequence of rows
     }
-    matrix_ = std::make_unique<Matrix>(view);
     const Py_ssize_t row_stride = view.strides ? view.strides[0] : view.shape[1] * 8;
     rows_.resize(static_cast<size_t>(view.shape[0]));
     for (Py_ssize_t i = 0; i < view.shape[0]; ++i) {
       const auto* row = reinterpret_cast<const int64_t*>(static_cast<const char*>(view.buf) + i * row_stride);
-      rows_[static_cast<size_t>(i)] = Row{kData, nullptr, view.shape[1], row, nullptr, view.shape[1]};
+      const int64_t take = std::min<int64_t>(limit(static_cast<size_t>(i)), view.shape[1]);
+      auto ints = std::make_unique<std::vector<int64_t>>(row, row + take);
+      rows_[static_cast<size_t>(i)] = Row{kData, nullptr, view.shape[1], ints->data(), nullptr, take};
+      owned_.push_back(std::move(ints));
     }
+    PyBuffer_Release(&view);
     return true;
   }
 
@@ -343,36 +362,26 @@ class HashRows {
       row = Row{kTuple, obj, PyTuple_GET_SIZE(obj)};
       return;
     }
-    labels_.push_back(std::string(name) + "[" + std::to_string(i) + "]" + suffix);
-    const char* label = labels_.back().c_str();
-    auto buf = std::make_unique<IntBuffer>(obj, label);
-    if (buf->kind() == IntBuffer::kInt64) {
-      row = Row{kData, nullptr, buf->size(), buf->data(), nullptr, buf->size()};
-      buffers_.push_back(std::move(buf));
-      return;
-    }
-    buf.reset();
+    const std::string label = std::string(name) + "[" + std::to_string(i) + "]" + suffix;
     auto ints = std::make_unique<std::vector<int64_t>>();
-    append_ints(py::handle(obj), label, *ints);
+    {
+      IntBuffer buf(obj, label.c_str());
+      if (buf.kind() != IntBuffer::kNone) {
+        copy_prefix(buf, limit(i), *ints);
+        row = Row{kData, nullptr, buf.size(), ints->data(), nullptr, static_cast<int64_t>(ints->size())};
+        owned_.push_back(std::move(ints));
+        return;
+      }
+    }
+    append_ints(py::handle(obj), label.c_str(), *ints);
     row = Row{kData,        nullptr, static_cast<int64_t>(ints->size()),
               ints->data(), nullptr, static_cast<int64_t>(ints->size())};
     owned_.push_back(std::move(ints));
   }
 
-  // A held 2-D buffer export, released with the rows.
-  struct Matrix {
-    Py_buffer view;
-    explicit Matrix(const Py_buffer& v) : view(v) {}
-    Matrix(const Matrix&) = delete;
-    Matrix& operator=(const Matrix&) = delete;
-    ~Matrix() { PyBuffer_Release(&view); }
-  };
-
-  std::unique_ptr<Matrix> matrix_;
+  std::span<const int64_t> limits_;
   std::vector<Row> rows_;
   std::vector<py::object> keep_;
-  std::deque<std::string> labels_;  // names the buffers report errors under
-  std::vector<std::unique_ptr<IntBuffer>> buffers_;
   std::vector<std::unique_ptr<std::vector<int64_t>>> owned_;
   mutable bool non_exact_ = false;
 };
@@ -380,13 +389,16 @@ class HashRows {
 // resumable_hits(seqs, hits, block_hashes=None, assume_checkpointed=False) of
 // any cache core/batch.h serves; `reads` are the fields its resumable_hit
 // reads from a sequence. Returns the list of capped hits.
+// With `scan_calls_python` (a tier's vote written in Python) the hash lists
+// are converted before the first scan.
 template <class Cache>
 py::list resumable_hits_arg(const Cache& cache, PyObject* seqs_obj, PyObject* hits_obj, PyObject* hashes_obj,
-                            PyObject* assume_obj, unsigned reads) {
+                            PyObject* assume_obj, unsigned reads, bool scan_calls_python = false) {
   const bool assume = assume_obj != nullptr && as_bool(assume_obj, "assume_checkpointed");
   const IntSpan hits(hits_obj, "hits");
   const SeqBatch seqs(seqs_obj, "seqs", reads);
-  HashRows rows(py::handle(hashes_obj ? hashes_obj : Py_None), seqs);
+  HashRows rows(py::handle(hashes_obj ? hashes_obj : Py_None), seqs, hits.span());
+  if (scan_calls_python) rows.own_lists(hits.span(), /*native_too=*/true);
   std::vector<int64_t> out = batch::resumable_hits(cache, seqs.seqs(), hits.span(), rows, assume);
   if (rows.saw_non_exact()) {
     rows.own_lists(hits.span());

@@ -301,23 +301,29 @@ inline std::vector<int64_t> as_int_list(py::handle obj, const char* name) {
   return out;
 }
 
-// An int list argument read in place where it can be: an int64 buffer is not
-// copied (the buffer is held until this object dies), anything else is
-// converted into an owned vector.
+// An int list argument as an owned vector. A caller's buffer is copied, never
+// read in place: code that runs later in the call (an element's __index__, an
+// engine object's getter or setter, a tier's vote) could resize or free it.
 class IntSpan {
  public:
-  IntSpan(py::handle obj, const char* name) : buf_(obj.ptr(), name) {
-    if (buf_.kind() != IntBuffer::kInt64) append_ints(obj, name, owned_);
-  }
-  std::span<const int64_t> span() const {
-    if (buf_.kind() == IntBuffer::kInt64) return {buf_.data(), static_cast<size_t>(buf_.size())};
-    return {owned_.data(), owned_.size()};
-  }
+  IntSpan(py::handle obj, const char* name) { append_ints(obj, name, owned_); }
+  std::span<const int64_t> span() const { return {owned_.data(), owned_.size()}; }
 
  private:
-  IntBuffer buf_;
   std::vector<int64_t> owned_;
 };
+
+// The first min(limit, n) items of a 1-D integer buffer `buf` (n items),
+// copied into `out`.
+inline void copy_prefix(const IntBuffer& buf, int64_t limit, std::vector<int64_t>& out) {
+  const int64_t take = std::max<int64_t>(0, std::min<int64_t>(limit, buf.size()));
+  out.reserve(out.size() + static_cast<size_t>(take));
+  if (buf.kind() == IntBuffer::kInt64) {
+    out.insert(out.end(), buf.data(), buf.data() + take);
+    return;
+  }
+  for (int64_t i = 0; i < take; ++i) out.push_back(buf.at(i));
+}
 
 namespace detail {
 
@@ -349,22 +355,32 @@ namespace detail {
 // the container is held by a strong reference); at the first other element
 // the scan restarts on ints converted from an owned snapshot of the first
 // `limit` elements (converting may run __index__, which then sees only the
-// caller's list). An int64 buffer is read in place; anything else is
-// converted whole. `scan` must not call into Python.
+// caller's list). With `scan_calls_python` (the scan itself may run Python
+// code, a tier's vote) a list is snapshotted first. A buffer's first `limit`
+// items are copied (never read in place across the scan). `scan` reads no
+// element at or past `limit`.
 template <class Scan>
-int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, Scan&& scan) {
+int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, Scan&& scan, bool scan_calls_python = false) {
   PyObject* p = obj.ptr();
   const bool is_list = PyList_CheckExact(p);
+  auto owned_scan = [&](int64_t n, const std::vector<int64_t>& v) {
+    return scan(n, [&v, name](int64_t i) {
+      if (static_cast<size_t>(i) >= v.size())  // a scan reading past `limit`: a caller bug, not UB
+        throw std::out_of_range(std::string(name) + ": read past the converted prefix");
+      return v[static_cast<size_t>(i)];
+    });
+  };
   if (is_list || PyTuple_CheckExact(p)) {
     py::object keep = py::reinterpret_borrow<py::object>(obj);
     const Py_ssize_t n = is_list ? PyList_GET_SIZE(p) : PyTuple_GET_SIZE(p);
     // An element that is not an exact int reads as -1 (no hash: never found)
     // and flags the result, which is then recomputed from converted values.
-    bool not_exact = false;
+    bool not_exact = scan_calls_python;
     int64_t r = 0;
-    if (is_list)
+    if (scan_calls_python)
+      ;  // straight to the snapshot
+    else if (is_list)
       r = scan(static_cast<int64_t>(n), [p, name, &not_exact](int64_t i) {
-        // A scan may call into Python (a tier's vote) which may shrink the list.
         if (i >= PyList_GET_SIZE(p)) [[unlikely]]
           throw py::value_error(std::string(name) + " changed size while it was read");
         // Scans walk down the list; fetch the next int's object early.
@@ -389,15 +405,22 @@ int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, Scan&& sc
     py::tuple snap = sequence_snapshot(obj, name);
     std::vector<int64_t> v;
     detail::append_tuple(snap.ptr(), name, v, std::max<int64_t>(0, std::min<int64_t>(limit, n)));
-    return scan(static_cast<int64_t>(n), [&v, name](int64_t i) {
-      if (static_cast<size_t>(i) >= v.size())  // a scan reading past `limit`: a caller bug, not UB
-        throw std::out_of_range(std::string(name) + ": read past the converted prefix");
-      return v[static_cast<size_t>(i)];
-    });
+    return owned_scan(static_cast<int64_t>(n), v);
   }
-  const IntSpan span(obj, name);
-  const std::span<const int64_t> d = span.span();
-  return scan(static_cast<int64_t>(d.size()), [d](int64_t i) { return d[static_cast<size_t>(i)]; });
+  std::vector<int64_t> v;
+  int64_t n = -1;
+  {
+    IntBuffer buf(p, name);
+    if (buf.kind() != IntBuffer::kNone) {
+      n = buf.size();
+      copy_prefix(buf, limit, v);
+    }
+  }
+  if (n < 0) {
+    append_ints(obj, name, v);  // other iterables: converted whole
+    n = static_cast<int64_t>(v.size());
+  }
+  return owned_scan(n, v);
 }
 
 // A fixed-arity row of ints (a (slot, position, hash) tuple and the like),

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "bindings/call_gate.h"
 #include "bindings/convert.h"
 #include "core/errors.h"
 #include "core/sequence.h"
@@ -126,8 +127,11 @@ inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyOb
 // its holder is never replaced (a second __init__ is a no-op) or released
 // (nothing disowns these types). Nothing here reads pybind11's own layout.
 
-// The class being called (set by the metaclass, consumed by tp_new).
-inline PyObject* constructing = nullptr;
+// The class this thread is calling (set by the metaclass, consumed by
+// tp_new). Per thread: another thread's construction, whose Python __new__
+// may be running, never lets this one's bare __new__ through, nor consumes
+// it.
+inline thread_local PyObject* constructing = nullptr;
 
 inline PyObject* guarded_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   if (constructing != reinterpret_cast<PyObject*>(type)) {
@@ -189,16 +193,84 @@ void remember_instance(PyObject* obj) {
   if (p && cache_offset<T> != 0) *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>) = p;
 }
 
+// ---- call gates (call_gate.h) ----
+//
+// Every instance of a guarded class carries a CallGate right after its
+// pointer cache (zeroed at allocation: open). A class may link a second
+// object whose gate its calls also wait for (a view waits for its pool's, a
+// coordinator for its scratch pool's, which it changes from C++).
+using GateLink = PyObject* (*)(PyObject* self);
+
+template <class T>
+inline GateLink gate_link = nullptr;
+
+struct GateInfo {
+  PyTypeObject* type;
+  Py_ssize_t offset;
+  GateLink* link;  // &gate_link<T>: set after the class is bound
+};
+inline std::vector<GateInfo> gate_infos;
+
+inline CallGate& gate_at(PyObject* obj, Py_ssize_t offset) {
+  return *reinterpret_cast<CallGate*>(reinterpret_cast<char*>(obj) + offset);
+}
+
 template <class T>
 void instance_setup(PyHeapTypeObject* heap_type) {
   PyTypeObject* t = &heap_type->ht_type;
   cache_offset<T> = t->tp_basicsize;
-  t->tp_basicsize += static_cast<Py_ssize_t>(sizeof(void*));
+  t->tp_basicsize += static_cast<Py_ssize_t>(sizeof(void*) + sizeof(CallGate));
   t->tp_new = &guarded_new;
   cache_fills.emplace_back(t, &remember_instance<T>);
+  gate_infos.push_back({t, cache_offset<T> + static_cast<Py_ssize_t>(sizeof(void*)), &gate_link<T>});
 }
 
-// The class_ extras that give T's class the guard and the cache field.
+// The gate of an instance of T's class (or a subclass).
+template <class T>
+CallGate& gate_of(PyObject* self) {
+  return gate_at(self, cache_offset<T> + static_cast<Py_ssize_t>(sizeof(void*)));
+}
+
+inline const GateInfo* gate_info(PyTypeObject* t) {
+  for (; t != nullptr; t = t->tp_base)
+    for (const GateInfo& g : gate_infos)
+      if (g.type == t) return &g;
+  return nullptr;
+}
+
+// Waits until no other thread holds the gate of `obj` (any object; one of no
+// guarded class has none) or of the object it links.
+inline void wait_turn(PyObject* obj) {
+  const GateInfo* g = gate_info(Py_TYPE(obj));
+  if (g == nullptr) return;
+  CallGate& own = gate_at(obj, g->offset);
+  for (;;) {
+    own.wait_turn();
+    PyObject* linked = *g->link ? (*g->link)(obj) : nullptr;
+    if (linked == nullptr || linked == obj) return;
+    py::object keep = py::reinterpret_borrow<py::object>(linked);
+    wait_turn(linked);
+    if (!own.held() || own.held_by_this_thread()) return;  // else another thread took ours meanwhile
+  }
+}
+
+// The trampolines' entry: wait_turn for an instance of T's class.
+template <class T>
+[[gnu::always_inline]] inline void enter(PyObject* self) {
+  CallGate& own = gate_of<T>(self);
+  for (;;) {
+    if (own.held()) [[unlikely]]
+      own.wait_turn();
+    PyObject* linked = gate_link<T> ? gate_link<T>(self) : nullptr;
+    if (linked == nullptr) return;
+    py::object keep = py::reinterpret_borrow<py::object>(linked);
+    wait_turn(linked);
+    if (!own.held() || own.held_by_this_thread()) return;
+  }
+}
+
+// The class_ extras that give T's class the guard, the cache field and the
+// call gate.
 #define STATECACHE_GUARDED(T)                                               \
   ::pybind11::metaclass(::statecache::bindings::fast::guarded_metaclass()), \
       ::pybind11::custom_type_setup(&::statecache::bindings::fast::instance_setup<T>)
@@ -504,10 +576,17 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
   PyObject* a[kMaxParams] = {};
   if (!parse(params_of<F>, args, nargs, kwnames, a)) return nullptr;
   try {
-    if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a)), py::object>)
+    enter<T>(self);
+    if constexpr (std::is_invocable_v<F, T&, PyObject**, PyObject*>) {  // wants the Python object too
+      if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a, self)), py::object>)
+        return F{}(self_of<T>(self), a, self).release().ptr();
+      else
+        return F{}(self_of<T>(self), a, self);
+    } else if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a)), py::object>) {
       return F{}(self_of<T>(self), a).release().ptr();
-    else
+    } else {
       return F{}(self_of<T>(self), a);
+    }
   } catch (...) {
     set_error_from_current();
     return nullptr;
@@ -515,7 +594,8 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
 }
 
 // Registers `F` (a captureless lambda PyObject*(T&, PyObject** args) giving a
-// new reference, or py::object(T&, PyObject** args)) as method `name` of
+// new reference, or py::object(T&, PyObject** args); either may take the
+// Python `self` as a third parameter) as method `name` of
 // class `cls`. `names` are the parameter names; the first
 // `required` have no default, and only the first `positional` may be passed
 // positionally (-1: all of them).
@@ -553,6 +633,7 @@ void def(py::handle cls, const char* name, F, std::initializer_list<const char*>
 template <class T, class F>
 PyObject* getter(PyObject* self, void*) {
   try {
+    enter<T>(self);
     if constexpr (std::is_invocable_v<F, T&, PyObject*>)
       return F{}(self_of<T>(self), self);  // wants the Python object too
     else
@@ -572,6 +653,7 @@ int setter(PyObject* self, PyObject* value, void* closure) {
     return -1;
   }
   try {
+    enter<T>(self);
     F{}(self_of<T>(self), value, name);
     return 0;
   } catch (...) {

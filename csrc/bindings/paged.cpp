@@ -19,12 +19,14 @@ namespace ot = owner_token;
 namespace {
 
 // Set while an owner's __hash__ / __eq__ may run: the table is consistent
-// then, and a nested owner operation is refused rather than interleaved.
+// then, and a nested owner operation from the same thread is refused rather
+// than interleaved; another thread's waits for its turn (call_gate.h).
 class BusyScope {
  public:
-  explicit BusyScope(bool& busy) : busy_(busy) {
-    if (busy_)
+  BusyScope(CallGate& gate, bool& busy) : busy_(busy) {
+    if (busy_ && gate.held_by_this_thread())
       throw std::runtime_error("BlockPool: an owner's __hash__ or __eq__ called back into the pool's owner table");
+    hold_.emplace(gate);
     busy_ = true;
   }
   ~BusyScope() { busy_ = false; }
@@ -33,6 +35,7 @@ class BusyScope {
 
  private:
   bool& busy_;
+  std::optional<CallGate::Hold> hold_;  // released after busy_ is cleared
 };
 
 // The checkpoint id an owner's second field stands for: an int, or a value
@@ -64,7 +67,7 @@ std::optional<int64_t> checkpoint_id_of(PyObject* inner) {
 }  // namespace
 
 int64_t OwnerTable::intern(py::dict& ids, int kind, py::handle key, const BlockPool& pool) {
-  BusyScope scope(busy_);
+  BusyScope scope(gate_, busy_);
   if (entries_.size() >= sweep_at_) sweep(pool);
   PyObject* found = PyDict_GetItemWithError(ids.ptr(), key.ptr());  // TypeError if unhashable
   if (found != nullptr) {

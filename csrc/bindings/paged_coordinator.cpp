@@ -101,6 +101,9 @@ class PyCoordinator : public Coordinator {
     attach_offload(std::move(vote), attached, sink);
   }
   const py::object& offload() const { return offload_; }
+  // Whether resumable_hit's scan calls into Python (a tier that is not a
+  // StateOffloadIndex votes through its could_serve).
+  bool votes_in_python() const { return py_vote_ != nullptr; }
 
   void set_scratch(py::object pool, int64_t max_ops) {
     std::shared_ptr<ScratchSlotSource> source;
@@ -180,6 +183,9 @@ class PyCoordinator : public Coordinator {
     }
   }
   size_t num_generic() const { return generic_.size(); }
+  // The scratch pool, whose call gate the coordinator's calls wait for (they
+  // change it from C++).
+  PyObject* scratch_object() const { return scratch_obj_.ptr(); }
 
   int traverse(visitproc visit, void* arg) const {
     for (const auto& [obj, g] : generic_) Py_VISIT(g.obj.ptr());
@@ -259,9 +265,10 @@ std::vector<std::pair<int64_t, int64_t>> as_positions(py::handle obj) {
 // item at a time and never held across a call into Python (an item's
 // __index__ or the tier's could_serve may change the list); anything else
 // is converted first.
-int64_t hit_for(const Coordinator& c, const Sequence& seq, int64_t hit, py::handle hashes, bool assume) {
-  return scan_int_list(hashes, "block_hashes", hit,
-                       [&](int64_t n, auto&& hash_at) { return c.resumable_hit(seq, hit, n, hash_at, assume); });
+int64_t hit_for(const PyCoordinator& c, const Sequence& seq, int64_t hit, py::handle hashes, bool assume) {
+  return scan_int_list(
+      hashes, "block_hashes", hit,
+      [&](int64_t n, auto&& hash_at) { return c.resumable_hit(seq, hit, n, hash_at, assume); }, c.votes_in_python());
 }
 
 // ---- hot methods (fast::def) ----
@@ -274,7 +281,7 @@ py::object coord_resumable_hit(PyCoordinator& c, PyObject** a) {
 }
 
 py::object coord_resumable_hits(PyCoordinator& c, PyObject** a) {
-  return resumable_hits_arg(c, a[0], a[1], a[2], a[3], fast::kHasCache);
+  return resumable_hits_arg(c, a[0], a[1], a[2], a[3], fast::kHasCache, c.votes_in_python());
 }
 
 py::object coord_checkpoint(PyCoordinator& c, PyObject** a) {
@@ -376,6 +383,11 @@ top of the next pass makes them READY. Midstep positions borrow scratch slots
 from the pool given to ``attach_midstep_scratch``. ``resumable_hit`` also
 accepts boundaries the attached tier ``could_serve``.)doc");
   fast::refuse_copy(cls);
+  fast::gate_link<PyCoordinator> = [](PyObject* self) -> PyObject* {
+    const PyCoordinator* c = fast::cached_instance<PyCoordinator>(self);
+    PyObject* scratch = c ? c->scratch_object() : nullptr;
+    return scratch == Py_None ? nullptr : scratch;
+  };
   cls.attr("successor_room") = 0.0;
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle enabled, py::object offload,
                       py::handle readable_midstep) {

@@ -22,8 +22,9 @@ namespace statecache::bindings {
 // map to their own token kinds; anything else hashable is interned (dict
 // semantics: equal owners are one owner). Interned owners that hold no units
 // and are not retained are swept lazily. An owner's __hash__ / __eq__ runs
-// Python code: the table is never mid-change while it does, and an owner
-// operation started from inside one raises RuntimeError.
+// Python code: the table is never mid-change while it does, an owner
+// operation started from inside one (same thread) raises RuntimeError, and
+// one from another thread waits until it is done.
 class OwnerTable {
  public:
   int64_t token(py::handle owner, const BlockPool& pool);
@@ -50,6 +51,7 @@ class OwnerTable {
   int64_t next_id_ = 0;
   size_t sweep_at_ = 256;
   bool busy_ = false;  // inside an owner's __hash__ / __eq__
+  CallGate gate_{};    // held meanwhile: other threads' owner operations wait
 };
 
 // The BlockPool Python sees: the core pool plus its owner table and the

@@ -84,64 +84,67 @@ std::vector<int64_t> slots_arg(PyObject* obj, const char* name = "slots") {
   return v;
 }
 
-// checkpoint_many(seqs, boundary_blocks, hashes) of a pool (`Core`, run by
-// `run(pool, seqs, keys, blocks, hashes)`), SeqArg's pattern for a batch.
-// All statecache.Sequence: the core validates and applies in one go. With
-// other objects among them, the batch first runs on a copy of the pool (which
-// validates it and tells what it writes on each object), `writes_of(i,
-// before, after, w)` picks the fields the per-sequence call would set, they
-// are written back in order (all restored if a setter raises), a second run
-// on a fresh copy checks that the setters changed nothing the batch depends
-// on, and only then does the pool change. Returns what the last run returns.
-template <class Core, class Run, class WritesOf>
-decltype(auto) checkpoint_many_arg(Core& pool, SeqBatch& seqs, std::span<const int64_t> blocks,
-                                   std::span<const int64_t> hashes, Run&& run, WritesOf&& writes_of) {
-  if (seqs.all_native()) return run(pool, seqs.seqs(), seqs.keys(), blocks, hashes);
-  const size_t n = seqs.size();
-  // Dry runs go on one scratch copy per pool type, reused (assigning into it
-  // reuses its buffers), so a batch costs copies of memory, not allocations.
-  static std::optional<Core> scratch;
-  auto dry_run = [&] {
-    if (scratch)
-      *scratch = pool;
-    else
-      scratch.emplace(pool);
-    Core& copy = *scratch;
-    std::vector<Sequence> out;
-    out.reserve(n);
-    for (size_t i = 0; i < n; ++i) out.push_back(seqs.seq(i));
-    std::vector<Sequence*> ptrs;
-    ptrs.reserve(n);
-    for (Sequence& s : out) ptrs.push_back(&s);
-    run(copy, ptrs, seqs.keys(), blocks, hashes);
-    return out;
-  };
-  const std::vector<Sequence> after = dry_run();
-  std::vector<SeqBatch::Writes> writes;
-  for (size_t i = 0; i < n; ++i) {
-    if (seqs.is_native(i)) continue;
-    SeqBatch::Writes w;
-    w.entry = i;
-    writes_of(i, seqs.seq(i), after[i], w);
-    if (w.count) writes.push_back(w);
-  }
-  seqs.write_back(writes);
-  std::vector<Sequence> again;
+// ---- engine-owned sequence objects (docs/contract.md, "Batched calls") ----
+//
+// A checkpoint that moves an engine object's sequence writes its new fields
+// to the object before the pool commits: decide (the core's plan, nothing
+// changes), write the fields back (setters may run any Python code), decide
+// again and commit only if the decision still holds, else restore the fields
+// and raise. The window holds the pool's call gate (call_gate.h), so another
+// thread's call waits instead of changing the pool under it; what changes it
+// is this thread's own setter, which is refused.
+
+// After a write-back: `still_holds()` decides again; when it no longer
+// holds (or throws: a setter of ours released what the call works on), the
+// `written` fields get their values as read back and the call raises.
+template <class StillHolds>
+void recheck(fast::SeqArg& s, std::initializer_list<std::pair<fast::SeqField, int64_t>> written,
+             StillHolds&& still_holds) {
+  const std::span<const std::pair<fast::SeqField, int64_t>> fields(written.begin(), written.size());
+  bool holds = false;
   try {
-    again = dry_run();
+    holds = still_holds();
   } catch (...) {
-    seqs.restore(writes);
+    s.restore(fields);
     throw;
   }
-  for (size_t i = 0; i < n; ++i) {
-    const Sequence &x = after[i], &y = again[i];
-    if (x.state_slot() != y.state_slot() || x.state_fork_src != y.state_fork_src ||
-        x.per_req_cache_group != y.per_req_cache_group || x.pending_checkpoint != y.pending_checkpoint) {
-      seqs.restore(writes);
-      throw std::runtime_error("the pool changed while seqs' fields were written back; nothing was filed");
-    }
+  if (holds) return;
+  s.restore(fields);
+  throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
+}
+
+// StateSlotPool.checkpoint of a generic sequence.
+void checkpoint_generic(StateSlotPool& p, fast::SeqArg& s, int64_t blocks, int64_t h) {
+  const ForkPlan plan = p.plan_checkpoint(s.get(), h);
+  if (plan.forks) {
+    s.write_back({{fast::kStateSlot, plan.fresh}, {fast::kForkSrc, plan.old}});
+    recheck(s, {{fast::kStateSlot, 0}, {fast::kForkSrc, 0}}, [&] { return p.plan_checkpoint(s.get(), h) == plan; });
   }
-  return run(pool, seqs.seqs(), seqs.keys(), blocks, hashes);
+  p.apply_checkpoint(s.get(), plan, blocks, h);
+}
+
+// StateGroupPool.checkpoint of a generic sequence (PyGroupPool: the pending
+// list's mirror changes with the list, no Python code in between).
+struct PyGroupPool;
+void checkpoint_generic(PyGroupPool& p, fast::SeqArg& s, int64_t blocks, int64_t h);
+
+// checkpoint_many with engine objects among `seqs`: the whole batch checked
+// first (core/batch.h), then each entry as its per-sequence call, in order:
+// a statecache.Sequence through the core, an engine object through
+// `file_generic`. A setter that raises (or changes the pool) stops the batch
+// at its entry, whose fields are restored; the entries before it are filed,
+// as their per-sequence calls would have been. No copy of the pool is made.
+template <class Pool, class FileNative, class FileGeneric>
+void checkpoint_many_generic(Pool& pool, SeqBatch& seqs, std::span<const int64_t> blocks,
+                             std::span<const int64_t> hashes, FileNative&& file_native, FileGeneric&& file_generic) {
+  batch::checkpoint_many(
+      seqs.size(), seqs.keys(), blocks, hashes, [&](size_t i) { pool.check_checkpoint(seqs.seq(i), hashes[i]); },
+      [&](size_t i) {
+        if (fast::SeqArg* g = seqs.generic(i))
+          file_generic(*g, i);
+        else
+          file_native(i);
+      });
 }
 
 std::vector<MidstepReservation> reservations_arg(py::handle obj) {
@@ -317,6 +320,16 @@ void bind_views(py::module_& m) {
            })
       .def("__repr__", [](const IndexHashView& s) { return py_repr(s.list()); });
   m.attr("IndexHashView").attr("__hash__") = py::none();
+
+  // A view reads its pool: it waits for the pool's gate as the pool's own calls do.
+  fast::gate_link<CheckpointIndexView> = [](PyObject* self) -> PyObject* {
+    const CheckpointIndexView* v = fast::cached_instance<CheckpointIndexView>(self);
+    return v ? v->owner.ptr() : nullptr;
+  };
+  fast::gate_link<IndexHashView> = [](PyObject* self) -> PyObject* {
+    const IndexHashView* v = fast::cached_instance<IndexHashView>(self);
+    return v ? v->owner.ptr() : nullptr;
+  };
 
   py::module_ abc = py::module_::import("collections.abc");
   abc.attr("Mapping").attr("register")(m.attr("CheckpointIndexView"));
@@ -628,7 +641,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       "free); returns None. Raises IndexError for a slot out of range.");
   fast::def<P>(
       cls, "checkpoint",
-      [](P& p, PyObject** a) {
+      [](P& p, PyObject** a, PyObject* self) {
         SeqArg s(a[0], "seq", fast::kHasCache | fast::kStateSlot | fast::kAnchors);
         const int64_t blocks = int_arg(a[1], "boundary_blocks");
         const int64_t h = int_arg(a[2], "h");
@@ -636,17 +649,8 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
           p.checkpoint(s.get(), blocks, h);
           return fast::none();
         }
-        // Generic sequence: decide, write the owner's new slot back, re-check
-        // (a setter may have re-entered the pool), then commit.
-        const ForkPlan plan = p.plan_checkpoint(s.get(), h);
-        if (plan.forks) {
-          s.write_back({{fast::kStateSlot, plan.fresh}, {fast::kForkSrc, plan.old}});
-          if (!(p.plan_checkpoint(s.get(), h) == plan)) {
-            s.write_back({{fast::kStateSlot, plan.old}, {fast::kForkSrc, s.get().state_fork_src}});
-            throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
-          }
-        }
-        p.apply_checkpoint(s.get(), plan, blocks, h);
+        CallGate::Hold window(fast::gate_of<P>(self));
+        checkpoint_generic(p, s, blocks, h);
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
@@ -656,18 +660,18 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       "< 0``; RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
   fast::def<P>(
       cls, "checkpoint_many",
-      [](P& p, PyObject** a) {
+      [](P& p, PyObject** a, PyObject* self) {
         const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
         SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kStateSlot | fast::kForkSrc | fast::kAnchors);
-        checkpoint_many_arg<StateSlotPool>(
-            p, seqs, blocks.span(), hashes.span(),
-            [](StateSlotPool& pool, std::span<Sequence* const> ss, std::span<const uintptr_t> keys,
-               std::span<const int64_t> bs, std::span<const int64_t> hs) { pool.checkpoint_many(ss, keys, bs, hs); },
-            [](size_t, const Sequence& before, const Sequence& after, SeqBatch::Writes& w) {
-              if (after.state_slot() == before.state_slot()) return;  // did not fork
-              w.add(fast::kStateSlot, after.state_slot());
-              w.add(fast::kForkSrc, after.state_fork_src);
-            });
+        if (seqs.all_native()) {
+          p.checkpoint_many(seqs.seqs(), seqs.keys(), blocks.span(), hashes.span());
+          return fast::none();
+        }
+        const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
+        CallGate::Hold window(fast::gate_of<P>(self));
+        checkpoint_many_generic(
+            p, seqs, bs, hs, [&](size_t i) { p.checkpoint(seqs.seq(i), bs[i], hs[i]); },
+            [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
         return fast::none();
       },
       {"seqs", "boundary_blocks", "hashes"}, 3, kPoolCheckpointManyDoc);
@@ -783,6 +787,18 @@ struct PyGroupPool : StateGroupPool {
   }
 };
 
+void checkpoint_generic(PyGroupPool& p, fast::SeqArg& s, int64_t blocks, int64_t h) {
+  const ForkPlan plan = p.plan_checkpoint(s.get(), h);
+  if (plan.forks) {
+    s.write_back({{fast::kGroup, plan.fresh}, {fast::kForkSrc, plan.old}});
+    recheck(s, {{fast::kGroup, 0}, {fast::kForkSrc, 0}}, [&] { return p.plan_checkpoint(s.get(), h) == plan; });
+  } else if (p.plan_intent(s.get(), h)) {
+    s.write_back({{fast::kPending, h}});
+    recheck(s, {{fast::kPending, 0}}, [&] { return p.plan_intent(s.get(), h); });
+  }
+  if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
+}
+
 int traverse_group_pool(PyGroupPool& p, visitproc visit, void* arg) {
   for (const py::object& o : p.pending_seqs) Py_VISIT(o.ptr());
   return 0;
@@ -822,27 +838,16 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "Returns whether a group can be handed out now. Raises nothing.");
   fast::def<G>(
       cls, "checkpoint",
-      [](G& p, PyObject** a) {
+      [](G& p, PyObject** a, PyObject* self) {
         SeqArg s(a[0], "seq", fast::kHasCache | fast::kGroup | fast::kPending);
         const int64_t blocks = int_arg(a[1], "boundary_blocks");
         const int64_t h = int_arg(a[2], "h");
-        if (!s.native()) {
-          // Generic sequence: write back what checkpoint will set, then
-          // commit; a re-entrant setter is caught by the re-check.
-          const ForkPlan plan = p.plan_checkpoint(s.get(), h);
-          if (plan.forks) {
-            s.write_back({{fast::kGroup, plan.fresh}, {fast::kForkSrc, plan.old}});
-            if (!(p.plan_checkpoint(s.get(), h) == plan)) {
-              s.write_back({{fast::kGroup, plan.old}, {fast::kForkSrc, s.get().state_fork_src}});
-              throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
-            }
-          } else if (p.plan_intent(s.get(), h)) {
-            s.write_back({{fast::kPending, h}});
-          }
+        if (s.native()) {
+          if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
+          return fast::none();
         }
-        // The intent list and its mirror change together, with no Python
-        // code in between.
-        if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
+        CallGate::Hold window(fast::gate_of<G>(self));
+        checkpoint_generic(p, s, blocks, h);
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
@@ -852,32 +857,29 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
   fast::def<G>(
       cls, "checkpoint_many",
-      [](G& p, PyObject** a) {
+      [](G& p, PyObject** a, PyObject* self) {
         const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
         SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kGroup | fast::kPending | fast::kForkSrc);
-        const std::span<const int64_t> hs = hashes.span();
-        const std::vector<size_t> joined = checkpoint_many_arg<StateGroupPool>(
-            p, seqs, blocks.span(), hs,
-            [](StateGroupPool& pool, std::span<Sequence* const> ss, std::span<const uintptr_t> keys,
-               std::span<const int64_t> bs,
-               std::span<const int64_t> h) { return pool.checkpoint_many(ss, keys, bs, h); },
-            [&p, hs](size_t i, const Sequence& before, const Sequence& after, SeqBatch::Writes& w) {
-              if (after.per_req_cache_group != before.per_req_cache_group) {
-                w.add(fast::kGroup, after.per_req_cache_group);
-                w.add(fast::kForkSrc, after.state_fork_src);
-              } else if (p.plan_intent(before, hs[i])) {
-                w.add(fast::kPending, hs[i]);
-              }
-            });
-        // The intent list and its mirror change together, with no Python
-        // code in between.
-        for (size_t i : joined) p.pending_seqs.push_back(seqs.ref(i));
+        const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
+        if (seqs.all_native()) {
+          // The intent list and its mirror change together, with no Python
+          // code in between.
+          for (size_t i : p.checkpoint_many(seqs.seqs(), seqs.keys(), bs, hs)) p.pending_seqs.push_back(seqs.ref(i));
+          return fast::none();
+        }
+        CallGate::Hold window(fast::gate_of<G>(self));
+        checkpoint_many_generic(
+            p, seqs, bs, hs,
+            [&](size_t i) {
+              if (p.checkpoint(seqs.seq(i), bs[i], hs[i])) p.pending_seqs.push_back(seqs.ref(i));
+            },
+            [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
         return fast::none();
       },
       {"seqs", "boundary_blocks", "hashes"}, 3, kPoolCheckpointManyDoc);
   fast::def<G>(
       cls, "forget_pending_many",
-      [](G& p, PyObject** a) {
+      [](G& p, PyObject** a, PyObject* self) {
         SeqBatch seqs(a[0], "seqs", fast::kPending);
         // Generic objects first (a failing setter restores what was written,
         // nothing else changed), then the statecache.Sequence fields.
@@ -889,6 +891,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
           w.add(fast::kPending, -1);
           writes.push_back(w);
         }
+        CallGate::Hold window(fast::gate_of<G>(self));
         seqs.write_back(writes);
         std::vector<Sequence*> native;
         for (size_t i = 0; i < seqs.size(); ++i)
@@ -901,12 +904,15 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "TypeError for an item that is not a sequence, before anything changes.");
   fast::def<G>(
       cls, "forget_pending",
-      [](G& p, PyObject** a) {
-        SeqArg s(a[0], "seq", 0);
-        if (s.native())
+      [](G& p, PyObject** a, PyObject* self) {
+        // Reads the field first: an object without it is a TypeError, as elsewhere.
+        SeqArg s(a[0], "seq", fast::kPending);
+        if (s.native()) {
           p.forget_pending(s.get());
-        else
-          s.write_back({{fast::kPending, -1}});
+          return fast::none();
+        }
+        CallGate::Hold window(fast::gate_of<G>(self));
+        s.write_back({{fast::kPending, -1}});
         return fast::none();
       },
       {"seq"}, 1,
@@ -927,40 +933,47 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "a bad argument (docs/contract.md, \"Errors\").");
   fast::def<G>(
       cls, "take_copies",
-      [](G& p, PyObject**) {
-        // Read every pending sequence, then clear their pending_checkpoint
-        // (a generic one's setter may fail: those already cleared get their
-        // value back and nothing is committed), then commit in C++.
+      [](G& p, PyObject**, PyObject* self) {
+        // Read every pending sequence, clear their pending_checkpoint, then
+        // commit in C++. Whatever fails before the commit (a getter or
+        // setter that raises, a setter that changed the pending list) gives
+        // the fields already cleared their values back: nothing changed.
+        CallGate::Hold window(fast::gate_of<G>(self));
         const std::vector<py::object> seqs = p.pending_seqs;
         const std::vector<StateGroupPool::PendingSeq> state = p.read_pending(seqs);
-        for (size_t k = 0; k < seqs.size(); ++k) {
-          if (state[k].seq != k) continue;
-          SeqArg s(seqs[k].ptr(), "pending seq", 0);
-          if (s.native()) {
-            s.get().pending_checkpoint = -1;
-            continue;
+        size_t cleared = 0;  // seqs[0:cleared] were written
+        auto give_back = [&] {
+          for (size_t j = 0; j < cleared; ++j) {
+            if (state[j].seq != j) continue;
+            SeqArg back(seqs[j].ptr(), "pending seq", 0);
+            if (back.native()) {
+              back.get().pending_checkpoint = state[j].pending_checkpoint;
+              continue;
+            }
+            try {
+              back.write_back({{fast::kPending, state[j].pending_checkpoint}});
+            } catch (...) {
+              PyErr_Clear();
+            }
           }
-          try {
-            s.write_back({{fast::kPending, -1}});
-          } catch (...) {
-            for (size_t j = 0; j < k; ++j)
-              if (state[j].seq == j) {
-                SeqArg back(seqs[j].ptr(), "pending seq", 0);
-                if (back.native()) {
-                  back.get().pending_checkpoint = state[j].pending_checkpoint;
-                  continue;
-                }
-                try {
-                  back.write_back({{fast::kPending, state[j].pending_checkpoint}});
-                } catch (...) {
-                  PyErr_Clear();
-                }
-              }
-            throw;
+        };
+        try {
+          for (size_t k = 0; k < seqs.size(); ++k) {
+            if (state[k].seq == k) {
+              SeqArg s(seqs[k].ptr(), "pending seq", 0);
+              if (s.native())
+                s.get().pending_checkpoint = -1;
+              else
+                s.write_back({{fast::kPending, -1}});  // restores itself when it raises
+            }
+            cleared = k + 1;
           }
+          if (p.pending_seqs.size() != seqs.size() || p.pending_count() != seqs.size())
+            throw std::runtime_error("the pool changed while pending sequences were written back; nothing was filed");
+        } catch (...) {
+          give_back();
+          throw;
         }
-        if (p.pending_seqs.size() != seqs.size() || p.pending_count() != seqs.size())
-          throw std::runtime_error("the pool changed while pending sequences were written back");
         const auto pairs = p.take_copies(state);
         std::vector<py::object> done;
         done.swap(p.pending_seqs);  // released once the pool is consistent
@@ -970,8 +983,9 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       },
       {}, 0,
       "Files last pass's copy intents and returns every (src, dst) pair the batch being built "
-      "must copy before its forward. Raises what a generic sequence's setter raised, "
-      "committing nothing.");
+      "must copy before its forward. Raises what a generic sequence's getter or setter raised, "
+      "or RuntimeError when a setter changed the pool, committing nothing and leaving every "
+      "pending_checkpoint as it was.");
   cls.def("_debug_copies", [](py::handle self) {
     const G& p = fast::self_of<G>(self.ptr());
     py::list out;

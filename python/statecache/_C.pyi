@@ -634,13 +634,14 @@ class StateSlotPool:
         sequence's setter changed the pool."""
     def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
         """Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i],
-        boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
-        The batch is checked as a whole first; raises ValueError when the
-        lengths differ, a hash is -1 or a sequence appears twice, TypeError
-        for an item that is not a sequence, and what ``checkpoint`` would
-        raise for an entry (prefixed ``seqs[i]:``); a refused batch changes
-        nothing, and so does a setter of an engine's own sequence object that
-        raises (the fields already written are restored)."""
+        boundary_blocks[i], hashes[i])`` for each i in order. Returns None. The batch is
+        checked as a whole first; raises ValueError when the lengths differ, a hash is
+        -1 or a sequence appears twice, TypeError for an item that is not a sequence,
+        and what ``checkpoint`` would raise for an entry (prefixed ``seqs[i]:``); a
+        refused batch changes nothing. An engine object's setter that raises (or changes
+        the pool: RuntimeError) stops the batch at its entry, whose fields get their old
+        values back; the entries before it stay filed, as their ``checkpoint`` calls
+        would have filed them."""
     def applies(self, seq: _Seqish) -> bool:
         """Returns whether this pool gates or checkpoints anything for ``seq``. Raises
         TypeError for an object without the sequence attributes."""
@@ -808,13 +809,14 @@ class StateGroupPool:
         returns None. Raises TypeError for an object without the sequence attributes."""
     def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
         """Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i],
-        boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
-        The batch is checked as a whole first; raises ValueError when the
-        lengths differ, a hash is -1 or a sequence appears twice, TypeError
-        for an item that is not a sequence, and what ``checkpoint`` would
-        raise for an entry (prefixed ``seqs[i]:``); a refused batch changes
-        nothing, and so does a setter of an engine's own sequence object that
-        raises (the fields already written are restored)."""
+        boundary_blocks[i], hashes[i])`` for each i in order. Returns None. The batch is
+        checked as a whole first; raises ValueError when the lengths differ, a hash is
+        -1 or a sequence appears twice, TypeError for an item that is not a sequence,
+        and what ``checkpoint`` would raise for an entry (prefixed ``seqs[i]:``); a
+        refused batch changes nothing. An engine object's setter that raises (or changes
+        the pool: RuntimeError) stops the batch at its entry, whose fields get their old
+        values back; the entries before it stay filed, as their ``checkpoint`` calls
+        would have filed them."""
     def forget_pending_many(self, seqs: _Seqs) -> None:
         """Batched ``forget_pending`` (finished or preempted requests). Returns
         None. Raises TypeError for an item that is not a sequence, before
@@ -828,8 +830,9 @@ class StateGroupPool:
         Raises IndexError for a group out of range."""
     def take_copies(self) -> list[tuple[int, int]]:
         """Files last pass's copy intents and returns every (src, dst) pair the batch being
-        built must copy before its forward. Raises what a generic sequence's setter
-        raised, committing nothing."""
+        built must copy before its forward. Raises what a generic sequence's getter or
+        setter raised, or RuntimeError when a setter changed the pool, committing
+        nothing and leaving every pending_checkpoint as it was."""
     def applies(self, seq: _Seqish) -> bool:
         """Returns whether this pool gates or checkpoints anything for ``seq``. Raises
         TypeError for an object without the sequence attributes."""

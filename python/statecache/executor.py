@@ -10,8 +10,8 @@ device's current stream, a CPU executor with memcpy. Nothing moves unless the
 whole batch is valid and every tensor still has the storage its layout read.
 
 Threading: an executor (and its captured graphs) may be shared between Python
-threads; each batch runs under the executor's lock, and the C++ side never
-releases the GIL.
+threads; each batch (convert the ops, check the tensors, copy) runs under the
+executor's lock, and the C++ side never releases the GIL.
 """
 
 from __future__ import annotations
@@ -121,7 +121,11 @@ class StateCopyExecutor:
     def plan(self, relocations=(), copies=(), stores=(), restores=()):
         """Validate the batch and compile it (nothing moves). Returns the batch
         (``num_ops``, ``bytes``). Raises ValueError naming the first bad op, a
-        batch larger than the staging, or a layout whose storage changed."""
+        batch larger than the staging, or a layout whose storage changed.
+
+        Every op is converted (its ``__index__``, a duck-typed op's properties:
+        Python code that may replace a tensor's storage) before the tensors are
+        checked, and nothing runs between the check and the copy that follows."""
         relocations, copies, stores, restores = (
             () if ops is None else tuple(ops) for ops in (relocations, copies, stores, restores)
         )
@@ -132,9 +136,10 @@ class StateCopyExecutor:
                 f"staging holds {self.max_paged_ops} (checkpoint_copy_ops_per_batch(max_num_seqs="
                 f"{self.max_num_seqs})) and {self.max_slot_copies} (max_slot_copies)"
             )
+        batch = self._planner.compile(relocations, copies, stores, restores)
         self.state_layout.check()
         self.page_layout.check()
-        return self._planner.compile(relocations, copies, stores, restores)
+        return batch
 
     def __call__(self, relocations=(), copies=(), stores=(), restores=()):
         """Run a batch on the device's current stream (in the order of docs/contract.md,
@@ -144,6 +149,7 @@ class StateCopyExecutor:
         """
         with self._lock:
             t0, st = time.perf_counter(), self.copy_stats
+            stream = None if self._engine is None else self._stream()  # before the check: torch code
             try:
                 batch = self.plan(relocations, copies, stores, restores)
             except ValueError as e:
@@ -154,7 +160,7 @@ class StateCopyExecutor:
                 if self._engine is None:
                     self._planner.run_on_cpu(batch)
                 else:
-                    self._engine.submit(batch, self._stream())
+                    self._engine.submit(batch, stream)
             st["batches"] += 1
             st["spans"] += batch.num_ops
             st["bytes"] += batch.bytes

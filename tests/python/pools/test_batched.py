@@ -372,26 +372,36 @@ class _SetterFails(OwnSeq):
 
 
 @pytest.mark.parametrize("kind", ["slot", "group-fork", "group-copy"])
-def test_a_failing_setter_restores_the_batch_and_leaves_the_pool(kind):
-    p = _make_pool(kind)
+def test_a_failing_setter_stops_the_batch_at_its_entry(kind):
+    # The batch stands for the per-sequence calls in order: the entries before
+    # the failing one are filed as their own calls would file them, the failing
+    # entry's fields get their values back, and nothing after it changes. The
+    # twin runs those per-sequence calls; no copy of the pool is made.
+    p, twin = _make_pool(kind), _make_pool(kind)
     good = [OwnSeq(i) for i in range(3)]
     bad = _SetterFails(9)
     seqs = good[:2] + [bad] + good[2:]
+    twin_seqs = [OwnSeq(i) for i in (0, 1, 9, 2)]
     _admit(p, kind, seqs)
+    _admit(twin, kind, twin_seqs)
     # what checkpoint writes last on an object: fork_src (fork), pending (copy)
     _SetterFails.fail_on = "pending_checkpoint" if kind == "group-copy" else "state_fork_src"
     state = _slot_state if kind == "slot" else _group_state
-    before, fields = state(p), [_fields(s) for s in seqs]
+    fields = [_fields(s) for s in seqs]
+    for s, b, h in zip(twin_seqs[:2], [1, 2], [11, 12]):
+        twin.checkpoint(s, b, h)
     _SetterFails.armed = True
     try:
         with pytest.raises(RuntimeError, match="setter refused"):
             p.checkpoint_many(seqs, [1, 2, 3, 4], [11, 12, 13, 14])
     finally:
         _SetterFails.armed = False
-    assert state(p) == before
-    assert [_fields(s) for s in seqs] == fields  # the first two entries' writes were undone
-    p.checkpoint_many(seqs, [1, 2, 3, 4], [11, 12, 13, 14])  # disarmed: goes through
-    assert [_fields(s) for s in seqs] != fields
+    assert state(p) == state(twin)
+    assert [_fields(s) for s in seqs[:2]] == [_fields(s) for s in twin_seqs[:2]]
+    assert [_fields(s) for s in seqs[2:]] == fields[2:]  # the failing entry restored, the last untouched
+    p._check_invariants()
+    p.checkpoint_many(seqs[2:], [3, 4], [13, 14])  # disarmed: the rest goes through
+    assert [_fields(s) for s in seqs[2:]] != fields[2:]
     p._check_invariants()
 
 
@@ -489,9 +499,10 @@ def test_group_release_many():
 
 
 def test_coordinator_batch_with_a_tier_mutating_the_hash_lists():
-    """A tier's vote runs Python code between reads: a list it shrinks is
-    refused (as the per-sequence call refuses it), one it reassigns on a
-    statecache.Sequence is read afresh, and nothing changes."""
+    """A tier's vote runs Python code between reads: every hash list (the
+    caller's, a statecache.Sequence's own) was snapshotted before the scan, so
+    what the vote does to them changes neither the answer nor the
+    coordinator."""
     spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=256, layout_id="t", image_bytes=256)
     hashes = [1, 2, 3, 4, 5, 6]
     seqs = [sc.Sequence(0), sc.Sequence(1)]
@@ -506,10 +517,11 @@ def test_coordinator_batch_with_a_tier_mutating_the_hash_lists():
             return h == 1
 
     c = sc.PagedStateCheckpointCoordinator(sc.BlockPool(64), spec, True, offload=Tier())
-    with pytest.raises(ValueError, match="block_hashes"):
-        c.resumable_hits(seqs[:1], [6], [hashes])
-    with pytest.raises(ValueError, match="block_hashes"):
-        c.resumable_hits(seqs, [3, 3])  # seqs[1]'s own list shrank to one hash
+    assert c.resumable_hits(seqs[:1], [6], [hashes]) == [1] and hashes == []
+    assert c.resumable_hit(seqs[0], 3, [1, 2, 3]) == 1
+    seqs[1].block_hashes = [7, 8, 9]
+    assert c.resumable_hits(seqs, [3, 3]) == [0, 0]  # seqs[1]'s own list replaced mid-batch
+    assert list(seqs[1].block_hashes) == [1]
     seqs[1].block_hashes = [7, 8, 9]
     assert c.resumable_hits(seqs, [3, 1], [(5, 6, 7), [1]]) == [0, 1]
     c.check_consistency()
