@@ -604,3 +604,77 @@ def test_begin_restores_refused_batch_queues_nothing():
     assert c.begin_restores([], []) == []
     assert c.begin_restores(hashes=[100], dst_slots=[3]) == [True]
     c.check_consistency()
+
+
+def _resize_away(arr, junk):
+    """Frees `arr`'s memory (NumPy lets a resize go ahead without a refcheck,
+    buffer exports or not) and hands memory of that size to junk arrays."""
+    n = arr.size
+    arr.resize(n * 64, refcheck=False)
+    junk.extend(np.full(n, -7, dtype=np.int64) for _ in range(8))
+
+
+def test_hash_arrays_are_not_read_in_place_across_a_tier_vote():
+    """A tier's vote (Python) resizes the int64 hash array being scanned, and
+    the hits array: the scan answers from copies taken before the first vote
+    (it read freed memory before)."""
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=256, layout_id="t", image_bytes=256)
+    junk = []
+    hashes = np.arange(100, 164, dtype=np.int64)
+    hits = np.array([64], dtype=np.int64)
+    asked = []
+
+    class Tier:
+        def could_serve(self, h):
+            asked.append(h)
+            if len(asked) == 1:
+                _resize_away(hashes, junk)
+                _resize_away(hits, junk)
+            return h == 110
+
+    c = sc.PagedStateCheckpointCoordinator(sc.BlockPool(64), spec, True, offload=Tier())
+    s = sc.Sequence(0)
+    s.state_slots = [0]
+    assert c.resumable_hits([s], hits, hashes[None, :].copy()) == [11]
+    asked.clear()
+    hashes = np.arange(100, 164, dtype=np.int64)
+    hits = np.array([64], dtype=np.int64)
+    assert c.resumable_hits([s], hits, [hashes]) == [11]
+    assert asked == list(range(163, 109, -1))
+    asked.clear()
+    hashes = np.arange(100, 164, dtype=np.int64)
+    assert c.resumable_hit(s, 64, hashes) == 11
+    c.check_consistency()
+
+
+def test_arrays_are_not_read_in_place_across_an_engine_objects_getter():
+    """An engine object's attribute getter (Python) runs after the batch's
+    array arguments were taken; one that resizes them changes nothing the
+    batch reads."""
+    junk = []
+    p = sc.StateSlotPool(16, sc.StateTransfer.fork(1))
+    blocks = np.array([1, 1], dtype=np.int64)
+    hashes = np.array([501, 502], dtype=np.int64)
+    hits = np.array([2, 2], dtype=np.int64)
+
+    class Resizing(OwnSeq):
+        @property
+        def has_per_req_cache(self):
+            for a in (blocks, hashes, hits):
+                if a.size == 2:
+                    _resize_away(a, junk)
+            return True
+
+        @has_per_req_cache.setter
+        def has_per_req_cache(self, v):
+            pass
+
+    seqs = [Resizing(0), OwnSeq(1)]
+    for s in seqs:
+        s.state_slot = p.pop()
+    olds = [s.state_slot for s in seqs]
+    p.checkpoint_many(seqs, blocks, hashes)
+    assert [p.lookup(h) for h in (501, 502)] == olds
+    blocks, hashes, hits = (np.array(v, dtype=np.int64) for v in ([1, 1], [501, 502], [2, 2]))
+    assert p.resumable_hits(seqs, hits, [np.array([7, 501]), np.array([7, 502])]) == [2, 2]
+    p._check_invariants()
