@@ -31,12 +31,12 @@ struct IntListView {
 std::optional<std::string> as_layout_id(py::handle obj) {
   if (obj.is_none()) return std::nullopt;
   if (!PyUnicode_Check(obj.ptr())) raise_type("paged_layout_id", "a str or None", obj);
-  return obj.cast<std::string>();
+  return as_text(obj, "paged_layout_id");
 }
 
 StateTransfer make_transfer(py::handle kind, py::handle fork_tokens, py::handle layout, py::handle readable) {
   if (!PyUnicode_Check(kind.ptr())) raise_type("kind", "a str", kind);
-  return StateTransfer(parse_transfer_kind(kind.cast<std::string>()), as_int(fork_tokens, "fork_tokens"),
+  return StateTransfer(parse_transfer_kind(as_text(kind, "kind")), as_int(fork_tokens, "fork_tokens"),
                        as_layout_id(layout), as_bool(readable, "readable_midstep"));
 }
 
@@ -101,7 +101,7 @@ Frozen; equality and hash by value.)doc");
           "from_config",
           [](py::handle kind, py::handle fork_tokens, py::handle layout, py::handle readable) {
             if (!PyUnicode_Check(kind.ptr())) raise_type("kind", "a str", kind);
-            TransferKind k = parse_transfer_kind(kind.cast<std::string>());
+            TransferKind k = parse_transfer_kind(as_text(kind, "kind"));
             // Only a fork carries its token count across the process boundary.
             int64_t tokens = k == TransferKind::kFork ? as_int(fork_tokens, "fork_tokens") : 0;
             return StateTransfer(k, tokens, as_layout_id(layout), as_bool(readable, "readable_midstep"));

@@ -45,6 +45,21 @@ inline std::string py_repr(py::handle obj) {
                        py_repr(got));
 }
 
+// A str argument's UTF-8 bytes; ValueError naming `name` for a str that has
+// none (a lone surrogate), TypeError for anything but a str.
+inline std::string as_text(py::handle obj, const char* name) {
+  PyObject* p = obj.ptr();
+  if (!PyUnicode_Check(p)) raise_type(name, "a str", obj);
+  Py_ssize_t n = 0;
+  const char* s = PyUnicode_AsUTF8AndSize(p, &n);
+  if (s == nullptr) {
+    PyErr_Clear();
+    throw py::value_error(std::string(name) + "=" + py_repr(obj) +
+                          " cannot be encoded as UTF-8 (it holds a lone surrogate)");
+  }
+  return std::string(s, static_cast<size_t>(n));
+}
+
 // An int that does not fit: OverflowError as docs/contract.md, "Errors" says, and a ValueError
 // too, since it is a bad value (set up by bind_common; OverflowError before).
 inline PyObject* int_range_error = PyExc_OverflowError;

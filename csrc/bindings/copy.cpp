@@ -89,7 +89,7 @@ std::vector<PagedCopyOp> as_paged(py::handle obj, const char* kind, const char* 
     py::object layout = op.attr("layout_id");
     field = name + ".layout_id";
     if (!PyUnicode_Check(layout.ptr())) raise_type(field.c_str(), "a str", layout);
-    p.layout_id = layout.cast<std::string>();
+    p.layout_id = as_text(layout, field.c_str());
     out.push_back(std::move(p));
   }
   return out;
@@ -133,7 +133,7 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
              return std::make_unique<SpanPlanner>(as_segments(image, "image_segments"),
                                                   as_segments(slot, "slot_segments"),
                                                   as_segments(unit, "unit_segments"), as_int(num_slots, "num_slots"),
-                                                  as_int(num_units, "num_units"), layout_id.cast<std::string>());
+                                                  as_int(num_units, "num_units"), as_text(layout_id, "layout_id"));
            }),
            py::arg("image_segments"), py::arg("slot_segments"), py::arg("unit_segments"), py::arg("num_slots"),
            py::arg("num_units"), py::arg("layout_id"))

@@ -433,14 +433,50 @@ class SeqArg {
     generic_->read = snap;
   }
 
-  // The C++ object when `obj` is a statecache.Sequence (or a subclass), else
-  // nullptr; TypeError for one whose __init__ did not run.
+  // The C++ object when `obj` is a statecache.Sequence (or a subclass that
+  // keeps its fields), else nullptr; TypeError for one whose __init__ did
+  // not run. A subclass that redefines a field (a property, say) is read and
+  // written through its attributes, as any engine object is, so per-sequence
+  // and batched calls both honour the override.
   static Sequence* native_of(PyObject* obj, const char* name, Py_ssize_t index = -1) {
     static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<Sequence>().ptr());
-    if (!PyObject_TypeCheck(obj, type)) return nullptr;
+    PyTypeObject* t = Py_TYPE(obj);
+    if (t != type && (!PyType_IsSubtype(t, type) || overrides_fields(t, type))) return nullptr;
     Sequence* p = instance_ptr<Sequence>(obj);
     if (!p) throw py::type_error(label_of(name, index) + " is a Sequence whose __init__ did not run");
     return p;
+  }
+
+  // Whether subclass `t` of Sequence `base` redefines one of the fields the
+  // pools read or write. Cached per (type, version tag): a type changed since
+  // gets a new tag, and tags are never reused.
+  static bool overrides_fields(PyTypeObject* t, PyTypeObject* base) {
+    struct Known {
+      PyTypeObject* type;
+      unsigned int tag;
+      bool overrides;
+    };
+    static std::vector<Known> known;
+    if (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)
+      for (const Known& k : known)
+        if (k.type == t && k.tag == t->tp_version_tag) return k.overrides;
+    static constexpr const char* kFields[] = {
+        "has_per_req_cache",   "num_tokens",         "state_slot",         "state_slots",        "state_fork_src",
+        "per_req_cache_group", "pending_checkpoint", "midstep_anchor_pos", "checkpoint_end_pos", "block_hashes"};
+    bool overrides = false;
+    for (const char* f : kFields) {
+      PyObject* name = PyUnicode_InternFromString(f);
+      if (!name) throw py::error_already_set();
+      PyObject* mine = _PyType_Lookup(t, name);  // borrowed; runs no Python code
+      PyObject* ours = _PyType_Lookup(base, name);
+      Py_DECREF(name);
+      if (mine != ours) overrides = true;
+    }
+    if (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) {
+      if (known.size() >= 64) known.erase(known.begin());
+      known.push_back({t, t->tp_version_tag, overrides});
+    }
+    return overrides;
   }
 
   bool native() const { return native_ != nullptr; }

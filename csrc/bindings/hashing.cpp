@@ -24,7 +24,7 @@ PrefixKey as_prefix_key(py::handle obj, const char* name) {
 std::string salt_bytes(py::handle salt) {
   if (salt.is_none()) return {};
   if (PyBytes_Check(salt.ptr())) return py::reinterpret_borrow<py::bytes>(salt).cast<std::string>();
-  if (PyUnicode_Check(salt.ptr())) return salt.cast<std::string>();
+  if (PyUnicode_Check(salt.ptr())) return as_text(salt, "salt");
   raise_type("salt", "bytes, str or None", salt);
 }
 

@@ -392,7 +392,7 @@ that evicted completes normally.)doc");
           py::arg("block"), "Returns ``block``'s KV reference count. Raises IndexError for a block out of range.")
       .def("reset_prefix_cache", &BlockPool::reset_prefix_cache,
            "Drops every cached free block from the index (on_evict fires for each); returns how "
-           "many. Raises what an on_evict handler raised, after the pool is consistent.")
+           "many. Raises nothing (an on_evict handler's exception goes to sys.unraisablehook).")
       .def("check_consistency", &BlockPool::check_consistency,
            "Checks the pool's internal invariants (for tests); returns None. Raises AssertionError "
            "when one is broken.");
@@ -655,8 +655,8 @@ nominated to a tier (``offload_sink``), handed out pinned by
           "Raises only for a bad argument (docs/contract.md, \"Errors\").")
 
       .def("clear", &Store::clear,
-           "Drops every unpinned image and returns its units to the pool; returns None. Raises what "
-           "an on_evict handler raised, after the store is consistent.")
+           "Drops every unpinned image and returns its units to the pool; returns None. Raises "
+           "nothing (an on_evict handler's exception goes to sys.unraisablehook).")
       .def(
           "use_clock", [](PyStore& s, py::object clock) { s.use_clock(std::move(clock)); }, py::arg("clock"),
           "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores "

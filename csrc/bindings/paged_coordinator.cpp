@@ -470,8 +470,9 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             return py::make_tuple(to_py_tuple(std::move(stores)), to_py_tuple(std::move(restores)));
           },
           "Begins the filed stores and returns this batch's (stores, restores) tuples. Raises "
-          "RuntimeError when called from inside itself (an eviction handler), and what an on_evict "
-          "handler raised, after the coordinator is consistent.")
+          "RuntimeError when called from inside itself (an eviction handler), and what an engine "
+          "object's state_slot getter raised, before anything changes; an on_evict handler's "
+          "exception goes to sys.unraisablehook.")
       .def("complete_previous_batch", &Coordinator::complete_previous_batch,
            "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
            "Raises RuntimeError when called from inside take_checkpoint_ops.")
@@ -535,8 +536,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "clear_index", [](PyCoordinator& c) { then_prune(c, [&] { c.clear_index(); }); },
-          "Drops every unpinned checkpoint; returns None. Raises what an on_evict handler raised, "
-          "after the coordinator is consistent.")
+          "Drops every unpinned checkpoint; returns None. Raises nothing (an on_evict handler's "
+          "exception goes to sys.unraisablehook).")
       .def("check_consistency", &Coordinator::check_consistency,
            "Checks the invariants of the coordinator, its store and its pool (for tests); returns "
            "None. Raises AssertionError when one is broken.")

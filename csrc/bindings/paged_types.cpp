@@ -26,13 +26,10 @@ PagedStateCheckpointSpec make_spec(py::handle page_unit_bytes, py::handle slot_b
   const int64_t image = spec_size(image_bytes, "image_bytes");
   const bool named = PyUnicode_Check(layout_id.ptr()) && PyUnicode_GET_LENGTH(layout_id.ptr()) > 0;
   if (!named && image <= slot) throw py::value_error("layout_id must be a non-empty str, got " + py_repr(layout_id));
-  return PagedStateCheckpointSpec(unit, slot, named ? layout_id.cast<std::string>() : "-", image);
+  return PagedStateCheckpointSpec(unit, slot, named ? as_text(layout_id, "layout_id") : "-", image);
 }
 
-std::string as_layout(py::handle obj) {
-  if (!PyUnicode_Check(obj.ptr())) raise_type("layout_id", "a str", obj);
-  return obj.cast<std::string>();
-}
+std::string as_layout(py::handle obj) { return as_text(obj, "layout_id"); }
 
 py::object spec_from_wire(py::handle wire) {
   static py::handle mapping =
@@ -260,7 +257,7 @@ void bind_op(py::module_& m) {
 
 CheckpointState as_state(py::handle obj) {
   if (!PyUnicode_Check(obj.ptr())) raise_type("state", "a str", obj);
-  return parse_checkpoint_state(obj.cast<std::string>());
+  return parse_checkpoint_state(as_text(obj, "state"));
 }
 
 }  // namespace
@@ -312,14 +309,20 @@ void bind_paged_types(py::module_& m) {
   m.def(
       "checkpoint_copy_ops_per_batch",
       [](py::handle max_num_seqs) -> int64_t {
-        if (max_num_seqs.is_none() || !PyObject_IsTrue(max_num_seqs.ptr())) return 0;
-        return checkpoint_copy_ops_per_batch(
-            as_int(py::int_(py::reinterpret_borrow<py::object>(max_num_seqs)), "max_num_seqs"));
+        if (max_num_seqs.is_none()) return 0;
+        const int64_t n = as_int(max_num_seqs, "max_num_seqs");  // an int, not int()'s "12" or 3.7
+        try {
+          return checkpoint_copy_ops_per_batch(n);
+        } catch (const std::overflow_error& e) {
+          PyErr_SetString(int_range_error, e.what());
+          throw py::error_already_set();
+        }
       },
       py::arg("max_num_seqs"),
       "Returns the most PAGE store + restore ops one batch of ``max_num_seqs`` sequences can "
       "carry (two per sequence; 0 for None or 0), the executor's staging size. Raises "
-      "TypeError for a non-int (a negative count is not refused).");
+      "TypeError for anything but an int or None (a str, a float, a bool), OverflowError when "
+      "twice the count does not fit in 64 bits (a negative count is not refused).");
 
   py::class_<PagedStateCheckpointSpec> spec(m, "PagedStateCheckpointSpec", STATECACHE_GUARDED(PagedStateCheckpointSpec),
                                             R"doc(

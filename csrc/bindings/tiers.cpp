@@ -12,7 +12,7 @@ namespace {
 
 std::string as_key(py::handle obj, const char* name) {
   if (PyBytes_Check(obj.ptr())) return py::reinterpret_borrow<py::bytes>(obj).cast<std::string>();
-  if (PyUnicode_Check(obj.ptr())) return obj.cast<std::string>();
+  if (PyUnicode_Check(obj.ptr())) return as_text(obj, name);
   raise_type(name, "bytes or str", obj);
 }
 
@@ -49,16 +49,16 @@ findable once sealed. Eviction ranks with the cost model of the GPU caches
 ``ranking`` picks the starting model: ``"cost"`` (value = position) or
 ``"lru"`` (recency only). Pinned values are never evicted.)doc");
   arena
-      .def(py::init(
-               [](py::handle entry_bytes, py::handle capacity_bytes, py::handle budgets, const std::string& ranking) {
-                 EvictionCostModel m = HostArena::cost_model();
-                 if (ranking == "lru")
-                   m.kind = EvictionCostModel::Kind::kLru;
-                 else if (ranking != "cost")
-                   throw py::value_error("ranking=" + py_repr(py::str(ranking)) + " must be 'lru' or 'cost'");
-                 return new HostArena(as_int(entry_bytes, "entry_bytes"), as_int(capacity_bytes, "capacity_bytes"),
-                                      as_int_list(budgets, "class_budget_bytes"), m);
-               }),
+      .def(py::init([](py::handle entry_bytes, py::handle capacity_bytes, py::handle budgets, py::handle ranking_obj) {
+             const std::string ranking = as_text(ranking_obj, "ranking");
+             EvictionCostModel m = HostArena::cost_model();
+             if (ranking == "lru")
+               m.kind = EvictionCostModel::Kind::kLru;
+             else if (ranking != "cost")
+               throw py::value_error("ranking=" + py_repr(py::str(ranking)) + " must be 'lru' or 'cost'");
+             return new HostArena(as_int(entry_bytes, "entry_bytes"), as_int(capacity_bytes, "capacity_bytes"),
+                                  as_int_list(budgets, "class_budget_bytes"), m);
+           }),
            py::arg("entry_bytes"), py::arg("capacity_bytes"), py::arg("class_budget_bytes"),
            py::arg("ranking") = "cost")
       .def_property_readonly("entry_bytes", &HostArena::entry_bytes)

@@ -58,8 +58,10 @@ class PagedStateCheckpointCoordinator {
   template <class HashAt>
   int64_t resumable_hit(const Sequence& seq, int64_t hit, int64_t num_hashes, HashAt hash_at,
                         bool assume_checkpointed) const {
-    if (!applies(seq)) return hit;
+    // A negative hit is refused whether or not the coordinator applies, as
+    // the pools and the batched call refuse it.
     if (hit < 0) bad_argument("hit", hit, "must be >= 0");
+    if (!applies(seq)) return hit;
     if (assume_checkpointed) return hit;  // reads no hash
     if (hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
     for (int64_t i = hit - 1; i >= 0; --i)

@@ -22,11 +22,11 @@ HostArena::HostArena(int64_t entry_bytes, int64_t capacity_bytes, std::vector<in
     if (b < 0) bad_argument("class_budget_bytes", b, "must be >= 0");
     ClassStats c;
     c.budget_entries = b / entry_bytes;
-    total += c.budget_entries;
+    // Checked per class, so the sum stays below 2 * INT32_MAX entries.
+    if (c.budget_entries > num_entries_ || (total += c.budget_entries) > num_entries_)
+      bad_argument("class_budget_bytes", b, "takes the budgets past the arena's capacity_bytes");
     classes_.push_back(c);
   }
-  if (total > num_entries_)
-    bad_argument("class_budget_bytes", total * entry_bytes, "exceeds the arena's capacity_bytes");
   free_.resize(static_cast<size_t>(num_entries_));
   // Lowest entry ids first: pop_back hands out free_.back().
   std::iota(free_.rbegin(), free_.rend(), 0);
@@ -86,6 +86,8 @@ std::optional<std::vector<std::string>> HostArena::victims(int klass, int64_t co
   check_class(klass);
   if (count < 0) bad_argument("count", count, "must be >= 0");
   const ClassStats& c = classes_[static_cast<size_t>(klass)];
+  // More than the class's budget never fits (and the sum below cannot overflow).
+  if (count > c.budget_entries) return std::nullopt;
   int64_t need = c.used_entries + count - c.budget_entries;
   std::vector<std::string> out;
   std::vector<int64_t> planned;
@@ -107,8 +109,9 @@ std::optional<std::vector<int32_t>> HostArena::allocate(const std::string& key, 
                                                         std::vector<std::string>* evicted) {
   check_class(klass);
   if (count <= 0) bad_argument("count", count, "must be > 0");
-  if (nbytes < 0 || nbytes > count * entry_bytes_)
-    bad_argument("nbytes", nbytes, "must be in [0, count * entry_bytes]");
+  int64_t room = 0;  // count * entry_bytes; past INT64_MAX no nbytes exceeds it
+  const bool huge = __builtin_mul_overflow(count, entry_bytes_, &room);
+  if (nbytes < 0 || (!huge && nbytes > room)) bad_argument("nbytes", nbytes, "must be in [0, count * entry_bytes]");
   if (position < 0) bad_argument("position", position, "must be >= 0");
   if (index_.count(key) != 0) bad_argument("key", key, "is already in the arena");
   ClassStats& c = classes_[static_cast<size_t>(klass)];

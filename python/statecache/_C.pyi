@@ -126,7 +126,8 @@ def scheduler_hash(key: bytes) -> int:
 def checkpoint_copy_ops_per_batch(max_num_seqs: _Int) -> int:
     """Returns the most PAGE store + restore ops one batch of ``max_num_seqs`` sequences
     can carry (two per sequence; 0 for None or 0), the executor's staging size. Raises
-    TypeError for a non-int (a negative count is not refused)."""
+    TypeError for anything but an int or None (a str, a float, a bool), OverflowError
+    when twice the count does not fit in 64 bits (a negative count is not refused)."""
 
 class IntRangeError(OverflowError, ValueError):
     """An int argument that does not fit in a signed 64-bit int."""
@@ -935,7 +936,8 @@ class BlockPool:
         range."""
     def reset_prefix_cache(self) -> int:
         """Drops every cached free block from the index (on_evict fires for each); returns
-        how many. Raises what an on_evict handler raised, after the pool is consistent."""
+        how many. Raises nothing (an on_evict handler's exception goes to
+        sys.unraisablehook)."""
     def check_consistency(self) -> None:
         """Checks the pool's internal invariants (for tests); returns None. Raises
         AssertionError when one is broken."""
@@ -1008,7 +1010,7 @@ class PageUnitCheckpointStore:
         dropped. Raises only for a bad argument (docs/contract.md, "Errors")."""
     def clear(self) -> None:
         """Drops every unpinned image and returns its units to the pool; returns None.
-        Raises what an on_evict handler raised, after the store is consistent."""
+        Raises nothing (an on_evict handler's exception goes to sys.unraisablehook)."""
     def changed_since(self, generation: _Int) -> set[int] | None:
         """Returns the set of hashes whose READY standing may differ from what it was at
         ``generation``, or None when the log no longer reaches back that far (at least
@@ -1130,7 +1132,8 @@ class PagedStateCheckpointCoordinator:
     ) -> tuple[tuple[CheckpointStoreOp, ...], tuple[CheckpointRestoreOp, ...]]:
         """Begins the filed stores and returns this batch's (stores, restores) tuples.
         Raises RuntimeError when called from inside itself (an eviction handler), and
-        what an on_evict handler raised, after the coordinator is consistent."""
+        what an engine object's state_slot getter raised, before anything changes; an
+        on_evict handler's exception goes to sys.unraisablehook."""
     def begin_restore(self, h: _Int, dst_slot: _Int) -> bool:
         """Queues a restore of the READY image filed under ``h`` into ``dst_slot``; returns
         False when there is none. Raises only for a bad argument (docs/contract.md,
@@ -1176,8 +1179,8 @@ class PagedStateCheckpointCoordinator:
         orphaned). Returns None. Raises only for a bad argument (docs/contract.md,
         "Errors")."""
     def clear_index(self) -> None:
-        """Drops every unpinned checkpoint; returns None. Raises what an on_evict handler
-        raised, after the coordinator is consistent."""
+        """Drops every unpinned checkpoint; returns None. Raises nothing (an on_evict
+        handler's exception goes to sys.unraisablehook)."""
     def forget_pending(self, seq: _Seqish) -> None:
         """Drops ``seq``'s filed boundary that no batch has begun yet (and a restore queued
         into its slot); returns None. Raises TypeError for an object without the
