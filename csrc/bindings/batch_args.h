@@ -71,7 +71,7 @@ inline py::tuple batch_items(py::handle obj, const char* name, const char* want)
 // so the pointers stay valid for the call whatever Python code runs.
 class SeqBatch {
  public:
-  SeqBatch(py::handle seqs, const char* name, unsigned reads)
+  SeqBatch(py::handle seqs, const char* name, unsigned reads, HashForm* hashes = nullptr)
       : items_(batch_items(seqs, name, "a list of statecache.Sequence (or objects with its attributes)")) {
     const Py_ssize_t n = PyTuple_GET_SIZE(items_.ptr());
     ptrs_.reserve(static_cast<size_t>(n));
@@ -80,7 +80,7 @@ class SeqBatch {
       PyObject* obj = PyTuple_GET_ITEM(items_.ptr(), i);
       Sequence* native = fast::SeqArg::native_of(obj, name, i);
       if (!native) {
-        generic_.emplace_back(obj, name, i, reads);  // deque: earlier entries stay put
+        generic_.emplace_back(obj, name, i, reads, hashes);  // deque: earlier entries stay put
         generic_at_.resize(static_cast<size_t>(n), -1);
         generic_at_[static_cast<size_t>(i)] = static_cast<int32_t>(generic_.size() - 1);
         native = &generic_.back().get();
@@ -160,7 +160,9 @@ class SeqBatch {
 // its length on every read.
 class HashRows {
  public:
-  HashRows(py::handle block_hashes, const SeqBatch& seqs, std::span<const int64_t> limits) : limits_(limits) {
+  // The forms of the hashes read are noted in `form` (the cache's).
+  HashRows(py::handle block_hashes, const SeqBatch& seqs, std::span<const int64_t> limits, HashForm& form)
+      : limits_(limits), form_(form) {
     const size_t n = seqs.size();
     rows_.resize(n);
     if (block_hashes.is_none()) {
@@ -203,16 +205,16 @@ class HashRows {
             changed_size("block_hashes", r);
           // Scans walk down the list: start fetching the next item's object.
           if (k >= 4) __builtin_prefetch(PyList_GET_ITEM(list, k - 4));
-          return item(PyList_GET_ITEM(list, k));
+          return item(PyList_GET_ITEM(list, k), r, k);
         });
       }
       case kTuple: {
         PyObject* tuple = row.obj;
-        return f(row.n, [this, tuple](int64_t k) {
+        return f(row.n, [this, tuple, r](int64_t k) {
           if (k >= PyTuple_GET_SIZE(tuple)) [[unlikely]]
             throw std::out_of_range("block_hashes: read past the end");
           if (k > 0) __builtin_prefetch(PyTuple_GET_ITEM(tuple, k - 1));
-          return item(PyTuple_GET_ITEM(tuple, k));
+          return item(PyTuple_GET_ITEM(tuple, k), r, k);
         });
       }
       case kNative: {
@@ -288,7 +290,7 @@ class HashRows {
       const std::string label = "block_hashes[" + std::to_string(i) + "]";
       const int64_t limit = i < limits.size() ? std::max<int64_t>(0, limits[i]) : 0;
       auto ints = std::make_unique<std::vector<int64_t>>();
-      detail::append_tuple(snap.ptr(), label.c_str(), *ints, static_cast<Py_ssize_t>(limit));
+      detail::append_hash_tuple(snap.ptr(), label.c_str(), *ints, static_cast<Py_ssize_t>(limit), form_);
       row.n = PyTuple_GET_SIZE(snap.ptr());
       row.kind = kData;
       row.data = ints->data();
@@ -311,12 +313,16 @@ class HashRows {
   [[noreturn, gnu::noinline]] static void changed_size(const char* what, size_t r) {
     throw py::value_error(std::string(what) + " of entry " + std::to_string(r) + " changed size while it was read");
   }
-  [[gnu::always_inline]] int64_t item(PyObject* it) const {
+  [[gnu::always_inline]] int64_t item(PyObject* it, size_t r, int64_t k) const {
     int64_t v = -1;
-    if (!detail::exact_int_fast(it, v)) [[unlikely]] {
-      non_exact_ = true;
+    HashForm::Kind kind = HashForm::kUnset;
+    if (!detail::exact_hash_fast(it, v, kind)) [[unlikely]] {
+      non_exact_ = true;  // converted (and refused if it is no hash) by own_lists
       return -1;
     }
+    if (kind != HashForm::kUnset && kind != form_.kind()) [[unlikely]]
+      detail::note_item(form_, ("block_hashes[" + std::to_string(r) + "]").c_str(), static_cast<Py_ssize_t>(k), v,
+                        kind);
     return v;
   }
 
@@ -344,6 +350,11 @@ class HashRows {
     for (Py_ssize_t i = 0; i < view.shape[0]; ++i) {
       const auto* row = reinterpret_cast<const int64_t*>(static_cast<const char*>(view.buf) + i * row_stride);
       const int64_t take = std::min<int64_t>(limit(static_cast<size_t>(i)), view.shape[1]);
+      for (int64_t k = 0; k < take; ++k)
+        if (row[k] < -1) {
+          form_.note("block_hashes", row[k], HashForm::kSigned);  // one form for the whole array
+          break;
+        }
       auto ints = std::make_unique<std::vector<int64_t>>(row, row + take);
       rows_[static_cast<size_t>(i)] = Row{kData, nullptr, view.shape[1], ints->data(), nullptr, take};
       owned_.push_back(std::move(ints));
@@ -367,19 +378,20 @@ class HashRows {
     {
       IntBuffer buf(obj, label.c_str());
       if (buf.kind() != IntBuffer::kNone) {
-        copy_prefix(buf, limit(i), *ints);
+        copy_hash_prefix(buf, label.c_str(), limit(i), *ints, form_);
         row = Row{kData, nullptr, buf.size(), ints->data(), nullptr, static_cast<int64_t>(ints->size())};
         owned_.push_back(std::move(ints));
         return;
       }
     }
-    append_ints(py::handle(obj), label.c_str(), *ints);
+    append_hashes(py::handle(obj), label.c_str(), *ints, form_);
     row = Row{kData,        nullptr, static_cast<int64_t>(ints->size()),
               ints->data(), nullptr, static_cast<int64_t>(ints->size())};
     owned_.push_back(std::move(ints));
   }
 
   std::span<const int64_t> limits_;
+  HashForm& form_;
   std::vector<Row> rows_;
   std::vector<py::object> keep_;
   std::vector<std::unique_ptr<std::vector<int64_t>>> owned_;
@@ -397,7 +409,7 @@ py::list resumable_hits_arg(const Cache& cache, PyObject* seqs_obj, PyObject* hi
   const bool assume = assume_obj != nullptr && as_bool(assume_obj, "assume_checkpointed");
   const IntSpan hits(hits_obj, "hits");
   const SeqBatch seqs(seqs_obj, "seqs", reads);
-  HashRows rows(py::handle(hashes_obj ? hashes_obj : Py_None), seqs, hits.span());
+  HashRows rows(py::handle(hashes_obj ? hashes_obj : Py_None), seqs, hits.span(), cache.hash_form());
   if (scan_calls_python) rows.own_lists(hits.span(), /*native_too=*/true);
   std::vector<int64_t> out = batch::resumable_hits(cache, seqs.seqs(), hits.span(), rows, assume);
   if (rows.saw_non_exact()) {

@@ -408,9 +408,13 @@ enum SeqField : unsigned {
 
 class SeqArg {
  public:
-  SeqArg(PyObject* obj, const char* name, unsigned reads) : SeqArg(obj, name, -1, reads) {}
+  // `hashes`: the form of the cache's hashes, which pending_checkpoint (a
+  // hash) is read and written in; nullptr where it is never touched.
+  SeqArg(PyObject* obj, const char* name, unsigned reads, HashForm* hashes = nullptr)
+      : SeqArg(obj, name, -1, reads, hashes) {}
   // Entry `index` of a batch argument `name` (errors say "name[index]").
-  SeqArg(PyObject* obj, const char* name, Py_ssize_t index, unsigned reads) : obj_(obj), name_(name), index_(index) {
+  SeqArg(PyObject* obj, const char* name, Py_ssize_t index, unsigned reads, HashForm* hashes = nullptr)
+      : obj_(obj), name_(name), index_(index), hashes_(hashes) {
     native_ = native_of(obj, name, index);
     if (native_) return;
     if (obj == Py_None || PyLong_Check(obj) || PyUnicode_Check(obj))
@@ -425,7 +429,7 @@ class SeqArg {
     if (reads & kStateSlot) snap.state_slots = {int_attr(aStateSlot)};
     if (reads & kForkSrc) snap.state_fork_src = int_attr(aForkSrc);
     if (reads & kGroup) snap.per_req_cache_group = int_attr(aGroup);
-    if (reads & kPending) snap.pending_checkpoint = int_attr(aPending);
+    if (reads & kPending) snap.pending_checkpoint = hash_attr(aPending);
     if (reads & kAnchors) {
       snap.midstep_anchor_pos = int_attr(aAnchor, /*optional=*/true);
       snap.checkpoint_end_pos = int_attr(aEndPos, /*optional=*/true);
@@ -568,7 +572,8 @@ class SeqArg {
     }
   }
   void set(SeqField f, int64_t v) {
-    py::object x = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
+    py::object x =
+        py::reinterpret_steal<py::object>(f == kPending && hashes_ ? hash_to_py(v, *hashes_) : PyLong_FromLongLong(v));
     if (!x || PyObject_SetAttr(obj_, interned(attr_of(f)), x.ptr()) != 0) throw py::error_already_set();
   }
   py::object attr(Attr field, bool optional = false) {
@@ -579,6 +584,12 @@ class SeqArg {
     if (optional) return py::int_(0);
     throw py::type_error(label() + " must be a statecache.Sequence or have the sequence attributes; " +
                          Py_TYPE(obj_)->tp_name + " has no attribute '" + text(field) + "'");
+  }
+  int64_t hash_attr(Attr field) {
+    py::object v = attr(field);
+    const std::string where = label() + "." + text(field);
+    if (hashes_ == nullptr) return as_int(v, where.c_str());
+    return as_hash(v, where.c_str(), *hashes_);
   }
   int64_t int_attr(Attr field, bool optional = false) {
     py::object v = attr(field, optional);
@@ -591,6 +602,7 @@ class SeqArg {
   PyObject* obj_;  // borrowed: the caller's argument, alive for the call
   const char* name_;
   Py_ssize_t index_;
+  HashForm* hashes_;
   Sequence* native_ = nullptr;
   struct Generic {
     Sequence snap;  // what the call works on

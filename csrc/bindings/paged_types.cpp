@@ -89,7 +89,8 @@ py::tuple restore_fields(const CheckpointRestoreOp& o) {
 }
 py::tuple record_fields(const RecordHandle& h) {
   const CheckpointRecord& r = h.get();
-  return py::make_tuple(r.prefix_hash, to_tuple(r.unit_ids), checkpoint_state_name(r.state), r.pin_count);
+  return py::make_tuple(hash_object(r.prefix_hash, h.form()), to_tuple(r.unit_ids), checkpoint_state_name(r.state),
+                        r.pin_count);
 }
 py::tuple suspended_fields(const SuspendedCheckpointRestore& s) {
   return py::make_tuple(s.checkpoint_id, py::cast(s.operation));
@@ -262,30 +263,30 @@ CheckpointState as_state(py::handle obj) {
 
 }  // namespace
 
-py::object to_py(const StateStoreOperationId& op) {
+py::object to_py(const StateStoreOperationId& op, const HashForm& form) {
   static py::handle type =
       py::object(py::module_::import("statecache._operation_id").attr("StateStoreOperationId")).release();
-  return type(op.prefix_hash, op.generation);
+  return type(hash_object(op.prefix_hash, form), op.generation);
 }
 
-std::optional<StateStoreOperationId> as_operation_id(py::handle obj) {
+std::optional<StateStoreOperationId> as_operation_id(py::handle obj, const HashForm& form) {
   PyObject* p = obj.ptr();
   if (PyTuple_Check(p) && PyTuple_GET_SIZE(p) == 2) {
     PyObject* h = PyTuple_GET_ITEM(p, 0);
     PyObject* g = PyTuple_GET_ITEM(p, 1);
-    if (PyLong_Check(h) && PyLong_Check(g)) {
-      int o1 = 0, o2 = 0;
-      const long long hv = PyLong_AsLongLongAndOverflow(h, &o1);
-      const long long gv = PyLong_AsLongLongAndOverflow(g, &o2);
-      if (o1 == 0 && o2 == 0) return StateStoreOperationId{hv, gv};
+    int64_t hv = 0;
+    if (hash_key(h, form, hv) && PyLong_Check(h) && PyLong_Check(g)) {
+      int overflow = 0;
+      const long long gv = PyLong_AsLongLongAndOverflow(g, &overflow);
+      if (overflow == 0) return StateStoreOperationId{hv, gv};
     }
   }
   (void)py::hash(obj);  // an unhashable key is a TypeError, as in a dict
   return std::nullopt;
 }
 
-py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units) {
-  return py::make_tuple(to_py(op), to_tuple(units));
+py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units, const HashForm& form) {
+  return py::make_tuple(to_py(op, form), to_tuple(units));
 }
 
 CheckpointRecord& RecordHandle::mutable_value() {
@@ -363,13 +364,21 @@ and keep the fields a record was released with. Constructed from Python it is
 a plain mutable value.)doc");
   record
       .def(py::init([](py::handle h, py::handle units, py::handle state, py::handle pins) {
-             return RecordHandle(CheckpointRecord{as_int(h, "prefix_hash"), as_int_list(units, "unit_ids"),
-                                                  as_state(state), as_int(pins, "pin_count")});
+             HashForm form;
+             const int64_t prefix_hash = as_hash(h, "prefix_hash", form);
+             return RecordHandle(CheckpointRecord{prefix_hash, as_int_list(units, "unit_ids"), as_state(state),
+                                                  as_int(pins, "pin_count")},
+                                 form);
            }),
            py::arg("prefix_hash"), py::arg("unit_ids"), py::arg("state") = "COPYING", py::arg("pin_count") = 0)
       .def_property(
-          "prefix_hash", [](const RecordHandle& r) { return r.get().prefix_hash; },
-          [](RecordHandle& r, py::handle v) { r.mutable_value().prefix_hash = as_int(v, "prefix_hash"); })
+          "prefix_hash", [](const RecordHandle& r) { return hash_object(r.get().prefix_hash, r.form()); },
+          [](RecordHandle& r, py::handle v) {
+            CheckpointRecord& value = r.mutable_value();
+            HashForm form;  // a value's form is that of its current hash
+            value.prefix_hash = as_hash(v, "prefix_hash", form);
+            r.form() = form;
+          })
       .def_property(
           "unit_ids", [](const RecordHandle& r) { return to_tuple(r.get().unit_ids); },
           [](RecordHandle& r, py::handle v) { r.mutable_value().unit_ids = as_int_list(v, "unit_ids"); })

@@ -41,15 +41,16 @@ int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, 
   const Sequence& s = seq_arg.get();
   const int64_t hit = as_int(hit_obj, "hit");
   const bool assume = as_bool(assume_obj, "assume_checkpointed");
-  return scan_int_list(hashes, "block_hashes", hit,
+  return scan_int_list(hashes, "block_hashes", hit, pool.hash_form(),
                        [&](int64_t n, auto&& hash_at) { return pool.resumable_hit(s, hit, n, hash_at, assume); });
 }
 
 // Items of a list / tuple / other iterable, each an int sequence of `arity`,
 // read from owned snapshots (an element's __index__ may change the caller's
 // containers, never what is being read).
+// Column `Arity - 1` of each row is a hash (its form noted in `form`).
 template <size_t Arity>
-std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* name, const char* shape) {
+std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* name, const char* shape, HashForm& form) {
   PyObject* p = obj.ptr();
   if (PyUnicode_Check(p) || PyBytes_Check(p) || PyDict_Check(p) || !PyObject_HasAttrString(p, "__iter__"))
     raise_type(name, shape, obj);
@@ -58,7 +59,7 @@ std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* nam
   rows.reserve(static_cast<size_t>(PyTuple_GET_SIZE(rows_in.ptr())));
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(rows_in.ptr()); ++i) {
     int64_t row[Arity] = {};
-    if (!int_row(PyTuple_GET_ITEM(rows_in.ptr(), i), name, row)) raise_type(name, shape, obj);
+    if (!int_row(PyTuple_GET_ITEM(rows_in.ptr(), i), name, row, &form)) raise_type(name, shape, obj);
     std::array<int64_t, Arity> r{};
     for (size_t k = 0; k < Arity; ++k) r[k] = row[k];
     rows.push_back(r);
@@ -128,6 +129,21 @@ void checkpoint_generic(StateSlotPool& p, fast::SeqArg& s, int64_t blocks, int64
 struct PyGroupPool;
 void checkpoint_generic(PyGroupPool& p, fast::SeqArg& s, int64_t blocks, int64_t h);
 
+// A batch's copy intents write its hashes into statecache.Sequence objects:
+// each must take the pool's form, checked for all before any is noted.
+template <class Pool>
+void note_forms(const Pool& p, SeqBatch& seqs, std::span<const int64_t> hashes) {
+  const HashForm::Kind kind = p.hash_form().kind();
+  if (!p.transfer().copies() || kind == HashForm::kUnset || hashes.size() != seqs.size())
+    return;  // the core names a length mismatch
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (seqs.is_native(i) && HashForm::has_form(hashes[i]) && !seqs.seq(i).hash_form.accepts(kind))
+      throw std::invalid_argument("seqs[" + std::to_string(i) + "]: " +
+                                  HashForm::conflict(("hashes[" + std::to_string(i) + "]").c_str(), hashes[i], kind));
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (seqs.is_native(i)) seqs.seq(i).hash_form.note("hashes", hashes[i], kind);
+}
+
 // checkpoint_many with engine objects among `seqs`: the whole batch checked
 // first (core/batch.h), then each entry as its per-sequence call, in order:
 // a statecache.Sequence through the core, an engine object through
@@ -147,9 +163,9 @@ void checkpoint_many_generic(Pool& pool, SeqBatch& seqs, std::span<const int64_t
       });
 }
 
-std::vector<MidstepReservation> reservations_arg(py::handle obj) {
+std::vector<MidstepReservation> reservations_arg(py::handle obj, HashForm& form) {
   std::vector<MidstepReservation> out;
-  for (const auto& r : int_rows<3>(obj, "reservations", "a list of (slot, position, hash) tuples"))
+  for (const auto& r : int_rows<3>(obj, "reservations", "a list of (slot, position, hash) tuples", form))
     out.push_back({r[0], r[1], r[2]});
   return out;
 }
@@ -175,31 +191,17 @@ struct CheckpointIndexView {
 
   py::dict snapshot() const {
     py::dict d;
+    const HashForm& form = pool->hash_form();
     pool->index().for_each([&](int64_t h, int64_t u) {
-      py::int_ k(h), v(u);
+      py::object k = hash_object(h, form);
+      py::int_ v(u);
       PyDict_SetItem(d.ptr(), k.ptr(), v.ptr());
     });
     return d;
   }
-  // The key as an int64, or false for anything no int64 key can equal.
-  static bool key_of(py::handle k, int64_t& out) {
-    PyObject* p = k.ptr();
-    if (PyLong_Check(p)) {
-      int overflow = 0;
-      out = PyLong_AsLongLongAndOverflow(p, &overflow);
-      return overflow == 0;
-    }
-    if (PyFloat_Check(p)) {
-      const double x = PyFloat_AS_DOUBLE(p);
-      if (std::floor(x) != x || std::fabs(x) > 9.2e18) return false;
-      out = static_cast<int64_t>(x);
-      return true;
-    }
-    return false;
-  }
   const int64_t* find(py::handle k) const {
     int64_t key = 0;
-    return key_of(k, key) ? pool->index().find(key) : nullptr;
+    return hash_key(k, pool->hash_form(), key) ? pool->index().find(key) : nullptr;
   }
 };
 
@@ -212,7 +214,7 @@ struct IndexHashView {
   py::list list() const {
     py::list out(static_cast<size_t>(size()));
     for (int64_t i = 0; i < size(); ++i)
-      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLongLong(pool->hash_of(i)));
+      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), hash_to_py(pool->hash_of(i), pool->hash_form()));
     return out;
   }
 };
@@ -293,7 +295,7 @@ void bind_views(py::module_& m) {
              const int64_t n = s.size();
              if (k < 0) k += n;
              if (k < 0 || k >= n) throw py::index_error("list index out of range");
-             return py::int_(s.pool->hash_of(k));
+             return hash_object(s.pool->hash_of(k), s.pool->hash_form());
            })
       .def("__iter__", [](const IndexHashView& s) { return py::iter(s.list()); })
       .def("__contains__", [](const IndexHashView& s, py::handle x) { return s.list().contains(x); })
@@ -479,7 +481,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
             "skipped. Returns None. Raises as ``release`` for any bad entry, and ValueError for a group "
             "listed twice, before releasing any.");
   fast::def<Pool>(
-      cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(int_arg(a[0], "h"))); }, {"h"}, 1,
+      cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(as_hash(a[0], "h", p.hash_form()))); }, {"h"}, 1,
       "Returns the index holding the checkpoint filed under ``h``, or -1. Raises only for a "
       "bad argument (docs/contract.md, \"Errors\").");
   fast::def<Pool>(
@@ -644,7 +646,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       [](P& p, PyObject** a, PyObject* self) {
         SeqArg s(a[0], "seq", fast::kHasCache | fast::kStateSlot | fast::kAnchors);
         const int64_t blocks = int_arg(a[1], "boundary_blocks");
-        const int64_t h = int_arg(a[2], "h");
+        const int64_t h = as_hash(a[2], "h", p.hash_form());
         if (s.native()) {
           p.checkpoint(s.get(), blocks, h);
           return fast::none();
@@ -661,7 +663,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
   fast::def<P>(
       cls, "checkpoint_many",
       [](P& p, PyObject** a, PyObject* self) {
-        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
+        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
         SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kStateSlot | fast::kForkSrc | fast::kAnchors);
         if (seqs.all_native()) {
           p.checkpoint_many(seqs.seqs(), seqs.keys(), blocks.span(), hashes.span());
@@ -678,7 +680,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
   fast::def<P>(
       cls, "unindex",
       [](P& p, PyObject** a) {
-        p.unindex(int_arg(a[0], "h"));
+        p.unindex(as_hash(a[0], "h", p.hash_form()));
         return fast::none();
       },
       {"h"}, 1,
@@ -690,10 +692,11 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
            SeqArg seq_arg(seq.ptr(), "seq", fast::kHasCache);
            const Sequence& s = seq_arg.get();
            std::vector<std::pair<int64_t, int64_t>> pos;
-           for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs"))
+           for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs", p.hash_form()))
              pos.emplace_back(r[0], r[1]);
            py::list out;
-           for (const auto& r : p.reserve_midstep(s, pos)) out.append(py::make_tuple(r.slot, r.position, r.hash));
+           for (const auto& r : p.reserve_midstep(s, pos))
+             out.append(py::make_tuple(r.slot, r.position, hash_object(r.hash, p.hash_form())));
            return out;
          },
          py::arg("seq"), py::arg("positions"),
@@ -704,7 +707,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       .def(
           "publish_midstep",
           [](StateSlotPool& p, py::handle reservations, py::handle seq) {
-            const std::vector<MidstepReservation> res = reservations_arg(reservations);
+            const std::vector<MidstepReservation> res = reservations_arg(reservations, p.hash_form());
             std::optional<SeqArg> s;
             if (!seq.is_none()) s.emplace(seq.ptr(), "seq", fast::kAnchors);
             p.publish_midstep(res, s ? &s->get() : nullptr);
@@ -714,7 +717,9 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
           "ValueError for a reservation this pool did not hand out.")
       .def(
           "cancel_midstep",
-          [](StateSlotPool& p, py::handle reservations) { p.cancel_midstep(reservations_arg(reservations)); },
+          [](StateSlotPool& p, py::handle reservations) {
+            p.cancel_midstep(reservations_arg(reservations, p.hash_form()));
+          },
           py::arg("reservations"),
           "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
           "reservation this pool did not hand out.")
@@ -780,7 +785,7 @@ struct PyGroupPool : StateGroupPool {
         out[k] = out[first];
         continue;
       }
-      SeqArg s(seqs[k].ptr(), "pending seq", fast::kPending | fast::kGroup);
+      SeqArg s(seqs[k].ptr(), "pending seq", fast::kPending | fast::kGroup, &hash_form());
       out[k] = {s.get().pending_checkpoint, s.get().per_req_cache_group, k};
     }
     return out;
@@ -839,10 +844,12 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   fast::def<G>(
       cls, "checkpoint",
       [](G& p, PyObject** a, PyObject* self) {
-        SeqArg s(a[0], "seq", fast::kHasCache | fast::kGroup | fast::kPending);
+        SeqArg s(a[0], "seq", fast::kHasCache | fast::kGroup | fast::kPending, &p.hash_form());
         const int64_t blocks = int_arg(a[1], "boundary_blocks");
-        const int64_t h = int_arg(a[2], "h");
+        const int64_t h = as_hash(a[2], "h", p.hash_form());
         if (s.native()) {
+          // A copy intent writes h into the Sequence: it reads back in the pool's form.
+          if (p.transfer().copies()) s.get().hash_form.note("h", h, p.hash_form().kind());
           if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
           return fast::none();
         }
@@ -858,9 +865,10 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   fast::def<G>(
       cls, "checkpoint_many",
       [](G& p, PyObject** a, PyObject* self) {
-        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
-        SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kGroup | fast::kPending | fast::kForkSrc);
+        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
+        SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kGroup | fast::kPending | fast::kForkSrc, &p.hash_form());
         const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
+        note_forms(p, seqs, hs);
         if (seqs.all_native()) {
           // The intent list and its mirror change together, with no Python
           // code in between.
@@ -880,7 +888,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   fast::def<G>(
       cls, "forget_pending_many",
       [](G& p, PyObject** a, PyObject* self) {
-        SeqBatch seqs(a[0], "seqs", fast::kPending);
+        SeqBatch seqs(a[0], "seqs", fast::kPending, &p.hash_form());
         // Generic objects first (a failing setter restores what was written,
         // nothing else changed), then the statecache.Sequence fields.
         std::vector<SeqBatch::Writes> writes;
@@ -906,7 +914,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       cls, "forget_pending",
       [](G& p, PyObject** a, PyObject* self) {
         // Reads the field first: an object without it is a TypeError, as elsewhere.
-        SeqArg s(a[0], "seq", fast::kPending);
+        SeqArg s(a[0], "seq", fast::kPending, &p.hash_form());
         if (s.native()) {
           p.forget_pending(s.get());
           return fast::none();
@@ -928,7 +936,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
       "IndexError for a group out of range.");
   fast::def<G>(
-      cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(int_arg(a[0], "h"))); }, {"h"}, 1,
+      cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(as_hash(a[0], "h", p.hash_form()))); }, {"h"}, 1,
       "Drops the checkpoint filed under ``h``; returns the group freed, or -1. Raises only for "
       "a bad argument (docs/contract.md, \"Errors\").");
   fast::def<G>(
@@ -945,7 +953,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         auto give_back = [&] {
           for (size_t j = 0; j < cleared; ++j) {
             if (state[j].seq != j) continue;
-            SeqArg back(seqs[j].ptr(), "pending seq", 0);
+            SeqArg back(seqs[j].ptr(), "pending seq", 0, &p.hash_form());
             if (back.native()) {
               back.get().pending_checkpoint = state[j].pending_checkpoint;
               continue;
@@ -960,7 +968,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         try {
           for (size_t k = 0; k < seqs.size(); ++k) {
             if (state[k].seq == k) {
-              SeqArg s(seqs[k].ptr(), "pending seq", 0);
+              SeqArg s(seqs[k].ptr(), "pending seq", 0, &p.hash_form());
               if (s.native())
                 s.get().pending_checkpoint = -1;
               else

@@ -34,6 +34,7 @@ class PagedStateCheckpointCoordinator {
 
   PageUnitCheckpointStore& store() const { return *store_; }
   const std::shared_ptr<PageUnitCheckpointStore>& store_ptr() const { return store_; }
+  HashForm& hash_form() const { return store_->hash_form(); }
   bool enabled() const { return enabled_; }
   bool readable_midstep() const { return readable_midstep_; }
   int64_t checkpoints_kept() const { return kept_; }

@@ -95,10 +95,12 @@ def chain_block_hashes(token_ids: _Ints, block_size: _Int, parent_hash: _Int = -
     tokens ``[i*block_size, (i+1)*block_size)``; its hash folds in the hash of block
     ``i-1``, starting from ``parent_hash`` (-1: the root), so one hash names the whole
     prefix. A trailing partial block is ignored. To extend a sequence's hashes, pass the
-    tokens from the next block boundary on and the last hash as ``parent_hash``. Never
-    returns -1 (the library's "none"). Returns a list of ints, or an int64 NumPy array
-    with ``as_numpy=True``. Raises ValueError for ``block_size <= 0``, TypeError for
-    tokens that are not ints."""
+    tokens from the next block boundary on and the last hash as ``parent_hash`` (signed
+    or unsigned: the hashes come back in the form it was given, unsigned ones as a
+    uint64 array). Never returns -1 (the library's "none"). Returns a list of ints, or
+    an int64 NumPy array with ``as_numpy=True``. Raises ValueError for ``block_size <=
+    0`` or a ``parent_hash`` of 2**64 - 1, OverflowError for one outside [-2**63,
+    2**64), TypeError for tokens that are not ints."""
 
 def chain_block_keys(
     token_ids: _Ints,

@@ -450,7 +450,8 @@ def test_integer_buffers_are_accepted(make):
         (np.zeros(2, dtype=np.float32), TypeError),
         (np.zeros(2, dtype=bool), TypeError),
         (np.zeros((2, 2), dtype=np.int64), ValueError),
-        (np.asarray([2**63], dtype=np.uint64), OverflowError),
+        (np.asarray([2**64 - 1], dtype=np.uint64), ValueError),  # the unsigned spelling of -1
+        ([2**64], OverflowError),  # past the unsigned range
         ("1234", TypeError),
         (b"1234", TypeError),
         ({1: 2}, TypeError),
