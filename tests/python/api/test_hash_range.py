@@ -26,7 +26,7 @@ def _ready_coordinator(hashes, offload=None, sink=True):
     if offload is not None:
         c.attach_offload(offload, sink=sink)
     seqs = []
-    for i, h in enumerate(hashes):
+    for i in range(len(hashes)):
         s = sc.Sequence(i)
         s.state_slots = [i]
         seqs.append(s)
