@@ -298,3 +298,21 @@ def test_a_batch_is_checked_after_its_ops_convert_even_across_threads():
     kept = old_storage[0].untyped_storage()
     assert not any(kept.tolist()) and not pages.any()  # nothing was written anywhere
     assert ex.copy_stats["refused"] == 1 and ex.copy_stats["batches"] == 0
+
+
+def test_the_extension_needs_the_gil():
+    """Promise: the extension declares that it needs the GIL, so a
+    free-threaded Python re-enables it on import. Meaningful only on a
+    free-threaded interpreter (3.13t and later)."""
+    import subprocess
+    import sys
+
+    if not hasattr(sys, "_is_gil_enabled"):
+        pytest.skip("Python before 3.13 always has the GIL")
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, statecache._C; print(sys._is_gil_enabled())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "True"
