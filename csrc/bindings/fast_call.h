@@ -222,6 +222,9 @@ void instance_setup(PyHeapTypeObject* heap_type) {
   t->tp_basicsize += static_cast<Py_ssize_t>(sizeof(void*) + sizeof(CallGate));
   t->tp_new = &guarded_new;
   cache_fills.emplace_back(t, &remember_instance<T>);
+  // Fixed capacity: gate_info keeps pointers into the table.
+  if (gate_infos.empty()) gate_infos.reserve(128);
+  if (gate_infos.size() == gate_infos.capacity()) throw std::logic_error("more guarded classes than the gate table holds");
   gate_infos.push_back({t, cache_offset<T> + static_cast<Py_ssize_t>(sizeof(void*)), &gate_link<T>});
 }
 
@@ -232,9 +235,16 @@ CallGate& gate_of(PyObject* self) {
 }
 
 inline const GateInfo* gate_info(PyTypeObject* t) {
-  for (; t != nullptr; t = t->tp_base)
+  // The last bound type asked about, by exact type: a method's forwarder asks
+  // once per call. (gate_infos is complete once the module is bound.)
+  static thread_local const GateInfo* last = nullptr;
+  if (last != nullptr && last->type == t) return last;
+  for (PyTypeObject* b = t; b != nullptr; b = b->tp_base)
     for (const GateInfo& g : gate_infos)
-      if (g.type == t) return &g;
+      if (g.type == b) {
+        if (b == t) last = &g;
+        return &g;
+      }
   return nullptr;
 }
 

@@ -125,7 +125,7 @@ def scheduler_hash(key: bytes) -> int:
     Raises TypeError for a key that is not bytes, ValueError for one that is not 16
     bytes."""
 
-def checkpoint_copy_ops_per_batch(max_num_seqs: _Int) -> int:
+def checkpoint_copy_ops_per_batch(max_num_seqs: _Int | None) -> int:
     """Returns the most PAGE store + restore ops one batch of ``max_num_seqs`` sequences
     can carry (two per sequence; 0 for None or 0), the executor's staging size. Raises
     TypeError for anything but an int or None (a str, a float, a bool), OverflowError
