@@ -160,8 +160,13 @@ class SeqBatch {
 // its length on every read.
 class HashRows {
  public:
-  // The forms of the hashes read are noted in `form` (the cache's).
-  HashRows(py::handle block_hashes, const SeqBatch& seqs, std::span<const int64_t> limits, HashForm& form)
+  // The forms of the hashes read are noted in `form` (the cache's). With
+  // `no_python_after` (nothing the call does after this runs Python code: the
+  // scans are C++ only) int64 buffers are read in place, their exports held,
+  // when taking every row runs no Python code either (exact lists, tuples and
+  // int64 buffers only; a generic sequence's attribute, say, does).
+  HashRows(py::handle block_hashes, const SeqBatch& seqs, std::span<const int64_t> limits, HashForm& form,
+           bool no_python_after = false)
       : limits_(limits), form_(form) {
     const size_t n = seqs.size();
     rows_.resize(n);
@@ -180,9 +185,15 @@ class HashRows {
       }
       return;
     }
+    in_place_ = no_python_after;
     if (set_matrix(block_hashes.ptr())) return;
     py::tuple items = batch_items(block_hashes, "block_hashes", "a list of hash lists (one per sequence) or None");
     keep_.push_back(items);
+    for (Py_ssize_t i = 0; in_place_ && i < PyTuple_GET_SIZE(items.ptr()); ++i) {
+      PyObject* row = PyTuple_GET_ITEM(items.ptr(), i);
+      if (!PyList_CheckExact(row) && !PyTuple_CheckExact(row) && !PyObject_CheckBuffer(row))
+        in_place_ = false;  // taking this row may run Python code: every buffer is copied
+    }
     if (static_cast<size_t>(PyTuple_GET_SIZE(items.ptr())) != n) {
       // The core names the mismatch; rows past either end are never read.
       rows_.resize(static_cast<size_t>(PyTuple_GET_SIZE(items.ptr())));
@@ -225,6 +236,19 @@ class HashRows {
           return seq->block_hashes[static_cast<size_t>(k)];
         });
       }
+      case kBuffer: {  // in place: its form is noted as it is read
+        const int64_t* data = row.data;
+        const int64_t readable = row.readable;
+        return f(row.n, [this, data, readable, r](int64_t k) {
+          if (k >= readable) [[unlikely]]
+            throw std::out_of_range("block_hashes: read past the end");
+          const int64_t v = data[k];
+          if (v < -1 && form_.kind() != HashForm::kSigned) [[unlikely]]
+            detail::note_item(form_, ("block_hashes[" + std::to_string(r) + "]").c_str(), static_cast<Py_ssize_t>(k),
+                              v, HashForm::kSigned);
+          return v;
+        });
+      }
       case kData:
       default: {
         const int64_t* data = row.data;
@@ -260,6 +284,7 @@ class HashRows {
         return;
       }
       case kData:
+      case kBuffer:
         if (stage == 1 && top <= row.readable) __builtin_prefetch(row.data + top - 1);
         return;
       case kNative:
@@ -275,6 +300,23 @@ class HashRows {
   // callback does changes them. May run __index__.
   void own_lists(std::span<const int64_t> limits, bool native_too = false) {
     non_exact_ = false;
+    // Buffers read in place are copied first: converting the lists below may
+    // run Python code, which could resize them.
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      Row& row = rows_[i];
+      if (row.kind != kBuffer) continue;
+      const int64_t take = std::min<int64_t>(i < limits.size() ? std::max<int64_t>(0, limits[i]) : 0, row.n);
+      for (int64_t k = 0; k < take; ++k)
+        if (row.data[k] < -1) {
+          detail::note_item(form_, "block_hashes", static_cast<Py_ssize_t>(k), row.data[k], HashForm::kSigned);
+          break;
+        }
+      auto ints = std::make_unique<std::vector<int64_t>>(row.data, row.data + take);
+      row = Row{kData, nullptr, row.n, ints->data(), nullptr, take};
+      owned_.push_back(std::move(ints));
+    }
+    exports_.clear();
+    buffers_.clear();
     for (size_t i = 0; i < rows_.size(); ++i) {
       Row& row = rows_[i];
       if (row.kind == kNative && native_too) {
@@ -300,7 +342,7 @@ class HashRows {
   }
 
  private:
-  enum Kind : uint8_t { kList, kTuple, kNative, kData };
+  enum Kind : uint8_t { kList, kTuple, kNative, kData, kBuffer };
   struct Row {
     Kind kind = kData;
     PyObject* obj = nullptr;  // kList / kTuple: held by keep_ (or the items tuple)
@@ -347,6 +389,14 @@ class HashRows {
     }
     const Py_ssize_t row_stride = view.strides ? view.strides[0] : view.shape[1] * 8;
     rows_.resize(static_cast<size_t>(view.shape[0]));
+    if (in_place_) {  // nothing runs Python code before the scans end: read it where it is
+      for (Py_ssize_t i = 0; i < view.shape[0]; ++i) {
+        const auto* row = reinterpret_cast<const int64_t*>(static_cast<const char*>(view.buf) + i * row_stride);
+        rows_[static_cast<size_t>(i)] = Row{kBuffer, nullptr, view.shape[1], row, nullptr, view.shape[1]};
+      }
+      exports_.push_back(std::make_unique<Export>(view));
+      return true;
+    }
     for (Py_ssize_t i = 0; i < view.shape[0]; ++i) {
       const auto* row = reinterpret_cast<const int64_t*>(static_cast<const char*>(view.buf) + i * row_stride);
       const int64_t take = std::min<int64_t>(limit(static_cast<size_t>(i)), view.shape[1]);
@@ -376,6 +426,14 @@ class HashRows {
     const std::string label = std::string(name) + "[" + std::to_string(i) + "]" + suffix;
     auto ints = std::make_unique<std::vector<int64_t>>();
     {
+      auto buf = std::make_unique<IntBuffer>(obj, label.c_str());
+      if (in_place_ && buf->kind() == IntBuffer::kInt64) {  // see the constructor
+        row = Row{kBuffer, nullptr, buf->size(), buf->data(), nullptr, buf->size()};
+        buffers_.push_back(std::move(buf));
+        return;
+      }
+    }
+    {
       IntBuffer buf(obj, label.c_str());
       if (buf.kind() != IntBuffer::kNone) {
         copy_hash_prefix(buf, label.c_str(), limit(i), *ints, form_);
@@ -390,8 +448,20 @@ class HashRows {
     owned_.push_back(std::move(ints));
   }
 
+  // A held 2-D buffer export, released with the rows.
+  struct Export {
+    Py_buffer view;
+    explicit Export(const Py_buffer& v) : view(v) {}
+    Export(const Export&) = delete;
+    Export& operator=(const Export&) = delete;
+    ~Export() { PyBuffer_Release(&view); }
+  };
+
   std::span<const int64_t> limits_;
   HashForm& form_;
+  bool in_place_ = false;
+  std::vector<std::unique_ptr<Export>> exports_;
+  std::vector<std::unique_ptr<IntBuffer>> buffers_;
   std::vector<Row> rows_;
   std::vector<py::object> keep_;
   std::vector<std::unique_ptr<std::vector<int64_t>>> owned_;
@@ -409,7 +479,8 @@ py::list resumable_hits_arg(const Cache& cache, PyObject* seqs_obj, PyObject* hi
   const bool assume = assume_obj != nullptr && as_bool(assume_obj, "assume_checkpointed");
   const IntSpan hits(hits_obj, "hits");
   const SeqBatch seqs(seqs_obj, "seqs", reads);
-  HashRows rows(py::handle(hashes_obj ? hashes_obj : Py_None), seqs, hits.span(), cache.hash_form());
+  HashRows rows(py::handle(hashes_obj ? hashes_obj : Py_None), seqs, hits.span(), cache.hash_form(),
+                /*no_python_after=*/!scan_calls_python);
   if (scan_calls_python) rows.own_lists(hits.span(), /*native_too=*/true);
   std::vector<int64_t> out = batch::resumable_hits(cache, seqs.seqs(), hits.span(), rows, assume);
   if (rows.saw_non_exact()) {

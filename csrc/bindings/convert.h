@@ -657,6 +657,20 @@ int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, HashForm&
   int64_t n = -1;
   {
     IntBuffer buf(p, name);
+    if (buf.kind() == IntBuffer::kInt64 && !scan_calls_python) {
+      // No Python code runs before the scan ends: read it where it is (the
+      // export is held), noting forms as they are read.
+      const int64_t* d = buf.data();
+      const int64_t size = buf.size();
+      return scan(size, [d, size, name, &form](int64_t i) {
+        if (i >= size) [[unlikely]]
+          throw std::out_of_range(std::string(name) + ": read past the end");
+        const int64_t x = d[i];
+        if (x < -1 && form.kind() != HashForm::kSigned) [[unlikely]]
+          detail::note_item(form, name, static_cast<Py_ssize_t>(i), x, HashForm::kSigned);
+        return x;
+      });
+    }
     if (buf.kind() != IntBuffer::kNone) {
       n = buf.size();
       copy_hash_prefix(buf, name, limit, v, form);

@@ -678,3 +678,28 @@ def test_arrays_are_not_read_in_place_across_an_engine_objects_getter():
     blocks, hashes, hits = (np.array(v, dtype=np.int64) for v in ([1, 1], [501, 502], [2, 2]))
     assert p.resumable_hits(seqs, hits, [np.array([7, 501]), np.array([7, 502])]) == [2, 2]
     p._check_invariants()
+
+
+def test_a_hash_array_read_in_place_is_copied_before_an_elements_index_runs():
+    """Without Python code in the scan an int64 row is read in place; when
+    another row holds an element with ``__index__`` (which runs Python code
+    and here frees that array), the batch copies the array before converting
+    the element, and answers from the copy."""
+    junk = []
+    p = sc.StateSlotPool(16, sc.StateTransfer.fork(1))
+    seqs = [sc.Sequence(i, num_tokens=200) for i in range(2)]
+    for s in seqs:
+        s.state_slots = [p.pop()]
+    p.checkpoint_many(seqs, [2, 2], [702, 802])
+    p.release_pins()
+    row = np.array([701, 702, 703], dtype=np.int64)
+
+    class Frees:
+        def __index__(self):
+            _resize_away(row, junk)
+            return 801
+
+    assert p.resumable_hits(seqs, [3, 3], [row, [Frees(), 802, 803]]) == [2, 2]
+    matrix = np.array([[701, 702, 703], [801, 802, 803]], dtype=np.int64)
+    assert p.resumable_hits(seqs, [3, 3], matrix) == [2, 2]
+    p._check_invariants()
