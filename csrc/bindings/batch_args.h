@@ -236,19 +236,7 @@ class HashRows {
           return seq->block_hashes[static_cast<size_t>(k)];
         });
       }
-      case kBuffer: {  // in place: its form is noted as it is read
-        const int64_t* data = row.data;
-        const int64_t readable = row.readable;
-        return f(row.n, [this, data, readable, r](int64_t k) {
-          if (k >= readable) [[unlikely]]
-            throw std::out_of_range("block_hashes: read past the end");
-          const int64_t v = data[k];
-          if (v < -1 && form_.kind() != HashForm::kSigned) [[unlikely]]
-            detail::note_item(form_, ("block_hashes[" + std::to_string(r) + "]").c_str(), static_cast<Py_ssize_t>(k),
-                              v, HashForm::kSigned);
-          return v;
-        });
-      }
+      case kBuffer:  // in place, its readable prefix's form noted when it was taken
       case kData:
       default: {
         const int64_t* data = row.data;
@@ -369,6 +357,17 @@ class HashRows {
   }
 
   int64_t limit(size_t i) const { return i < limits_.size() ? std::max<int64_t>(0, limits_[i]) : 0; }
+  // Notes the signed form of row r's first `n` int64 hashes (one pass, no
+  // branch per hash taken on the common all-small path).
+  void note_signed(const int64_t* d, int64_t n, size_t r) {
+    if (!has_signed_form(d, n)) return;
+    for (int64_t k = 0; k < n; ++k)
+      if (d[k] < -1) {
+        detail::note_item(form_, ("block_hashes[" + std::to_string(r) + "]").c_str(), static_cast<Py_ssize_t>(k), d[k],
+                          HashForm::kSigned);
+        return;
+      }
+  }
 
   // A 2-D int64 buffer (a NumPy array, row i = sequence i's hashes), each
   // row's readable prefix copied; false (nothing held) for anything else.
@@ -392,7 +391,9 @@ class HashRows {
     if (in_place_) {  // nothing runs Python code before the scans end: read it where it is
       for (Py_ssize_t i = 0; i < view.shape[0]; ++i) {
         const auto* row = reinterpret_cast<const int64_t*>(static_cast<const char*>(view.buf) + i * row_stride);
-        rows_[static_cast<size_t>(i)] = Row{kBuffer, nullptr, view.shape[1], row, nullptr, view.shape[1]};
+        const int64_t take = std::min<int64_t>(limit(static_cast<size_t>(i)), view.shape[1]);
+        note_signed(row, take, static_cast<size_t>(i));
+        rows_[static_cast<size_t>(i)] = Row{kBuffer, nullptr, view.shape[1], row, nullptr, take};
       }
       exports_.push_back(std::make_unique<Export>(view));
       return true;
@@ -400,11 +401,7 @@ class HashRows {
     for (Py_ssize_t i = 0; i < view.shape[0]; ++i) {
       const auto* row = reinterpret_cast<const int64_t*>(static_cast<const char*>(view.buf) + i * row_stride);
       const int64_t take = std::min<int64_t>(limit(static_cast<size_t>(i)), view.shape[1]);
-      for (int64_t k = 0; k < take; ++k)
-        if (row[k] < -1) {
-          form_.note("block_hashes", row[k], HashForm::kSigned);  // one form for the whole array
-          break;
-        }
+      note_signed(row, take, static_cast<size_t>(i));
       auto ints = std::make_unique<std::vector<int64_t>>(row, row + take);
       rows_[static_cast<size_t>(i)] = Row{kData, nullptr, view.shape[1], ints->data(), nullptr, take};
       owned_.push_back(std::move(ints));
@@ -428,7 +425,9 @@ class HashRows {
     {
       auto buf = std::make_unique<IntBuffer>(obj, label.c_str());
       if (in_place_ && buf->kind() == IntBuffer::kInt64) {  // see the constructor
-        row = Row{kBuffer, nullptr, buf->size(), buf->data(), nullptr, buf->size()};
+        const int64_t take = std::min<int64_t>(limit(i), buf->size());
+        note_signed(buf->data(), take, i);
+        row = Row{kBuffer, nullptr, buf->size(), buf->data(), nullptr, take};
         buffers_.push_back(std::move(buf));
         return;
       }

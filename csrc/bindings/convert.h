@@ -121,6 +121,17 @@ inline bool as_bool(py::handle obj, const char* name) {
 }
 
 // ---- hashes (docs/contract.md, "Words") ----------------------------------
+
+// Whether any of d[0:n] is a negative hash other than -1 (v & (v + 1) has
+// its top bit set exactly for those): one pass the compiler vectorises.
+inline bool has_signed_form(const int64_t* d, int64_t n) {
+  uint64_t acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t v = static_cast<uint64_t>(d[i]);
+    acc |= v & (v + 1);
+  }
+  return (acc >> 63) != 0;
+}
 //
 // A hash argument is an int in [-2**63, 2**64): the library keys by its
 // 64-bit pattern, and the object it is given to remembers the form (signed
@@ -435,8 +446,10 @@ inline std::vector<int64_t> as_int_list(py::handle obj, const char* name) {
 
 namespace detail {
 
-// Records element i's form; ValueError naming "name[i]" on a conflict.
-inline void note_item(HashForm& form, const char* name, Py_ssize_t i, int64_t bits, HashForm::Kind kind) {
+// Records element i's form; ValueError naming "name[i]" on a conflict. Off
+// the hot path: most hashes have no form, and the rest repeat the object's.
+[[gnu::cold, gnu::noinline]] inline void note_item(HashForm& form, const char* name, Py_ssize_t i, int64_t bits,
+                                                   HashForm::Kind kind) {
   if (kind == HashForm::kUnset || form.kind() == kind) return;
   const std::string label = std::string(name) + "[" + std::to_string(i) + "]";
   form.note(label.c_str(), bits, kind);
@@ -471,8 +484,12 @@ inline void copy_hash_prefix(const IntBuffer& buf, const char* name, int64_t lim
   out.reserve(out.size() + static_cast<size_t>(take));
   if (buf.kind() == IntBuffer::kInt64) {  // signed: negative patterns are the signed form
     const int64_t* d = buf.data();
-    for (int64_t i = 0; i < take; ++i)
-      if (d[i] < -1) detail::note_item(form, name, static_cast<Py_ssize_t>(i), d[i], HashForm::kSigned);
+    if (has_signed_form(d, take))
+      for (int64_t i = 0; i < take; ++i)
+        if (d[i] < -1) {
+          detail::note_item(form, name, static_cast<Py_ssize_t>(i), d[i], HashForm::kSigned);
+          break;
+        }
     out.insert(out.end(), d, d + take);
     return;
   }
@@ -631,7 +648,7 @@ int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, HashForm&
         not_exact = true;
         return int64_t{-1};
       }
-      if (kind != HashForm::kUnset) [[unlikely]]
+      if (kind != HashForm::kUnset && kind != form.kind()) [[unlikely]]
         detail::note_item(form, name, static_cast<Py_ssize_t>(i), v, kind);
       return v;
     };
@@ -661,14 +678,17 @@ int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, HashForm&
       // No Python code runs before the scan ends: read it where it is (the
       // export is held), noting forms as they are read.
       const int64_t* d = buf.data();
-      const int64_t size = buf.size();
-      return scan(size, [d, size, name, &form](int64_t i) {
-        if (i >= size) [[unlikely]]
-          throw std::out_of_range(std::string(name) + ": read past the end");
-        const int64_t x = d[i];
-        if (x < -1 && form.kind() != HashForm::kSigned) [[unlikely]]
-          detail::note_item(form, name, static_cast<Py_ssize_t>(i), x, HashForm::kSigned);
-        return x;
+      const int64_t readable = std::max<int64_t>(0, std::min<int64_t>(limit, buf.size()));
+      if (has_signed_form(d, readable))  // the readable prefix's form
+        for (int64_t i = 0; i < readable; ++i)
+          if (d[i] < -1) {
+            detail::note_item(form, name, static_cast<Py_ssize_t>(i), d[i], HashForm::kSigned);
+            break;
+          }
+      return scan(buf.size(), [d, readable, name](int64_t i) {
+        if (i >= readable) [[unlikely]]
+          throw std::out_of_range(std::string(name) + ": read past the converted prefix");
+        return d[i];
       });
     }
     if (buf.kind() != IntBuffer::kNone) {

@@ -224,7 +224,8 @@ void instance_setup(PyHeapTypeObject* heap_type) {
   cache_fills.emplace_back(t, &remember_instance<T>);
   // Fixed capacity: gate_info keeps pointers into the table.
   if (gate_infos.empty()) gate_infos.reserve(128);
-  if (gate_infos.size() == gate_infos.capacity()) throw std::logic_error("more guarded classes than the gate table holds");
+  if (gate_infos.size() == gate_infos.capacity())
+    throw std::logic_error("more guarded classes than the gate table holds");
   gate_infos.push_back({t, cache_offset<T> + static_cast<Py_ssize_t>(sizeof(void*)), &gate_link<T>});
 }
 
