@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from statecache.demo import make_workload, serve  # noqa: E402
+from statecache.engine.conversations import make_workload, serve  # noqa: E402
 from statecache.models import build_engine, build_model  # noqa: E402
 from statecache.tiers import HostTier  # noqa: E402
 from tier_support import mooncake_servers  # noqa: E402
