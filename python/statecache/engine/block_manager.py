@@ -101,7 +101,7 @@ class BlockManager:
             seq.prefix_keys = keys + new_keys
             seq.block_hashes = hashes
             if self.tiering is not None:
-                self.tiering.note_keys(new, new_keys, first)
+                self.tiering.note_keys(new, new_keys, first, hashes[first - 1] if first else None)
         return hashes
 
     # ------------------------------ admission ------------------------------ #

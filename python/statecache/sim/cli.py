@@ -74,8 +74,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--tier-kv-share",
         type=float,
-        default=0.8,
-        help="share of each tier's bytes for KV blocks, the rest for state images (default 0.8)",
+        default=None,
+        help="optional fixed split: this share of each tier's bytes for KV blocks, the rest for state "
+        "images (default: one budget, KV blocks and state images ranked together)",
     )
     p.add_argument("--concurrency", type=int, default=16, help="max running requests")
     p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per pass")

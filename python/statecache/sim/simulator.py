@@ -78,7 +78,9 @@ class SimConfig:
     shared_tier_memory: int = 0
     host_gbps: float = 55.0
     remote_gbps: float = 25.0
-    tier_kv_share: float = 0.8  # of each tier's bytes kept for KV blocks, the rest for images
+    # None: each tier is one budget for KV blocks and images, ranked together;
+    # a float: that share of each tier kept for KV blocks, the rest for images
+    tier_kv_share: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -118,7 +120,7 @@ class SimConfig:
                 "host_memory / shared_tier_memory model tiers under PAGE images: "
                 "give memory (shared KV + checkpoints), not kv_memory/state_memory"
             )
-        if not 0.0 <= self.tier_kv_share <= 1.0:
+        if self.tier_kv_share is not None and not 0.0 <= self.tier_kv_share <= 1.0:
             raise ValueError(f"tier_kv_share must be in [0, 1], got {self.tier_kv_share!r}")
         if not self.host_gbps > 0 or not self.remote_gbps > 0:
             raise ValueError(f"host_gbps and remote_gbps must be > 0, got {self.host_gbps!r}, {self.remote_gbps!r}")

@@ -1,27 +1,34 @@
 """Tiers below GPU memory in the simulator: capacity and bandwidth, no bytes.
 
-The engine's hooks (``BlockManager.tiering``) are served here by the same
-store protocol the real ``engine.tiering.Tiering`` follows
+The engine's hooks (``TierHooks``) are served here by the same store
+protocol the real ``engine.tiering.Tiering`` follows
 (``take_offload_stores`` -> ``release_offload_store_source`` ->
 ``settle_offload_store`` -> ``note_stored``; loads through
 ``reserve_transfer_units`` -> ``adopt_transfer_units``), with the real C++
-``HostArena`` keeping each tier's entries (ranked with the PAGE store's own
-eviction cost model, separate state and KV budgets). Nothing is copied: a
-load moves the simulated clock by its bytes over the tier's bandwidth;
-offloads ride a side stream and are not charged.
+``HostArena`` keeping each tier's entries and the same placement
+(``statecache.tiers.placement``): KV blocks and state images in one byte
+budget per tier, ranked together by the PAGE store's cost model per byte of
+the whole prefix, each KV block with the deepest state it leads to; loads
+stop at the deepest resumable boundary. Nothing is copied: a load moves the
+simulated clock by its bytes over the tier's bandwidth; offloads ride a side
+stream and are not charged.
 """
 
 from __future__ import annotations
 
 import statecache
 from statecache.engine.tiering.hooks import TierHooks
+from statecache.tiers.placement import PrefixChains, TierPlacement, blocks_to_load
 
 STATE, KV = 0, 1
+_KLASS = {"state": STATE, "kv": KV}
 
 
 class SimTiers(TierHooks):
-    """Host and shared tiers of ``host_bytes`` / ``shared_bytes`` (each split
-    ``kv_share`` for KV blocks, the rest for state images)."""
+    """Host and shared tiers of ``host_bytes`` / ``shared_bytes``, each one
+    byte budget for KV blocks and state images (``kv_share``: an optional
+    fixed split instead, that share of each tier for KV blocks and the rest
+    for state images)."""
 
     def __init__(
         self,
@@ -33,26 +40,32 @@ class SimTiers(TierHooks):
         shared_bytes: int,
         host_gbps: float,
         remote_gbps: float,
-        kv_share: float = 0.5,
+        kv_share: float | None = None,
         max_inflight: int = 64,
     ):
+        self.caches = engine.caches
         self.coord = engine.caches.coordinator
         self.pool = engine.block_manager.pool
         self.runner = runner
         self.block_bytes = block_bytes
         self.upc = units_per_checkpoint
-        self.hbs = engine.config.hash_block_size
         self.max_inflight = max_inflight
         self.bw = {"host": host_gbps * 1e9, "shared": remote_gbps * 1e9}
+        self.chains = PrefixChains()
         self.tiers = {}
+        self.placements: dict[str, TierPlacement] = {}
         for name, size in (("host", host_bytes), ("shared", shared_bytes)):
             if size:
-                kv = int(size * kv_share) // block_bytes * block_bytes
-                self.tiers[name] = statecache.HostArena(block_bytes, size, [size - kv, kv])
+                if kv_share is None:
+                    budgets = [None, None]
+                else:
+                    kv = int(size * kv_share) // block_bytes * block_bytes
+                    budgets = [size - kv, kv]
+                arena = statecache.HostArena(block_bytes, size, budgets)
+                self.tiers[name] = arena
+                self.placements[name] = TierPlacement(arena, self.chains, self._key)
         self.index = statecache.StateOffloadIndex()
         self.coord.attach_offload(self.index)
-        self.positions: dict[int, int] = {}
-        self._eviction_model = None
         self._loaded_from: dict[int, str] = {}
         self.counters = {
             k: 0
@@ -74,9 +87,8 @@ class SimTiers(TierHooks):
         return kind.encode() + h.to_bytes(8, "little", signed=True)
 
     # ---- the engine's hooks ----
-    def note_keys(self, hashes, keys, first_block) -> None:
-        for i, h in enumerate(hashes):
-            self.positions[h] = (first_block + i + 1) * self.hbs
+    def note_keys(self, hashes, keys, first_block, parent=None) -> None:
+        self.chains.note(hashes, first_block, parent)
 
     def note_published(self, block, h) -> None:
         pass
@@ -86,12 +98,10 @@ class SimTiers(TierHooks):
 
     def top_of_pass(self) -> None:
         m = self.coord.eviction_policy  # every tier ranks with the store's model
-        if m != self._eviction_model:
-            for arena in self.tiers.values():
-                arena.set_eviction_policy(**m)
-            self._eviction_model = m
+        for p in self.placements.values():
+            p.use_model(m, self.block_bytes, self.pool.num_blocks * self.block_bytes)
         for op, units in self.coord.take_offload_stores(self.max_inflight):
-            stored = self._put("state", op.prefix_hash, len(units), STATE)
+            stored = self._put("state", op.prefix_hash, len(units))
             self.coord.release_offload_store_source(op)
             self.coord.settle_offload_store(op)
             if stored and not self.coord.was_reclaimed(op):
@@ -101,38 +111,36 @@ class SimTiers(TierHooks):
                 self.index.note_store_failed(op.prefix_hash)
 
     def on_kv_evict(self, h: int) -> None:
-        if self._put("kv", h, 1, KV):
+        if self._put("kv", h, 1):
             self.counters["kv_offloaded"] += 1
 
-    def _put(self, kind, h, count, klass, tier="host") -> bool:
+    def _put(self, kind, h, count, tier="host") -> bool:
         arena = self.tiers.get(tier)
         if arena is None:
-            return tier == "host" and self._put(kind, h, count, klass, "shared")
+            return tier == "host" and self._put(kind, h, count, "shared")
         key = self._key(kind, h)
+        placement = self.placements[tier]
         if arena.contains(key):
             arena.lookup(key)
+            if kind == "state":
+                placement.state_stored(h)
             return True
+        klass = _KLASS[kind]
         victims = arena.victims(klass, count)
         if victims is None:
             return False
-        if tier == "host":  # demote what the host evicts
-            for v in victims:
-                vh = int.from_bytes(v[-8:], "little", signed=True)
-                n = len(arena.lookup(v, False)[0])
-                if self._put(v[:-8].decode(), vh, n, klass, "shared"):
-                    self.counters["demoted"] += 1
-                elif v[:-8] == b"state":
-                    self.index.forget(vh)
-        elif klass == STATE:
-            for v in victims:
-                vh = int.from_bytes(v[-8:], "little", signed=True)
-                if not self.tiers["host"].contains(v) if "host" in self.tiers else True:
-                    self.index.forget(vh)
-        # position in hash blocks, the store's unit
-        got = arena.allocate(key, klass, count, count * self.block_bytes, self.positions.get(h, 0) // self.hbs)
+        for v in victims:  # any class may make room: the one budget
+            vkind, vh = v[:-8].decode(), int.from_bytes(v[-8:], "little", signed=True)
+            if tier == "host" and self._put(vkind, vh, len(arena.lookup(v, False)[0]), "shared"):
+                self.counters["demoted"] += 1  # demoted, still findable below
+            elif vkind == "state" and not any(a.contains(v) for t, a in self.tiers.items() if t != tier):
+                self.index.forget(vh)
+        got = arena.allocate(key, klass, count, count * self.block_bytes, placement.position(kind, h))
         if got is None:
             return False
         arena.seal(key, b"")
+        if kind == "state":
+            placement.state_stored(h)
         return True
 
     def _where(self, kind, h):
@@ -152,12 +160,18 @@ class SimTiers(TierHooks):
         pass
 
     def kv_extend(self, seq, gpu_hit: int, limit: int) -> int:
-        hashes, n = seq.hashes, gpu_hit
+        hashes = seq.hashes
+        present = [
+            self.pool.lookup(hashes[i]) >= 0 or any(a.contains(self._key("kv", hashes[i])) for a in self.tiers.values())
+            for i in range(gpu_hit, limit)
+        ]
+        want = blocks_to_load(gpu_hit, present, lambda n: self.caches.resumable_hit(seq, n, hashes))
+        n = gpu_hit
         # The GPU hit is held so that making room for loads cannot evict it.
         held = [self.pool.lookup(h) for h in hashes[:gpu_hit]]
         self.pool.incref(held)
         try:
-            for i in range(gpu_hit, limit):
+            for i in range(gpu_hit, gpu_hit + want):
                 h = hashes[i]
                 b = self.pool.lookup(h)
                 if b >= 0:
@@ -202,6 +216,8 @@ class SimTiers(TierHooks):
         return True
 
     def source_of(self, h: int) -> str:
+        for p in self.placements.values():
+            p.used(h)  # the copies below a resumed prefix stay fresh
         return self._loaded_from.pop(h, "gpu")
 
     def stats(self) -> dict:

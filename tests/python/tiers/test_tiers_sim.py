@@ -47,7 +47,9 @@ def test_host_tier_brings_back_what_the_gpu_evicted():
     assert t["host"] > 0
     assert abs(sum(t.values()) - with_host["state_hit_rate"]) < 1e-9
     f = with_host["funnel"]
-    assert f["tier_state_loaded_host"] >= 1 and f["tier_kv_loaded_host"] >= 8
+    # the anchor's chain comes back, and nothing past it: block 8 would be
+    # recomputed after the resume, so loading it would only spend bandwidth
+    assert f["tier_state_loaded_host"] >= 1 and f["tier_kv_loaded_host"] == last // 512
     # loads cost simulated time: bytes over 55 GB/s
     assert f["tier_load_seconds"] > 0
 

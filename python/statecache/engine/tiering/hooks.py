@@ -38,10 +38,11 @@ class TierHooks(Protocol):
     structurally (``isinstance(obj, TierHooks)``)."""
 
     @abstractmethod
-    def note_keys(self, hashes: Sequence[int], keys: bytes, first_block: int) -> None:
+    def note_keys(self, hashes: Sequence[int], keys: bytes, first_block: int, parent: int | None = None) -> None:
         """Learns the 128-bit prefix keys (16 bytes each, concatenated) of the
         blocks ``first_block, first_block + 1, ...`` whose scheduler hashes are
-        ``hashes``."""
+        ``hashes``; ``parent`` is the hash of block ``first_block - 1`` (None
+        for the first block)."""
 
     @abstractmethod
     def note_published(self, block: int, h: int) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from statecache.tiers import integrity
 from statecache.tiers.host import KV, STATE
+from statecache.tiers.placement import blocks_to_load
 
 from .stack import TIER_ERRORS, TierStack
 
@@ -23,8 +24,9 @@ from .stack import TIER_ERRORS, TierStack
 class KVBlocks:
     """KV blocks between the GPU ``BlockPool`` and the tiers."""
 
-    def __init__(self, stack: TierStack, *, pool, coordinator, mover, keys, loads, enabled: bool):
+    def __init__(self, stack: TierStack, *, pool, coordinator, mover, keys, placement, loads, enabled: bool):
         self.stack = stack
+        self.placement = placement
         self.pool = pool
         self.coord = coordinator
         self.mover = mover
@@ -64,7 +66,7 @@ class KVBlocks:
             if key is None or key in seen or host.arena.contains(key):
                 continue
             seen.add(key)
-            rows = host.reserve(key, stack.unit_bytes, self.keys.position(h), klass) if has_room else None
+            rows = host.reserve(key, stack.unit_bytes, self.placement.position("kv", h), klass) if has_room else None
             sealed = rows is not None
             if rows is None:
                 if not (stack.shared and to_shared):
@@ -98,9 +100,11 @@ class KVBlocks:
                 if sealed:
                     host.abort(key)
 
-    def extend(self, seq, gpu_hit: int, limit: int) -> int:
-        """Blocks after the GPU KV hit that the tiers hold, loaded into GPU
-        blocks and published (cached, unreferenced). Returns the new hit."""
+    def extend(self, seq, gpu_hit: int, limit: int, resumable) -> int:
+        """Blocks after the GPU KV hit that the tiers hold, up to the deepest
+        boundary ``resumable(n)`` finds a state for (``blocks_to_load``),
+        loaded into GPU blocks and published (cached, unreferenced). Returns
+        the new hit."""
         if not self.enabled:
             return gpu_hit
         stack, host = self.stack, self.stack.host
@@ -123,9 +127,7 @@ class KVBlocks:
                 except TIER_ERRORS as e:
                     stack.failed(None, "contains", t, e, len(miss))
             present = [p or got.get(k, False) for (_, k), p in zip(want, present)]
-        n = 0
-        while n < len(want) and present[n]:
-            n += 1
+        n = blocks_to_load(gpu_hit, present, resumable)
         if n == 0:
             return gpu_hit
         # Hold the GPU-hit blocks so making room for the loads cannot evict them.

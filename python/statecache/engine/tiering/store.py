@@ -38,8 +38,9 @@ class _Job:
 class StateOffloads:
     """Offloads of READY images, their shared-tier writes and demotions."""
 
-    def __init__(self, stack: TierStack, *, coordinator, index, mover, keys, offload_timeout_s: float):
+    def __init__(self, stack: TierStack, *, coordinator, index, mover, keys, placement, offload_timeout_s: float):
         self.stack = stack
+        self.placement = placement
         self.coord = coordinator
         self.index = index
         self.mover = mover
@@ -54,12 +55,13 @@ class StateOffloads:
         key = self.keys.key("state", h)
         rows = None
         if key is not None and not host.arena.contains(key):
-            rows = host.reserve(key, len(units) * stack.unit_bytes, self.keys.position(h), STATE)
+            rows = host.reserve(key, len(units) * stack.unit_bytes, self.placement.position("state", h), STATE)
         if rows is None:
             self.coord.release_offload_store_source(op)
             self.coord.settle_offload_store(op)
             if key is not None and host.arena.contains(key):
                 self.index.note_stored(h)  # already below: nothing to write
+                self.placement.state_stored(h)
             else:
                 self.index.note_store_failed(h)
                 stack.count("state_offload_failed")
@@ -76,6 +78,7 @@ class StateOffloads:
         self.coord.release_offload_store_source(op)
         header = integrity.make_header(key, len(rows) * stack.unit_bytes, integrity.checksum(rows))
         host.seal(key, header)
+        self.placement.state_stored(h)
         if stack.shared_writes == "through":
             host.arena.pin(key)
             job = _Job(op, h, key, pinned=True, source_done=True)

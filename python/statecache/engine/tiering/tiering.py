@@ -12,6 +12,7 @@ and an XXH3-128 checksum; a load adopts bytes only when both match.
 from __future__ import annotations
 
 import statecache
+from statecache.tiers.placement import TierPlacement
 
 from .hooks import TierHooks
 from .kv import KVBlocks
@@ -82,19 +83,20 @@ class Tiering(TierHooks):
         if hasattr(self.host._owner, "data_ptr"):
             self.mover.attach_host(self.host._owner)
         self.index = statecache.StateOffloadIndex()
+        self.placement = TierPlacement(self.host.arena, self.keys.chains, self.keys.key)
         self.stores = StateOffloads(
             self.stack,
             coordinator=self.coord,
             index=self.index,
             mover=self.mover,
             keys=self.keys,
+            placement=self.placement,
             offload_timeout_s=offload_timeout_s,
         )
         if self.shared and not self.stack.staging_only and self.stack.shared_writes == "demote":
             self.host.on_evict = self.stores.demote
         self.stack.register_buffers()
         self.coord.attach_offload(self.index)
-        self._eviction_model = None
         self._sync_eviction_model()
         self.loads = Loads(
             self.stack,
@@ -110,14 +112,15 @@ class Tiering(TierHooks):
             coordinator=self.coord,
             mover=self.mover,
             keys=self.keys,
+            placement=self.placement,
             loads=self.loads,
             enabled=kv,
         )
 
     # ------------------------------ the hooks ------------------------------ #
 
-    def note_keys(self, hashes, keys: bytes, first_block: int) -> None:
-        self.keys.note(hashes, keys, first_block)
+    def note_keys(self, hashes, keys: bytes, first_block: int, parent: int | None = None) -> None:
+        self.keys.note(hashes, keys, first_block, parent)
 
     def key(self, kind: str, h: int) -> str | None:
         """The tier key of ``h``'s ``kind`` value, or None if ``h`` is unknown."""
@@ -144,7 +147,13 @@ class Tiering(TierHooks):
         self.kv_blocks.flush()
 
     def kv_extend(self, seq, gpu_hit: int, limit: int) -> int:
-        return self.kv_blocks.extend(seq, gpu_hit, limit)
+        hashes = seq.hashes
+
+        def resumable(n: int) -> int:
+            self.loads.discover(seq, n)  # the shared tiers' states count as resumable
+            return self.caches.resumable_hit(seq, n, hashes)
+
+        return self.kv_blocks.extend(seq, gpu_hit, limit, resumable)
 
     def discover(self, seq, upto: int) -> None:
         self.loads.discover(seq, upto)
@@ -153,6 +162,7 @@ class Tiering(TierHooks):
         return self.loads.load_state(h)
 
     def source_of(self, h: int) -> str:
+        self.placement.used(h)  # the host copies of a resumed prefix stay fresh
         return self.loads.source_of(h)
 
     def stats(self) -> dict:
@@ -173,11 +183,9 @@ class Tiering(TierHooks):
 
     def _sync_eviction_model(self) -> None:
         """The host arena ranks with the PAGE store's cost model (one model
-        for every tier); copied when the store's changes."""
-        m = self.coord.eviction_policy
-        if m != self._eviction_model:
-            self.host.arena.set_eviction_policy(**m)
-            self._eviction_model = m
+        for every tier, per byte of the whole prefix: a KV block is one
+        unit); copied when the store's changes."""
+        self.placement.use_model(self.coord.eviction_policy, self.unit_bytes, self.pool.num_blocks * self.unit_bytes)
 
     def flush(self) -> None:
         """Writes every host value to the shared tiers (a graceful shutdown,
