@@ -107,7 +107,7 @@ std::optional<std::vector<std::string>> HostArena::victims(int klass, int64_t co
   const ClassStats& c = classes_[static_cast<size_t>(klass)];
   // Room under the class's cap comes only from the class; room in the arena
   // from whatever ranks lowest.
-  int64_t need_class = c.used_entries + count - c.budget_entries;
+  int64_t need_class = capped_[static_cast<size_t>(klass)] ? c.used_entries + count - c.budget_entries : 0;
   int64_t need_arena = count - static_cast<int64_t>(free_.size());
   std::vector<std::string> out;
   std::vector<int64_t> planned;

@@ -204,3 +204,16 @@ TEST(HostArena, ValuePerByteOfTheWholePrefix) {
   m.kv_bytes_per_position = -1;
   EXPECT_THROW(m.validate(), std::invalid_argument);
 }
+
+TEST(HostArena, AnUncappedClassTakesRoomFromWhateverRanksLowest) {
+  HostArena a(1, 5, {HostArena::kShared, HostArena::kShared}, lru_model());
+  std::vector<std::string> ev;
+  for (const char* k : {"s", "k1", "k2", "k3", "k4"}) {
+    a.allocate(k, k[0] == 's' ? 0 : 1, 1, 1, 0, &ev);
+    a.seal(k, "");
+  }
+  // KV holds 4 of 5 entries; room for 5 more takes the oldest first, the
+  // state included, not every KV block before it.
+  EXPECT_EQ(*a.victims(1, 5), (std::vector<std::string>{"s", "k1", "k2", "k3", "k4"}));
+  EXPECT_EQ(*a.victims(1, 1), std::vector<std::string>{"s"});
+}

@@ -161,31 +161,33 @@ class MooncakeTier(Tier):
         key, whether it is stored. Raises TypeError/ValueError for a malformed
         batch, TierError when closed."""
         check_batch(keys, values)
-        direct_k: list[str] = []
+        # Per position, not per key: a key may come twice.
+        direct: list[int] = []
         direct_p: list[list[int]] = []
         direct_n: list[list[int]] = []
-        staged: list[tuple[str, Segments]] = []
-        for k, segs in zip(keys, values):
+        staged: list[int] = []
+        for i, segs in enumerate(values):
             p, n, _ = self._plan(segs)
             if p is None or n is None:
-                staged.append((k, segs))
+                staged.append(i)
             else:
-                direct_k.append(k)
+                direct.append(i)
                 direct_p.append(p)
                 direct_n.append(n)
-        ok: dict[str, bool] = {}
+        out = [False] * len(keys)
         try:
-            if direct_k:
-                codes = self._call(lambda: self._store.batch_put_from_multi_buffers(direct_k, direct_p, direct_n))
-                ok.update({k: c in (0, _OBJECT_ALREADY_EXISTS) for k, c in zip(direct_k, codes)})
-            for k, segs in staged:
-                ok[k] = self._put_staged(k, segs)
+            if direct:
+                dk = [keys[i] for i in direct]
+                codes = self._call(lambda: self._store.batch_put_from_multi_buffers(dk, direct_p, direct_n))
+                for i, c in zip(direct, codes):
+                    out[i] = c in (0, _OBJECT_ALREADY_EXISTS)
+            for i in staged:
+                out[i] = self._put_staged(keys[i], values[i])
         except TimeoutError:
             pass
         except Exception as e:  # the client raised: the whole call failed
             self._count("errors")
             self._last_error = repr(e)
-        out = [ok.get(k, False) for k in keys]
         with self._lock:
             for segs, good in zip(values, out):
                 if good:
@@ -213,35 +215,41 @@ class MooncakeTier(Tier):
         returns, per key, the bytes read or a negative outcome. Raises
         TypeError/ValueError for a malformed batch, TierError when closed."""
         check_batch(keys, dests, "dests")
-        res: dict[str, int] = {}
+        # Per destination, not per key: a key may come twice, into a
+        # registered destination and an unregistered one, or of another size.
+        want = [sum(memoryview(s).nbytes for s in d) for d in dests]
+        res: list[int | None] = [None] * len(keys)
         try:
-            direct = [(k, *self._plan(d)[:2]) for k, d in zip(keys, dests)]
-            dk = [k for k, p, _ in direct if p is not None]
-            if dk:
+            plans = [self._plan(d)[:2] for d in dests]
+            direct = [i for i, (p, _) in enumerate(plans) if p is not None]
+            if direct:
                 codes = self._call(
                     lambda: self._store.batch_get_into_multi_buffers(
-                        dk, [p for _, p, _ in direct if p is not None], [n for _, p, n in direct if p is not None]
+                        [keys[i] for i in direct], [plans[i][0] for i in direct], [plans[i][1] for i in direct]
                     )
                 )
-                res.update(zip(dk, codes))
-            for k, d in zip(keys, dests):
-                if k not in res:
-                    res[k] = self._get_staged(k, d)
-            bad = [k for k in keys if res[k] < 0 and res[k] != _OBJECT_NOT_FOUND]
+                for i, c in zip(direct, codes):
+                    res[i] = c
+            for i, d in enumerate(dests):
+                if res[i] is None:
+                    res[i] = self._get_staged(keys[i], d)
+            # A read that filled fewer or more bytes than its destination holds
+            # is no read of it.
+            for i, r in enumerate(res):
+                if r is not None and r >= 0 and r != want[i]:
+                    res[i] = FAILED
+            bad = [i for i, r in enumerate(res) if r is not None and r < 0 and r != _OBJECT_NOT_FOUND]
             if bad:  # tell a size mismatch from other errors
-                sizes = self._call(lambda: [self._store.get_size(k) for k in bad])
-                want = {k: sum(memoryview(s).nbytes for s in d) for k, d in zip(keys, dests)}
-                for k, size in zip(bad, sizes):
-                    res[k] = (
+                sizes = self._call(lambda: [self._store.get_size(keys[i]) for i in bad])
+                for i, size in zip(bad, sizes):
+                    res[i] = (
                         TRUNCATED
-                        if size >= 0 and size != want[k]
+                        if size >= 0 and size != want[i]
                         else (MISSING if size == _OBJECT_NOT_FOUND else FAILED)
                     )
             out = [
-                MISSING
-                if res[k] == _OBJECT_NOT_FOUND
-                else (res[k] if res[k] >= 0 or res[k] in (TRUNCATED, FAILED, MISSING) else FAILED)
-                for k in keys
+                MISSING if r == _OBJECT_NOT_FOUND else (r if r >= 0 or r in (TRUNCATED, FAILED, MISSING) else FAILED)
+                for r in (x if x is not None else FAILED for x in res)
             ]
         except TimeoutError:
             out = [TIMED_OUT] * len(keys)

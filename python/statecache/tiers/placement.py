@@ -97,10 +97,13 @@ class PrefixChains:
         not known)."""
         out, known = [], self._known
         rec = known.get(h)
-        while rec is not None and len(out) < rec[_POS] + 1:
+        while rec is not None:
             out.append(h)
-            h = rec[_PARENT]
-            rec = known.get(h) if h is not None else None
+            parent = rec[_PARENT]
+            up = known.get(parent) if parent is not None else None
+            if up is None or up[_POS] >= rec[_POS]:  # positions fall toward the root
+                break
+            h, rec = parent, up
         return out
 
     def note_state(self, h: int) -> list[int]:

@@ -5,7 +5,8 @@ the units out -> ``release_offload_store_source`` -> the write completes ->
 ``settle_offload_store`` -> ``note_stored`` unless ``was_reclaimed``. With a
 host tier the copy and the seal happen at once and only shared writes run on
 the I/O thread; with shared tiers alone (the host arena only stages) the
-copy runs there too, and the units stay pinned until it is known done. Host
+copy runs there too, and the units stay pinned until it is known done; a copy
+whose pin was reclaimed first is never written (``note_reclaims``). Host
 values the host ranking evicts are demoted to the shared tiers first
 (``shared_writes="demote"``), and ``flush`` writes every host value down.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import threading
 
 from statecache.logs import logger
 from statecache.tiers import integrity
@@ -26,13 +28,14 @@ class _Job:
     """An offload whose shared-tier write (and, when the host only stages,
     the copy out of the units) runs on the I/O thread."""
 
-    __slots__ = ("op", "h", "key", "future", "pinned", "source_done", "source_released")
+    __slots__ = ("op", "h", "key", "future", "pinned", "source_done", "source_released", "reclaimed")
 
     def __init__(self, op, h, key, pinned: bool, source_done: bool):
         self.op, self.h, self.key, self.future = op, h, key, None
         self.pinned = pinned
-        self.source_done = source_done  # the units were read (set by the I/O thread)
+        self.source_done = source_done  # the units were read under the pin (set by the I/O thread)
         self.source_released = source_done
+        self.reclaimed = False  # the pin was taken back before the copy was known done
 
 
 class StateOffloads:
@@ -48,6 +51,8 @@ class StateOffloads:
         self.offload_timeout_s = offload_timeout_s
         self._io = cf.ThreadPoolExecutor(1, thread_name_prefix="statecache-tiers")
         self.jobs: list[_Job] = []
+        # Orders a copy's end against a reclaim of its pin (see note_reclaims).
+        self._pins = threading.Lock()
 
     def offload(self, op, units) -> None:
         stack, host = self.stack, self.stack.host
@@ -89,7 +94,12 @@ class StateOffloads:
 
     def _copy_and_write(self, job, units, rows) -> bool:
         self.mover.to_rows(units, rows)
-        job.source_done = True
+        with self._pins:
+            if job.reclaimed:
+                # The pin was taken back before this copy ended: the units may
+                # hold another value now, so these bytes are never written.
+                return False
+            job.source_done = True
         header = integrity.make_header(job.key, len(rows) * self.stack.unit_bytes, integrity.checksum(rows))
         return self._write_shared(job.key, rows, header)
 
@@ -121,6 +131,16 @@ class StateOffloads:
                 t.remove_many([key])
             except TIER_ERRORS as e:
                 self.stack.failed(None, "remove", t, e)
+
+    def note_reclaims(self) -> None:
+        """Right after ``reclaim_stale_offload_pins``, before anything can
+        reuse the units: every job whose copy had not ended loses its pin for
+        good. A copy that ends later writes nothing; one that ended before
+        read the image while it was pinned (and is settled as untrusted)."""
+        with self._pins:
+            for job in self.jobs:
+                if not job.source_done and not job.reclaimed and self.coord.was_reclaimed(job.op):
+                    job.reclaimed = True
 
     def retire(self) -> None:
         """Releases the sources the I/O thread finished reading and settles

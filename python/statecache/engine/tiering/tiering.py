@@ -133,6 +133,7 @@ class Tiering(TierHooks):
         self.flush_kv()
         self.stores.retire()
         self.coord.reclaim_stale_offload_pins(self.offload_timeout_s)
+        self.stores.note_reclaims()  # before admission can reuse a reclaimed unit
         self.loads.release_quarantine()
         for op, units in self.coord.take_offload_stores(self.max_inflight):
             self.stores.offload(op, units)
