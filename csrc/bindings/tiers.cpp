@@ -108,8 +108,8 @@ evicted.)doc");
           "for an unknown class.")
       .def_property_readonly("kv_bytes_per_position", &HostArena::kv_bytes_per_position)
       .def(
-          "set_kv_bytes_per_position",
-          [](HostArena& a, double bytes) { a.set_kv_bytes_per_position(bytes); }, py::arg("bytes"),
+          "set_kv_bytes_per_position", [](HostArena& a, double bytes) { a.set_kv_bytes_per_position(bytes); },
+          py::arg("bytes"),
           "Ranks values per byte of their whole prefix: ``bytes`` of KV per position besides the "
           "model's checkpoint_bytes (0: per checkpoint byte, as the GPU caches); kept across "
           "set_eviction_policy; returns None. Raises ValueError for a negative or non-finite value.")
