@@ -457,3 +457,33 @@ def test_a_reclaimed_offload_is_never_written(model, reference):
     eng2, rows2 = run(model, tiers=[shared], tier_options={"kv": False})
     assert_identical(rows2, reference)
     eng2.close()
+
+
+def test_tensor_parallel_ranks_are_named_and_resume_all_or_nothing(model, reference):
+    """tp_size > 1 without a tp_rank is refused; a fresh rank 0 resumes from
+    a shared tier only once rank 1's shards are there too."""
+    with pytest.raises(ValueError, match="tp_rank is required"):
+        build_engine("qwen3next", "page", model_and_geom=model, tiers=[MemoryTier()], tier_options={"tp_size": 2})
+    shared = MemoryTier()
+    opts = {"tp_rank": 0, "tp_size": 2}
+    eng, rows = run(model, tiers=[shared], tier_options=dict(opts, shared_writes="through"))
+    eng.close()
+    assert_identical(rows, reference)
+    assert any("/tp0-2/" in k for k in shared.values) and not any("/tp1-2/" in k for k in shared.values)
+    alone, rows_alone = run(model, tiers=[shared], tier_options=opts)
+    assert_identical(rows_alone, reference)
+    st = alone.tiering.stats()
+    assert st["state_loaded_shared"] == 0 and st["kv_loaded_shared"] == 0  # rank 1 has nothing: nobody loads
+    alone.close()
+    for k, v in list(shared.values.items()):  # rank 1 wrote its shards (same bytes here, its own key)
+        k1 = k.replace("/tp0-2/", "/tp1-2/")
+        from statecache.tiers import integrity
+
+        hl = integrity.header_nbytes(k)
+        payload = np.frombuffer(v[hl:], dtype=np.uint8)
+        shared.values[k1] = integrity.make_header(k1, payload.size, integrity.checksum([payload])) + v[hl:]
+    both, rows_both = run(model, tiers=[shared], tier_options=opts)
+    assert_identical(rows_both, reference)
+    st = both.tiering.stats()
+    assert st["state_loaded_shared"] > 0 and st["kv_loaded_shared"] > 0
+    both.close()

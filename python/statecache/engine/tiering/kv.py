@@ -24,8 +24,11 @@ from .stack import TIER_ERRORS, TierStack
 class KVBlocks:
     """KV blocks between the GPU ``BlockPool`` and the tiers."""
 
-    def __init__(self, stack: TierStack, *, pool, coordinator, mover, keys, placement, loads, enabled: bool):
+    def __init__(
+        self, stack: TierStack, *, pool, coordinator, mover, keys, placement, loads, enabled: bool, all_ranks=None
+    ):
         self.stack = stack
+        self.all_ranks = all_ranks  # see Loads.all_ranks
         self.placement = placement
         self.pool = pool
         self.coord = coordinator
@@ -127,6 +130,10 @@ class KVBlocks:
                 except TIER_ERRORS as e:
                     stack.failed(None, "contains", t, e, len(miss))
             present = [p or got.get(k, False) for (_, k), p in zip(want, present)]
+        if self.all_ranks is not None:  # a block below GPU memory counts only with every rank's shard
+            below = [i for (i, _), p in zip(want, present) if p and self.pool.lookup(hashes[i]) < 0]
+            every = dict(zip(below, self.all_ranks("kv", [hashes[i] for i in below])))
+            present = [p and every.get(i, True) for (i, _), p in zip(want, present)]
         n = blocks_to_load(gpu_hit, present, resumable)
         if n == 0:
             return gpu_hit

@@ -22,8 +22,11 @@ from .stack import TIER_ERRORS, TierStack
 class Loads:
     """Reads from the tiers; state images into the PAGE store."""
 
-    def __init__(self, stack: TierStack, *, coordinator, index, mover, keys, before_unit_write):
+    def __init__(self, stack: TierStack, *, coordinator, index, mover, keys, before_unit_write, all_ranks=None):
         self.stack = stack
+        # With tensor parallelism: ``all_ranks(kind, hashes)`` says per hash
+        # whether every rank's shard is held (statecache.tiers.ranks).
+        self.all_ranks = all_ranks
         self.coord = coordinator
         self.index = index
         self.mover = mover
@@ -116,6 +119,11 @@ class Loads:
         if not pairs:
             return
         stack.count("probes")
+        if self.all_ranks is not None:  # resumable only with every rank's shard
+            for (h, _), f in zip(pairs, self.all_ranks("state", [h for h, _ in pairs])):
+                if f:
+                    self.index.note_stored(h)
+            return
         for t in stack.shared:
             try:
                 found = t.contains_many([k for _, k in pairs])
@@ -133,7 +141,13 @@ class Loads:
         if self.coord.contains(h):
             return True
         key = self.keys.key("state", h)
-        if key is None or not self.index.request_load(h):
+        if key is None:
+            return False
+        if self.all_ranks is not None and not self.all_ranks("state", [h])[0]:
+            self.index.forget(h)  # some rank lacks its shard: every rank recomputes
+            stack.count("loads_missing_rank")
+            return False
+        if not self.index.request_load(h):
             return False
         nbytes = self.coord.store.units_per_checkpoint * stack.unit_bytes
         untrusted = stack.counters["loads_untrusted"]

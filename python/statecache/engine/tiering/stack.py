@@ -34,6 +34,7 @@ COUNTERS = (
     "shared_writes_failed",
     "probes",
     "tier_errors",
+    "loads_missing_rank",
 )
 
 

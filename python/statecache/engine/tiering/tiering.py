@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import statecache
 from statecache.tiers.placement import TierPlacement
+from statecache.tiers.ranks import every_rank_holds, rank_identity
 
 from .hooks import TierHooks
 from .kv import KVBlocks
 from .load import Loads
 from .mover import UnitMover
 from .prefix_keys import PrefixKeys
-from .stack import TierStack
+from .stack import TIER_ERRORS, TierStack
 from .store import StateOffloads
 
 
@@ -31,7 +32,10 @@ class Tiering(TierHooks):
     to the shared tiers when the host evicts it, and at ``flush()``) or
     ``"through"`` (every value also goes to the shared tiers when written).
     ``hash_seed`` / ``hash_salt`` must match the engine's prefix keys (they do
-    when the engine builds this object).
+    when the engine builds this object). ``tp_rank`` / ``tp_size``: this
+    rank's identity; ``tp_rank`` is required when ``tp_size > 1``, and a
+    prefix is then loaded only when every rank's shard is held
+    (``statecache.tiers.ranks``).
     """
 
     def __init__(
@@ -43,7 +47,7 @@ class Tiering(TierHooks):
         page_layout,
         layout_id: str,
         hash_block_size: int,
-        tp_rank: int = 0,
+        tp_rank: int | None = None,
         tp_size: int = 1,
         max_inflight: int = 16,
         offload_timeout_s: float = 10.0,
@@ -67,6 +71,7 @@ class Tiering(TierHooks):
         self.unit_bytes = self.mover.unit_bytes
         self.upc = self.coord.store.units_per_checkpoint
         self.layout_id = layout_id
+        tp_rank, tp_size = rank_identity(tp_rank, tp_size)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.max_inflight = max_inflight
         self.offload_timeout_s = offload_timeout_s
@@ -105,6 +110,7 @@ class Tiering(TierHooks):
             mover=self.mover,
             keys=self.keys,
             before_unit_write=self.flush_kv,
+            all_ranks=self.every_rank_holds if tp_size > 1 else None,
         )
         self.kv_blocks = KVBlocks(
             self.stack,
@@ -115,6 +121,7 @@ class Tiering(TierHooks):
             placement=self.placement,
             loads=self.loads,
             enabled=kv,
+            all_ranks=self.every_rank_holds if tp_size > 1 else None,
         )
 
     # ------------------------------ the hooks ------------------------------ #
@@ -182,6 +189,34 @@ class Tiering(TierHooks):
 
     # ------------------------------- others -------------------------------- #
 
+    def held(self, keys: list[str]) -> list[bool]:
+        """Per key: whether the host tier or a shared tier holds it."""
+        out = [self.host.arena.contains(k) for k in keys]
+        miss = [i for i, f in enumerate(out) if not f]
+        for t in self.shared:
+            if not miss:
+                break
+            try:
+                found = t.contains_many([keys[i] for i in miss])
+            except TIER_ERRORS as e:
+                self.stack.failed(None, "contains", t, e, len(miss))
+                continue
+            for i, f in zip(miss, found):
+                out[i] = out[i] or bool(f)
+            miss = [i for i in miss if not out[i]]
+        return out
+
+    def every_rank_holds(self, kind: str, hashes) -> list[bool]:
+        """Per hash: whether every rank's shard of its ``kind`` value is held
+        below GPU memory (False for a hash whose prefix key is unknown)."""
+        pks = [self.keys.chains.payload(h) for h in hashes]
+        known = [i for i, p in enumerate(pks) if p is not None]
+        got = every_rank_holds(self.held, kind, self.layout_id, self.tp_size, [pks[i] for i in known])
+        out = [False] * len(hashes)
+        for i, f in zip(known, got):
+            out[i] = f
+        return out
+
     def _sync_eviction_model(self) -> None:
         """The host arena ranks with the PAGE store's cost model (one model
         for every tier, per byte of the whole prefix: a KV block is one
@@ -218,8 +253,11 @@ class Tiering(TierHooks):
                 raise AssertionError(f"host entry {key} is pinned with no job holding it")
 
 
-def attach_tiers(engine, tiers, *, page_layout=None, tp_rank: int = 0, tp_size: int = 1, **options) -> Tiering:
-    """Builds the engine's ``Tiering`` over its runner's page layout."""
+def attach_tiers(
+    engine, tiers, *, page_layout=None, tp_rank: int | None = None, tp_size: int = 1, **options
+) -> Tiering:
+    """Builds the engine's ``Tiering`` over its runner's page layout
+    (``tp_rank`` required when ``tp_size > 1``)."""
     runner = engine.runner
     executor = getattr(runner, "executor", None)
     if page_layout is None:
