@@ -94,15 +94,15 @@ class HostTier(Tier):
         for name, v in (("capacity_bytes", capacity_bytes), ("entry_bytes", entry_bytes)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an int >= 0")
-        for name, v in (("state_bytes", state_bytes), ("kv_bytes", kv_bytes)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise ValueError(f"{name}={v!r} must be an int >= 0 or None")
+        for name, cap in (("state_bytes", state_bytes), ("kv_bytes", kv_bytes)):
+            if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
+                raise ValueError(f"{name}={cap!r} must be an int >= 0 or None")
         if entry_bytes <= 0:
             raise ValueError(f"entry_bytes={entry_bytes} must be > 0")
         if (state_bytes is None) != (kv_bytes is None):  # one cap given: the other class has the rest
-            if state_bytes is None:
+            if kv_bytes is not None:
                 state_bytes = max(0, capacity_bytes - kv_bytes)
-            else:
+            elif state_bytes is not None:
                 kv_bytes = max(0, capacity_bytes - state_bytes)
         if state_bytes is not None and kv_bytes is not None and state_bytes + kv_bytes > capacity_bytes:
             raise ValueError(f"state_bytes={state_bytes} + kv_bytes={kv_bytes} exceed capacity_bytes={capacity_bytes}")

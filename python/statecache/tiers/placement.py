@@ -55,7 +55,13 @@ class PrefixChains:
     def __contains__(self, h: object) -> bool:
         return h in self._known
 
-    def note(self, hashes: Sequence[int], first_block: int, parent: int | None = None, payloads=None) -> None:
+    def note(
+        self,
+        hashes: Sequence[int],
+        first_block: int,
+        parent: int | None = None,
+        payloads: Sequence[Any] | None = None,
+    ) -> None:
         """Learns blocks ``first_block, first_block + 1, ...`` of one prefix,
         filed under ``hashes``; ``parent`` is the hash of block
         ``first_block - 1`` (None at the start or when unknown); ``payloads``
@@ -127,13 +133,13 @@ class TierPlacement:
     object refiles what those change.
     """
 
-    def __init__(self, arena, chains: PrefixChains, key_of: Callable[[str, int], Any]) -> None:
+    def __init__(self, arena: Any, chains: PrefixChains, key_of: Callable[[str, int], Any]) -> None:
         self.arena = arena
         self.chains = chains
         self.key_of = key_of
-        self._model: dict | None = None
+        self._model: dict[str, Any] | None = None
 
-    def use_model(self, model: dict, kv_bytes_per_position: float, gpu_bytes: int) -> None:
+    def use_model(self, model: dict[str, Any], kv_bytes_per_position: float, gpu_bytes: int) -> None:
         """Ranks with the GPU caches' cost model ``model`` (an
         ``eviction_policy`` dict), per byte of the whole prefix: a prefix
         holds ``kv_bytes_per_position`` KV bytes per position besides its
