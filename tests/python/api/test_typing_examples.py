@@ -181,7 +181,7 @@ def test_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
     from statecache.models import build_engine
     from statecache.tiers import HostTier, MooncakeTier
 
-    host = HostTier(512 << 30, unit_bytes, kv_bytes=256 << 30)      # entry = one page unit
+    host = HostTier(512 << 30, unit_bytes)            # entry = one page unit; KV + states, one budget
     shared = MooncakeTier("10.0.0.5:50051", "http://10.0.0.5:8080/metadata", protocol="rdma",
                           device_names="mlx5_0")
     engine = build_engine("qwen3next", "page", tiers=[host, shared])  # or Engine(..., tiers=[...])
