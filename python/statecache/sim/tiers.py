@@ -14,11 +14,12 @@ offloads ride a side stream and are not charged.
 from __future__ import annotations
 
 import statecache
+from statecache.engine.tiering.hooks import TierHooks
 
 STATE, KV = 0, 1
 
 
-class SimTiers:
+class SimTiers(TierHooks):
     """Host and shared tiers of ``host_bytes`` / ``shared_bytes`` (each split
     ``kv_share`` for KV blocks, the rest for state images)."""
 
