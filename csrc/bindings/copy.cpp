@@ -306,7 +306,8 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
           "Sets a host-move engine's SM-path block counts (0: the measured one); returns None. "
           "Raises ValueError on a device-copy engine or for a count out of range.")
       .def(
-          "host_blocks", [](GpuCopyEngine& e, py::handle to_host) { return e.host_blocks(as_bool(to_host, "to_host")); },
+          "host_blocks",
+          [](GpuCopyEngine& e, py::handle to_host) { return e.host_blocks(as_bool(to_host, "to_host")); },
           py::arg("to_host"), "Returns the SM-path block count of one direction (0 on a device-copy engine).")
       .def("stage", &GpuCopyEngine::stage, py::arg("batch"),
            "Fills the next staging buffer with ``batch``'s descriptors, waiting until the device "

@@ -29,7 +29,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kHostThreads = 1024;  // host moves: one block an SM, so the grid is the SM cap
 constexpr int kWarp = 32;
-constexpr int kNarrowUnroll = 4;  // misaligned sides: fewer registers, still 4 loads in flight
+constexpr int kNarrowUnroll = 4;       // misaligned sides: fewer registers, still 4 loads in flight
 constexpr uint32_t kItemBytes = 4096;  // one or two rounds of a warp
 // A batch of at most this many bytes rides in the kernel's parameters (4 KiB
 // with the other arguments: every CUDA and HIP target takes that much).
@@ -477,7 +477,8 @@ void GpuCopyEngine::launch(uintptr_t stream_handle, bool full_transfer, bool cop
 
 HostPath GpuCopyEngine::submit(const CompiledBatch& batch, uintptr_t stream_handle, HostPath path) {
   Impl& m = *impl_;
-  if (batch.planner_serial != m.planner_serial) throw std::invalid_argument("the batch was compiled for another layout");
+  if (batch.planner_serial != m.planner_serial)
+    throw std::invalid_argument("the batch was compiled for another layout");
   if (!m.host_moves && path != HostPath::kAuto)
     throw std::invalid_argument("path: only a host-move engine chooses between SM and DMA");
   const int dir = m.host_moves ? m.direction(batch) : 0;
@@ -503,8 +504,7 @@ HostPath GpuCopyEngine::submit(const CompiledBatch& batch, uintptr_t stream_hand
         CompiledBatch part;
         part.planner_serial = batch.planner_serial;
         part.num_paged_ops = static_cast<uint32_t>(hi - lo);
-        part.ops.assign(batch.ops.begin() + static_cast<ptrdiff_t>(lo),
-                        batch.ops.begin() + static_cast<ptrdiff_t>(hi));
+        part.ops.assign(batch.ops.begin() + static_cast<ptrdiff_t>(lo), batch.ops.begin() + static_cast<ptrdiff_t>(hi));
         for (OpDesc& op : part.ops) op.other -= static_cast<int64_t>(lo * k);
         part.unit_ids.assign(batch.unit_ids.begin() + static_cast<ptrdiff_t>(lo * k),
                              batch.unit_ids.begin() + static_cast<ptrdiff_t>(hi * k));
@@ -548,9 +548,7 @@ int GpuCopyEngine::device() const { return impl_->device; }
 int GpuCopyEngine::num_sms() const { return impl_->sms; }
 int GpuCopyEngine::grid_blocks() const { return impl_->grid; }
 bool GpuCopyEngine::host_moves() const { return impl_->host_moves; }
-int GpuCopyEngine::host_blocks(bool to_host) {
-  return impl_->host_moves ? impl_->blocks_for(to_host ? 0 : 1) : 0;
-}
+int GpuCopyEngine::host_blocks(bool to_host) { return impl_->host_moves ? impl_->blocks_for(to_host ? 0 : 1) : 0; }
 size_t GpuCopyEngine::max_pair_ops() const { return impl_->max_pairs; }
 size_t GpuCopyEngine::max_paged_ops() const { return impl_->max_paged; }
 size_t GpuCopyEngine::staging_bytes() const { return impl_->capacity_bytes; }
@@ -611,8 +609,8 @@ HostLinkProfile measure_host_link(int device) {
     const int64_t n = static_cast<int64_t>(kPayload / row);
     SpanPlanner planner({{reinterpret_cast<uint64_t>(b.dev), static_cast<int64_t>(2 * row), static_cast<int64_t>(row)}},
                         {{reinterpret_cast<uint64_t>(b.dev), static_cast<int64_t>(2 * row), static_cast<int64_t>(row)}},
-                        {{reinterpret_cast<uint64_t>(b.host), static_cast<int64_t>(row), static_cast<int64_t>(row)}},
-                        n, n, "host-link-probe");
+                        {{reinterpret_cast<uint64_t>(b.host), static_cast<int64_t>(row), static_cast<int64_t>(row)}}, n,
+                        n, "host-link-probe");
     MaintenanceBatch mb;
     auto& ops = to_host ? mb.stores : mb.restores;
     ops.resize(static_cast<size_t>(n));
@@ -648,7 +646,8 @@ HostLinkProfile measure_host_link(int device) {
     // The SM cap: the fewest blocks within 5% of the best count, on the
     // smallest rows (where the SM path is used).
     std::vector<std::pair<int, double>> caps;
-    for (int g = 1; g <= std::min(64, prof.sm_count); g *= 2) caps.push_back({g, rate(rows[0], to_host, HostPath::kSm, g)});
+    for (int g = 1; g <= std::min(64, prof.sm_count); g *= 2)
+      caps.push_back({g, rate(rows[0], to_host, HostPath::kSm, g)});
     double top = 0;
     for (auto& c : caps) top = std::max(top, c.second);
     for (auto& c : caps)

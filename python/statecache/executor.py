@@ -28,9 +28,8 @@ import functools
 import threading
 import time
 
-import torch
-
 import numpy as np
+import torch
 
 from statecache import _C
 from statecache.layout import PageLayout, StateLayout, layout_id, paged_checkpoint_spec
