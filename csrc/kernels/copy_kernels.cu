@@ -262,6 +262,7 @@ struct GpuCopyEngine::Impl {
   const HostLinkProfile* link = nullptr;
   std::vector<void*> dma_dst, dma_src;
   std::vector<size_t> dma_bytes;
+  bool batch_refused = false;  // the runtime refused a batched memcpy once: runs one by one
   InlineBatch inline_batch{};
 
   ~Impl() {  // never throws: it also runs when the constructor failed
@@ -353,7 +354,7 @@ struct GpuCopyEngine::Impl {
       }
     if (dma_bytes.empty()) return;
 #ifdef SC_HAVE_MEMCPY_BATCH
-    if (dma_bytes.size() > 1 && !capturing(stream)) {
+    if (dma_bytes.size() > 1 && !batch_refused && !capturing(stream)) {
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
@@ -370,6 +371,7 @@ struct GpuCopyEngine::Impl {
       // Refused as a batch (a platform without it): the runs one by one
       // below write the same bytes again, so a partial batch is harmless.
       (void)cudaGetLastError();
+      batch_refused = true;
     }
 #endif
     for (size_t i = 0; i < dma_bytes.size(); ++i)

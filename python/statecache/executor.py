@@ -342,14 +342,15 @@ class HostCopyExecutor:
     contiguous uint8 CPU tensor ``[entries, entry_bytes]`` (pinned when the
     layout is on a GPU); an item takes ``entries_per_item`` entries, given in
     order, each filled from its start (the last one may be partly used).
-    ``max_items``: items per kernel launch (larger moves are split).
+    ``max_items``: items the SM path stages per launch (larger moves go in
+    slices; DMA takes any size at once); default: 8192 entries' worth.
     ``path``: ``"auto"`` (the copy kernel on a few SMs for rows shorter than
     the crossover measured on the device, DMA for longer ones), ``"sm"`` or
     ``"dma"``. A CPU layout moves with memcpy, synchronously; the API is the
     same.
     """
 
-    def __init__(self, layout, host, *, max_items: int = 4096, path: str = "auto"):
+    def __init__(self, layout, host, *, max_items: int | None = None, path: str = "auto"):
         if isinstance(layout, PageLayout):
             image = slot = layout.segment_table()
             count, item_bytes = layout.num_units, layout.unit_bytes
@@ -367,7 +368,7 @@ class HostCopyExecutor:
             )
         if host.numel() == 0:
             raise ValueError(f"host {tuple(host.shape)} holds no bytes")
-        if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items <= 0:
+        if max_items is not None and (not isinstance(max_items, int) or isinstance(max_items, bool) or max_items <= 0):
             raise ValueError(f"max_items={max_items!r} must be a positive int")
         if path not in _PATHS:
             raise ValueError(f"path={path!r} must be one of {sorted(_PATHS)}")
@@ -375,7 +376,7 @@ class HostCopyExecutor:
         self.entry_bytes = host.shape[1]
         self.item_bytes = item_bytes
         self.entries_per_item = -(-item_bytes // self.entry_bytes)
-        self.max_items = max_items
+        self.max_items = max_items if max_items is not None else max(1, 8192 // self.entries_per_item)
         self._planner = _planner(
             tuple(image),
             tuple(slot),
@@ -405,7 +406,7 @@ class HostCopyExecutor:
         with torch.cuda.device(self.device):
             # One engine and one stream a direction: loads never queue behind offloads.
             self._engines = tuple(
-                _C._GpuCopyEngine(self.device.index, self._planner, 0, max_items, 2, 0, True) for _ in range(2)
+                _C._GpuCopyEngine(self.device.index, self._planner, 0, self.max_items, 2, 0, True) for _ in range(2)
             )
             self._streams = (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device))
 
@@ -451,16 +452,8 @@ class HostCopyExecutor:
             engine, stream = self._engines[1 - to_host], self._streams[1 - to_host]
             current = torch.cuda.current_stream(self.device)
             stream.wait_stream(current)
-            path = 0
-            if batch.num_ops:
-                path = engine.submit(batch, stream.cuda_stream, self._path) if len(items) <= self.max_items else 0
-                if path != 2 and len(items) > self.max_items:  # the SM path stages max_items at a time
-                    k = self.entries_per_item
-                    for lo in range(0, len(items), self.max_items):
-                        part = self._planner.compile_paged(
-                            items[lo : lo + self.max_items], entries[lo * k : (lo + self.max_items) * k], not to_host
-                        )
-                        path = engine.submit(part, stream.cuda_stream, self._path if self._path else 1)
+            # The SM path stages max_items at a time (the engine slices); DMA takes any size.
+            path = engine.submit(batch, stream.cuda_stream, self._path) if batch.num_ops else 0
             event = torch.cuda.Event()
             event.record(stream)
             if not to_host:
