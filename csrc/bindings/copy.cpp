@@ -111,7 +111,10 @@ void bind_copy(py::module_& m) {
   // The layouts' per-batch check that their tensors keep the storage the
   // segment tables were read from, in one call (it runs before every batch).
   // A changed shape over the same storage moves no byte outside it, so the
-  // address and the storage's size are what is compared.
+  // address and the storage's size are what is compared. The entry holds the
+  // storage the rows were read from, so its memory stays allocated: a tensor
+  // given new storage (set_) cannot get that address back unnoticed, and a
+  // resize of that storage shows in its size.
   m.def(
       "_first_changed",
       [](py::handle fingerprint) -> Py_ssize_t {
@@ -124,7 +127,7 @@ void bind_copy(py::module_& m) {
           PyObject* e = PyTuple_GET_ITEM(fingerprint.ptr(), i);
           if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 6)
             throw py::type_error("fingerprint[" + std::to_string(i) +
-                                 "] must be (tensor, data_ptr, untyped_storage, ptr, nbytes, shape)");
+                                 "] must be (tensor, data_ptr, storage, ptr, nbytes, shape)");
           auto same = [](PyObject* now, PyObject* then) {
             if (!now) throw py::error_already_set();
             const int eq = PyObject_RichCompareBool(now, then, Py_EQ);
@@ -133,15 +136,13 @@ void bind_copy(py::module_& m) {
             return eq == 1;
           };
           if (!same(PyObject_CallNoArgs(PyTuple_GET_ITEM(e, 1)), PyTuple_GET_ITEM(e, 3))) return i;
-          py::object storage = py::reinterpret_steal<py::object>(PyObject_CallNoArgs(PyTuple_GET_ITEM(e, 2)));
-          if (!storage) throw py::error_already_set();
-          if (!same(PyObject_CallMethodNoArgs(storage.ptr(), nbytes_name), PyTuple_GET_ITEM(e, 4))) return i;
+          if (!same(PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(e, 2), nbytes_name), PyTuple_GET_ITEM(e, 4))) return i;
         }
         return -1;
       },
       py::arg("fingerprint"),
-      "Returns the index of the first (tensor, data_ptr, untyped_storage, ptr, nbytes, shape) "
-      "entry whose tensor's data_ptr or storage size differs from the one recorded, or -1. "
+      "Returns the index of the first (tensor, data_ptr, storage, ptr, nbytes, shape) entry "
+      "whose tensor's data_ptr or storage's size differs from the one recorded, or -1. "
       "Raises TypeError for a malformed entry, what a tensor method raises.");
 
   // Host rows (buffers: NumPy views of an arena) -> entry indices of the
@@ -306,6 +307,14 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
           "Sets a host-move engine's SM-path block counts (0: the measured one); returns None. "
           "Raises ValueError on a device-copy engine or for a count out of range.")
       .def(
+          "set_sm_slice_bytes",
+          [](GpuCopyEngine& e, py::handle bytes) {
+            e.set_sm_slice_bytes(static_cast<uint64_t>(as_nonneg_int(bytes, "bytes")));
+          },
+          py::arg("bytes"),
+          "Sets a host-move engine's bytes per SM-path launch (0: the measured slice); returns "
+          "None. Raises ValueError on a device-copy engine.")
+      .def(
           "host_blocks",
           [](GpuCopyEngine& e, py::handle to_host) { return e.host_blocks(as_bool(to_host, "to_host")); },
           py::arg("to_host"), "Returns the SM-path block count of one direction (0 on a device-copy engine).")
@@ -354,7 +363,8 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
         return py::dict(py::arg("sm_access") = p.sm_access, py::arg("batch_dma") = p.batch_dma,
                         py::arg("sm_count") = p.sm_count, py::arg("blocks_to_host") = p.blocks[0],
                         py::arg("blocks_from_host") = p.blocks[1], py::arg("crossover_to_host") = p.crossover[0],
-                        py::arg("crossover_from_host") = p.crossover[1], py::arg("samples") = samples);
+                        py::arg("crossover_from_host") = p.crossover[1], py::arg("slice_to_host") = p.slice_bytes[0],
+                        py::arg("slice_from_host") = p.slice_bytes[1], py::arg("samples") = samples);
       },
       py::arg("device"),
       "Returns what the device's link to pinned host memory does, measured the first time (a "

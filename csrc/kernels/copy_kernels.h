@@ -23,9 +23,10 @@
 // Host moves (`host_moves`): the planner's units are entries of a pinned host
 // buffer; stores move device -> host, restores host -> device, one direction
 // per batch. A batch goes either through the copy kernel on a few SMs (rows
-// shorter than the measured crossover) or as DMA (cudaMemcpyBatchAsync where
-// the runtime has it, else one async memcpy per contiguous run); the SM count
-// and the crossover are measured on the device the first time (host_link_profile).
+// shorter than the measured crossover; launched in slices of ~50 us so other
+// kernels get those SMs back often) or as DMA (cudaMemcpyBatchAsync where the
+// runtime has it, else one async memcpy per contiguous run); the SM count,
+// slice and crossover are measured on the device the first time (host_link_profile).
 // Not thread-safe: callers serialise stage/launch (the Python executor holds
 // the GIL and its own lock around them).
 #pragma once
@@ -60,12 +61,16 @@ struct HostLinkProfile {
   int blocks[2] = {1, 1};  // SM-path copy blocks, one SM each: [to host, from host]
   // Runs of at least this many bytes go by DMA: [to host, from host].
   uint64_t crossover[2] = {0, 0};
+  // SM path: bytes per launch, about 50 us of work, so a kernel that needs
+  // every SM waits at most that long for the ones the copy holds.
+  uint64_t slice_bytes[2] = {uint64_t{1} << 21, uint64_t{1} << 21};
   std::vector<HostLinkSample> samples;
 };
 
-// Measures at the first call for `device` (tens of milliseconds), then
-// returns the cached profile. Thread-safe. Throws std::runtime_error for a
-// CUDA/HIP error.
+// Measures at the first call for `device` (a fraction of a second), then
+// returns the cached profile; STATECACHE_HOST_LINK="blocks_to,blocks_from,
+// crossover_to,crossover_from[,slice]" fixes it instead (sanitizer runs).
+// Thread-safe. Throws std::runtime_error for a CUDA/HIP error.
 const HostLinkProfile& host_link_profile(int device);
 
 // True when `bytes` at `address` are pinned host memory that kernels on
@@ -105,8 +110,10 @@ class GpuCopyEngine {
   // std::invalid_argument for a host-move batch that mixes directions or
   // holds slot copies, or a path on a device-copy engine.
   HostPath submit(const CompiledBatch& batch, uintptr_t stream, HostPath path = HostPath::kAuto);
-  // Host moves: SM-path blocks per direction (0: the measured count).
+  // Host moves: SM-path blocks per direction (0: the measured count), and
+  // bytes per SM-path launch (0: the measured slice; a huge value: one launch).
   void set_host_blocks(int to_host, int from_host);
+  void set_sm_slice_bytes(uint64_t bytes);
   int host_blocks(bool to_host);
 
   int device() const;

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from statecache import _C
-from statecache.layout import PageLayout, StateLayout, layout_id, paged_checkpoint_spec
+from statecache.layout import PageLayout, StateLayout, layout_id, paged_checkpoint_spec, storage_fingerprint
 from statecache.logs import log_config, warn_degraded
 
 # The current stream's raw handle without building a Stream object (a few
@@ -385,9 +385,7 @@ class HostCopyExecutor:
             host.shape[0],
             "host-moves",
         )
-        self._fingerprint = layout._table.fingerprint + (
-            (host, host.data_ptr, host.untyped_storage, host.data_ptr(), host.untyped_storage().nbytes(), host.shape),
-        )
+        self._fingerprint = layout._table.fingerprint + (storage_fingerprint(host),)
         self._lock = threading.RLock()
         self._engines = self._streams = None
         self._path = _PATHS[path]

@@ -112,10 +112,7 @@ class _RowTable:
         # every batch, so a replaced or resized storage never receives bytes.
         # (One C++ call over bound methods: this runs on the scheduler's
         # critical path.)
-        self.fingerprint = tuple(
-            (t, t.data_ptr, t.untyped_storage, t.data_ptr(), t.untyped_storage().nbytes(), t.shape)
-            for t in self.tensors
-        )
+        self.fingerprint = tuple(storage_fingerprint(t) for t in self.tensors)
 
     def check(self, owner: str) -> None:
         """ValueError unless every tensor still has the storage, address and
@@ -127,6 +124,15 @@ class _RowTable:
     @property
     def row_bytes(self) -> int:
         return sum(r.bytes for r in self.rows)
+
+
+def storage_fingerprint(t: torch.Tensor) -> tuple:
+    """(tensor, its data_ptr method, its storage, data_ptr, storage bytes,
+    shape): what ``_C._first_changed`` compares before each batch. Holding
+    the storage keeps its memory allocated, so a replaced storage cannot
+    come back at the same address."""
+    storage = t.untyped_storage()
+    return (t, t.data_ptr, storage, t.data_ptr(), storage.nbytes(), t.shape)
 
 
 def raise_changed(name: str, owner: str, entry: tuple, i: int) -> None:
