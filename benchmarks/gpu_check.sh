@@ -40,8 +40,8 @@ cuobjdump -sass -arch sm_90 "$TMP/copy_kernels.o" > "$TMP/sass_sm90.txt" 2>&1
 echo "sm_90 SASS memory instructions (count):"
 grep -oE '\b(LDG|STG|LD|ST|LDL|STL)\.[A-Z0-9.]*' "$TMP/sass_sm90.txt" | sort | uniq -c | tr '\n' ';'; echo
 
-log "tests (GPU + CPU copy engine)"
-(cd tests/python && timeout 300 $PY -m pytest -q -p no:cacheprovider -rs copy/ 2>&1 \
+log "tests (GPU + CPU copy engine, the host tier on the GPU)"
+(cd tests/python && timeout 300 $PY -m pytest -q -p no:cacheprovider -rs copy/ tiers/test_tiers_gpu.py 2>&1 \
   | tee "$OUT/pytest.txt" | tail -15)
 
 if [ -z "${SKIP_SANITIZER:-}" ]; then
