@@ -29,7 +29,7 @@ cmake -S . -B build/gpu -G Ninja -DSTATECACHE_BUILD_PYTHON=ON -DSTATECACHE_BUILD
   -DPython_EXECUTABLE="$(command -v $PY)" -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" \
   -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$ROOT/python/statecache" > "$TMP/cmake.log" 2>&1 || { cat "$TMP/cmake.log"; exit 1; }
 ninja -C build/gpu > "$TMP/build.log" 2>&1 || { tail -40 "$TMP/build.log"; exit 1; }
-export PYTHONPATH="$ROOT/python"
+export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"  # carried wheels stay visible
 $PY -c "import statecache as sc; print('has_gpu_kernels', sc.has_gpu_kernels)"
 
 log "ptxas -v (sm_90, sm_80)"

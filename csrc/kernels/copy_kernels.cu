@@ -39,10 +39,15 @@ constexpr uint32_t kItemBytes = 4096;  // one or two rounds of a warp
 constexpr uint32_t kInlineWords = 250;
 constexpr uint32_t kSmallInlineWords = 62;
 constexpr size_t kInlineBytes = kInlineWords * 16;
-// The SM path of a host move launches its work in slices of about this long,
-// so a kernel that needs every SM (a persistent GEMM) waits at most one
-// slice for the SMs the copy holds.
+// The SM path of an offload launches its work in slices of about this long,
+// so a kernel that needs every SM (a persistent GEMM) running beside it
+// waits at most one slice for the SMs the copy holds (H200: a 1 GB offload
+// of 4 KiB rows in one launch held 2 SMs for 20 ms and stretched 8 bf16
+// GEMMs beside it 1.71x; in 50 us slices, 1.03x, for ~5% of its rate). A
+// load goes in one launch: what is queued after it on the current stream
+// waits for it anyway, and a PCIe read refilling per slice costs ~10%.
 constexpr double kSliceSeconds = 50e-6;
+constexpr uint64_t kOneLaunch = ~uint64_t{0} >> 1;
 constexpr uint64_t kAllItems = ~uint64_t{0};
 
 // Head of a staged batch; its ops follow, then its unit ids. A captured graph
@@ -683,7 +688,10 @@ HostLinkProfile measure_host_link(int device) {
   check(gpuEventCreate(&b.stop), "create event");
 
   // GB/s of moving rows of `row` bytes one way, best of kReps; `slice`: SM
-  // bytes per launch (~0: one launch).
+  // bytes per launch (~0: one launch). Rows move between device and host rows
+  // in two pseudo-random orders (odd multipliers permute a power of two),
+  // scattered on both sides as a tier's units and arena entries are: DMA
+  // runs slower on scattered runs than on sequential ones.
   auto rate = [&](uint64_t row, bool to_host, HostPath path, int blocks, uint64_t slice) {
     const int64_t n = static_cast<int64_t>(payload_of(row) / row);
     const auto r = static_cast<int64_t>(row);
@@ -693,7 +701,7 @@ HostLinkProfile measure_host_link(int device) {
     MaintenanceBatch mb;
     auto& ops = to_host ? mb.stores : mb.restores;
     ops.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) ops[i] = {i, {i}, r, "host-link-probe"};
+    for (int64_t i = 0; i < n; ++i) ops[i] = {(i * 0x85EBCA77LL) % n, {(i * 0x9E3779B1LL) % n}, r, "host-link-probe"};
     const CompiledBatch batch = planner.compile(mb);
     GpuCopyEngine engine(device, planner, 0, static_cast<size_t>(n), 1, 0, true);
     engine.set_host_blocks(blocks, blocks);
@@ -715,7 +723,6 @@ HostLinkProfile measure_host_link(int device) {
     return gbs;
   };
 
-  constexpr uint64_t kOneLaunch = ~uint64_t{0} >> 1;
   const uint64_t rows[] = {4096, 8192, 16384, 32768, 65536, 131072, 262144, 1048576};
   for (int dir = 0; dir < 2; ++dir) {
     const bool to_host = dir == 0;
@@ -735,7 +742,8 @@ HostLinkProfile measure_host_link(int device) {
       if (c.second >= 0.95 * top) {
         prof.blocks[dir] = c.first;
         prof.slice_bytes[dir] =
-            std::max<uint64_t>(uint64_t{64} << 10, static_cast<uint64_t>(c.second * 1e9 * kSliceSeconds));
+            to_host ? std::max<uint64_t>(uint64_t{64} << 10, static_cast<uint64_t>(c.second * 1e9 * kSliceSeconds))
+                    : kOneLaunch;
         break;
       }
     // The crossover: the shortest row from which DMA (which takes no SM) is
@@ -775,7 +783,8 @@ bool host_link_from_env(int device, HostLinkProfile& prof) {
   prof.blocks[1] = static_cast<int>(x[1]);
   prof.crossover[0] = x[2];
   prof.crossover[1] = x[3];
-  prof.slice_bytes[0] = prof.slice_bytes[1] = x[4];
+  prof.slice_bytes[0] = x[4];
+  prof.slice_bytes[1] = kOneLaunch;
   return true;
 }
 

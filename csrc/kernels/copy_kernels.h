@@ -23,8 +23,8 @@
 // Host moves (`host_moves`): the planner's units are entries of a pinned host
 // buffer; stores move device -> host, restores host -> device, one direction
 // per batch. A batch goes either through the copy kernel on a few SMs (rows
-// shorter than the measured crossover; launched in slices of ~50 us so other
-// kernels get those SMs back often) or as DMA (cudaMemcpyBatchAsync where the
+// shorter than the measured crossover; an offload launched in slices of
+// ~50 us so other kernels get those SMs back often) or as DMA (cudaMemcpyBatchAsync where the
 // runtime has it, else one async memcpy per contiguous run); the SM count,
 // slice and crossover are measured on the device the first time (host_link_profile).
 // Not thread-safe: callers serialise stage/launch (the Python executor holds
@@ -61,9 +61,10 @@ struct HostLinkProfile {
   int blocks[2] = {1, 1};  // SM-path copy blocks, one SM each: [to host, from host]
   // Runs of at least this many bytes go by DMA: [to host, from host].
   uint64_t crossover[2] = {0, 0};
-  // SM path: bytes per launch, about 50 us of work, so a kernel that needs
-  // every SM waits at most that long for the ones the copy holds.
-  uint64_t slice_bytes[2] = {uint64_t{1} << 21, uint64_t{1} << 21};
+  // SM path: bytes per launch. Offloads: about 50 us of work, so a kernel
+  // that needs every SM waits at most that long for the ones the copy
+  // holds; loads: one launch (the work queued after a load waits for it).
+  uint64_t slice_bytes[2] = {uint64_t{1} << 21, ~uint64_t{0} >> 1};
   std::vector<HostLinkSample> samples;
 };
 

@@ -8,7 +8,7 @@ without a CUDA device and GPU kernels."""
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", minversion="5.24")  # what statecache.models needs
 
 import statecache as sc  # noqa: E402
 from statecache.engine.conversations import make_workload, serve  # noqa: E402
