@@ -277,8 +277,21 @@ def bench_gpu(repeats, move_mb=256, out=None, dry=False):
         entries = rng.permutation(2 * n)[:n]
         back = rng.permutation(blocks)[:n]
         base = copy_baseline(n * unit)
-        for path in ("auto",) if dry else ("auto", "sm", "dma"):
+        # Knobs beside the defaults: DMA runs per batched call (all of them, 256,
+        # one memcpy a run), an offload's SM slices twice as long.
+        variants = [(p, None, None) for p in (("auto",) if dry else ("auto", "sm", "dma"))]
+        if not dry and row_kib == 64:
+            variants += [("dma", ("dma_batch", b), f"dma, {b or 'one'} runs a call") for b in (1 << 30, 256, 0)]
+        if not dry and row_kib == 4:
+            variants += [("sm", ("slice", 2 * prof["slice_to_host"]), "sm, 100 us slices")]
+        for path, knob, label in variants:
             ex = HostCopyExecutor(page, host, path=path)
+            if knob is not None:
+                for e in ex._engines:
+                    if knob[0] == "dma_batch":
+                        e.set_dma_batch(knob[1])
+                    else:
+                        e.set_sm_slice_bytes(knob[1])
             ex.offload(units, entries).wait()  # warm, then check the bytes
             want = torch.cat([t[torch.as_tensor(units[:4], device=dev)].cpu() for t in kv], dim=1)
             assert torch.equal(host[torch.as_tensor(entries[:4])], want), f"{row_kib} KiB {path}: offload differs"
@@ -287,7 +300,8 @@ def bench_gpu(repeats, move_mb=256, out=None, dry=False):
             h2d = timed_gpu(lambda ex=ex: ex.load(entries, back), repeats)
             got = torch.cat([t[torch.as_tensor(back[:4], device=dev)].cpu() for t in kv], dim=1)
             assert torch.equal(got, want), f"{row_kib} KiB {path}: load differs"
-            versus(f"{row_kib} KiB rows ({path}{' -> ' + taken if path == 'auto' else ''})", n * unit, d2h, h2d, *base)
+            name = label or f"{path}{' -> ' + taken if path == 'auto' else ''}"
+            versus(f"{row_kib} KiB rows ({name})", n * unit, d2h, h2d, *base)
         g.empty_cache()
 
     # 2. Whole 38.6 MB Qwen3-Next images (36 GDN layers: conv [3, 4096] bf16 +
@@ -363,6 +377,11 @@ def _images_through_mover(torch, dev, host, ids, n_img, upc, rng, timed_gpu, rep
     d2h = timed_gpu(lambda: mover.to_rows(uid, rows), repeats)
     h2d = timed_gpu(lambda: mover.from_rows(rows, uid), repeats)
     versus(f"{n_img} images in 64 KiB units, tier UnitMover ({taken})", len(uid) * entry, d2h, h2d, *base)
+    if dev.type != "cpu":  # the same through the SM path
+        mover._arena._path = 1
+        d2h = timed_gpu(lambda: mover.to_rows(uid, rows), repeats)
+        h2d = timed_gpu(lambda: mover.from_rows(rows, uid), repeats)
+        versus(f"{n_img} images in 64 KiB units, tier UnitMover (sm)", len(uid) * entry, d2h, h2d, *base)
     # What the mover did before: a torch gather on the device, one pinned
     # copy_ (into consecutive rows, its favourable case), and back.
     idx = torch.as_tensor(uid, device=dev)
@@ -414,16 +433,16 @@ def bench_overlap(torch, g, repeats):
         "| forward | offload | alone ms | beside ms | ratio | offload GB/s beside |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    cases = [(64, "auto", None), (4, "sm", None), (4, "sm", 1 << 62)]
+    cases = [(64, "auto", None), (4, "sm", None), (4, "sm", "2x"), (4, "sm", 1 << 62)]
     for row_kib, path, slice_bytes in cases[:2] if g.dry else cases:
         row = row_kib << 10
         n = total // (16 * row)
         kv = [torch.empty(n, row, dtype=torch.uint8, device=dev) for _ in range(16)]
         host = g.pinned((n, 16 * row))
         ex = HostCopyExecutor(PageLayout(kv, unit_dim=0), host, path="auto" if g.dry else path)
-        if slice_bytes is not None:  # the SM path in one launch: what slicing avoids
+        if slice_bytes is not None:  # slices twice as long; one launch (what slicing avoids)
             for e in ex._engines:
-                e.set_sm_slice_bytes(slice_bytes)
+                e.set_sm_slice_bytes(2 * g.profile()["slice_to_host"] if slice_bytes == "2x" else slice_bytes)
         units = list(range(n))
         ex.offload(units, units).wait()
         for name, fwd in (("8 bf16 8192^3 matmuls", matmuls), ("16 GB HBM copy", hbm)):
@@ -445,7 +464,7 @@ def bench_overlap(torch, g, repeats):
             a_ms, b_ms = statistics.median(alone), statistics.median(beside)
             lines.append(
                 f"| {name} | {total >> 20} MiB, {row_kib} KiB rows, {move.path}"
-                f"{', one launch' if slice_bytes else ''} | {a_ms:.2f} | {b_ms:.2f} | {b_ms / a_ms:.3f} | "
+                f"{', 100 us slices' if slice_bytes == '2x' else ', one launch' if slice_bytes else ''} | {a_ms:.2f} | {b_ms:.2f} | {b_ms / a_ms:.3f} | "
                 f"{statistics.median(rate):.1f} |"
             )
         del kv, host, ex

@@ -315,6 +315,12 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
           "Sets a host-move engine's bytes per SM-path launch (0: the measured slice); returns "
           "None. Raises ValueError on a device-copy engine.")
       .def(
+          "set_dma_batch",
+          [](GpuCopyEngine& e, py::handle runs) { e.set_dma_batch(static_cast<size_t>(as_nonneg_int(runs, "runs"))); },
+          py::arg("runs"),
+          "Sets a host-move engine's runs per batched-memcpy call (0: one memcpy per run); "
+          "returns None. Raises ValueError on a device-copy engine.")
+      .def(
           "host_blocks",
           [](GpuCopyEngine& e, py::handle to_host) { return e.host_blocks(as_bool(to_host, "to_host")); },
           py::arg("to_host"), "Returns the SM-path block count of one direction (0 on a device-copy engine).")

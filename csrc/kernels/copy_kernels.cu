@@ -48,6 +48,9 @@ constexpr size_t kInlineBytes = kInlineWords * 16;
 // waits for it anyway, and a PCIe read refilling per slice costs ~10%.
 constexpr double kSliceSeconds = 50e-6;
 constexpr uint64_t kOneLaunch = ~uint64_t{0} >> 1;
+// Runs per cudaMemcpyBatchAsync call. (H200: 2048 scattered 64 KiB runs in
+// one call moved 55 GB/s, 4096-9440 of them 28-39 GB/s.)
+constexpr size_t kDmaBatch = 1024;
 constexpr uint64_t kAllItems = ~uint64_t{0};
 
 // Head of a staged batch; its ops follow, then its unit ids. A captured graph
@@ -289,7 +292,8 @@ struct GpuCopyEngine::Impl {
   const HostLinkProfile* link = nullptr;
   std::vector<void*> dma_dst, dma_src;
   std::vector<size_t> dma_bytes;
-  bool batch_refused = false;  // the runtime refused a batched memcpy once: runs one by one
+  bool batch_refused = false;    // the runtime refused a batched memcpy once: runs one by one
+  size_t dma_batch = kDmaBatch;  // runs per batched-memcpy call (0: one memcpy per run)
   InlineBatch<kInlineWords> inline_batch{};
   uint64_t slice_bytes = 0;  // host SM path: bytes per launch (0 until measured or set)
   uint64_t staged_items = 0;
@@ -419,28 +423,35 @@ struct GpuCopyEngine::Impl {
         dma_bytes.push_back(p.bytes);
       }
     if (dma_bytes.empty()) return;
+    size_t done = 0;
 #ifdef SC_HAVE_MEMCPY_BATCH
-    if (dma_bytes.size() > 1 && !batch_refused && !capturing(stream)) {
+    if (dma_bytes.size() > 1 && dma_batch > 0 && !batch_refused && !capturing(stream)) {
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-      size_t first = 0;
+      for (; done < dma_bytes.size(); done += dma_batch) {
+        const size_t n = std::min(dma_batch, dma_bytes.size() - done);
+        size_t first = 0;
 #if CUDART_VERSION >= 13000
-      const cudaError_t err = cudaMemcpyBatchAsync(dma_dst.data(), const_cast<const void* const*>(dma_src.data()),
-                                                   dma_bytes.data(), dma_bytes.size(), &attr, &first, 1, stream);
+        const cudaError_t err =
+            cudaMemcpyBatchAsync(dma_dst.data() + done, const_cast<const void* const*>(dma_src.data() + done),
+                                 dma_bytes.data() + done, n, &attr, &first, 1, stream);
 #else
-      size_t failed = 0;
-      const cudaError_t err = cudaMemcpyBatchAsync(dma_dst.data(), dma_src.data(), dma_bytes.data(), dma_bytes.size(),
-                                                   &attr, &first, 1, &failed, stream);
+        size_t failed = 0;
+        const cudaError_t err = cudaMemcpyBatchAsync(dma_dst.data() + done, dma_src.data() + done,
+                                                     dma_bytes.data() + done, n, &attr, &first, 1, &failed, stream);
 #endif
-      if (err == cudaSuccess) return;
-      // Refused as a batch (a platform without it): the runs one by one
-      // below write the same bytes again, so a partial batch is harmless.
-      (void)cudaGetLastError();
-      batch_refused = true;
+        if (err != cudaSuccess) {
+          // Refused as a batch (a platform without it): the runs from here
+          // go one by one (rewriting what a partial batch wrote is harmless).
+          (void)cudaGetLastError();
+          batch_refused = true;
+          break;
+        }
+      }
     }
 #endif
-    for (size_t i = 0; i < dma_bytes.size(); ++i)
+    for (size_t i = done; i < dma_bytes.size(); ++i)
       check(gpuMemcpyAsync(dma_dst[i], dma_src[i], dma_bytes[i], gpuMemcpyDefault, stream), "enqueue a host copy");
   }
 };
@@ -595,6 +606,11 @@ HostPath GpuCopyEngine::submit(const CompiledBatch& batch, uintptr_t stream_hand
   stage(batch);
   launch(stream_handle);
   return HostPath::kSm;
+}
+
+void GpuCopyEngine::set_dma_batch(size_t runs) {
+  if (!impl_->host_moves) throw std::invalid_argument("DMA batches: not a host-move engine");
+  impl_->dma_batch = runs;
 }
 
 void GpuCopyEngine::set_sm_slice_bytes(uint64_t bytes) {

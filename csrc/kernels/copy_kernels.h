@@ -115,6 +115,8 @@ class GpuCopyEngine {
   // bytes per SM-path launch (0: the measured slice; a huge value: one launch).
   void set_host_blocks(int to_host, int from_host);
   void set_sm_slice_bytes(uint64_t bytes);
+  // Runs per batched-memcpy call of the DMA path (0: one memcpy per run).
+  void set_dma_batch(size_t runs);
   int host_blocks(bool to_host);
 
   int device() const;
