@@ -85,8 +85,7 @@ class Tiering(TierHooks):
         )
         self.host, self.shared = self.stack.host, self.stack.shared
         self.counters = self.stack.counters
-        if hasattr(self.host._owner, "data_ptr"):
-            self.mover.attach_host(self.host._owner)
+        self.mover.attach_host(self.host._owner)  # the arena's tensor (pinned with a GPU) or array
         self.index = statecache.StateOffloadIndex()
         self.placement = TierPlacement(self.host.arena, self.keys.chains, self.keys.key)
         self.stores = StateOffloads(
