@@ -411,7 +411,7 @@ class ReusingCoordinator:
     def take_offload_stores(self, n):  # the next call in the pass
         mover = self._tiering.mover
         for units in self._reused:
-            mover.scatter(units, torch.full((len(units), mover.unit_bytes), MARK, dtype=torch.uint8))
+            mover.from_rows([np.full(mover.unit_bytes, MARK, np.uint8) for _ in units], units)
         self._reused.clear()
         got = self._coord.take_offload_stores(n)
         for op, units in got:
