@@ -155,8 +155,9 @@ class Tiering:
     order lookups ask them. ``shared_writes``: ``"demote"`` (a host value goes
     to the shared tiers when the host evicts it, and at ``flush()``) or
     ``"through"`` (every value also goes to the shared tiers when written).
-    ``hash_seed`` / ``hash_salt`` must match the engine's prefix keys (they do
-    when the engine builds this object).
+    Entries are named by 128-bit prefix keys, never by a 64-bit hash alone:
+    what goes down by the key ``block_manager`` filed the GPU entry under,
+    what comes up by the admitted sequence's own key.
     """
 
     def __init__(
@@ -164,7 +165,7 @@ class Tiering:
         tiers,
         *,
         caches,
-        block_pool,
+        block_manager,
         page_layout,
         layout_id: str,
         hash_block_size: int,
@@ -195,7 +196,8 @@ class Tiering:
             raise ValueError(f"shared_writes={shared_writes!r} must be 'demote' or 'through'")
         self.caches = caches
         self.coord = caches.coordinator
-        self.pool = block_pool
+        self.bm = block_manager
+        self.pool = block_manager.pool
         self.mover = UnitMover(page_layout)
         self.unit_bytes = self.mover.unit_bytes
         self.upc = self.coord.store.units_per_checkpoint
@@ -234,9 +236,9 @@ class Tiering:
         self._jobs: list[_Job] = []
         self._quarantine: list[tuple[object, str]] = []  # (tier, host key) of timed-out reads
         self._owner_ids = itertools.count()
-        self.known: dict[int, tuple[bytes, int]] = {}  # scheduler hash -> (prefix key, tokens)
+        self.known: dict[int, int] = {}  # scheduler hash -> tokens its prefix covers (ranking only)
         self._kv_blocks: dict[int, int] = {}  # published hash -> block
-        self._kv_pending: list[tuple[int, int]] = []  # (hash, block) to copy down
+        self._kv_pending: list[tuple[int, int, bytes]] = []  # (hash, block, prefix key) to copy down
         self._loaded_from: dict[int, str] = {}
         self.counters = {
             k: 0
@@ -260,18 +262,17 @@ class Tiering:
     # ------------------------------ keys ----------------------------------- #
 
     def note_keys(self, hashes, keys: bytes, first_block: int) -> None:
-        """Learns the 128-bit prefix keys of blocks ``first_block...``."""
+        """Learns where the prefixes of blocks ``first_block...`` end."""
         for i, h in enumerate(hashes):
-            self.known[h] = (keys[16 * i : 16 * i + 16], (first_block + i + 1) * self.hbs)
+            self.known[h] = (first_block + i + 1) * self.hbs
         if len(self.known) > (1 << 21):  # bounded: forget the oldest half
             for h in list(itertools.islice(self.known, len(self.known) // 2)):
                 del self.known[h]
 
-    def key(self, kind: str, h: int) -> str | None:
-        k = self.known.get(h)
-        if k is None:
+    def key(self, kind: str, prefix_key: bytes | None) -> str | None:
+        if prefix_key is None:
             return None
-        return TierKey(kind, self.layout_id, self.tp_rank, self.tp_size, k[0]).encode()
+        return TierKey(kind, self.layout_id, self.tp_rank, self.tp_size, prefix_key).encode()
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -292,8 +293,7 @@ class Tiering:
     def _position(self, h: int) -> int:
         """Where ``h``'s prefix ends, in hash blocks (the PAGE store's
         position unit, so its cost model applies unchanged); 0 if unknown."""
-        k = self.known.get(h)
-        return k[1] // self.hbs if k else 0
+        return self.known.get(h, 0) // self.hbs
 
     def _sync_eviction_model(self) -> None:
         """The host arena ranks with the PAGE store's cost model (one model
@@ -305,7 +305,7 @@ class Tiering:
 
     def _offload(self, op, units) -> None:
         h = op.prefix_hash
-        key = self.key("state", h)
+        key = self.key("state", self.bm.filed.get(h))  # the image's own prefix
         rows = None
         if key is not None and not self.host.arena.contains(key):
             rows = self.host.reserve(key, len(units) * self.unit_bytes, self._position(h), STATE)
@@ -452,7 +452,7 @@ class Tiering:
     def note_published(self, block: int, h: int) -> None:
         self._kv_blocks[h] = block
         if self.kv and self.shared_writes == "through":
-            self._kv_pending.append((h, block))
+            self._kv_pending.append((h, block, self.bm.filed.get(h)))
 
     def on_kv_evict(self, h: int) -> None:
         """A KV block left the GPU index; its bytes stay intact until something
@@ -460,7 +460,7 @@ class Tiering:
         block = self._kv_blocks.pop(h, None)
         if block is None or not self.kv or self.shared_writes == "through":
             return
-        self._kv_pending.append((h, block))
+        self._kv_pending.append((h, block, self.bm.filed.get(h)))  # filed until this returns
 
     def flush_kv(self) -> None:
         """Copies the KV blocks queued since the last flush down, with one
@@ -473,8 +473,8 @@ class Tiering:
         klass = STATE if self.staging_only else KV
         has_room = self.staging_only or self.host.arena.class_stats(KV)["budget_entries"] > 0
         items, blocks, seen = [], [], set()
-        for h, block in pending:
-            key = self.key("kv", h)
+        for h, block, prefix_key in pending:
+            key = self.key("kv", prefix_key)
             if key is None or key in seen or self.host.arena.contains(key):
                 continue
             seen.add(key)
@@ -570,9 +570,11 @@ class Tiering:
             return
         lo = getattr(seq, "_tier_probed", 0)
         seq._tier_probed = upto
-        hs = [h for h in seq.hashes[lo:upto] if not self.index.could_serve(h) and not self.coord.contains(h)]
-        keys = [self.key("state", h) for h in hs]
-        pairs = [(h, k) for h, k in zip(hs, keys) if k is not None]
+        pairs = [
+            (h, self.key("state", k))
+            for h, k in zip(seq.hashes[lo:upto], seq.prefix_keys[lo:upto])
+            if not self.index.could_serve(h) and not self.coord.contains(h)
+        ]
         if not pairs:
             return
         self._count("probes")
@@ -590,16 +592,15 @@ class Tiering:
         blocks and published (cached, unreferenced). Returns the new hit."""
         if not self.kv:
             return gpu_hit
-        hashes = seq.hashes
+        hashes, keys, bm = seq.hashes, seq.prefix_keys, self.bm
         want = []
         for i in range(gpu_hit, limit):
-            key = self.key("kv", hashes[i])
-            if key is None:
-                break
-            want.append((i, key))
+            if self.pool.lookup(hashes[i]) >= 0 and not bm.holds(hashes[i], keys[i]):
+                break  # another prefix's block under this hash: ours cannot be indexed
+            want.append((i, self.key("kv", keys[i])))
         if not want:
             return gpu_hit
-        present = [self.pool.lookup(hashes[i]) >= 0 or self.host.arena.contains(k) for i, k in want]
+        present = [bm.holds(hashes[i], keys[i]) or self.host.arena.contains(k) for i, k in want]
         if self.shared and not all(present):
             miss = [k for (_, k), p in zip(want, present) if not p]
             got = {}
@@ -621,6 +622,8 @@ class Tiering:
         try:
             for i, key in want[:n]:
                 on_gpu = self.pool.lookup(hashes[i])
+                if on_gpu >= 0 and not bm.holds(hashes[i], keys[i]):
+                    break  # indexed by another prefix since the scan
                 if on_gpu >= 0:  # still cached on the GPU past the gap: hold it
                     self.pool.incref([on_gpu])
                     held.append(on_gpu)
@@ -639,7 +642,7 @@ class Tiering:
                     self.mover.from_rows(rows, [block])
                 finally:
                     self.host.unpin(key)
-                if not self.pool.publish(block, hashes[i]):
+                if not bm.publish_block(block, hashes[i], keys[i]):
                     raise AssertionError("a tier load published a hash the GPU index holds")
                 self._kv_blocks[hashes[i]] = block
                 self._count("kv_loaded_host" if where == "host" else "kv_loaded_shared")
@@ -651,12 +654,13 @@ class Tiering:
     def _blocks_free(self, n: int) -> bool:
         return self.coord.ensure_free_units(n)
 
-    def load_state(self, h: int) -> bool:
-        """Brings the image filed under ``h`` from a tier into the PAGE store
-        (READY); False when no tier has a trusted copy or no units are free."""
+    def load_state(self, h: int, prefix_key: bytes) -> bool:
+        """Brings the image of prefix ``prefix_key`` from a tier into the PAGE
+        store under ``h`` (READY); False when no tier has a trusted copy or no
+        units are free. The caller holds ``h``'s KV block, filed under that key."""
         if self.coord.contains(h):
             return True
-        key = self.key("state", h)
+        key = self.key("state", prefix_key)
         if key is None or not self.index.request_load(h):
             return False
         nbytes = self.upc * self.unit_bytes
@@ -748,7 +752,7 @@ def attach_tiers(engine, tiers, *, page_layout=None, tp_rank: int = 0, tp_size: 
     t = Tiering(
         tiers,
         caches=engine.caches,
-        block_pool=engine.block_manager.pool,
+        block_manager=engine.block_manager,
         page_layout=page_layout,
         layout_id=layout_id,
         hash_block_size=engine.config.hash_block_size,

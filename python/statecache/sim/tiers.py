@@ -8,7 +8,9 @@ store protocol the real ``engine.tiering.Tiering`` follows
 ``HostArena`` keeping each tier's entries (ranked with the PAGE store's own
 eviction cost model, separate state and KV budgets). Nothing is copied: a
 load moves the simulated clock by its bytes over the tier's bandwidth;
-offloads ride a side stream and are not charged.
+offloads ride a side stream and are not charged. Entries are named by the
+128-bit prefix key (the one the engine filed the GPU entry under, or the
+admitted sequence's own), as the real tiers name them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class SimTiers:
         max_inflight: int = 64,
     ):
         self.coord = engine.caches.coordinator
+        self.bm = engine.block_manager
         self.pool = engine.block_manager.pool
         self.runner = runner
         self.block_bytes = block_bytes
@@ -69,8 +72,13 @@ class SimTiers:
         self._owner = 0
 
     @staticmethod
-    def _key(kind: str, h: int) -> bytes:
-        return kind.encode() + h.to_bytes(8, "little", signed=True)
+    def _key(kind: str, prefix_key: bytes) -> bytes:
+        return kind.encode() + prefix_key
+
+    @staticmethod
+    def _split(key: bytes) -> tuple[str, bytes, int]:
+        """kind, prefix key and scheduler hash of an entry's key."""
+        return key[:-16].decode(), key[-16:], statecache.scheduler_hash(key[-16:])
 
     # ---- the engine's hooks ----
     def note_keys(self, hashes, keys, first_block) -> None:
@@ -90,7 +98,8 @@ class SimTiers:
                 arena.set_eviction_policy(**m)
             self._eviction_model = m
         for op, units in self.coord.take_offload_stores(self.max_inflight):
-            stored = self._put("state", op.prefix_hash, len(units), STATE)
+            prefix_key = self.bm.filed.get(op.prefix_hash)  # the image's own prefix
+            stored = prefix_key is not None and self._put("state", op.prefix_hash, prefix_key, len(units), STATE)
             self.coord.release_offload_store_source(op)
             self.coord.settle_offload_store(op)
             if stored and not self.coord.was_reclaimed(op):
@@ -100,14 +109,15 @@ class SimTiers:
                 self.index.note_store_failed(op.prefix_hash)
 
     def on_kv_evict(self, h: int) -> None:
-        if self._put("kv", h, 1, KV):
+        prefix_key = self.bm.filed.get(h)  # filed until this returns
+        if prefix_key is not None and self._put("kv", h, prefix_key, 1, KV):
             self.counters["kv_offloaded"] += 1
 
-    def _put(self, kind, h, count, klass, tier="host") -> bool:
+    def _put(self, kind, h, prefix_key, count, klass, tier="host") -> bool:
         arena = self.tiers.get(tier)
         if arena is None:
-            return tier == "host" and self._put(kind, h, count, klass, "shared")
-        key = self._key(kind, h)
+            return tier == "host" and self._put(kind, h, prefix_key, count, klass, "shared")
+        key = self._key(kind, prefix_key)
         if arena.contains(key):
             arena.lookup(key)
             return True
@@ -116,15 +126,15 @@ class SimTiers:
             return False
         if tier == "host":  # demote what the host evicts
             for v in victims:
-                vh = int.from_bytes(v[-8:], "little", signed=True)
+                vkind, vkey, vh = self._split(v)
                 n = len(arena.lookup(v, False)[0])
-                if self._put(v[:-8].decode(), vh, n, klass, "shared"):
+                if self._put(vkind, vh, vkey, n, klass, "shared"):
                     self.counters["demoted"] += 1
-                elif v[:-8] == b"state":
+                elif vkind == "state":
                     self.index.forget(vh)
         elif klass == STATE:
             for v in victims:
-                vh = int.from_bytes(v[-8:], "little", signed=True)
+                vh = self._split(v)[2]
                 if not self.tiers["host"].contains(v) if "host" in self.tiers else True:
                     self.index.forget(vh)
         # position in hash blocks, the store's unit
@@ -134,8 +144,8 @@ class SimTiers:
         arena.seal(key, b"")
         return True
 
-    def _where(self, kind, h):
-        key = self._key(kind, h)
+    def _where(self, kind, prefix_key):
+        key = self._key(kind, prefix_key)
         for name, arena in self.tiers.items():
             if arena.contains(key):
                 arena.lookup(key)
@@ -151,25 +161,27 @@ class SimTiers:
         pass
 
     def kv_extend(self, seq, gpu_hit: int, limit: int) -> int:
-        hashes, n = seq.hashes, gpu_hit
+        hashes, keys, n, bm = seq.hashes, seq.prefix_keys, gpu_hit, self.bm
         # The GPU hit is held so that making room for loads cannot evict it.
         held = [self.pool.lookup(h) for h in hashes[:gpu_hit]]
         self.pool.incref(held)
         try:
             for i in range(gpu_hit, limit):
-                h = hashes[i]
+                h, k = hashes[i], keys[i]
                 b = self.pool.lookup(h)
                 if b >= 0:
+                    if not bm.holds(h, k):
+                        break  # another prefix's block under this hash
                     self.pool.incref([b])
                     held.append(b)
                     n += 1
                     continue
-                where = self._where("kv", h)
+                where = self._where("kv", k)
                 if where is None or not self.coord.ensure_free_units(1):
                     break
                 b = self.pool.allocate(1)[0]
                 held.append(b)
-                if not self.pool.publish(b, h):
+                if not bm.publish_block(b, h, k):
                     raise AssertionError("a tier load published a hash the GPU index holds")
                 self._charge(where, self.block_bytes)
                 self.counters[f"kv_loaded_{where}"] += 1
@@ -178,10 +190,10 @@ class SimTiers:
             self.pool.free(list(reversed(held)))
         return n
 
-    def load_state(self, h: int) -> bool:
+    def load_state(self, h: int, prefix_key: bytes) -> bool:
         if self.coord.contains(h):
             return True
-        where = self._where("state", h)
+        where = self._where("state", prefix_key)
         if where is None or not self.index.request_load(h):
             if where is None:
                 self.index.forget(h)
