@@ -251,6 +251,7 @@ class Engine:
             )
         # 3. build the batch
         ops = self.caches.take_ops()
+        bm.sweep_unfiled()  # stores began under hashes whose KV left the index
         if self.tiering is not None:
             self.tiering.flush_kv()  # evicted KV blocks go down before the forward reuses them
         # 4. forward (an empty pass still runs the drained ops, no model)

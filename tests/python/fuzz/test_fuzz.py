@@ -15,7 +15,7 @@ import pytest
 
 DRIVER = Path(__file__).with_name("fuzz_driver.py")
 SECONDS = float(os.environ.get("STATECACHE_FUZZ_SECONDS", "4"))
-CASES = ["slot_pool", "group_pool", "paged", "uninitialised", "pickling", "views", "threads"]
+CASES = ["slot_pool", "group_pool", "paged", "uninitialised", "pickling", "views", "threads", "collision_pair"]
 
 
 @pytest.mark.parametrize("seed", [1, 2])
