@@ -54,7 +54,7 @@ def _host_tier(engine):
 
 
 def _serve(args, engine):
-    from statecache.demo import make_workload, serve
+    from statecache.engine.conversations import make_workload, serve
 
     convs, branches, at = make_workload(args.seed, args.conversations, args.turns)
     t0 = time.perf_counter()

@@ -16,11 +16,12 @@ admitted sequence's own), as the real tiers name them.
 from __future__ import annotations
 
 import statecache
+from statecache.engine.tiering.hooks import TierHooks
 
 STATE, KV = 0, 1
 
 
-class SimTiers:
+class SimTiers(TierHooks):
     """Host and shared tiers of ``host_bytes`` / ``shared_bytes`` (each split
     ``kv_share`` for KV blocks, the rest for state images)."""
 

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from statecache.demo import make_workload, serve  # noqa: E402
+from statecache.engine.conversations import make_workload, serve  # noqa: E402
 from statecache.models import build_engine, build_model  # noqa: E402
 from statecache.tiers import HostTier  # noqa: E402
 from tier_support import mooncake_servers  # noqa: E402
@@ -297,3 +297,42 @@ def test_fresh_engine_resumes_from_redis(model, reference, unit):
         eng2.close()
     finally:
         srv.stop()
+
+
+class FailingTier:
+    """A shared tier every call of which raises ``exc``."""
+
+    name = "failing"
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def _fail(self, *a):
+        raise self.exc
+
+    put_many = get_many_into = contains_many = remove_many = _fail
+
+    def stats(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_a_failing_shared_tier_is_counted_and_logged(model, reference, unit, caplog):
+    from statecache.tiers import TierError
+
+    caplog.set_level("WARNING", logger="statecache")
+    eng, rows = run(
+        model, tiers=[host_tier(unit), FailingTier(TierError("down"))], tier_options={"shared_writes": "through"}
+    )
+    assert_identical(rows, reference)
+    st = eng.tiering.stats()
+    assert st["tier_errors"] > 0 and st["shared_writes_failed"] > 0
+    assert any("tier failing" in r.getMessage() and "down" in r.getMessage() for r in caplog.records)
+    eng.close()
+
+
+def test_a_tier_that_raises_outside_the_interface_is_a_bug_that_propagates(model, unit):
+    with pytest.raises(KeyError, match="not a tier failure"):
+        run(model, tiers=[host_tier(unit), FailingTier(KeyError("not a tier failure"))])
