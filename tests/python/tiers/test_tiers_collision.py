@@ -111,3 +111,42 @@ def test_the_simulators_tiers_resume_only_the_prompts_own_prefix(prompt):
     else:
         assert serve(A + [20, 21, 22, 23, 24, 25, 26, 27]).num_cached_tokens == 16
         assert eng.tiering.stats()["state_loaded_host"] == 1
+
+
+class EmptyTier:
+    """A shared tier that holds nothing and refuses every write."""
+
+    name = "empty"
+
+    def put_many(self, keys, values):
+        return [False] * len(keys)
+
+    def get_many_into(self, keys, dests):
+        return [-1] * len(keys)
+
+    def contains_many(self, keys):
+        return [False] * len(keys)
+
+    def remove_many(self, keys):
+        return [False] * len(keys)
+
+    def stats(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_shared_tiers_under_the_per_process_key_are_warned_about(model, caplog):
+    caplog.set_level("WARNING", logger="statecache")
+    probe = build_engine("qwen3next", "page", model_and_geom=model, num_blocks=16)
+    ub = probe.caches.coordinator.store.spec.page_unit_bytes
+
+    def warned(**kw):
+        caplog.clear()
+        eng = build_engine("qwen3next", "page", model_and_geom=model, tiers=[HostTier(64 * ub, ub), EmptyTier()], **kw)
+        eng.close()
+        return any("random for this process" in r.getMessage() for r in caplog.records)
+
+    assert warned()
+    assert not warned(hash_salt=b"the fleet's secret")
