@@ -3,6 +3,7 @@ bounded waits) and helpers shared by the tier test modules."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -10,8 +11,13 @@ import pytest
 
 
 def need(binary: str, extra: str) -> None:
+    """Skips without ``binary`` on PATH; fails under CI (CI=true), where a
+    skip would hide a missing install step of .ci/run."""
     if shutil.which(binary) is None:
-        pytest.skip(f"{binary} is not installed ({extra}); .ci/run installs it")
+        msg = f"{binary} is not installed ({extra}); .ci/run installs it"
+        if os.environ.get("CI"):
+            pytest.fail(f"{msg}, but not on PATH here")
+        pytest.skip(msg)
 
 
 def mooncake_servers(segment_bytes: int = 64 << 20):
