@@ -16,8 +16,8 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import subprocess
+import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING

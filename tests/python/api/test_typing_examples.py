@@ -200,6 +200,7 @@ def test_deployment_key(monkeypatch: pytest.MonkeyPatch) -> None:
     # docs/operations.md: "The deployment key"
     monkeypatch.setenv("STATECACHE_HASH_KEY", "5f0c0b6a8c1d4e2f9a7b3c5d6e8f1a2b")
     import os
+
     from statecache.engine import EngineConfig
 
     # one secret per fleet, from the secrets store (here: the environment), never a command line

@@ -11,9 +11,9 @@ prefix); test_collisions_model.py serves the pair on the real tiny model."""
 import random
 
 import pytest
-from engine_support import ContentRunner, caches_for, engine
 
 import statecache
+from engine_support import ContentRunner, caches_for, engine
 from statecache.engine import BlockManager, Request
 from statecache.engine.deployment_key import deployment_key
 
@@ -106,7 +106,9 @@ def test_filed_keys_mirror_the_kv_index():
     bm = eng.block_manager
     for i in range(40):
         head = A if rng.random() < 0.5 else B
-        eng.add_request(Request(head + [rng.randrange(1, 4) for _ in range(rng.randrange(1, 30))], 2, scripted_output=[1, 1]))
+        eng.add_request(
+            Request(head + [rng.randrange(1, 4) for _ in range(rng.randrange(1, 30))], 2, scripted_output=[1, 1])
+        )
         for _ in range(rng.randrange(1, 4)):
             eng.step()
             for h, key in bm.filed.items():

@@ -5,12 +5,10 @@ every engine of a process, and never printed."""
 import logging
 import subprocess
 import sys
-
 from pathlib import Path
 
-from engine_support import ScriptRunner, caches_for, engine
-
 import statecache
+from engine_support import ScriptRunner, caches_for, engine
 from statecache.engine import Engine, EngineConfig, Request
 from statecache.engine.deployment_key import deployment_key
 

@@ -720,7 +720,6 @@ def collision_pair(deadline: float) -> int:
     ContentRunner) checks every forward reads only its own prefix."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from engine_support import ContentRunner, engine
-
     from statecache.engine import Request
 
     rng = random.Random(int(sys.argv[2]) if len(sys.argv) > 2 else 0)

@@ -36,9 +36,7 @@ def isolated(body: str, malloc_debug: bool = False) -> str:
     if malloc_debug:
         env["PYTHONMALLOC"] = "debug"
     # The caller's path first (a sanitizer build, say), then this checkout's.
-    env["PYTHONPATH"] = os.pathsep.join(
-        [p for p in sys.path if p] + [os.path.abspath(PYTHON_DIR), SUPPORT_DIR]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [os.path.abspath(PYTHON_DIR), SUPPORT_DIR])
     r = subprocess.run(
         [sys.executable, "-X", "faulthandler", "-c", src], capture_output=True, text=True, env=env, timeout=120
     )

@@ -10,6 +10,7 @@ import os
 import re
 
 import pytest
+
 from tier_support import listening_sockets, mooncake_servers, non_loopback, redis_server
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/net"), reason="reads sockets from Linux /proc")
