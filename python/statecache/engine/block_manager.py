@@ -169,11 +169,12 @@ class BlockManager:
         hashes = self.update_hashes(seq)
         keys = seq.prefix_keys
         limit = min(len(hashes), (seq.num_tokens - 1) // self.hbs)
-        filed, lookup = self.filed, self.pool.lookup
+        filed = self.filed
         n = 0
         # The block under the hash must be this prefix's: a colliding
-        # prompt's block ends the hit.
-        while n < limit and filed.get(hashes[n]) == keys[n] and lookup(hashes[n]) >= 0:
+        # prompt's block ends the hit. ``filed`` mirrors the KV index (set on
+        # publish, dropped by on_evict), so one dict probe per block does.
+        while n < limit and filed.get(hashes[n]) == keys[n]:
             n += 1
         return n
 
@@ -212,6 +213,8 @@ class BlockManager:
         # Hit blocks nobody references sit on the free list: taking them
         # costs free capacity too.
         hit_ids = [self.pool.lookup(h) for h in seq.hashes[:hit]]
+        if -1 in hit_ids:
+            raise AssertionError("the KV index lost a filed block: the pool's on_evict is not the block manager's")
         cached_free = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
         if not self._blocks_available(new_blocks + cached_free, seq.hashes[hit - 1] if hit else None):
             return None
