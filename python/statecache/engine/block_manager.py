@@ -455,7 +455,9 @@ class BlockManager:
         tokens a KV hit lost to the state (``state_miss_tokens``,
         ``cut_short_tokens``),
         ``checkpoints_requested`` (and ``_anchor`` / ``_ladder`` / ``_demand``),
-        ``kv_blocks_evicted``, ``preempted_with_pending_checkpoint``; then the
+        ``kv_blocks_evicted``, ``preempted_with_pending_checkpoint``,
+        ``checkpoints_refused_foreign_kv`` (a boundary whose hash the KV index
+        holds for another prefix: a 64-bit collision); then the
         state caches' own fates (``checkpoints_kept`` / ``dropped`` /
         ``evicted`` / ``orphaned``), summed over caches.
         """
