@@ -1,10 +1,12 @@
 """The unit mover: whole page units between the GPU's KV tensors and host rows.
 
-The one place bytes cross between GPU memory and the host tier. ``to_rows``
-gathers units into host rows (one DMA into the pinned arena when the rows are
-consecutive), ``from_rows`` scatters host rows into units. Synchronous on
-CPU; on a GPU the copies are ordered on the current stream before the batch
-that reuses the units.
+The one place bytes cross between GPU memory and the host tier, through the
+copy engine's host path (``statecache.executor.HostCopyExecutor``: the copy
+kernel on a few SMs for short rows, batched DMA for long ones, on side
+streams). ``to_rows`` returns once the rows hold the units (the tier
+checksums them next); ``from_rows`` returns once the rows may be reused, and
+work queued after it on the current stream reads the loaded units. Rows
+outside the attached host buffer go through a scratch buffer of the mover's.
 """
 
 from __future__ import annotations
@@ -16,83 +18,81 @@ class UnitMover:
     """Copies whole page units between the KV tensors and host rows."""
 
     def __init__(self, page_layout):
+        self.page_layout = page_layout
+        self.unit_bytes = page_layout.unit_bytes
+        self.device = page_layout.device
+        self.host = None  # the host arena's buffer, when attached
+        self._arena = None  # HostCopyExecutor over it
+        self._scratch = None  # HostCopyExecutor over a scratch buffer, for other rows
+
+    def attach_host(self, buffer) -> None:
+        """Rows inside this ``[entries, unit_bytes]`` uint8 host buffer (a
+        tensor, pinned on a GPU; or a NumPy array for a CPU layout) move
+        without a bounce. Anything else detaches."""
         import torch
 
-        self.torch = torch
-        self.unit_bytes = page_layout.unit_bytes
-        self.views = []
-        for t, d in zip(page_layout.tensors, page_layout.unit_dims):
-            if not t.is_contiguous():
-                raise ValueError("page tensors must be contiguous for the tiers")
-            n = t.shape[d]
-            flat = t.reshape(-1).view(torch.uint8)
-            self.views.append(flat.view(-1, n, flat.numel() // (n * max(1, int(np.prod(t.shape[:d], dtype=np.int64))))))
-        if sum(v.shape[0] * v.shape[2] for v in self.views) != self.unit_bytes:
-            raise AssertionError("unit mover: views do not cover one unit")
-        self.device = page_layout.tensors[0].device
-        self.host = None  # the host arena's (pinned) tensor, when attached
+        from statecache.executor import HostCopyExecutor
 
-    def attach_host(self, tensor) -> None:
-        """Rows inside this [entries, unit_bytes] uint8 CPU tensor are copied
-        through it, so torch sees pinned memory and copies at DMA speed."""
-        self.host = tensor if tensor is not None and tensor.dim() == 2 else None
+        if isinstance(buffer, np.ndarray) and self.device.type == "cpu":
+            buffer = torch.from_numpy(buffer)
+        ok = (
+            isinstance(buffer, torch.Tensor)
+            and buffer.dim() == 2
+            and buffer.dtype == torch.uint8
+            and buffer.shape[1] == self.unit_bytes
+            and buffer.is_contiguous()
+            and (self.device.type == "cpu" or buffer.is_pinned())
+        )
+        self.host = buffer if ok else None
+        self._arena = HostCopyExecutor(self.page_layout, buffer) if ok else None
 
-    def _host_rows(self, block):
-        """The attached tensor's rows under ``block`` (a 2-D numpy view), or None."""
-        h = self.host
-        if h is None or block is None:
-            return None
-        base = h.data_ptr()
-        addr = block.__array_interface__["data"][0]
-        first, rem = divmod(addr - base, self.unit_bytes)
-        if rem or first < 0 or first + block.shape[0] > h.shape[0] or h.shape[1] != self.unit_bytes:
-            return None
-        return h[first : first + block.shape[0]]
+    def _place(self, rows, n: int):
+        """(executor, entry ids, scratch rows to bounce through or None)."""
+        if len(rows) != n:
+            raise ValueError(f"{len(rows)} host rows for {n} units")
+        if self._arena is not None:
+            from statecache import _C
 
-    def gather(self, units) -> object:
-        """``[len(units), unit_bytes]`` uint8 on the KV device."""
-        torch = self.torch
-        idx = torch.as_tensor(list(units), dtype=torch.long, device=self.device)
-        parts = [v.index_select(1, idx).permute(1, 0, 2).reshape(len(units), -1) for v in self.views]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            h = self.host
+            entries = _C._buffer_entries(rows, h.data_ptr(), self.unit_bytes, h.shape[0])
+            if entries is not None:
+                return self._arena, entries, None
+        scratch = self._scratch
+        if scratch is None or scratch.host.shape[0] < n:
+            import torch
 
-    def scatter(self, units, data) -> None:
-        torch = self.torch
-        idx = torch.as_tensor(list(units), dtype=torch.long, device=self.device)
-        # Synchronous: the host rows may be reused as soon as this returns.
-        data = data.to(self.device)
-        col = 0
-        for v in self.views:
-            w = v.shape[0] * v.shape[2]
-            part = data[:, col : col + w].reshape(len(units), v.shape[0], v.shape[2]).permute(1, 0, 2)
-            v.index_copy_(1, idx, part)
-            col += w
+            from statecache.executor import HostCopyExecutor
 
-    def to_rows(self, units, rows) -> None:
-        """Units -> host rows (numpy views of ``unit_bytes`` each): one gather
-        on the KV device, then one copy into consecutive rows (a DMA into the
-        pinned arena on a GPU) or one per row."""
-        torch = self.torch
-        data = self.gather(units)
-        block = _consecutive(rows, self.unit_bytes)
-        pinned = self._host_rows(block)
-        if pinned is not None:
-            pinned.copy_(data)
-            return
-        if block is not None:
-            torch.from_numpy(block).copy_(data)
-            return
-        data = data.cpu().numpy()
-        for r, row in enumerate(rows):
-            row[:] = data[r]
+            size = max(n, 2 * scratch.host.shape[0] if scratch is not None else 8)
+            buf = torch.empty((size, self.unit_bytes), dtype=torch.uint8, pin_memory=self.device.type != "cpu")
+            scratch = self._scratch = HostCopyExecutor(self.page_layout, buf)
+        return scratch, np.arange(n), scratch.host.numpy()[:n]
 
-    def from_rows(self, rows, units) -> None:
-        torch = self.torch
-        block = _consecutive(rows, self.unit_bytes)
-        data = self._host_rows(block)
-        if data is None:
-            data = torch.from_numpy(block if block is not None else np.stack([np.asarray(r) for r in rows]))
-        self.scatter(units, data)
+    def to_rows(self, units, rows, wait: bool = True):
+        """Units -> host rows (``unit_bytes`` each). With ``wait`` (always for
+        rows outside the attached buffer) the rows hold the units on return.
+        Returns the ``HostCopy``."""
+        ex, entries, bounce = self._place(rows, len(units))
+        move = ex.offload(units, entries)
+        if bounce is not None or wait:
+            move.wait()
+        if bounce is not None:
+            for r, row in enumerate(rows):
+                row[:] = bounce[r]
+        return move
+
+    def from_rows(self, rows, units, wait: bool = True):
+        """Host rows -> units; work queued later on the current stream reads
+        them. With ``wait`` (always for rows outside the attached buffer) the
+        rows may be reused on return. Returns the ``HostCopy``."""
+        ex, entries, bounce = self._place(rows, len(units))
+        if bounce is not None:
+            for r, row in enumerate(rows):
+                bounce[r] = row
+        move = ex.load(entries, units)
+        if bounce is not None or wait:
+            move.wait()
+        return move
 
 
 def _consecutive(rows, unit_bytes: int):

@@ -87,8 +87,7 @@ class Tiering(TierHooks):
                 "(EngineConfig.hash_seed / hash_salt, a secret: docs/operations.md)"
             )
         self.counters = self.stack.counters
-        if hasattr(self.host._owner, "data_ptr"):
-            self.mover.attach_host(self.host._owner)
+        self.mover.attach_host(self.host._owner)  # the arena's tensor (pinned with a GPU) or array
         self.index = statecache.StateOffloadIndex()
         self.stores = StateOffloads(
             self.stack,
