@@ -15,8 +15,8 @@ key of the block filed under it, and nothing resumes or files by hash alone:
 * a state checkpoint (anchor, rung, decode boundary, midstep, tier load) is
   filed under a hash only while the KV index holds the sequence's own block
   there, and a KV block leaving the index takes the checkpoints filed under
-  its hash with it (``_on_kv_evict``, and ``sweep_unfiled`` for the stores a
-  PAGE coordinator begins after that). So a state under hash ``h`` always has
+  its hash with it (``_on_kv_evict``, and ``take_ops`` for an image whose
+  own unit reservation evicted its block). So a state under hash ``h`` always has
   the prefix key ``filed[h]``, and a state hit, which never reaches past the
   checked KV hit, resumes the sequence's own prefix;
 * the tiers name their entries by these keys (the filed one for what goes
@@ -79,7 +79,8 @@ class BlockManager:
         self.tiering = None  # engine.tiering.Tiering, when tiers are attached
         # scheduler hash -> 128-bit prefix key of the KV block indexed under it
         self.filed: dict[int, bytes] = {}
-        self._evicted: dict[int, bytes | None] = {}  # since the last sweep_unfiled: hash -> key it had
+        # hash -> key it had, for the blocks evicted while a batch's ops are taken
+        self._evicted: dict[int, bytes | None] | None = None
         # The KV index and the state caches are addressed by the same hash: a
         # checkpoint whose KV block left the index can never be reached again.
         self.pool.on_evict = self._on_kv_evict
@@ -97,21 +98,26 @@ class BlockManager:
             try:
                 self.caches.unindex(h)
             finally:
-                self._evicted[h] = self.filed.pop(h, None)
+                key = self.filed.pop(h, None)
+                if self._evicted is not None:
+                    self._evicted[h] = key
 
-    def sweep_unfiled(self) -> None:
-        """Unindexes once more every hash evicted since the last sweep that
-        is not filed again under the key it had. A PAGE coordinator begins
-        stores after their hash was unindexed: a queued midstep store (the
-        reference keeps those), or an image whose own unit reservation
-        evicted its KV block. Such an image would outlive its block, and a
-        colliding prefix filing the hash next would resume it. The engine
-        sweeps right after taking each batch's ops, where stores begin."""
-        if self._evicted:
-            gone, self._evicted = self._evicted, {}
-            for h, key in gone.items():
-                if self.filed.get(h) != key or key is None:
-                    self.caches.unindex(h)
+    def take_ops(self):
+        """Step 3 of a pass: the state caches' ``take_ops``, then every hash
+        whose KV block was evicted meanwhile is unindexed once more. A PAGE
+        store reserving units for an image can evict that image's own KV
+        block (or a queued one's) and files the image after the eviction's
+        unindex ran: it would outlive its block, and a colliding prefix filing
+        the hash next would resume it."""
+        self._evicted = {}
+        try:
+            ops = self.caches.take_ops()
+        finally:
+            gone, self._evicted = self._evicted, None
+        for h in gone:
+            if h not in self.filed:
+                self.caches.unindex(h)
+        return ops
 
     def publish_block(self, block: int, h: int, key: bytes) -> bool:
         """Indexes KV ``block`` under ``h`` and files its prefix key; False

@@ -250,8 +250,7 @@ class Engine:
                 "running: the KV block pool or the state slots are too small for it"
             )
         # 3. build the batch
-        ops = self.caches.take_ops()
-        bm.sweep_unfiled()  # stores began under hashes whose KV left the index
+        ops = bm.take_ops()
         if self.tiering is not None:
             self.tiering.flush_kv()  # evicted KV blocks go down before the forward reuses them
         # 4. forward (an empty pass still runs the drained ops, no model)

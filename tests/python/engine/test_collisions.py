@@ -74,8 +74,8 @@ def test_no_state_is_filed_under_another_prompts_kv(mech, midstep):
 def test_a_store_evicting_its_own_kv_block_is_unindexed():
     """The PAGE store's unit reservation can evict the KV block of the very
     image it stores; the eviction's unindex runs before the image is filed.
-    ``sweep_unfiled`` (after every batch's ops) drops it, so no image
-    outlives its block to be resumed by a prefix filing that hash next."""
+    ``BlockManager.take_ops`` drops it, so no image outlives its block to be
+    resumed by a prefix filing that hash next."""
     pool = statecache.BlockPool(1)  # one block: the image's unit must evict the KV block
     caches = caches_for("page", pool, 4, HBS, image_bytes=100)
     bm = BlockManager(pool, caches, HBS, hash_seed=0)
@@ -89,9 +89,8 @@ def test_a_store_evicting_its_own_kv_block_is_unindexed():
     coord = caches.coordinator
     coord.checkpoint(seq, 1, h)
     coord.complete_previous_batch()
-    stores, _ = coord.take_checkpoint_ops()
-    assert stores and pool.lookup(h) < 0 and h not in bm.filed  # its own KV block went
-    bm.sweep_unfiled()
+    ops = bm.take_ops()
+    assert ops.stores and pool.lookup(h) < 0 and h not in bm.filed  # its own KV block went
     for _ in range(2):
         coord.complete_previous_batch()
         coord.take_checkpoint_ops()
