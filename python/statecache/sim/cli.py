@@ -106,7 +106,17 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulations run in parallel processes")
     p.add_argument(
-        "--seed", type=int, default=0, help="the adaptive default's sampling salt (runs repeat exactly per seed)"
+        "--seed",
+        type=int,
+        default=0,
+        help="the adaptive default's sampling salt (runs repeat exactly per --seed and --hash-seed)",
+    )
+    p.add_argument(
+        "--hash-seed",
+        type=int,
+        default=None,
+        help="the engine's deployment key (default: random per process, so the adaptive "
+        "policy samples other requests each run)",
     )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -128,6 +138,7 @@ def configs_from_args(args) -> list:
         arrivals=args.arrivals,
         max_output_tokens=args.max_output_tokens or None,
         seed=args.seed,
+        hash_seed=args.hash_seed,
     )
     tiers = dict(
         host_memory=args.host_memory,

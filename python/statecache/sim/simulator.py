@@ -82,6 +82,10 @@ class SimConfig:
     # a float: that share of each tier kept for KV blocks, the rest for images
     tier_kv_share: float | None = None
     seed: int = 0
+    # The engine's deployment key (EngineConfig.hash_seed). None: random per
+    # process, so the adaptive policy samples other requests each run; give
+    # one for runs that repeat exactly.
+    hash_seed: int | None = None
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)
@@ -101,6 +105,8 @@ class SimConfig:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if self.hash_seed is not None and (isinstance(self.hash_seed, bool) or not isinstance(self.hash_seed, int)):
+            raise ValueError(f"hash_seed must be an int or None, got a {type(self.hash_seed).__name__}")
         for name in ("interval_tokens", "ladder_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < -1:
@@ -290,6 +296,7 @@ def build_engine(cfg: SimConfig, g: ModelGeometry | None = None) -> tuple[Engine
         max_num_seqs=cfg.concurrency,
         max_num_batched_tokens=cfg.max_batched_tokens,
         checkpoint_interval_tokens=cfg.interval_tokens,
+        hash_seed=cfg.hash_seed,
     )
     runner = _ClockRunner(g, cfg.device_flops, cfg.pass_floor_ms / 1e3)
     engine = Engine(econf, pool, caches, runner, placement=placement, eviction=eviction)

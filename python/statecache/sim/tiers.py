@@ -11,7 +11,9 @@ budget per tier, ranked together by the PAGE store's cost model per byte of
 the whole prefix, each KV block with the deepest state it leads to; loads
 stop at the deepest resumable boundary. Nothing is copied: a load moves the
 simulated clock by its bytes over the tier's bandwidth; offloads ride a side
-stream and are not charged.
+stream and are not charged. Entries are named by the
+128-bit prefix key (the one the engine filed the GPU entry under, or the
+admitted sequence's own), as the real tiers name them.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class SimTiers(TierHooks):
     ):
         self.caches = engine.caches
         self.coord = engine.caches.coordinator
+        self.bm = engine.block_manager
         self.pool = engine.block_manager.pool
         self.runner = runner
         self.block_bytes = block_bytes
@@ -63,7 +66,7 @@ class SimTiers(TierHooks):
                     budgets = [size - kv, kv]
                 arena = statecache.HostArena(block_bytes, size, budgets)
                 self.tiers[name] = arena
-                self.placements[name] = TierPlacement(arena, self.chains, self._key)
+                self.placements[name] = TierPlacement(arena, self.chains, self._ranking_key)
         self.index = statecache.StateOffloadIndex()
         self.coord.attach_offload(self.index)
         self._loaded_from: dict[int, str] = {}
@@ -83,12 +86,22 @@ class SimTiers(TierHooks):
         self._owner = 0
 
     @staticmethod
-    def _key(kind: str, h: int) -> bytes:
-        return kind.encode() + h.to_bytes(8, "little", signed=True)
+    def _key(kind: str, prefix_key: bytes) -> bytes:
+        return kind.encode() + prefix_key
+
+    def _ranking_key(self, kind: str, h: int) -> bytes | None:
+        """The entry key the chains last saw for ``h``: to re-rank only."""
+        pk = self.chains.payload(h)
+        return None if pk is None else self._key(kind, pk)
+
+    @staticmethod
+    def _split(key: bytes) -> tuple[str, bytes, int]:
+        """kind, prefix key and scheduler hash of an entry's key."""
+        return key[:-16].decode(), key[-16:], statecache.scheduler_hash(key[-16:])
 
     # ---- the engine's hooks ----
     def note_keys(self, hashes, keys, first_block, parent=None) -> None:
-        self.chains.note(hashes, first_block, parent)
+        self.chains.note(hashes, first_block, parent, [keys[16 * i : 16 * i + 16] for i in range(len(hashes))])
 
     def note_published(self, block, h) -> None:
         pass
@@ -101,7 +114,8 @@ class SimTiers(TierHooks):
         for p in self.placements.values():
             p.use_model(m, self.block_bytes, self.pool.num_blocks * self.block_bytes)
         for op, units in self.coord.take_offload_stores(self.max_inflight):
-            stored = self._put("state", op.prefix_hash, len(units))
+            prefix_key = self.bm.filed.get(op.prefix_hash)  # the image's own prefix
+            stored = prefix_key is not None and self._put("state", op.prefix_hash, prefix_key, len(units))
             self.coord.release_offload_store_source(op)
             self.coord.settle_offload_store(op)
             if stored and not self.coord.was_reclaimed(op):
@@ -111,14 +125,15 @@ class SimTiers(TierHooks):
                 self.index.note_store_failed(op.prefix_hash)
 
     def on_kv_evict(self, h: int) -> None:
-        if self._put("kv", h, 1):
+        prefix_key = self.bm.filed.get(h)  # filed until this returns
+        if prefix_key is not None and self._put("kv", h, prefix_key, 1):
             self.counters["kv_offloaded"] += 1
 
-    def _put(self, kind, h, count, tier="host") -> bool:
+    def _put(self, kind, h, prefix_key, count, tier="host") -> bool:
         arena = self.tiers.get(tier)
         if arena is None:
-            return tier == "host" and self._put(kind, h, count, "shared")
-        key = self._key(kind, h)
+            return tier == "host" and self._put(kind, h, prefix_key, count, "shared")
+        key = self._key(kind, prefix_key)
         placement = self.placements[tier]
         if arena.contains(key):
             arena.lookup(key)
@@ -130,8 +145,8 @@ class SimTiers(TierHooks):
         if victims is None:
             return False
         for v in victims:  # any class may make room: the one budget
-            vkind, vh = v[:-8].decode(), int.from_bytes(v[-8:], "little", signed=True)
-            if tier == "host" and self._put(vkind, vh, len(arena.lookup(v, False)[0]), "shared"):
+            vkind, vkey, vh = self._split(v)
+            if tier == "host" and self._put(vkind, vh, vkey, len(arena.lookup(v, False)[0]), "shared"):
                 self.counters["demoted"] += 1  # demoted, still findable below
             elif vkind == "state" and not any(a.contains(v) for t, a in self.tiers.items() if t != tier):
                 self.index.forget(vh)
@@ -143,8 +158,8 @@ class SimTiers(TierHooks):
             placement.state_stored(h)
         return True
 
-    def _where(self, kind, h):
-        key = self._key(kind, h)
+    def _where(self, kind, prefix_key):
+        key = self._key(kind, prefix_key)
         for name, arena in self.tiers.items():
             if arena.contains(key):
                 arena.lookup(key)
@@ -160,31 +175,37 @@ class SimTiers(TierHooks):
         pass
 
     def kv_extend(self, seq, gpu_hit: int, limit: int) -> int:
-        hashes = seq.hashes
-        present = [
-            self.pool.lookup(hashes[i]) >= 0 or any(a.contains(self._key("kv", hashes[i])) for a in self.tiers.values())
-            for i in range(gpu_hit, limit)
-        ]
-        want = blocks_to_load(gpu_hit, present, lambda n: self.caches.resumable_hit(seq, n, hashes))
-        n = gpu_hit
+        hashes, keys, n, bm = seq.hashes, seq.prefix_keys, gpu_hit, self.bm
+        present = []
+        for i in range(gpu_hit, limit):
+            h, k = hashes[i], keys[i]
+            if self.pool.lookup(h) >= 0:
+                if not bm.holds(h, k):
+                    break  # another prefix's block under this hash: ours cannot be indexed
+                present.append(True)
+            else:
+                present.append(any(a.contains(self._key("kv", k)) for a in self.tiers.values()))
+        want = blocks_to_load(gpu_hit, present, lambda m: self.caches.resumable_hit(seq, m, hashes))
         # The GPU hit is held so that making room for loads cannot evict it.
         held = [self.pool.lookup(h) for h in hashes[:gpu_hit]]
         self.pool.incref(held)
         try:
             for i in range(gpu_hit, gpu_hit + want):
-                h = hashes[i]
+                h, k = hashes[i], keys[i]
                 b = self.pool.lookup(h)
                 if b >= 0:
+                    if not bm.holds(h, k):
+                        break  # another prefix's block under this hash
                     self.pool.incref([b])
                     held.append(b)
                     n += 1
                     continue
-                where = self._where("kv", h)
+                where = self._where("kv", k)
                 if where is None or not self.coord.ensure_free_units(1):
                     break
                 b = self.pool.allocate(1)[0]
                 held.append(b)
-                if not self.pool.publish(b, h):
+                if not bm.publish_block(b, h, k):
                     raise AssertionError("a tier load published a hash the GPU index holds")
                 self._charge(where, self.block_bytes)
                 self.counters[f"kv_loaded_{where}"] += 1
@@ -193,10 +214,10 @@ class SimTiers(TierHooks):
             self.pool.free(list(reversed(held)))
         return n
 
-    def load_state(self, h: int) -> bool:
+    def load_state(self, h: int, prefix_key: bytes) -> bool:
         if self.coord.contains(h):
             return True
-        where = self._where("state", h)
+        where = self._where("state", prefix_key)
         if where is None or not self.index.request_load(h):
             if where is None:
                 self.index.forget(h)

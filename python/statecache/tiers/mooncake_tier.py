@@ -12,6 +12,7 @@ until ``idle()`` the caller must not reuse that call's buffers.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -35,6 +36,11 @@ _R = TypeVar("_R")
 # Mooncake Store error codes this tier tells apart (mooncake/types.h).
 _OBJECT_NOT_FOUND = -704
 _OBJECT_ALREADY_EXISTS = -705
+
+# What Mooncake's transfer engine advertises to its peers; set from
+# local_host for the setup call unless the deployment set it.
+_ADVERTISED = "MC_TCP_BIND_ADDRESS"
+_ENV_LOCK = threading.Lock()
 
 
 def _import_store() -> Any:
@@ -64,7 +70,12 @@ class MooncakeTier(Tier):
     ``protocol``: ``"tcp"`` (loopback, laptops) or ``"rdma"`` (production, with
     ``device_names``). ``segment_bytes``: memory this client contributes to
     the store (0: it only reads and writes others'). ``staging_bytes``: the
-    registered buffer for segments outside registered memory.
+    registered buffer for segments outside registered memory. ``local_host``:
+    the address this client's transfer engine gives its peers (loopback by
+    default; a node's internal address in production). Mooncake takes it
+    from ``MC_TCP_BIND_ADDRESS`` under an HTTP metadata server and would
+    otherwise pick the machine's first external interface; it binds its
+    listeners to every interface either way (docs/tiers.md, "Network exposure").
     """
 
     name = "mooncake"
@@ -89,17 +100,26 @@ class MooncakeTier(Tier):
         self._io = cf.ThreadPoolExecutor(1, thread_name_prefix="mooncake-tier")
         self._busy: cf.Future[Any] | None = None  # a call that overran its timeout
         self._store = Store()
-        rc = self._call(
-            lambda: self._store.setup(
-                local_host,
-                metadata_server,
-                int(segment_bytes),
-                int(staging_bytes) + (16 << 20),
-                protocol,
-                device_names,
-                master_addr,
-            )
-        )
+
+        def setup() -> Any:
+            with _ENV_LOCK:  # the transfer engine reads its address from the environment
+                before = os.environ.get(_ADVERTISED)
+                os.environ[_ADVERTISED] = before or local_host
+                try:
+                    return self._store.setup(
+                        local_host,
+                        metadata_server,
+                        int(segment_bytes),
+                        int(staging_bytes) + (16 << 20),
+                        protocol,
+                        device_names,
+                        master_addr,
+                    )
+                finally:
+                    if before is None:
+                        del os.environ[_ADVERTISED]
+
+        rc = self._call(setup)
         if rc != 0:
             self._io.shutdown(wait=False)
             raise TierError(

@@ -25,6 +25,7 @@ CASES = [
     "threads",
     "tier_batches",
     "tier_reclaim",
+    "collision_pair",
 ]
 
 

@@ -5,7 +5,10 @@ methods; the engine calls nothing else on it. Two implement it: the engine's
 :class:`~statecache.engine.tiering.Tiering` (real bytes, real tiers) and the
 simulator's :class:`~statecache.sim.tiers.SimTiers` (capacity and bandwidth,
 no bytes). Hashes are the engine's 64-bit scheduler hashes; positions are in
-hash blocks.
+hash blocks. A hash is a name, not a key: a tier files a value going down
+under the 128-bit prefix key the block manager filed the GPU entry under
+(``BlockManager.filed``, read while the hook runs) and looks a value coming
+up by the sequence's own (``seq.prefix_keys``).
 
 When the engine calls them, within one pass:
 
@@ -46,12 +49,14 @@ class TierHooks(Protocol):
 
     @abstractmethod
     def note_published(self, block: int, h: int) -> None:
-        """GPU block ``block`` now holds the KV filed under ``h``."""
+        """GPU block ``block`` is now indexed under ``h`` (its prefix key is
+        ``BlockManager.filed[h]``)."""
 
     @abstractmethod
     def on_kv_evict(self, h: int) -> None:
         """The KV block filed under ``h`` left the GPU index; its bytes stay
-        intact until the next ``flush_kv``."""
+        intact until the next ``flush_kv``, its prefix key is
+        ``BlockManager.filed[h]`` until this returns."""
 
     @abstractmethod
     def flush_kv(self) -> None:
@@ -73,9 +78,10 @@ class TierHooks(Protocol):
         the shared tiers hold (so the store's index can offer them)."""
 
     @abstractmethod
-    def load_state(self, h: int) -> bool:
-        """Brings the state image filed under ``h`` into the PAGE store
-        (READY). Returns False when no tier has a trusted copy or no room."""
+    def load_state(self, h: int, prefix_key: bytes) -> bool:
+        """Brings the state image of prefix ``prefix_key`` into the PAGE store
+        under ``h`` (READY); the caller holds ``h``'s KV block, filed under that
+        key. Returns False when no tier has a trusted copy or no room."""
 
     @abstractmethod
     def source_of(self, h: int) -> str:

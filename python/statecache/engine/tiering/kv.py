@@ -25,24 +25,35 @@ class KVBlocks:
     """KV blocks between the GPU ``BlockPool`` and the tiers."""
 
     def __init__(
-        self, stack: TierStack, *, pool, coordinator, mover, keys, placement, loads, enabled: bool, all_ranks=None
+        self,
+        stack: TierStack,
+        *,
+        block_manager,
+        coordinator,
+        mover,
+        keys,
+        placement,
+        loads,
+        enabled: bool,
+        all_ranks=None,
     ):
         self.stack = stack
         self.all_ranks = all_ranks  # see Loads.all_ranks
         self.placement = placement
-        self.pool = pool
+        self.bm = block_manager  # publishes and checks blocks by their full prefix key
+        self.pool = block_manager.pool
         self.coord = coordinator
         self.mover = mover
         self.keys = keys
         self.loads = loads
         self.enabled = enabled
         self.blocks: dict[int, int] = {}  # published hash -> block
-        self.pending: list[tuple[int, int]] = []  # (hash, block) to copy down
+        self.pending: list[tuple[int, int, str | None]] = []  # (hash, block, tier key) to copy down
 
     def note_published(self, block: int, h: int) -> None:
         self.blocks[h] = block
         if self.enabled and self.stack.shared_writes == "through":
-            self.pending.append((h, block))
+            self.pending.append((h, block, self.keys.filed_key("kv", h)))
 
     def on_evict(self, h: int) -> None:
         """A KV block left the GPU index; its bytes stay intact until something
@@ -50,7 +61,7 @@ class KVBlocks:
         block = self.blocks.pop(h, None)
         if block is None or not self.enabled or self.stack.shared_writes == "through":
             return
-        self.pending.append((h, block))
+        self.pending.append((h, block, self.keys.filed_key("kv", h)))  # filed until this returns
 
     def flush(self) -> None:
         """Copies the KV blocks queued since the last flush down, with one
@@ -64,8 +75,7 @@ class KVBlocks:
         klass = STATE if stack.staging_only else KV
         has_room = stack.staging_only or host.arena.class_stats(KV)["budget_entries"] > 0
         items, blocks, seen = [], [], set()
-        for h, block in pending:
-            key = self.keys.key("kv", h)
+        for h, block, key in pending:
             if key is None or key in seen or host.arena.contains(key):
                 continue
             seen.add(key)
@@ -111,16 +121,15 @@ class KVBlocks:
         if not self.enabled:
             return gpu_hit
         stack, host = self.stack, self.stack.host
-        hashes = seq.hashes
+        hashes, prefix_keys, bm = seq.hashes, seq.prefix_keys, self.bm
         want = []
         for i in range(gpu_hit, limit):
-            key = self.keys.key("kv", hashes[i])
-            if key is None:
-                break
-            want.append((i, key))
+            if self.pool.lookup(hashes[i]) >= 0 and not bm.holds(hashes[i], prefix_keys[i]):
+                break  # another prefix's block under this hash: ours cannot be indexed
+            want.append((i, self.keys.key("kv", prefix_keys[i])))
         if not want:
             return gpu_hit
-        present = [self.pool.lookup(hashes[i]) >= 0 or host.arena.contains(k) for i, k in want]
+        present = [bm.holds(hashes[i], prefix_keys[i]) or host.arena.contains(k) for i, k in want]
         if stack.shared and not all(present):
             miss = [k for (_, k), p in zip(want, present) if not p]
             got = {}
@@ -132,7 +141,7 @@ class KVBlocks:
             present = [p or got.get(k, False) for (_, k), p in zip(want, present)]
         if self.all_ranks is not None:  # a block below GPU memory counts only with every rank's shard
             below = [i for (i, _), p in zip(want, present) if p and self.pool.lookup(hashes[i]) < 0]
-            every = dict(zip(below, self.all_ranks("kv", [hashes[i] for i in below])))
+            every = dict(zip(below, self.all_ranks("kv", [prefix_keys[i] for i in below])))
             present = [p and every.get(i, True) for (i, _), p in zip(want, present)]
         n = blocks_to_load(gpu_hit, present, resumable)
         if n == 0:
@@ -144,6 +153,8 @@ class KVBlocks:
         try:
             for i, key in want[:n]:
                 on_gpu = self.pool.lookup(hashes[i])
+                if on_gpu >= 0 and not bm.holds(hashes[i], prefix_keys[i]):
+                    break  # indexed by another prefix since the scan
                 if on_gpu >= 0:  # still cached on the GPU past the gap: hold it
                     self.pool.incref([on_gpu])
                     held.append(on_gpu)
@@ -162,7 +173,7 @@ class KVBlocks:
                     self.mover.from_rows(rows, [block])
                 finally:
                     host.unpin(key)
-                if not self.pool.publish(block, hashes[i]):
+                if not bm.publish_block(block, hashes[i], prefix_keys[i]):
                     raise AssertionError("a tier load published a hash the GPU index holds")
                 self.blocks[hashes[i]] = block
                 stack.count("kv_loaded_host" if where == "host" else "kv_loaded_shared")

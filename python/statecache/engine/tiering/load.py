@@ -24,7 +24,7 @@ class Loads:
 
     def __init__(self, stack: TierStack, *, coordinator, index, mover, keys, before_unit_write, all_ranks=None):
         self.stack = stack
-        # With tensor parallelism: ``all_ranks(kind, hashes)`` says per hash
+        # With tensor parallelism: ``all_ranks(kind, prefix_keys)`` says per prefix key
         # whether every rank's shard is held (statecache.tiers.ranks).
         self.all_ranks = all_ranks
         self.coord = coordinator
@@ -113,14 +113,17 @@ class Loads:
             return
         lo = getattr(seq, "_tier_probed", 0)
         seq._tier_probed = upto
-        hs = [h for h in seq.hashes[lo:upto] if not self.index.could_serve(h) and not self.coord.contains(h)]
-        keys = [self.keys.key("state", h) for h in hs]
-        pairs = [(h, k) for h, k in zip(hs, keys) if k is not None]
-        if not pairs:
+        triples = [
+            (h, self.keys.key("state", k), k)
+            for h, k in zip(seq.hashes[lo:upto], seq.prefix_keys[lo:upto])
+            if not self.index.could_serve(h) and not self.coord.contains(h)
+        ]
+        if not triples:
             return
+        pairs = [(h, key) for h, key, _ in triples]
         stack.count("probes")
         if self.all_ranks is not None:  # resumable only with every rank's shard
-            for (h, _), f in zip(pairs, self.all_ranks("state", [h for h, _ in pairs])):
+            for (h, _), f in zip(pairs, self.all_ranks("state", [k for _, _, k in triples])):
                 if f:
                     self.index.note_stored(h)
             return
@@ -134,16 +137,17 @@ class Loads:
                 if f:
                     self.index.note_stored(h)
 
-    def load_state(self, h: int) -> bool:
-        """Brings the image filed under ``h`` from a tier into the PAGE store
-        (READY); False when no tier has a trusted copy or no units are free."""
+    def load_state(self, h: int, prefix_key: bytes) -> bool:
+        """Brings the image of prefix ``prefix_key`` from a tier into the PAGE
+        store under ``h`` (READY); False when no tier has a trusted copy or no
+        units are free. The caller holds ``h``'s KV block, filed under that key."""
         stack = self.stack
         if self.coord.contains(h):
             return True
-        key = self.keys.key("state", h)
+        key = self.keys.key("state", prefix_key)
         if key is None:
             return False
-        if self.all_ranks is not None and not self.all_ranks("state", [h])[0]:
+        if self.all_ranks is not None and not self.all_ranks("state", [prefix_key])[0]:
             self.index.forget(h)  # some rank lacks its shard: every rank recomputes
             stack.count("loads_missing_rank")
             return False

@@ -57,7 +57,7 @@ class StateOffloads:
     def offload(self, op, units) -> None:
         stack, host = self.stack, self.stack.host
         h = op.prefix_hash
-        key = self.keys.key("state", h)
+        key = self.keys.filed_key("state", h)  # the image's own prefix
         rows = None
         if key is not None and not host.arena.contains(key):
             rows = host.reserve(key, len(units) * stack.unit_bytes, self.placement.position("state", h), STATE)

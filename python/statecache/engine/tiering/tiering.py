@@ -12,6 +12,7 @@ and an XXH3-128 checksum; a load adopts bytes only when both match.
 from __future__ import annotations
 
 import statecache
+from statecache.logs import logger
 from statecache.tiers.placement import TierPlacement
 from statecache.tiers.ranks import every_rank_holds, rank_identity
 
@@ -31,9 +32,10 @@ class Tiering(TierHooks):
     order lookups ask them. ``shared_writes``: ``"demote"`` (a host value goes
     to the shared tiers when the host evicts it, and at ``flush()``) or
     ``"through"`` (every value also goes to the shared tiers when written).
-    ``hash_seed`` / ``hash_salt`` must match the engine's prefix keys (they do
-    when the engine builds this object). ``tp_rank`` / ``tp_size``: this
-    rank's identity; ``tp_rank`` is required when ``tp_size > 1``, and a
+    Values are named by 128-bit prefix keys, never by a 64-bit hash alone:
+    what goes down by the key ``block_manager`` filed the GPU entry under,
+    what comes up by the admitted sequence's own key (``prefix_keys``).
+    ``tp_rank`` / ``tp_size``: this rank's identity; ``tp_rank`` is required when ``tp_size > 1``, and a
     prefix is then loaded only when every rank's shard is held
     (``statecache.tiers.ranks``).
     """
@@ -43,7 +45,7 @@ class Tiering(TierHooks):
         tiers,
         *,
         caches,
-        block_pool,
+        block_manager,
         page_layout,
         layout_id: str,
         hash_block_size: int,
@@ -66,7 +68,7 @@ class Tiering(TierHooks):
             raise ValueError(f"offload_timeout_s={offload_timeout_s!r} must be a positive number")
         self.caches = caches
         self.coord = caches.coordinator
-        self.pool = block_pool
+        self.pool = block_manager.pool
         self.mover = UnitMover(page_layout)
         self.unit_bytes = self.mover.unit_bytes
         self.upc = self.coord.store.units_per_checkpoint
@@ -75,7 +77,7 @@ class Tiering(TierHooks):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.max_inflight = max_inflight
         self.offload_timeout_s = offload_timeout_s
-        self.keys = PrefixKeys(layout_id, hash_block_size, tp_rank, tp_size)
+        self.keys = PrefixKeys(layout_id, hash_block_size, tp_rank, tp_size, block_manager.filed)
         self.stack = TierStack(
             tiers,
             unit_bytes=self.unit_bytes,
@@ -84,10 +86,16 @@ class Tiering(TierHooks):
             shared_writes=shared_writes,
         )
         self.host, self.shared = self.stack.host, self.stack.shared
+        if self.shared and not block_manager.deployment_key.configured:
+            logger.warning(
+                "shared tiers under a deployment key drawn at random for this process: no other process "
+                "can resume what this one writes; engines sharing a tier configure one key "
+                "(EngineConfig.hash_seed / hash_salt, a secret: docs/operations.md)"
+            )
         self.counters = self.stack.counters
         self.mover.attach_host(self.host._owner)  # the arena's tensor (pinned with a GPU) or array
         self.index = statecache.StateOffloadIndex()
-        self.placement = TierPlacement(self.host.arena, self.keys.chains, self.keys.key)
+        self.placement = TierPlacement(self.host.arena, self.keys.chains, self.keys.ranking_key)
         self.stores = StateOffloads(
             self.stack,
             coordinator=self.coord,
@@ -113,7 +121,7 @@ class Tiering(TierHooks):
         )
         self.kv_blocks = KVBlocks(
             self.stack,
-            pool=block_pool,
+            block_manager=block_manager,
             coordinator=self.coord,
             mover=self.mover,
             keys=self.keys,
@@ -129,8 +137,9 @@ class Tiering(TierHooks):
         self.keys.note(hashes, keys, first_block, parent)
 
     def key(self, kind: str, h: int) -> str | None:
-        """The tier key of ``h``'s ``kind`` value, or None if ``h`` is unknown."""
-        return self.keys.key(kind, h)
+        """The tier key of the ``kind`` value of the GPU entry filed under
+        ``h`` now, or None when nothing is filed there."""
+        return self.keys.filed_key(kind, h)
 
     def top_of_pass(self) -> None:
         """After ``complete_previous_batch``: retire finished writes, reclaim
@@ -165,8 +174,8 @@ class Tiering(TierHooks):
     def discover(self, seq, upto: int) -> None:
         self.loads.discover(seq, upto)
 
-    def load_state(self, h: int) -> bool:
-        return self.loads.load_state(h)
+    def load_state(self, h: int, prefix_key: bytes) -> bool:
+        return self.loads.load_state(h, prefix_key)
 
     def source_of(self, h: int) -> str:
         self.placement.used(h)  # the host copies of a resumed prefix stay fresh
@@ -205,13 +214,13 @@ class Tiering(TierHooks):
             miss = [i for i in miss if not out[i]]
         return out
 
-    def every_rank_holds(self, kind: str, hashes) -> list[bool]:
-        """Per hash: whether every rank's shard of its ``kind`` value is held
-        below GPU memory (False for a hash whose prefix key is unknown)."""
-        pks = [self.keys.chains.payload(h) for h in hashes]
+    def every_rank_holds(self, kind: str, prefix_keys) -> list[bool]:
+        """Per 16-byte prefix key: whether every rank's shard of its ``kind``
+        value is held below GPU memory (False for None)."""
+        pks = list(prefix_keys)
         known = [i for i, p in enumerate(pks) if p is not None]
         got = every_rank_holds(self.held, kind, self.layout_id, self.tp_size, [pks[i] for i in known])
-        out = [False] * len(hashes)
+        out = [False] * len(pks)
         for i, f in zip(known, got):
             out[i] = f
         return out
@@ -270,7 +279,7 @@ def attach_tiers(
     t = Tiering(
         tiers,
         caches=engine.caches,
-        block_pool=engine.block_manager.pool,
+        block_manager=engine.block_manager,
         page_layout=page_layout,
         layout_id=layout_id,
         hash_block_size=engine.config.hash_block_size,
