@@ -1357,15 +1357,18 @@ class StateOffloadIndex:
 class HostArena:
     """Which entries of the host tier's arena hold what: ``capacity_bytes //
     entry_bytes`` entries of one buffer the caller owns; values are filed under
-    a key (bytes or str) in a budget class. Eviction ranks with the cost model
-    of the GPU caches (``set_eviction_policy``); ``ranking`` ("lru" or "cost")
-    picks the starting model."""
+    a key (bytes or str) in a class. ``class_budget_bytes``: per class a cap in
+    bytes, or None (no cap: the class competes for the whole arena). Eviction
+    ranks every value together with the cost model of the GPU caches
+    (``set_eviction_policy``; per byte of the whole prefix with
+    ``set_kv_bytes_per_position``), and within a class for room under its cap;
+    ``ranking`` ("lru" or "cost") picks the starting model."""
 
     def __init__(
         self,
         entry_bytes: _Int,
         capacity_bytes: _Int,
-        class_budget_bytes: _Ints,
+        class_budget_bytes: _Seq[SupportsIndex | None],
         ranking: Literal["lru", "cost"] = "cost",
     ) -> None:
         """Raises ValueError for a bad size, budget or ranking."""
@@ -1380,8 +1383,19 @@ class HostArena:
     @property
     def ranking(self) -> Literal["lru", "cost"]: ...
     def class_stats(self, klass: _Int) -> dict[str, int]:
-        """Returns a new dict of class ``klass``: budget_entries, used_entries, values,
-        evictions, refused. Raises IndexError for an unknown class."""
+        """Returns a new dict of class ``klass``: budget_entries (its cap, or the arena's
+        entries when it has none), used_entries, values, evictions, refused, capped.
+        Raises IndexError for an unknown class."""
+    @property
+    def kv_bytes_per_position(self) -> float: ...
+    def set_kv_bytes_per_position(self, bytes: float) -> None:
+        """Ranks values per byte of their whole prefix: ``bytes`` of KV per position
+        besides the model's checkpoint_bytes (0: per checkpoint byte, as the GPU
+        caches); kept across set_eviction_policy; returns None. Raises ValueError for a
+        negative or non-finite value."""
+    def refile(self, key: bytes | str, position: _Int) -> bool:
+        """Files the sealed value under ``key`` at ``position``, as a use; returns
+        whether it was there. Raises ValueError for a negative position."""
     def victims(self, klass: _Int, count: _Int) -> list[bytes] | None:
         """Returns the keys ``allocate`` would evict to fit ``count`` entries in class
         ``klass``, in order; None when they cannot be made to fit. Raises IndexError for
@@ -1390,8 +1404,9 @@ class HostArena:
         self, key: bytes | str, klass: _Int, count: _Int, nbytes: _Int, position: _Int
     ) -> tuple[list[int], list[bytes]] | None:
         """Reserves ``count`` entries for ``key`` (its prefix ends at ``position``, in the
-        eviction model's position unit), evicting unpinned values of its class; returns
-        (entry ids, evicted keys), or None (nothing changed) when they cannot be had.
+        eviction model's position unit), evicting the lowest-ranked unpinned values (of
+        its class when its cap is reached); returns (entry ids, evicted keys), or None
+        (nothing changed) when they cannot be had.
         Raises IndexError for an unknown class, ValueError for a bad count, nbytes or
         position or a key already present."""
     def seal(self, key: bytes | str, meta: bytes) -> None:

@@ -25,6 +25,7 @@ import random
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -1054,6 +1055,263 @@ def thread_promises(deadline: float) -> int:
     slots._check_invariants()
     check_block_pool(blocks)
     return count[0]
+# ------------------------------------------------------------------ tiers --
+
+
+def tier_batches(deadline: float) -> int:
+    """Batches with duplicate keys (and sizes that differ) on the host tier,
+    against a dict: every destination gets its own answer, and one reported
+    read holds the value."""
+    from statecache.tiers import MISSING, TRUNCATED, HostTier
+
+    t0 = time.monotonic()
+    rng = random.Random(random.randrange(2**32))
+    t = HostTier(64 * 256, 256, pin_memory=False)
+    deadline += time.monotonic() - t0  # the budget is for calls, not imports
+    model: dict[str, bytes] = {}
+    n = 0
+    while time.monotonic() < deadline:
+        keys = [f"k{rng.randrange(8)}" for _ in range(rng.randrange(1, 6))]
+        op = rng.randrange(4)
+        if op == 0:
+            vals = [bytes(rng.randrange(256) for _ in range(rng.choice((1, 100, 256, 600)))) for _ in keys]
+            got = t.put_many(keys, [[v] for v in vals])
+            for k, v, ok in zip(keys, vals, got):
+                if ok and k not in model:
+                    model[k] = v
+                if ok != (k in model):
+                    raise Failure(f"put {k}: {ok}, held {k in model}")
+            # the arena may have evicted others for room
+            for k in list(model):
+                if not t.contains_many([k])[0]:
+                    del model[k]
+        elif op == 1:
+            dests = [np.full(rng.choice((1, 100, 256, 600, len(model.get(k, b"")) or 5)), 7, np.uint8) for k in keys]
+            got = t.get_many_into(keys, [[d] for d in dests])
+            for k, d, r in zip(keys, dests, got):
+                want = model.get(k)
+                expect = MISSING if want is None else (len(want) if len(want) == d.size else TRUNCATED)
+                if r != expect or (r >= 0 and d.tobytes() != want):
+                    raise Failure(f"get {k} into {d.size} bytes: {r}, expected {expect}")
+        elif op == 2:
+            if t.contains_many(keys) != [k in model for k in keys]:
+                raise Failure("contains_many disagrees per position")
+        else:
+            got = t.remove_many(keys)
+            seen = set()
+            for k, r in zip(keys, got):
+                if r != (k in model and k not in seen):
+                    raise Failure(f"remove {k}: {r}")
+                seen.add(k)
+            for k in keys:
+                model.pop(k, None)
+        t.arena.check_consistency()
+        n += 1
+    return n
+
+
+class _FlakyTier:
+    """A shared tier in a dict that is slow, fails and refuses at random,
+    and whose removals do not happen (best effort)."""
+
+    name = "flaky"
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng, self.values, self.lock = rng, {}, threading.Lock()
+
+    def put_many(self, keys, values):
+        from statecache.tiers import TierError
+
+        r = self.rng.random()
+        if r < 0.3:
+            time.sleep(self.rng.random() * 0.02)
+        if r > 0.9:
+            raise TierError("flaky: down")
+        out = []
+        for k, segs in zip(keys, values):
+            ok = self.rng.random() > 0.1
+            if ok:
+                with self.lock:
+                    self.values.setdefault(k, b"".join(bytes(memoryview(x).cast("B")) for x in segs))
+            out.append(ok)
+        return out
+
+    def get_many_into(self, keys, dests):
+        return [-1] * len(keys)
+
+    def contains_many(self, keys):
+        return [k in self.values for k in keys]
+
+    def remove_many(self, keys):
+        return [False] * len(keys)
+
+    def stats(self):
+        return {}
+
+
+class _ArrayMover:
+    """The unit mover over a NumPy array of units, slow at random (so that
+    copies on the I/O thread overrun their pins)."""
+
+    def __init__(self, mem, rng: random.Random) -> None:
+        self.mem, self.rng, self.unit_bytes = mem, rng, mem.shape[1]
+
+    def to_rows(self, units, rows) -> None:
+        if self.rng.random() < 0.3:
+            time.sleep(self.rng.random() * 0.01)
+        for u, row in zip(units, rows):
+            row[:] = self.mem[u]
+
+
+def _image(h: int, nbytes: int) -> np.ndarray:
+    return np.random.default_rng(h).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def tier_reclaim(deadline: float) -> int:
+    """Slow and failing shared tiers racing reclaim: offloads whose copies
+    wait behind slow writes lose their pins and their units are reused
+    (overwritten at once); no value the tier holds under a valid checksum
+    may be anything but its prefix's image."""
+    from statecache.engine.tiering.stack import TierStack
+    from statecache.engine.tiering.store import StateOffloads
+    from statecache.tiers import integrity
+
+    t0 = time.monotonic()
+    UB, UPC = 64, 2
+    rng = random.Random(random.randrange(2**32))
+    pool = sc.BlockPool(48)
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=UB, slot_bytes=UB * UPC, layout_id="f", image_bytes=UB * UPC)
+    coord = sc.PagedStateCheckpointCoordinator(pool, spec, enabled=True)
+    pool.on_evict = coord.unindex
+    mem = np.zeros((48, UB), np.uint8)
+    tier = _FlakyTier(random.Random(rng.randrange(2**32)))
+    stack = TierStack([tier], unit_bytes=UB, units_per_checkpoint=UPC, max_inflight=4, shared_writes=None)
+    index = sc.StateOffloadIndex()
+    coord.attach_offload(index)
+
+    class Keys:
+        filed_key = staticmethod(lambda kind, h: f"f/{kind}/{h}")
+        position = staticmethod(lambda h: 1)
+
+    class Placement:
+        position = staticmethod(lambda kind, h: 1)
+        state_stored = staticmethod(lambda h: None)
+
+    stores = StateOffloads(
+        stack,
+        coordinator=coord,
+        index=index,
+        mover=_ArrayMover(mem, rng),
+        keys=Keys,
+        placement=Placement,
+        offload_timeout_s=0.004,
+    )
+    seq = sc.Sequence(1, num_tokens=1000)
+    seq.state_slots = [0]
+    taken: list = []
+    deadline += time.monotonic() - t0  # the budget is for passes, not imports
+    n = 0
+
+    def check() -> None:
+        with tier.lock:
+            items = list(tier.values.items())
+        for k, v in items:
+            hl = integrity.header_nbytes(k)
+            payload = np.frombuffer(v[hl:], np.uint8)
+            if integrity.check(v[:hl], k, [payload], payload.size) != integrity.OK:
+                continue
+            if not np.array_equal(payload, _image(int(k.rsplit("/", 1)[1]), UB * UPC)):
+                raise Failure(f"{k}: a valid checksum over bytes that are not its image")
+
+    try:
+        while time.monotonic() < deadline:
+            # top of pass, as Tiering.top_of_pass orders it
+            coord.complete_previous_batch()
+            stores.retire()
+            coord.reclaim_stale_offload_pins(stores.offload_timeout_s)
+            stores.note_reclaims()
+            for op, units in taken:
+                if coord.was_reclaimed(op):
+                    mem[list(units)] = 0xAB  # reused at once
+            taken = [(op, u) for op, u in taken if not coord.was_reclaimed(op)]
+            for op, units in coord.take_offload_stores(4):
+                taken.append((op, list(units)))
+                stores.offload(op, units)
+            # the pass: one new checkpoint, its image written into its units
+            h = rng.randrange(1, 10**9)
+            coord.checkpoint(seq, 1, h)
+            ops, _ = coord.take_checkpoint_ops()
+            for op in ops:
+                mem[list(op.unit_ids)] = _image(h, UB * UPC).reshape(UPC, UB)
+            if rng.random() < 0.1:
+                check()
+            n += 1
+        stores.wait_writes(5)
+        check()
+        coord.store.check_consistency()
+        stack.host.arena.check_consistency()
+    finally:
+        stores.close()
+    return n
+
+
+# Two 16-token blocks with one scheduler hash under seed 0 (issue 18): the
+# engine must resume neither's KV or state for the other.
+COLLIDING_A = [14, 24, 35, 54, 70, 82, 111, 116, 134, 159, 171, 191, 197, 208, 235, 250]
+COLLIDING_B = [13, 24, 33, 50, 70, 83, 104, 114, 128, 158, 169, 186, 192, 215, 225, 244]
+
+
+def collision_pair(deadline: float) -> int:
+    """The reference engine under seed 0 (configured, so the pair collides)
+    serving prompts that start with either block of the pair, under random
+    shapes (PAGE or fork, midstep or chunked, small pools that evict and
+    preempt, ladders) with checkpoints dropped and the prefix cache reset at
+    random. A content model of every slot, unit and KV block (engine_support's
+    ContentRunner) checks every forward reads only its own prefix."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from engine_support import ContentRunner, engine
+    from statecache.engine import Request
+
+    rng = random.Random(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    tails = [[rng.randrange(1, 9) for _ in range(48)] for _ in range(3)]
+    n = 0
+    while time.monotonic() < deadline:
+        mech = rng.choice(["page", "fork"])
+        runner = ContentRunner(16)
+        eng = engine(
+            mech,
+            hbs=16,
+            num_blocks=rng.choice([10, 16, 64]),
+            num_slots=rng.choice([4, 8]),
+            budget=rng.choice([16, 40, 64]),
+            interval=rng.choice([-1, 16, 32]),
+            runner=runner,
+            hash_seed=0,
+            readable_midstep=rng.random() < 0.4,
+        )
+        bm, seen = eng.block_manager, []
+        for _ in range(rng.randrange(4, 16)):
+            for _ in range(rng.randrange(1, 4)):
+                head = COLLIDING_A if rng.random() < 0.5 else COLLIDING_B
+                tail = rng.choice(tails)[: rng.randrange(1, 40)]
+                out = [rng.randrange(1, 9) for _ in range(rng.randrange(1, 5))]
+                req = Request(head + tail, len(out), scripted_output=out)
+                eng.add_request(req)
+                seen.append(req)
+            for _ in range(rng.randrange(1, 6)):
+                eng.step()
+                n += 1
+                r = rng.random()
+                hashes = rng.choice(seen).hashes
+                if r < 0.1 and hashes:
+                    bm.drop_checkpoint(rng.choice(hashes))  # as an eviction policy does
+                elif r < 0.13:
+                    bm.pool.reset_prefix_cache()
+            if rng.random() < 0.5:
+                eng.run_until_done()
+        eng.run_until_done()
+        bm.pool.check_consistency()
+    return n
 
 
 CASES = {
@@ -1070,6 +1328,9 @@ CASES = {
     "mutating_ops": mutating_ops,
     "mutated_arrays": mutated_arrays,
     "thread_promises": thread_promises,
+    "tier_batches": tier_batches,
+    "tier_reclaim": tier_reclaim,
+    "collision_pair": collision_pair,
 }
 
 
@@ -1077,6 +1338,7 @@ def main() -> int:
     case, seed, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     deadline = time.monotonic() + seconds
     target = CASES[case]
+    random.seed(seed)  # the functions' draws; the classes take their own Random
     if isinstance(target, type):
         n = target(random.Random(seed)).run(deadline)
     else:

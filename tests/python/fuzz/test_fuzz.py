@@ -31,6 +31,9 @@ CASES = [
     "mutating_ops",
     "mutated_arrays",
     "thread_promises",
+    "tier_batches",
+    "tier_reclaim",
+    "collision_pair",
 ]
 
 
