@@ -1055,6 +1055,8 @@ def thread_promises(deadline: float) -> int:
     slots._check_invariants()
     check_block_pool(blocks)
     return count[0]
+
+
 # ------------------------------------------------------------------ tiers --
 
 
