@@ -10,6 +10,11 @@ median of --reps):
   kernel       the kernel alone (descriptors already on the device)
   whole        plan + stage + replay, host-serialized, per batch (wall clock over
                rotating op sets, so consecutive batches touch different memory)
+  serial       one eager batch from an idle GPU: the executor call (checks, plan,
+               launch: the batch rides in the kernel's parameters when small)
+               through the end of its kernel, wall clock, L2 flushed and the
+               GPU idle before each; against copy_ timed the same way ("serial
+               copy_") and against the graph-timed copy_ above
   host         plan + stage alone (tensor checks, validation, descriptors), median
 TB/s counts bytes read + written (2 x payload).
 
@@ -191,6 +196,7 @@ def bench_layout(name, args, flush, rng):
         src = torch.empty(payload, dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)
         g_copy = graph_of(lambda dst=dst, src=src: dst.copy_(src))
+        copy_pair = (src, dst)
         # Torch baseline (stores): gather rows into a padded image, scatter unit rows.
         slot_idx = torch.arange(n, device=dev)
         unit_idx = torch.tensor(ids, device=dev)
@@ -260,11 +266,31 @@ def bench_layout(name, args, flush, rng):
             cap.replay(stores=sets[i % len(sets)])
         torch.cuda.synchronize()
         r["whole_us"] = (time.perf_counter() - t0) / reps * 1e6
+        # Serial from an idle GPU, interleaved with a copy_ of the same bytes
+        # timed the same way; eager calls, as a decode step with few checkpoints makes.
+        src, dst = copy_pair
+        ser, ser_copy = [], []
+        for i in range(max(20, args.reps)):
+            for acc in (ser, ser_copy):
+                flush.add_(1)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                if acc is ser:
+                    w.ex(stores=sets[i % len(sets)])
+                else:
+                    dst.copy_(src)
+                torch.cuda.synchronize()
+                if i >= 3:  # warm-up
+                    acc.append(time.perf_counter() - t0)
+        r["serial_us"] = statistics.median(ser) * 1e6
+        r["serial_copy_us"] = statistics.median(ser_copy) * 1e6
+        r["serial_vs_serial_copy"] = r["serial_copy_us"] / r["serial_us"]
+        del src, dst, copy_pair
         r["host_limit_us"] = n * 1.0 + 10.0
         tb = lambda us, payload=payload: 2 * payload / (us * 1e-6) / 1e12  # noqa: E731
-        for key in ("copy", "torch", "sc", "kernel", "whole", "sc_restore", "kernel_restore"):
+        for key in ("copy", "torch", "sc", "kernel", "whole", "sc_restore", "kernel_restore", "serial"):
             r[f"{key}_tbs"] = tb(r[f"{key}_us"])
-        for key in ("sc", "kernel", "whole", "sc_restore", "kernel_restore"):
+        for key in ("sc", "kernel", "whole", "sc_restore", "kernel_restore", "serial"):
             r[f"{key}_vs_copy"] = r["copy_us"] / r[f"{key}_us"]
         r["sc_vs_torch"] = r["torch_us"] / r["sc_us"]
         del cap
@@ -388,7 +414,7 @@ def table(r: dict) -> str:
     hdr = (
         f"{'layout':>8} {'ops':>3} {'MB':>7} | {'copy_':>6} {'torch':>6} {'sc':>6} {'kernel':>6} "
         f"{'whole':>6} TB/s | {'sc':>5} {'kern':>5} {'whole':>5} {'rs':>5} {'rs kern':>7} /copy_ | "
-        f"{'sc/torch':>8} | {'host us':>7} {'limit':>5}"
+        f"{'sc/torch':>8} | {'host us':>7} {'limit':>5} | {'serial us':>9} {'/copy_':>6} {'/ser copy_':>10}"
     )
     out.append(hdr)
     for x in r["rows"]:
@@ -397,7 +423,8 @@ def table(r: dict) -> str:
             f"{x['torch_tbs']:>6.2f} {x['sc_tbs']:>6.2f} {x['kernel_tbs']:>6.2f} {x['whole_tbs']:>6.2f}      | "
             f"{x['sc_vs_copy']:>5.3f} {x['kernel_vs_copy']:>5.3f} {x['whole_vs_copy']:>5.3f} "
             f"{x['sc_restore_vs_copy']:>5.3f} {x['kernel_restore_vs_copy']:>7.3f}        | "
-            f"{x['sc_vs_torch']:>7.1f}x | {x['host_us']:>7.1f} {x['host_limit_us']:>5.0f}"
+            f"{x['sc_vs_torch']:>7.1f}x | {x['host_us']:>7.1f} {x['host_limit_us']:>5.0f} | "
+            f"{x['serial_us']:>9.1f} {x['serial_vs_copy']:>6.3f} {x['serial_vs_serial_copy']:>10.3f}"
         )
     for name, info in r["layouts"].items():
         v = "; ".join(
@@ -434,6 +461,16 @@ def table(r: dict) -> str:
             f"target one 38.6 MB op >= 0.70 of copy_: graph min {min(x['sc_vs_copy'] for x in one):.3f}, "
             f"whole min {min(x['whole_vs_copy'] for x in one):.3f}"
         )
+    for n, goal in ((1, None), (4, 0.80), (16, 0.85)):
+        xs = [x for x in r["rows"] if x["ops"] == n]
+        if xs:
+            lo = min(x["serial_vs_copy"] for x in xs)
+            lo_s = min(x["serial_vs_serial_copy"] for x in xs)
+            want = f"target >= {goal:.2f}" if goal else "reported"
+            out.append(
+                f"serial batch from an idle GPU, {n} op(s) ({want}): min {lo:.3f} of graph-timed copy_, "
+                f"{lo_s:.3f} of copy_ timed serially"
+            )
     if "one_mib_op_us" in r:
         out.append(
             f"target one 1 MiB op from graph replay <= 10 us: {r['one_mib_op_us']:.2f} us "

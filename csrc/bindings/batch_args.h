@@ -44,9 +44,10 @@ inline constexpr const char* kPoolCheckpointManyDoc =
     "hashes[i])`` for each i in order. Returns None. The batch is checked as a whole first; "
     "raises ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
     "TypeError for an item that is not a sequence, and what ``checkpoint`` would raise for "
-    "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing, and so does a setter "
-    "of an engine's own sequence object that raises (the fields already written are "
-    "restored).";
+    "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing. An engine object's "
+    "setter that raises (or changes the pool: RuntimeError) stops the batch at its entry, "
+    "whose fields get their old values back; the entries before it stay filed, as their "
+    "``checkpoint`` calls would have filed them.";
 
 // An owned tuple of a batch argument's items: a list or tuple (or another
 // iterable, read whole). TypeError naming `name` for str, bytes, mappings
@@ -70,7 +71,7 @@ inline py::tuple batch_items(py::handle obj, const char* name, const char* want)
 // so the pointers stay valid for the call whatever Python code runs.
 class SeqBatch {
  public:
-  SeqBatch(py::handle seqs, const char* name, unsigned reads)
+  SeqBatch(py::handle seqs, const char* name, unsigned reads, HashForm* hashes = nullptr)
       : items_(batch_items(seqs, name, "a list of statecache.Sequence (or objects with its attributes)")) {
     const Py_ssize_t n = PyTuple_GET_SIZE(items_.ptr());
     ptrs_.reserve(static_cast<size_t>(n));
@@ -79,7 +80,7 @@ class SeqBatch {
       PyObject* obj = PyTuple_GET_ITEM(items_.ptr(), i);
       Sequence* native = fast::SeqArg::native_of(obj, name, i);
       if (!native) {
-        generic_.emplace_back(obj, name, i, reads);  // deque: earlier entries stay put
+        generic_.emplace_back(obj, name, i, reads, hashes);  // deque: earlier entries stay put
         generic_at_.resize(static_cast<size_t>(n), -1);
         generic_at_[static_cast<size_t>(i)] = static_cast<int32_t>(generic_.size() - 1);
         native = &generic_.back().get();
@@ -151,12 +152,22 @@ class SeqBatch {
 // pointer. A non-exact item (a NumPy scalar, an int subclass, anything with
 // __index__) reads as -1 and sets saw_non_exact(); the caller then converts
 // every such row with own_lists() (which may run __index__) and runs the
-// batch again. int64 buffers are read in place (the export is held), other
-// buffers and iterables are converted up front. A statecache.Sequence's own
-// hashes are read from its C++ vector, re-checking its length on every read.
+// batch again; so does a caller whose scan may run Python code (a tier's
+// vote), before its first scan. Buffers are never read in place: row i's
+// first min(limits[i], length) items (all a scan up to hit limits[i] reads)
+// are copied, other iterables converted whole, up front. A
+// statecache.Sequence's own hashes are read from its C++ vector, re-checking
+// its length on every read.
 class HashRows {
  public:
-  HashRows(py::handle block_hashes, const SeqBatch& seqs) {
+  // The forms of the hashes read are noted in `form` (the cache's). With
+  // `no_python_after` (nothing the call does after this runs Python code: the
+  // scans are C++ only) int64 buffers are read in place, their exports held,
+  // when taking every row runs no Python code either (exact lists, tuples and
+  // int64 buffers only; a generic sequence's attribute, say, does).
+  HashRows(py::handle block_hashes, const SeqBatch& seqs, std::span<const int64_t> limits, HashForm& form,
+           bool no_python_after = false)
+      : limits_(limits), form_(form) {
     const size_t n = seqs.size();
     rows_.resize(n);
     if (block_hashes.is_none()) {
@@ -174,9 +185,15 @@ class HashRows {
       }
       return;
     }
+    in_place_ = no_python_after;
     if (set_matrix(block_hashes.ptr())) return;
     py::tuple items = batch_items(block_hashes, "block_hashes", "a list of hash lists (one per sequence) or None");
     keep_.push_back(items);
+    for (Py_ssize_t i = 0; in_place_ && i < PyTuple_GET_SIZE(items.ptr()); ++i) {
+      PyObject* row = PyTuple_GET_ITEM(items.ptr(), i);
+      if (!PyList_CheckExact(row) && !PyTuple_CheckExact(row) && !PyObject_CheckBuffer(row))
+        in_place_ = false;  // taking this row may run Python code: every buffer is copied
+    }
     if (static_cast<size_t>(PyTuple_GET_SIZE(items.ptr())) != n) {
       // The core names the mismatch; rows past either end are never read.
       rows_.resize(static_cast<size_t>(PyTuple_GET_SIZE(items.ptr())));
@@ -199,16 +216,16 @@ class HashRows {
             changed_size("block_hashes", r);
           // Scans walk down the list: start fetching the next item's object.
           if (k >= 4) __builtin_prefetch(PyList_GET_ITEM(list, k - 4));
-          return item(PyList_GET_ITEM(list, k));
+          return item(PyList_GET_ITEM(list, k), r, k);
         });
       }
       case kTuple: {
         PyObject* tuple = row.obj;
-        return f(row.n, [this, tuple](int64_t k) {
+        return f(row.n, [this, tuple, r](int64_t k) {
           if (k >= PyTuple_GET_SIZE(tuple)) [[unlikely]]
             throw std::out_of_range("block_hashes: read past the end");
           if (k > 0) __builtin_prefetch(PyTuple_GET_ITEM(tuple, k - 1));
-          return item(PyTuple_GET_ITEM(tuple, k));
+          return item(PyTuple_GET_ITEM(tuple, k), r, k);
         });
       }
       case kNative: {
@@ -219,6 +236,7 @@ class HashRows {
           return seq->block_hashes[static_cast<size_t>(k)];
         });
       }
+      case kBuffer:  // in place, its readable prefix's form noted when it was taken
       case kData:
       default: {
         const int64_t* data = row.data;
@@ -254,6 +272,7 @@ class HashRows {
         return;
       }
       case kData:
+      case kBuffer:
         if (stage == 1 && top <= row.readable) __builtin_prefetch(row.data + top - 1);
         return;
       case kNative:
@@ -262,19 +281,46 @@ class HashRows {
   }
   bool saw_non_exact() const { return non_exact_; }
 
-  // Converts every list or tuple row, its first min(limits[i], length)
-  // items (what a scan up to hit limits[i] can read), into owned ints; those
-  // rows then run no Python code when read. May run __index__.
-  void own_lists(std::span<const int64_t> limits) {
+  // Converts every list or tuple row (with `native_too`, a
+  // statecache.Sequence's own list as well), its first min(limits[i],
+  // length) items (what a scan up to hit limits[i] can read), into owned
+  // ints; those rows then run no Python code when read and nothing a
+  // callback does changes them. May run __index__.
+  void own_lists(std::span<const int64_t> limits, bool native_too = false) {
     non_exact_ = false;
+    // Buffers read in place are copied first: converting the lists below may
+    // run Python code, which could resize them.
     for (size_t i = 0; i < rows_.size(); ++i) {
       Row& row = rows_[i];
+      if (row.kind != kBuffer) continue;
+      const int64_t take = std::min<int64_t>(i < limits.size() ? std::max<int64_t>(0, limits[i]) : 0, row.n);
+      for (int64_t k = 0; k < take; ++k)
+        if (row.data[k] < -1) {
+          detail::note_item(form_, "block_hashes", static_cast<Py_ssize_t>(k), row.data[k], HashForm::kSigned);
+          break;
+        }
+      auto ints = std::make_unique<std::vector<int64_t>>(row.data, row.data + take);
+      row = Row{kData, nullptr, row.n, ints->data(), nullptr, take};
+      owned_.push_back(std::move(ints));
+    }
+    exports_.clear();
+    buffers_.clear();
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      Row& row = rows_[i];
+      if (row.kind == kNative && native_too) {
+        const int64_t take = std::min<int64_t>(i < limits.size() ? std::max<int64_t>(0, limits[i]) : 0, row.n);
+        auto ints =
+            std::make_unique<std::vector<int64_t>>(row.seq->block_hashes.begin(), row.seq->block_hashes.begin() + take);
+        row = Row{kData, nullptr, row.n, ints->data(), nullptr, take};
+        owned_.push_back(std::move(ints));
+        continue;
+      }
       if (row.kind != kList && row.kind != kTuple) continue;
       py::tuple snap = sequence_snapshot(row.obj, "block_hashes");
       const std::string label = "block_hashes[" + std::to_string(i) + "]";
       const int64_t limit = i < limits.size() ? std::max<int64_t>(0, limits[i]) : 0;
       auto ints = std::make_unique<std::vector<int64_t>>();
-      detail::append_tuple(snap.ptr(), label.c_str(), *ints, static_cast<Py_ssize_t>(limit));
+      detail::append_hash_tuple(snap.ptr(), label.c_str(), *ints, static_cast<Py_ssize_t>(limit), form_);
       row.n = PyTuple_GET_SIZE(snap.ptr());
       row.kind = kData;
       row.data = ints->data();
@@ -284,7 +330,7 @@ class HashRows {
   }
 
  private:
-  enum Kind : uint8_t { kList, kTuple, kNative, kData };
+  enum Kind : uint8_t { kList, kTuple, kNative, kData, kBuffer };
   struct Row {
     Kind kind = kData;
     PyObject* obj = nullptr;  // kList / kTuple: held by keep_ (or the items tuple)
@@ -297,17 +343,34 @@ class HashRows {
   [[noreturn, gnu::noinline]] static void changed_size(const char* what, size_t r) {
     throw py::value_error(std::string(what) + " of entry " + std::to_string(r) + " changed size while it was read");
   }
-  [[gnu::always_inline]] int64_t item(PyObject* it) const {
+  [[gnu::always_inline]] int64_t item(PyObject* it, size_t r, int64_t k) const {
     int64_t v = -1;
-    if (!detail::exact_int_fast(it, v)) [[unlikely]] {
-      non_exact_ = true;
+    HashForm::Kind kind = HashForm::kUnset;
+    if (!detail::exact_hash_fast(it, v, kind)) [[unlikely]] {
+      non_exact_ = true;  // converted (and refused if it is no hash) by own_lists
       return -1;
     }
+    if (kind != HashForm::kUnset && kind != form_.kind()) [[unlikely]]
+      detail::note_item(form_, ("block_hashes[" + std::to_string(r) + "]").c_str(), static_cast<Py_ssize_t>(k), v,
+                        kind);
     return v;
   }
 
-  // A 2-D int64 buffer (a NumPy array, row i = sequence i's hashes), read in
-  // place; false (nothing held) for anything else.
+  int64_t limit(size_t i) const { return i < limits_.size() ? std::max<int64_t>(0, limits_[i]) : 0; }
+  // Notes the signed form of row r's first `n` int64 hashes (one pass, no
+  // branch per hash taken on the common all-small path).
+  void note_signed(const int64_t* d, int64_t n, size_t r) {
+    if (!has_signed_form(d, n)) return;
+    for (int64_t k = 0; k < n; ++k)
+      if (d[k] < -1) {
+        detail::note_item(form_, ("block_hashes[" + std::to_string(r) + "]").c_str(), static_cast<Py_ssize_t>(k), d[k],
+                          HashForm::kSigned);
+        return;
+      }
+  }
+
+  // A 2-D int64 buffer (a NumPy array, row i = sequence i's hashes), each
+  // row's readable prefix copied; false (nothing held) for anything else.
   bool set_matrix(PyObject* obj) {
     if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj) || !PyObject_CheckBuffer(obj)) return false;
     Py_buffer view{};
@@ -323,13 +386,27 @@ class HashRows {
       PyBuffer_Release(&view);
       return false;  // read as a sequence of rows
     }
-    matrix_ = std::make_unique<Matrix>(view);
     const Py_ssize_t row_stride = view.strides ? view.strides[0] : view.shape[1] * 8;
     rows_.resize(static_cast<size_t>(view.shape[0]));
+    if (in_place_) {  // nothing runs Python code before the scans end: read it where it is
+      for (Py_ssize_t i = 0; i < view.shape[0]; ++i) {
+        const auto* row = reinterpret_cast<const int64_t*>(static_cast<const char*>(view.buf) + i * row_stride);
+        const int64_t take = std::min<int64_t>(limit(static_cast<size_t>(i)), view.shape[1]);
+        note_signed(row, take, static_cast<size_t>(i));
+        rows_[static_cast<size_t>(i)] = Row{kBuffer, nullptr, view.shape[1], row, nullptr, take};
+      }
+      exports_.push_back(std::make_unique<Export>(view));
+      return true;
+    }
     for (Py_ssize_t i = 0; i < view.shape[0]; ++i) {
       const auto* row = reinterpret_cast<const int64_t*>(static_cast<const char*>(view.buf) + i * row_stride);
-      rows_[static_cast<size_t>(i)] = Row{kData, nullptr, view.shape[1], row, nullptr, view.shape[1]};
+      const int64_t take = std::min<int64_t>(limit(static_cast<size_t>(i)), view.shape[1]);
+      note_signed(row, take, static_cast<size_t>(i));
+      auto ints = std::make_unique<std::vector<int64_t>>(row, row + take);
+      rows_[static_cast<size_t>(i)] = Row{kData, nullptr, view.shape[1], ints->data(), nullptr, take};
+      owned_.push_back(std::move(ints));
     }
+    PyBuffer_Release(&view);
     return true;
   }
 
@@ -343,36 +420,49 @@ class HashRows {
       row = Row{kTuple, obj, PyTuple_GET_SIZE(obj)};
       return;
     }
-    labels_.push_back(std::string(name) + "[" + std::to_string(i) + "]" + suffix);
-    const char* label = labels_.back().c_str();
-    auto buf = std::make_unique<IntBuffer>(obj, label);
-    if (buf->kind() == IntBuffer::kInt64) {
-      row = Row{kData, nullptr, buf->size(), buf->data(), nullptr, buf->size()};
-      buffers_.push_back(std::move(buf));
-      return;
-    }
-    buf.reset();
+    const std::string label = std::string(name) + "[" + std::to_string(i) + "]" + suffix;
     auto ints = std::make_unique<std::vector<int64_t>>();
-    append_ints(py::handle(obj), label, *ints);
+    {
+      auto buf = std::make_unique<IntBuffer>(obj, label.c_str());
+      if (in_place_ && buf->kind() == IntBuffer::kInt64) {  // see the constructor
+        const int64_t take = std::min<int64_t>(limit(i), buf->size());
+        note_signed(buf->data(), take, i);
+        row = Row{kBuffer, nullptr, buf->size(), buf->data(), nullptr, take};
+        buffers_.push_back(std::move(buf));
+        return;
+      }
+    }
+    {
+      IntBuffer buf(obj, label.c_str());
+      if (buf.kind() != IntBuffer::kNone) {
+        copy_hash_prefix(buf, label.c_str(), limit(i), *ints, form_);
+        row = Row{kData, nullptr, buf.size(), ints->data(), nullptr, static_cast<int64_t>(ints->size())};
+        owned_.push_back(std::move(ints));
+        return;
+      }
+    }
+    append_hashes(py::handle(obj), label.c_str(), *ints, form_);
     row = Row{kData,        nullptr, static_cast<int64_t>(ints->size()),
               ints->data(), nullptr, static_cast<int64_t>(ints->size())};
     owned_.push_back(std::move(ints));
   }
 
   // A held 2-D buffer export, released with the rows.
-  struct Matrix {
+  struct Export {
     Py_buffer view;
-    explicit Matrix(const Py_buffer& v) : view(v) {}
-    Matrix(const Matrix&) = delete;
-    Matrix& operator=(const Matrix&) = delete;
-    ~Matrix() { PyBuffer_Release(&view); }
+    explicit Export(const Py_buffer& v) : view(v) {}
+    Export(const Export&) = delete;
+    Export& operator=(const Export&) = delete;
+    ~Export() { PyBuffer_Release(&view); }
   };
 
-  std::unique_ptr<Matrix> matrix_;
+  std::span<const int64_t> limits_;
+  HashForm& form_;
+  bool in_place_ = false;
+  std::vector<std::unique_ptr<Export>> exports_;
+  std::vector<std::unique_ptr<IntBuffer>> buffers_;
   std::vector<Row> rows_;
   std::vector<py::object> keep_;
-  std::deque<std::string> labels_;  // names the buffers report errors under
-  std::vector<std::unique_ptr<IntBuffer>> buffers_;
   std::vector<std::unique_ptr<std::vector<int64_t>>> owned_;
   mutable bool non_exact_ = false;
 };
@@ -380,13 +470,17 @@ class HashRows {
 // resumable_hits(seqs, hits, block_hashes=None, assume_checkpointed=False) of
 // any cache core/batch.h serves; `reads` are the fields its resumable_hit
 // reads from a sequence. Returns the list of capped hits.
+// With `scan_calls_python` (a tier's vote written in Python) the hash lists
+// are converted before the first scan.
 template <class Cache>
 py::list resumable_hits_arg(const Cache& cache, PyObject* seqs_obj, PyObject* hits_obj, PyObject* hashes_obj,
-                            PyObject* assume_obj, unsigned reads) {
+                            PyObject* assume_obj, unsigned reads, bool scan_calls_python = false) {
   const bool assume = assume_obj != nullptr && as_bool(assume_obj, "assume_checkpointed");
   const IntSpan hits(hits_obj, "hits");
   const SeqBatch seqs(seqs_obj, "seqs", reads);
-  HashRows rows(py::handle(hashes_obj ? hashes_obj : Py_None), seqs);
+  HashRows rows(py::handle(hashes_obj ? hashes_obj : Py_None), seqs, hits.span(), cache.hash_form(),
+                /*no_python_after=*/!scan_calls_python);
+  if (scan_calls_python) rows.own_lists(hits.span(), /*native_too=*/true);
   std::vector<int64_t> out = batch::resumable_hits(cache, seqs.seqs(), hits.span(), rows, assume);
   if (rows.saw_non_exact()) {
     rows.own_lists(hits.span());

@@ -20,6 +20,16 @@ struct IntListView {
   std::shared_ptr<Sequence> owner;
   std::vector<int64_t> Sequence::*field;
   std::vector<int64_t>& v() const { return (*owner).*field; }
+  // block_hashes holds hashes: read and written in the Sequence's form.
+  bool hashes() const { return field == &Sequence::block_hashes; }
+  int64_t value_of(py::handle x, const char* name) const {
+    return hashes() ? as_hash(x, name, owner->hash_form) : as_int(x, name);
+  }
+  py::object item(int64_t x) const { return hashes() ? hash_object(x, owner->hash_form) : py::int_(x); }
+  py::list list() const { return hashes() ? to_hash_list(v(), owner->hash_form) : to_list(v()); }
+  std::vector<int64_t> values_of(py::handle xs, const char* name) const {
+    return hashes() ? as_hash_list(xs, name, owner->hash_form) : as_int_list(xs, name);
+  }
   size_t norm(int64_t i) const {
     const int64_t n = static_cast<int64_t>(v().size());
     if (i < 0) i += n;
@@ -31,12 +41,12 @@ struct IntListView {
 std::optional<std::string> as_layout_id(py::handle obj) {
   if (obj.is_none()) return std::nullopt;
   if (!PyUnicode_Check(obj.ptr())) raise_type("paged_layout_id", "a str or None", obj);
-  return obj.cast<std::string>();
+  return as_text(obj, "paged_layout_id");
 }
 
 StateTransfer make_transfer(py::handle kind, py::handle fork_tokens, py::handle layout, py::handle readable) {
   if (!PyUnicode_Check(kind.ptr())) raise_type("kind", "a str", kind);
-  return StateTransfer(parse_transfer_kind(kind.cast<std::string>()), as_int(fork_tokens, "fork_tokens"),
+  return StateTransfer(parse_transfer_kind(as_text(kind, "kind")), as_int(fork_tokens, "fork_tokens"),
                        as_layout_id(layout), as_bool(readable, "readable_midstep"));
 }
 
@@ -101,7 +111,7 @@ Frozen; equality and hash by value.)doc");
           "from_config",
           [](py::handle kind, py::handle fork_tokens, py::handle layout, py::handle readable) {
             if (!PyUnicode_Check(kind.ptr())) raise_type("kind", "a str", kind);
-            TransferKind k = parse_transfer_kind(kind.cast<std::string>());
+            TransferKind k = parse_transfer_kind(as_text(kind, "kind"));
             // Only a fork carries its token count across the process boundary.
             int64_t tokens = k == TransferKind::kFork ? as_int(fork_tokens, "fork_tokens") : 0;
             return StateTransfer(k, tokens, as_layout_id(layout), as_bool(readable, "readable_midstep"));
@@ -174,35 +184,36 @@ void bind_int_list(py::module_& m) {
            [](const IntListView& s, py::handle i) -> py::object {
              if (PySlice_Check(i.ptr())) {
                // Materialize before slicing: an accessor into a temporary list dangles.
-               py::list all = to_list(s.v());
+               py::list all = s.list();
                return all[py::reinterpret_borrow<py::slice>(i)];
              }
              const int64_t k = as_int(i, "index");
-             return py::int_(s.v()[s.norm(k)]);
+             return s.item(s.v()[s.norm(k)]);
            })
       .def("__setitem__",
            [](IntListView& s, py::handle i, py::handle x) {
              const int64_t k = as_int(i, "index");
-             const int64_t v = as_int(x, "value");  // may run __index__: index checked after
+             const int64_t v = s.value_of(x, "value");  // may run __index__: index checked after
              s.v()[s.norm(k)] = v;
            })
-      .def("__iter__", [](const IntListView& s) { return py::iter(to_list(s.v())); })
+      .def("__iter__", [](const IntListView& s) { return py::iter(s.list()); })
       .def("__contains__",
            [](const IntListView& s, py::handle x) {
              int64_t v = 0;
-             if (!PyLong_Check(x.ptr()) || PyBool_Check(x.ptr()) || !exact_int_value(x.ptr(), v)) return false;
+             if (!PyLong_Check(x.ptr()) || PyBool_Check(x.ptr())) return false;
+             if (s.hashes() ? !hash_key(x, s.owner->hash_form, v) : !exact_int_value(x.ptr(), v)) return false;
              for (int64_t e : s.v())
                if (e == v) return true;
              return false;
            })
       .def(
-          "append", [](IntListView& s, py::handle x) { s.v().push_back(as_int(x, "value")); },
+          "append", [](IntListView& s, py::handle x) { s.v().push_back(s.value_of(x, "value")); },
           "Appends ``value``; returns None. Raises TypeError (or OverflowError) for a value that "
           "is not an int64.")
       .def(
           "extend",
           [](IntListView& s, py::handle xs) {
-            const std::vector<int64_t> add = as_int_list(xs, "values");  // all or nothing
+            const std::vector<int64_t> add = s.values_of(xs, "values");  // all or nothing
             s.v().insert(s.v().end(), add.begin(), add.end());
           },
           "Appends every element of ``values``, all or none; returns None. Raises TypeError (or "
@@ -215,20 +226,20 @@ void bind_int_list(py::module_& m) {
             const size_t k = s.norm(as_int(i, "index"));
             const int64_t x = s.v()[k];
             s.v().erase(s.v().begin() + static_cast<ptrdiff_t>(k));
-            return x;
+            return s.item(x);
           },
           py::arg("index") = -1,
           "Removes and returns the element at ``index`` (the last by default). Raises IndexError "
           "when the list is empty or ``index`` is out of range.")
       .def(
-          "copy", [](const IntListView& s) { return to_list(s.v()); }, "Returns a plain list snapshot. Raises nothing.")
+          "copy", [](const IntListView& s) { return s.list(); }, "Returns a plain list snapshot. Raises nothing.")
       .def("__eq__",
            [](const IntListView& s, py::handle other) {
              if (py::isinstance<IntListView>(other)) return s.v() == other.cast<const IntListView&>().v();
              if (!PyList_Check(other.ptr()) && !PyTuple_Check(other.ptr())) return false;
-             return to_list(s.v()).equal(py::list(py::reinterpret_borrow<py::object>(other)));
+             return s.list().equal(py::list(py::reinterpret_borrow<py::object>(other)));
            })
-      .def("__repr__", [](const IntListView& s) { return py_repr(to_list(s.v())); });
+      .def("__repr__", [](const IntListView& s) { return py_repr(s.list()); });
 }
 
 // Sequence's attributes are read and written by the engine for every request
@@ -247,10 +258,16 @@ void def_int_list(py::handle cls, const char* name) {
         // copied as a vector, no Python iteration.
         static PyTypeObject* const view_type = reinterpret_cast<PyTypeObject*>(py::type::of<IntListView>().ptr());
         std::vector<int64_t> v;
-        if (Py_TYPE(xs) == view_type)
-          v = fast::self_of<IntListView>(xs).v();
-        else
+        if (Py_TYPE(xs) == view_type) {
+          const IntListView& other = fast::self_of<IntListView>(xs);
+          v = other.v();
+          if (other.hashes() && Field == &Sequence::block_hashes)  // the hashes come with their form
+            for (int64_t h : v) s.hash_form.note(name, h, other.owner->hash_form.kind());
+        } else if (Field == &Sequence::block_hashes) {
+          v = as_hash_list(xs, name, s.hash_form);
+        } else {
           v = as_int_list(xs, name);
+        }
         (s.*Field).swap(v);
       });
 }
@@ -325,7 +342,9 @@ views: in-place edits reach the pools, and plain assignment replaces them.)doc")
       [](Sequence& s, PyObject* x, const char* name) { s.set_state_slot(as_int(x, name)); });
   def_int<&Sequence::state_fork_src>(cls, "state_fork_src");
   def_int<&Sequence::per_req_cache_group>(cls, "per_req_cache_group");
-  def_int<&Sequence::pending_checkpoint>(cls, "pending_checkpoint");
+  fast::def_property<Sequence>(
+      cls, "pending_checkpoint", [](const Sequence& s) { return hash_to_py(s.pending_checkpoint, s.hash_form); },
+      [](Sequence& s, PyObject* x, const char* name) { s.pending_checkpoint = as_hash(x, name, s.hash_form); });
   def_int<&Sequence::checkpoint_end_pos>(cls, "checkpoint_end_pos");
   def_int<&Sequence::midstep_anchor_pos>(cls, "midstep_anchor_pos");
   cls.def("__repr__", [](py::handle self) {

@@ -4,6 +4,7 @@
 // addresses read off tensors it checks before each batch. The GIL is held
 // throughout every call: the planner's scratch and the engine's staging are
 // shared state.
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <string>
@@ -89,7 +90,7 @@ std::vector<PagedCopyOp> as_paged(py::handle obj, const char* kind, const char* 
     py::object layout = op.attr("layout_id");
     field = name + ".layout_id";
     if (!PyUnicode_Check(layout.ptr())) raise_type(field.c_str(), "a str", layout);
-    p.layout_id = layout.cast<std::string>();
+    p.layout_id = as_text(layout, field.c_str());
     out.push_back(std::move(p));
   }
   return out;
@@ -107,6 +108,76 @@ MaintenanceBatch as_batch(py::handle relocations, py::handle copies, py::handle 
 }  // namespace
 
 void bind_copy(py::module_& m) {
+  // The layouts' per-batch check that their tensors keep the storage the
+  // segment tables were read from, in one call (it runs before every batch).
+  // A changed shape over the same storage moves no byte outside it, so the
+  // address and the storage's size are what is compared. The entry holds the
+  // storage the rows were read from, so its memory stays allocated: a tensor
+  // given new storage (set_) cannot get that address back unnoticed, and a
+  // resize of that storage shows in its size.
+  m.def(
+      "_first_changed",
+      [](py::handle fingerprint) -> Py_ssize_t {
+        if (!PyTuple_Check(fingerprint.ptr())) raise_type("fingerprint", "a tuple", fingerprint);
+        // The tuple and its entries are immutable and held by the caller for
+        // the call, so the calls into Python below cannot free them.
+        static PyObject* const nbytes_name = PyUnicode_InternFromString("nbytes");
+        const Py_ssize_t n = PyTuple_GET_SIZE(fingerprint.ptr());
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* e = PyTuple_GET_ITEM(fingerprint.ptr(), i);
+          if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 6)
+            throw py::type_error("fingerprint[" + std::to_string(i) +
+                                 "] must be (tensor, data_ptr, storage, ptr, nbytes, shape)");
+          auto same = [](PyObject* now, PyObject* then) {
+            if (!now) throw py::error_already_set();
+            const int eq = PyObject_RichCompareBool(now, then, Py_EQ);
+            Py_DECREF(now);
+            if (eq < 0) throw py::error_already_set();
+            return eq == 1;
+          };
+          if (!same(PyObject_CallNoArgs(PyTuple_GET_ITEM(e, 1)), PyTuple_GET_ITEM(e, 3))) return i;
+          if (!same(PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(e, 2), nbytes_name), PyTuple_GET_ITEM(e, 4))) return i;
+        }
+        return -1;
+      },
+      py::arg("fingerprint"),
+      "Returns the index of the first (tensor, data_ptr, storage, ptr, nbytes, shape) entry "
+      "whose tensor's data_ptr or storage's size differs from the one recorded, or -1. "
+      "Raises TypeError for a malformed entry, what a tensor method raises.");
+
+  // Host rows (buffers: NumPy views of an arena) -> entry indices of the
+  // buffer at `base`, for the host-move planner, without a Python attribute
+  // per row.
+  m.def(
+      "_buffer_entries",
+      [](py::handle rows, py::handle base_obj, py::handle entry_obj, py::handle count_obj) -> py::object {
+        const auto base = static_cast<uint64_t>(as_nonneg_int(base_obj, "base"));
+        const auto entry = static_cast<uint64_t>(as_nonneg_int(entry_obj, "entry_bytes"));
+        const auto count = static_cast<uint64_t>(as_nonneg_int(count_obj, "num_entries"));
+        if (entry == 0) throw py::value_error("entry_bytes must be > 0");
+        py::tuple items = sequence_snapshot(rows, "rows");
+        const Py_ssize_t n = PyTuple_GET_SIZE(items.ptr());
+        py::array_t<int64_t> out(n);
+        int64_t* dst = out.mutable_data();
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          Py_buffer view;
+          if (PyObject_GetBuffer(PyTuple_GET_ITEM(items.ptr(), i), &view, PyBUF_C_CONTIGUOUS) != 0) {
+            PyErr_Clear();
+            return py::none();  // not one contiguous buffer
+          }
+          const auto addr = reinterpret_cast<uint64_t>(view.buf);
+          const auto len = static_cast<uint64_t>(view.len);
+          PyBuffer_Release(&view);
+          if (len != entry || addr < base || (addr - base) % entry || (addr - base) / entry >= count) return py::none();
+          dst[i] = static_cast<int64_t>((addr - base) / entry);
+        }
+        return out;
+      },
+      py::arg("rows"), py::arg("base"), py::arg("entry_bytes"), py::arg("num_entries"),
+      "Returns the entry index of each row (an int64 array) when every row is one whole entry "
+      "of the ``num_entries`` x ``entry_bytes`` buffer at address ``base``, else None. Raises "
+      "TypeError when ``rows`` is not a sequence.");
+
 #ifdef STATECACHE_WITH_GPU
   m.attr("has_gpu_kernels") = true;
 #else
@@ -133,7 +204,7 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
              return std::make_unique<SpanPlanner>(as_segments(image, "image_segments"),
                                                   as_segments(slot, "slot_segments"),
                                                   as_segments(unit, "unit_segments"), as_int(num_slots, "num_slots"),
-                                                  as_int(num_units, "num_units"), layout_id.cast<std::string>());
+                                                  as_int(num_units, "num_units"), as_text(layout_id, "layout_id"));
            }),
            py::arg("image_segments"), py::arg("slot_segments"), py::arg("unit_segments"), py::arg("num_slots"),
            py::arg("num_units"), py::arg("layout_id"))
@@ -156,6 +227,18 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
           "Returns the compiled batch. Raises ValueError naming the first bad op (layout id, "
           "total_bytes, unit count, a slot or unit out of range, two writers of one destination, "
           "an op reading what another writes), before compiling anything.")
+      .def(
+          "compile_paged",
+          [](const SpanPlanner& p, py::handle slots, py::handle unit_ids, py::handle restores) {
+            const IntSpan s(slots, "slots"), u(unit_ids, "unit_ids");
+            return p.compile_paged(s.span().data(), s.span().size(), u.span().data(), u.span().size(),
+                                   as_bool(restores, "restores"));
+          },
+          py::arg("slots"), py::arg("unit_ids"), py::arg("restores"),
+          "Returns the compiled batch of stores (``restores=False``) or restores: op i "
+          "moves slot ``slots[i]`` and units ``unit_ids[i * units_per_image:][:units_per_image]``. "
+          "Raises ValueError as ``compile`` does for the same ops, and for a unit count that is "
+          "not ``len(slots) * units_per_image``.")
       .def(
           "validate",
           [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores, py::handle restores) {
@@ -189,24 +272,58 @@ read its previous contents); ``launch(stream)`` enqueues the descriptor copy
 and the kernel on a raw stream handle; both may be captured in a graph, whose
 replays read the staging again: stage, replay, then ``record_consumed``.)doc")
       .def(py::init([](py::handle device, const SpanPlanner& planner, py::handle max_pair_ops, py::handle max_paged_ops,
-                       py::handle buffers, py::handle variant) {
+                       py::handle buffers, py::handle variant, py::handle host_moves) {
              return std::make_unique<GpuCopyEngine>(static_cast<int>(as_nonneg_int(device, "device")), planner,
                                                     static_cast<size_t>(as_nonneg_int(max_pair_ops, "max_pair_ops")),
                                                     static_cast<size_t>(as_nonneg_int(max_paged_ops, "max_paged_ops")),
                                                     static_cast<int>(as_int(buffers, "buffers")),
-                                                    static_cast<int>(as_int(variant, "variant")));
+                                                    static_cast<int>(as_int(variant, "variant")),
+                                                    as_bool(host_moves, "host_moves"));
            }),
            py::arg("device"), py::arg("planner"), py::arg("max_pair_ops"), py::arg("max_paged_ops"),
-           py::arg("buffers") = 2, py::arg("variant") = 0)
+           py::arg("buffers") = 2, py::arg("variant") = 0, py::arg("host_moves") = false)
       .def(
           "submit",
-          [](GpuCopyEngine& e, const CompiledBatch& batch, py::handle stream) {
-            e.submit(batch, static_cast<uintptr_t>(as_nonneg_int(stream, "stream")));
+          [](GpuCopyEngine& e, const CompiledBatch& batch, py::handle stream, py::handle path) {
+            const int64_t p = as_int(path, "path");
+            if (p < 0 || p > 2)
+              throw py::value_error("path=" + std::to_string(p) + " must be 0 (auto), 1 (sm) or 2 (dma)");
+            return static_cast<int>(
+                e.submit(batch, static_cast<uintptr_t>(as_nonneg_int(stream, "stream")), static_cast<HostPath>(p)));
           },
-          py::arg("batch"), py::arg("stream"),
-          "Stages ``batch`` and launches its copy on the raw stream handle ``stream``; returns "
-          "None. Raises ValueError for a batch this engine cannot hold, RuntimeError for a "
+          py::arg("batch"), py::arg("stream"), py::arg("path") = 0,
+          "Enqueues ``batch`` on the raw stream handle ``stream`` (in the kernel's parameters "
+          "when it is small, else staged); a host-move engine goes by SM or DMA (``path`` 0: "
+          "by the measured crossover, 1: SM, 2: DMA). Returns the path taken (0 for an empty "
+          "batch). Raises ValueError for a batch this engine cannot hold, RuntimeError for a "
           "CUDA/HIP error.")
+      .def(
+          "set_host_blocks",
+          [](GpuCopyEngine& e, py::handle to_host, py::handle from_host) {
+            e.set_host_blocks(static_cast<int>(as_int(to_host, "to_host")),
+                              static_cast<int>(as_int(from_host, "from_host")));
+          },
+          py::arg("to_host"), py::arg("from_host"),
+          "Sets a host-move engine's SM-path block counts (0: the measured one); returns None. "
+          "Raises ValueError on a device-copy engine or for a count out of range.")
+      .def(
+          "set_sm_slice_bytes",
+          [](GpuCopyEngine& e, py::handle bytes) {
+            e.set_sm_slice_bytes(static_cast<uint64_t>(as_nonneg_int(bytes, "bytes")));
+          },
+          py::arg("bytes"),
+          "Sets a host-move engine's bytes per SM-path launch (0: the measured slice); returns "
+          "None. Raises ValueError on a device-copy engine.")
+      .def(
+          "set_dma_batch",
+          [](GpuCopyEngine& e, py::handle runs) { e.set_dma_batch(static_cast<size_t>(as_nonneg_int(runs, "runs"))); },
+          py::arg("runs"),
+          "Sets a host-move engine's runs per batched-memcpy call (0: one memcpy per run); "
+          "returns None. Raises ValueError on a device-copy engine.")
+      .def(
+          "host_blocks",
+          [](GpuCopyEngine& e, py::handle to_host) { return e.host_blocks(as_bool(to_host, "to_host")); },
+          py::arg("to_host"), "Returns the SM-path block count of one direction (0 on a device-copy engine).")
       .def("stage", &GpuCopyEngine::stage, py::arg("batch"),
            "Fills the next staging buffer with ``batch``'s descriptors, waiting until the device "
            "read it last time; returns None. Raises ValueError for a batch this engine cannot hold, "
@@ -234,8 +351,41 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
       .def_property_readonly("staging_bytes", &GpuCopyEngine::staging_bytes)
       .def_property_readonly("items_per_paged_op", &GpuCopyEngine::items_per_paged_op)
       .def_property_readonly("items_per_slot_copy", &GpuCopyEngine::items_per_slot_copy)
+      .def_property_readonly("host_moves", &GpuCopyEngine::host_moves)
+      .def_property_readonly("paged_run_bytes", &GpuCopyEngine::paged_run_bytes)
       .def_property_readonly_static("item_bytes", [](py::handle) { return GpuCopyEngine::item_bytes(); })
+      .def_property_readonly_static("inline_bytes", [](py::handle) { return GpuCopyEngine::inline_bytes(); })
       .def_property_readonly_static("num_variants", [](py::handle) { return GpuCopyEngine::num_variants(); });
+
+  m.def(
+      "_host_link_profile",
+      [](py::handle device) {
+        const HostLinkProfile& p = host_link_profile(static_cast<int>(as_nonneg_int(device, "device")));
+        py::list samples;
+        for (const HostLinkSample& x : p.samples)
+          samples.append(py::dict(py::arg("to_host") = x.to_host, py::arg("dma") = x.dma,
+                                  py::arg("row_bytes") = x.row_bytes, py::arg("blocks") = x.blocks,
+                                  py::arg("gb_per_s") = x.gb_per_s));
+        return py::dict(py::arg("sm_access") = p.sm_access, py::arg("batch_dma") = p.batch_dma,
+                        py::arg("sm_count") = p.sm_count, py::arg("blocks_to_host") = p.blocks[0],
+                        py::arg("blocks_from_host") = p.blocks[1], py::arg("crossover_to_host") = p.crossover[0],
+                        py::arg("crossover_from_host") = p.crossover[1], py::arg("slice_to_host") = p.slice_bytes[0],
+                        py::arg("slice_from_host") = p.slice_bytes[1], py::arg("samples") = samples);
+      },
+      py::arg("device"),
+      "Returns what the device's link to pinned host memory does, measured the first time (a "
+      "dict: SM-path blocks and DMA crossover per direction, and the samples). Raises "
+      "RuntimeError for a CUDA/HIP error.");
+  m.def(
+      "_host_memory_mapped",
+      [](py::handle device, py::handle address, py::handle nbytes) {
+        return host_memory_mapped(static_cast<int>(as_nonneg_int(device, "device")),
+                                  static_cast<uintptr_t>(as_nonneg_int(address, "address")),
+                                  static_cast<size_t>(as_nonneg_int(nbytes, "nbytes")));
+      },
+      py::arg("device"), py::arg("address"), py::arg("nbytes"),
+      "Returns True when the bytes are pinned host memory the device's kernels address with the "
+      "same pointer. Raises RuntimeError for a CUDA/HIP error.");
 #endif
 }
 

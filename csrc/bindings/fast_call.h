@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "bindings/call_gate.h"
 #include "bindings/convert.h"
 #include "core/errors.h"
 #include "core/sequence.h"
@@ -126,8 +127,11 @@ inline bool parse(const Params& p, PyObject* const* args, Py_ssize_t nargs, PyOb
 // its holder is never replaced (a second __init__ is a no-op) or released
 // (nothing disowns these types). Nothing here reads pybind11's own layout.
 
-// The class being called (set by the metaclass, consumed by tp_new).
-inline PyObject* constructing = nullptr;
+// The class this thread is calling (set by the metaclass, consumed by
+// tp_new). Per thread: another thread's construction, whose Python __new__
+// may be running, never lets this one's bare __new__ through, nor consumes
+// it.
+inline thread_local PyObject* constructing = nullptr;
 
 inline PyObject* guarded_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   if (constructing != reinterpret_cast<PyObject*>(type)) {
@@ -189,16 +193,95 @@ void remember_instance(PyObject* obj) {
   if (p && cache_offset<T> != 0) *reinterpret_cast<T**>(reinterpret_cast<char*>(obj) + cache_offset<T>) = p;
 }
 
+// ---- call gates (call_gate.h) ----
+//
+// Every instance of a guarded class carries a CallGate right after its
+// pointer cache (zeroed at allocation: open). A class may link a second
+// object whose gate its calls also wait for (a view waits for its pool's, a
+// coordinator for its scratch pool's, which it changes from C++).
+using GateLink = PyObject* (*)(PyObject* self);
+
+template <class T>
+inline GateLink gate_link = nullptr;
+
+struct GateInfo {
+  PyTypeObject* type;
+  Py_ssize_t offset;
+  GateLink* link;  // &gate_link<T>: set after the class is bound
+};
+inline std::vector<GateInfo> gate_infos;
+
+inline CallGate& gate_at(PyObject* obj, Py_ssize_t offset) {
+  return *reinterpret_cast<CallGate*>(reinterpret_cast<char*>(obj) + offset);
+}
+
 template <class T>
 void instance_setup(PyHeapTypeObject* heap_type) {
   PyTypeObject* t = &heap_type->ht_type;
   cache_offset<T> = t->tp_basicsize;
-  t->tp_basicsize += static_cast<Py_ssize_t>(sizeof(void*));
+  t->tp_basicsize += static_cast<Py_ssize_t>(sizeof(void*) + sizeof(CallGate));
   t->tp_new = &guarded_new;
   cache_fills.emplace_back(t, &remember_instance<T>);
+  // Fixed capacity: gate_info keeps pointers into the table.
+  if (gate_infos.empty()) gate_infos.reserve(128);
+  if (gate_infos.size() == gate_infos.capacity())
+    throw std::logic_error("more guarded classes than the gate table holds");
+  gate_infos.push_back({t, cache_offset<T> + static_cast<Py_ssize_t>(sizeof(void*)), &gate_link<T>});
 }
 
-// The class_ extras that give T's class the guard and the cache field.
+// The gate of an instance of T's class (or a subclass).
+template <class T>
+CallGate& gate_of(PyObject* self) {
+  return gate_at(self, cache_offset<T> + static_cast<Py_ssize_t>(sizeof(void*)));
+}
+
+inline const GateInfo* gate_info(PyTypeObject* t) {
+  // The last bound type asked about, by exact type: a method's forwarder asks
+  // once per call. (gate_infos is complete once the module is bound.)
+  static thread_local const GateInfo* last = nullptr;
+  if (last != nullptr && last->type == t) return last;
+  for (PyTypeObject* b = t; b != nullptr; b = b->tp_base)
+    for (const GateInfo& g : gate_infos)
+      if (g.type == b) {
+        if (b == t) last = &g;
+        return &g;
+      }
+  return nullptr;
+}
+
+// Waits until no other thread holds the gate of `obj` (any object; one of no
+// guarded class has none) or of the object it links.
+inline void wait_turn(PyObject* obj) {
+  const GateInfo* g = gate_info(Py_TYPE(obj));
+  if (g == nullptr) return;
+  CallGate& own = gate_at(obj, g->offset);
+  for (;;) {
+    own.wait_turn();
+    PyObject* linked = *g->link ? (*g->link)(obj) : nullptr;
+    if (linked == nullptr || linked == obj) return;
+    py::object keep = py::reinterpret_borrow<py::object>(linked);
+    wait_turn(linked);
+    if (!own.held() || own.held_by_this_thread()) return;  // else another thread took ours meanwhile
+  }
+}
+
+// The trampolines' entry: wait_turn for an instance of T's class.
+template <class T>
+[[gnu::always_inline]] inline void enter(PyObject* self) {
+  CallGate& own = gate_of<T>(self);
+  for (;;) {
+    if (own.held()) [[unlikely]]
+      own.wait_turn();
+    PyObject* linked = gate_link<T> ? gate_link<T>(self) : nullptr;
+    if (linked == nullptr) return;
+    py::object keep = py::reinterpret_borrow<py::object>(linked);
+    wait_turn(linked);
+    if (!own.held() || own.held_by_this_thread()) return;
+  }
+}
+
+// The class_ extras that give T's class the guard, the cache field and the
+// call gate.
 #define STATECACHE_GUARDED(T)                                               \
   ::pybind11::metaclass(::statecache::bindings::fast::guarded_metaclass()), \
       ::pybind11::custom_type_setup(&::statecache::bindings::fast::instance_setup<T>)
@@ -336,9 +419,13 @@ enum SeqField : unsigned {
 
 class SeqArg {
  public:
-  SeqArg(PyObject* obj, const char* name, unsigned reads) : SeqArg(obj, name, -1, reads) {}
+  // `hashes`: the form of the cache's hashes, which pending_checkpoint (a
+  // hash) is read and written in; nullptr where it is never touched.
+  SeqArg(PyObject* obj, const char* name, unsigned reads, HashForm* hashes = nullptr)
+      : SeqArg(obj, name, -1, reads, hashes) {}
   // Entry `index` of a batch argument `name` (errors say "name[index]").
-  SeqArg(PyObject* obj, const char* name, Py_ssize_t index, unsigned reads) : obj_(obj), name_(name), index_(index) {
+  SeqArg(PyObject* obj, const char* name, Py_ssize_t index, unsigned reads, HashForm* hashes = nullptr)
+      : obj_(obj), name_(name), index_(index), hashes_(hashes) {
     native_ = native_of(obj, name, index);
     if (native_) return;
     if (obj == Py_None || PyLong_Check(obj) || PyUnicode_Check(obj))
@@ -353,7 +440,7 @@ class SeqArg {
     if (reads & kStateSlot) snap.state_slots = {int_attr(aStateSlot)};
     if (reads & kForkSrc) snap.state_fork_src = int_attr(aForkSrc);
     if (reads & kGroup) snap.per_req_cache_group = int_attr(aGroup);
-    if (reads & kPending) snap.pending_checkpoint = int_attr(aPending);
+    if (reads & kPending) snap.pending_checkpoint = hash_attr(aPending);
     if (reads & kAnchors) {
       snap.midstep_anchor_pos = int_attr(aAnchor, /*optional=*/true);
       snap.checkpoint_end_pos = int_attr(aEndPos, /*optional=*/true);
@@ -361,14 +448,50 @@ class SeqArg {
     generic_->read = snap;
   }
 
-  // The C++ object when `obj` is a statecache.Sequence (or a subclass), else
-  // nullptr; TypeError for one whose __init__ did not run.
+  // The C++ object when `obj` is a statecache.Sequence (or a subclass that
+  // keeps its fields), else nullptr; TypeError for one whose __init__ did
+  // not run. A subclass that redefines a field (a property, say) is read and
+  // written through its attributes, as any engine object is, so per-sequence
+  // and batched calls both honour the override.
   static Sequence* native_of(PyObject* obj, const char* name, Py_ssize_t index = -1) {
     static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<Sequence>().ptr());
-    if (!PyObject_TypeCheck(obj, type)) return nullptr;
+    PyTypeObject* t = Py_TYPE(obj);
+    if (t != type && (!PyType_IsSubtype(t, type) || overrides_fields(t, type))) return nullptr;
     Sequence* p = instance_ptr<Sequence>(obj);
     if (!p) throw py::type_error(label_of(name, index) + " is a Sequence whose __init__ did not run");
     return p;
+  }
+
+  // Whether subclass `t` of Sequence `base` redefines one of the fields the
+  // pools read or write. Cached per (type, version tag): a type changed since
+  // gets a new tag, and tags are never reused.
+  static bool overrides_fields(PyTypeObject* t, PyTypeObject* base) {
+    struct Known {
+      PyTypeObject* type;
+      unsigned int tag;
+      bool overrides;
+    };
+    static std::vector<Known> known;
+    if (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)
+      for (const Known& k : known)
+        if (k.type == t && k.tag == t->tp_version_tag) return k.overrides;
+    static constexpr const char* kFields[] = {
+        "has_per_req_cache",   "num_tokens",         "state_slot",         "state_slots",        "state_fork_src",
+        "per_req_cache_group", "pending_checkpoint", "midstep_anchor_pos", "checkpoint_end_pos", "block_hashes"};
+    bool overrides = false;
+    for (const char* f : kFields) {
+      PyObject* name = PyUnicode_InternFromString(f);
+      if (!name) throw py::error_already_set();
+      PyObject* mine = _PyType_Lookup(t, name);  // borrowed; runs no Python code
+      PyObject* ours = _PyType_Lookup(base, name);
+      Py_DECREF(name);
+      if (mine != ours) overrides = true;
+    }
+    if (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) {
+      if (known.size() >= 64) known.erase(known.begin());
+      known.push_back({t, t->tp_version_tag, overrides});
+    }
+    return overrides;
   }
 
   bool native() const { return native_ != nullptr; }
@@ -460,7 +583,8 @@ class SeqArg {
     }
   }
   void set(SeqField f, int64_t v) {
-    py::object x = py::reinterpret_steal<py::object>(PyLong_FromLongLong(v));
+    py::object x =
+        py::reinterpret_steal<py::object>(f == kPending && hashes_ ? hash_to_py(v, *hashes_) : PyLong_FromLongLong(v));
     if (!x || PyObject_SetAttr(obj_, interned(attr_of(f)), x.ptr()) != 0) throw py::error_already_set();
   }
   py::object attr(Attr field, bool optional = false) {
@@ -471,6 +595,12 @@ class SeqArg {
     if (optional) return py::int_(0);
     throw py::type_error(label() + " must be a statecache.Sequence or have the sequence attributes; " +
                          Py_TYPE(obj_)->tp_name + " has no attribute '" + text(field) + "'");
+  }
+  int64_t hash_attr(Attr field) {
+    py::object v = attr(field);
+    const std::string where = label() + "." + text(field);
+    if (hashes_ == nullptr) return as_int(v, where.c_str());
+    return as_hash(v, where.c_str(), *hashes_);
   }
   int64_t int_attr(Attr field, bool optional = false) {
     py::object v = attr(field, optional);
@@ -483,6 +613,7 @@ class SeqArg {
   PyObject* obj_;  // borrowed: the caller's argument, alive for the call
   const char* name_;
   Py_ssize_t index_;
+  HashForm* hashes_;
   Sequence* native_ = nullptr;
   struct Generic {
     Sequence snap;  // what the call works on
@@ -504,10 +635,17 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
   PyObject* a[kMaxParams] = {};
   if (!parse(params_of<F>, args, nargs, kwnames, a)) return nullptr;
   try {
-    if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a)), py::object>)
+    enter<T>(self);
+    if constexpr (std::is_invocable_v<F, T&, PyObject**, PyObject*>) {  // wants the Python object too
+      if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a, self)), py::object>)
+        return F{}(self_of<T>(self), a, self).release().ptr();
+      else
+        return F{}(self_of<T>(self), a, self);
+    } else if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a)), py::object>) {
       return F{}(self_of<T>(self), a).release().ptr();
-    else
+    } else {
       return F{}(self_of<T>(self), a);
+    }
   } catch (...) {
     set_error_from_current();
     return nullptr;
@@ -515,7 +653,8 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
 }
 
 // Registers `F` (a captureless lambda PyObject*(T&, PyObject** args) giving a
-// new reference, or py::object(T&, PyObject** args)) as method `name` of
+// new reference, or py::object(T&, PyObject** args); either may take the
+// Python `self` as a third parameter) as method `name` of
 // class `cls`. `names` are the parameter names; the first
 // `required` have no default, and only the first `positional` may be passed
 // positionally (-1: all of them).
@@ -553,6 +692,7 @@ void def(py::handle cls, const char* name, F, std::initializer_list<const char*>
 template <class T, class F>
 PyObject* getter(PyObject* self, void*) {
   try {
+    enter<T>(self);
     if constexpr (std::is_invocable_v<F, T&, PyObject*>)
       return F{}(self_of<T>(self), self);  // wants the Python object too
     else
@@ -572,6 +712,7 @@ int setter(PyObject* self, PyObject* value, void* closure) {
     return -1;
   }
   try {
+    enter<T>(self);
     F{}(self_of<T>(self), value, name);
     return 0;
   } catch (...) {

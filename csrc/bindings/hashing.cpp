@@ -24,7 +24,7 @@ PrefixKey as_prefix_key(py::handle obj, const char* name) {
 std::string salt_bytes(py::handle salt) {
   if (salt.is_none()) return {};
   if (PyBytes_Check(salt.ptr())) return py::reinterpret_borrow<py::bytes>(salt).cast<std::string>();
-  if (PyUnicode_Check(salt.ptr())) return salt.cast<std::string>();
+  if (PyUnicode_Check(salt.ptr())) return as_text(salt, "salt");
   raise_type("salt", "bytes, str or None", salt);
 }
 
@@ -37,14 +37,22 @@ void bind_hashing(pybind11::module_& m) {
         const bool as_numpy = as_bool(numpy_obj, "as_numpy");
         const int64_t bs = as_int(block_size, "block_size");
         if (bs <= 0) throw py::value_error("block_size=" + std::to_string(bs) + " must be > 0");
-        const int64_t parent = as_int(parent_hash, "parent_hash");
+        // A parent given unsigned (an unsigned engine chaining on) gets its
+        // hashes back unsigned too.
+        HashForm form;
+        const int64_t parent = as_hash(parent_hash, "parent_hash", form);
         const std::vector<int64_t> tokens = as_int_list(token_ids, "token_ids");
         std::vector<int64_t> hashes;
         {
           py::gil_scoped_release nogil;
           hashes = chain_block_hashes(tokens, bs, parent);
         }
-        if (!as_numpy) return to_list(hashes);
+        if (!as_numpy) return to_hash_list(hashes, form);
+        if (form.is_unsigned()) {
+          py::array_t<uint64_t> arr(static_cast<py::ssize_t>(hashes.size()));
+          std::memcpy(arr.mutable_data(), hashes.data(), hashes.size() * sizeof(int64_t));
+          return arr;
+        }
         py::array_t<int64_t> arr(static_cast<py::ssize_t>(hashes.size()));
         std::copy(hashes.begin(), hashes.end(), arr.mutable_data());
         return arr;
@@ -56,9 +64,12 @@ Block ``i`` covers tokens ``[i*block_size, (i+1)*block_size)``; its hash folds
 in the hash of block ``i-1``, starting from ``parent_hash`` (-1: the root), so
 one hash names the whole prefix. A trailing partial block is ignored. To extend
 a sequence's hashes, pass the tokens from the next block boundary on and the
-last hash as ``parent_hash``. Never returns -1 (the library's "none").
-Returns a list of ints, or an int64 NumPy array with ``as_numpy=True``. Raises
-ValueError for ``block_size <= 0``, TypeError for tokens that are not ints.)doc");
+last hash as ``parent_hash`` (signed or unsigned: the hashes come back in the
+form it was given, unsigned ones as a uint64 array). Never returns -1 (the
+library's "none"). Returns a list of ints, or an int64 NumPy array with
+``as_numpy=True``. Raises ValueError for ``block_size <= 0`` or a
+``parent_hash`` of 2**64 - 1, OverflowError for one outside [-2**63, 2**64),
+TypeError for tokens that are not ints.)doc");
 
   m.def(
       "chain_block_keys",

@@ -19,12 +19,14 @@ namespace ot = owner_token;
 namespace {
 
 // Set while an owner's __hash__ / __eq__ may run: the table is consistent
-// then, and a nested owner operation is refused rather than interleaved.
+// then, and a nested owner operation from the same thread is refused rather
+// than interleaved; another thread's waits for its turn (call_gate.h).
 class BusyScope {
  public:
-  explicit BusyScope(bool& busy) : busy_(busy) {
-    if (busy_)
+  BusyScope(CallGate& gate, bool& busy) : busy_(busy) {
+    if (busy_ && gate.held_by_this_thread())
       throw std::runtime_error("BlockPool: an owner's __hash__ or __eq__ called back into the pool's owner table");
+    hold_.emplace(gate);
     busy_ = true;
   }
   ~BusyScope() { busy_ = false; }
@@ -33,6 +35,7 @@ class BusyScope {
 
  private:
   bool& busy_;
+  std::optional<CallGate::Hold> hold_;  // released after busy_ is cleared
 };
 
 // The checkpoint id an owner's second field stands for: an int, or a value
@@ -64,7 +67,7 @@ std::optional<int64_t> checkpoint_id_of(PyObject* inner) {
 }  // namespace
 
 int64_t OwnerTable::intern(py::dict& ids, int kind, py::handle key, const BlockPool& pool) {
-  BusyScope scope(busy_);
+  BusyScope scope(gate_, busy_);
   if (entries_.size() >= sweep_at_) sweep(pool);
   PyObject* found = PyDict_GetItemWithError(ids.ptr(), key.ptr());  // TypeError if unhashable
   if (found != nullptr) {
@@ -173,7 +176,7 @@ void PyBlockPool::evicted(int64_t hash) {
   if (on_evict.is_none()) return;
   py::object fn = on_evict;  // the handler may replace or detach itself
   try {
-    fn(hash);
+    fn(hash_object(hash, hash_form()));
   } catch (py::error_already_set& e) {
     e.restore();
     report_callback_error("BlockPool.on_evict");
@@ -368,19 +371,24 @@ that evicted completes normally.)doc");
           "back). Returns None. Raises ValueError, changing nothing, for a block neither held nor "
           "cached.")
       .def(
-          "lookup", [](const PyBlockPool& p, py::handle h) { return p.lookup(as_int(h, "hash")); }, py::arg("hash"),
+          "lookup", [](const PyBlockPool& p, py::handle h) { return p.lookup(as_hash(h, "hash", p.hash_form())); },
+          py::arg("hash"),
           "Returns the block indexed under ``hash``, or -1. Raises only for a bad argument "
           "(docs/contract.md, \"Errors\").")
       .def(
           "publish",
           [](PyBlockPool& p, py::handle block, py::handle h) {
-            return p.publish(as_int(block, "block"), as_int(h, "hash"));
+            const int64_t b = as_int(block, "block");
+            return p.publish(b, as_hash(h, "hash", p.hash_form()));
           },
           py::arg("block"), py::arg("hash"),
           "Indexes a full KV block under ``hash``; returns False when another block already holds "
           "that hash. Raises ValueError for a block the KV cache does not hold or ``hash == -1``.")
       .def(
-          "block_hash", [](const PyBlockPool& p, py::handle b) { return p.block_hash(as_int(b, "block")); },
+          "block_hash",
+          [](const PyBlockPool& p, py::handle b) {
+            return hash_object(p.block_hash(as_int(b, "block")), p.hash_form());
+          },
           py::arg("block"),
           "Returns the hash ``block`` is indexed under, or -1. Raises IndexError for a block out "
           "of range.")
@@ -389,7 +397,7 @@ that evicted completes normally.)doc");
           py::arg("block"), "Returns ``block``'s KV reference count. Raises IndexError for a block out of range.")
       .def("reset_prefix_cache", &BlockPool::reset_prefix_cache,
            "Drops every cached free block from the index (on_evict fires for each); returns how "
-           "many. Raises what an on_evict handler raised, after the pool is consistent.")
+           "many. Raises nothing (an on_evict handler's exception goes to sys.unraisablehook).")
       .def("check_consistency", &BlockPool::check_consistency,
            "Checks the pool's internal invariants (for tests); returns None. Raises AssertionError "
            "when one is broken.");
@@ -436,10 +444,8 @@ py::object record_or_none(const std::shared_ptr<Store>& s, py::handle key) {
 
 py::object index_or_none(const std::shared_ptr<Store>& sp, py::handle key) {
   const Store& s = *sp;
-  if (!PyLong_Check(key.ptr())) return py::none();
-  int overflow = 0;
-  const long long h = PyLong_AsLongLongAndOverflow(key.ptr(), &overflow);
-  if (overflow != 0) return py::none();
+  int64_t h = 0;
+  if (!PyLong_Check(key.ptr()) || !hash_key(key, s.hash_form(), h)) return py::none();
   const int64_t id = s.hash_index_get(h);
   if (id < 0) return py::none();
   return py::int_(id);
@@ -448,7 +454,7 @@ py::object index_or_none(const std::shared_ptr<Store>& sp, py::handle key) {
 py::list record_keys(const std::shared_ptr<Store>& s) { return to_list(s->record_ids()); }
 py::list index_keys(const std::shared_ptr<Store>& s) {
   py::list out;
-  for (const auto& [h, id] : s->hash_index()) out.append(h);
+  for (const auto& [h, id] : s->hash_index()) out.append(hash_object(h, s->hash_form()));
   return out;
 }
 
@@ -459,7 +465,7 @@ py::dict records_dict(const std::shared_ptr<Store>& s) {
 }
 py::dict index_dict(const std::shared_ptr<Store>& s) {
   py::dict d;
-  for (const auto& [h, id] : s->hash_index()) d[py::int_(h)] = id;
+  for (const auto& [h, id] : s->hash_index()) d[hash_object(h, s->hash_form())] = id;
   return d;
 }
 
@@ -560,7 +566,7 @@ py::object changed_since_py(const Store& s, py::handle generation) {
   auto changed = s.changed_since(as_int(generation, "generation"));
   if (!changed) return py::none();
   py::set out;
-  for (int64_t h : *changed) out.add(py::int_(h));
+  for (int64_t h : *changed) out.add(hash_object(h, s.hash_form()));
   return out;
 }
 
@@ -633,7 +639,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
           "adopt_units",
           [](PyStore& s, py::handle unit_ids, py::handle owner, py::handle h) {
             std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
-            const int64_t prefix_hash = as_int(h, "prefix_hash");
+            const int64_t prefix_hash = as_hash(h, "prefix_hash", s.hash_form());
             auto pool = s.py_pool();
             return s.adopt_units(units, pool->owners.token(owner, *pool), prefix_hash);
           },
@@ -646,14 +652,14 @@ nominated to a tier (``offload_sink``), handed out pinned by
            "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
            "Raises nothing.")
       .def(
-          "unindex", [](PyStore& s, py::handle h) { return s.unindex(as_int(h, "prefix_hash")); },
+          "unindex", [](PyStore& s, py::handle h) { return s.unindex(as_hash(h, "prefix_hash", s.hash_form())); },
           py::arg("prefix_hash"),
           "Drops the unpinned image filed under ``prefix_hash``; returns whether one was dropped. "
           "Raises only for a bad argument (docs/contract.md, \"Errors\").")
 
       .def("clear", &Store::clear,
-           "Drops every unpinned image and returns its units to the pool; returns None. Raises what "
-           "an on_evict handler raised, after the store is consistent.")
+           "Drops every unpinned image and returns its units to the pool; returns None. Raises "
+           "nothing (an on_evict handler's exception goes to sys.unraisablehook).")
       .def(
           "use_clock", [](PyStore& s, py::object clock) { s.use_clock(std::move(clock)); }, py::arg("clock"),
           "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores "
@@ -665,13 +671,16 @@ nominated to a tier (``offload_sink``), handed out pinned by
   def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
   using fast::to_py;
   fast::def<PyStore>(
-      cls, "lookup", [](PyStore& s, PyObject** a) { return to_py(s.lookup(as_int(a[0], "prefix_hash"))); },
+      cls, "lookup",
+      [](PyStore& s, PyObject** a) { return to_py(s.lookup(as_hash(a[0], "prefix_hash", s.hash_form()))); },
       {"prefix_hash"}, 1,
       "Returns the READY checkpoint id filed under ``prefix_hash``, or -1. Raises only for a bad "
       "argument (docs/contract.md, \"Errors\").");
   fast::def<PyStore>(
       cls, "contains_or_pending",
-      [](PyStore& s, PyObject** a) { return to_py(s.contains_or_pending(as_int(a[0], "prefix_hash"))); },
+      [](PyStore& s, PyObject** a) {
+        return to_py(s.contains_or_pending(as_hash(a[0], "prefix_hash", s.hash_form())));
+      },
       {"prefix_hash"}, 1,
       "Returns whether an image of ``prefix_hash`` is READY or a store of it is on its way. Raises "
       "only for a bad argument (docs/contract.md, \"Errors\").");
@@ -680,7 +689,8 @@ nominated to a tier (``offload_sink``), handed out pinned by
       [](PyStore& s, PyObject** a) -> PyObject* {
         const int64_t position = a[2] == nullptr ? 0 : as_int(a[2], "position");
         if (position < 0) bad_argument("position", position, "must be >= 0");
-        auto op = s.begin_store(as_int(a[0], "prefix_hash"), as_int(a[1], "src_slot"), position);
+        const int64_t prefix_hash = as_hash(a[0], "prefix_hash", s.hash_form());
+        auto op = s.begin_store(prefix_hash, as_int(a[1], "src_slot"), position);
         return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
       },
       {"prefix_hash", "src_slot", "position=0"}, 2,
@@ -690,7 +700,8 @@ nominated to a tier (``offload_sink``), handed out pinned by
   fast::def<PyStore>(
       cls, "begin_restore",
       [](PyStore& s, PyObject** a) -> PyObject* {
-        auto op = s.begin_restore(as_int(a[0], "prefix_hash"), as_int(a[1], "dst_slot"));
+        const int64_t prefix_hash = as_hash(a[0], "prefix_hash", s.hash_form());
+        auto op = s.begin_restore(prefix_hash, as_int(a[1], "dst_slot"));
         return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
       },
       {"prefix_hash", "dst_slot"}, 2,

@@ -51,15 +51,19 @@ class PyScratchSource : public ScratchSlotSource {
 // its could_serve method.
 class PyOffloadVote : public OffloadVote {
  public:
-  explicit PyOffloadVote(py::object tier) : tier(std::move(tier)) {}
+  // `form`: the coordinator's, which the tier is asked in.
+  PyOffloadVote(py::object tier, const HashForm& form) : tier(std::move(tier)), form_(form) {}
   bool could_serve(int64_t h) const override {
     py::object t = tier;
-    py::object r = t.attr("could_serve")(h);
+    py::object r = t.attr("could_serve")(hash_object(h, form_));
     const int truth = PyObject_IsTrue(r.ptr());
     if (truth < 0) throw py::error_already_set();
     return truth == 1;
   }
   py::object tier;
+
+ private:
+  const HashForm& form_;
 };
 
 std::shared_ptr<PyStore> make_store(py::handle pool_obj, const std::shared_ptr<PyBlockPool>& pool,
@@ -90,7 +94,7 @@ class PyCoordinator : public Coordinator {
     if (py::isinstance<StateOffloadIndex>(tier)) {
       vote = tier.cast<std::shared_ptr<StateOffloadIndex>>();
     } else if (!tier.is_none()) {
-      py_vote = std::make_shared<PyOffloadVote>(tier);
+      py_vote = std::make_shared<PyOffloadVote>(tier, hash_form());
       vote = py_vote;
     }
     const bool attached = !tier.is_none();
@@ -101,6 +105,9 @@ class PyCoordinator : public Coordinator {
     attach_offload(std::move(vote), attached, sink);
   }
   const py::object& offload() const { return offload_; }
+  // Whether resumable_hit's scan calls into Python (a tier that is not a
+  // StateOffloadIndex votes through its could_serve).
+  bool votes_in_python() const { return py_vote_ != nullptr; }
 
   void set_scratch(py::object pool, int64_t max_ops) {
     std::shared_ptr<ScratchSlotSource> source;
@@ -180,6 +187,9 @@ class PyCoordinator : public Coordinator {
     }
   }
   size_t num_generic() const { return generic_.size(); }
+  // The scratch pool, whose call gate the coordinator's calls wait for (they
+  // change it from C++).
+  PyObject* scratch_object() const { return scratch_obj_.ptr(); }
 
   int traverse(visitproc visit, void* arg) const {
     for (const auto& [obj, g] : generic_) Py_VISIT(g.obj.ptr());
@@ -235,20 +245,31 @@ decltype(auto) then_prune(PyCoordinator& c, Body&& body) {
 int traverse_coordinator(PyCoordinator& c, visitproc visit, void* arg) { return c.traverse(visit, arg); }
 void clear_coordinator(PyCoordinator& c) { c.clear_python(); }
 
-std::vector<MidstepReservation> as_reservations(py::handle obj) {
+// A row of ints whose last one (of `arity`) is a hash (`form` notes it).
+std::vector<int64_t> hash_row(py::handle r, const char* name, size_t arity, HashForm& form) {
+  py::tuple snap = sequence_snapshot(r, name);
+  std::vector<int64_t> v;
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(snap.ptr()); ++k) {
+    PyObject* item = PyTuple_GET_ITEM(snap.ptr(), k);
+    v.push_back(static_cast<size_t>(k) + 1 == arity ? as_hash(item, name, form) : as_int(item, name));
+  }
+  return v;
+}
+
+std::vector<MidstepReservation> as_reservations(py::handle obj, HashForm& form) {
   std::vector<MidstepReservation> out;
   for (py::handle r : py::iter(obj)) {
-    std::vector<int64_t> v = as_int_list(r, "reservations");
+    std::vector<int64_t> v = hash_row(r, "reservations", 3, form);
     if (v.size() != 3) throw py::value_error("reservations: each must be (slot, position, hash), got " + py_repr(r));
     out.emplace_back(v[0], v[1], v[2]);
   }
   return out;
 }
 
-std::vector<std::pair<int64_t, int64_t>> as_positions(py::handle obj) {
+std::vector<std::pair<int64_t, int64_t>> as_positions(py::handle obj, HashForm& form) {
   std::vector<std::pair<int64_t, int64_t>> out;
   for (py::handle r : py::iter(obj)) {
-    std::vector<int64_t> v = as_int_list(r, "positions");
+    std::vector<int64_t> v = hash_row(r, "positions", 2, form);
     if (v.size() != 2) throw py::value_error("positions: each must be (position, hash), got " + py_repr(r));
     out.emplace_back(v[0], v[1]);
   }
@@ -259,9 +280,10 @@ std::vector<std::pair<int64_t, int64_t>> as_positions(py::handle obj) {
 // item at a time and never held across a call into Python (an item's
 // __index__ or the tier's could_serve may change the list); anything else
 // is converted first.
-int64_t hit_for(const Coordinator& c, const Sequence& seq, int64_t hit, py::handle hashes, bool assume) {
-  return scan_int_list(hashes, "block_hashes", hit,
-                       [&](int64_t n, auto&& hash_at) { return c.resumable_hit(seq, hit, n, hash_at, assume); });
+int64_t hit_for(const PyCoordinator& c, const Sequence& seq, int64_t hit, py::handle hashes, bool assume) {
+  return scan_int_list(
+      hashes, "block_hashes", hit, c.hash_form(),
+      [&](int64_t n, auto&& hash_at) { return c.resumable_hit(seq, hit, n, hash_at, assume); }, c.votes_in_python());
 }
 
 // ---- hot methods (fast::def) ----
@@ -274,12 +296,12 @@ py::object coord_resumable_hit(PyCoordinator& c, PyObject** a) {
 }
 
 py::object coord_resumable_hits(PyCoordinator& c, PyObject** a) {
-  return resumable_hits_arg(c, a[0], a[1], a[2], a[3], fast::kHasCache);
+  return resumable_hits_arg(c, a[0], a[1], a[2], a[3], fast::kHasCache, c.votes_in_python());
 }
 
 py::object coord_checkpoint(PyCoordinator& c, PyObject** a) {
   const int64_t blocks = as_int(a[1], "boundary_blocks");
-  const int64_t h = as_int(a[2], "h");
+  const int64_t h = as_hash(a[2], "h", c.hash_form());
   fast::SeqArg seq(a[0], "seq", fast::kHasCache | fast::kStateSlot);
   if (seq.native()) {
     c.checkpoint(as_sequence(a[0], "seq"), blocks, h);
@@ -290,7 +312,7 @@ py::object coord_checkpoint(PyCoordinator& c, PyObject** a) {
 }
 
 py::object coord_checkpoint_many(PyCoordinator& c, PyObject** a) {
-  const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
+  const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", c.hash_form());
   SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kStateSlot);
   then_prune(c, [&] {
     std::vector<std::shared_ptr<Sequence>> filed;
@@ -330,12 +352,12 @@ py::object coord_forget_pending_many(PyCoordinator& c, PyObject** a) {
 }
 
 py::object coord_begin_restore(PyCoordinator& c, PyObject** a) {
-  const int64_t h = as_int(a[0], "h");
+  const int64_t h = as_hash(a[0], "h", c.hash_form());
   return py::reinterpret_steal<py::object>(PyBool_FromLong(c.begin_restore(h, as_int(a[1], "dst_slot"))));
 }
 
 py::object coord_begin_restores(PyCoordinator& c, PyObject** a) {
-  const IntSpan hashes(a[0], "hashes"), slots(a[1], "dst_slots");
+  const IntSpan hashes(a[0], "hashes", c.hash_form()), slots(a[1], "dst_slots");
   const std::vector<uint8_t> queued = c.begin_restores(hashes.span(), slots.span());
   py::list out(queued.size());
   for (size_t i = 0; i < queued.size(); ++i)
@@ -376,6 +398,11 @@ top of the next pass makes them READY. Midstep positions borrow scratch slots
 from the pool given to ``attach_midstep_scratch``. ``resumable_hit`` also
 accepts boundaries the attached tier ``could_serve``.)doc");
   fast::refuse_copy(cls);
+  fast::gate_link<PyCoordinator> = [](PyObject* self) -> PyObject* {
+    const PyCoordinator* c = fast::cached_instance<PyCoordinator>(self);
+    PyObject* scratch = c ? c->scratch_object() : nullptr;
+    return scratch == Py_None ? nullptr : scratch;
+  };
   cls.attr("successor_room") = 0.0;
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle enabled, py::object offload,
                       py::handle readable_midstep) {
@@ -415,10 +442,10 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def(
           "reserve_midstep",
           [](PyCoordinator& c, py::handle seq, py::handle positions) {
-            auto res =
-                c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", fast::kHasCache).get(), as_positions(positions));
+            auto res = c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", fast::kHasCache).get(),
+                                         as_positions(positions, c.hash_form()));
             py::list out;
-            for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, h));
+            for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, hash_object(h, c.hash_form())));
             return out;
           },
           py::arg("seq"), py::arg("positions"),
@@ -428,14 +455,16 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def(
           "publish_midstep",
           [](PyCoordinator& c, py::handle reservations, py::handle) {
-            c.publish_midstep(as_reservations(reservations));
+            c.publish_midstep(as_reservations(reservations, c.hash_form()));
           },
           py::arg("reservations"), py::arg("seq") = py::none(),
           "Files the reserved midstep states for the next ``take_checkpoint_ops``; returns None. "
           "Raises ValueError for a reservation this coordinator did not hand out.")
       .def(
           "cancel_midstep",
-          [](PyCoordinator& c, py::handle reservations) { c.cancel_midstep(as_reservations(reservations)); },
+          [](PyCoordinator& c, py::handle reservations) {
+            c.cancel_midstep(as_reservations(reservations, c.hash_form()));
+          },
           py::arg("reservations"),
           "Returns reserved scratch slots unused (the forward never ran); returns None. Raises "
           "ValueError for a reservation this coordinator did not hand out.")
@@ -458,8 +487,9 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             return py::make_tuple(to_py_tuple(std::move(stores)), to_py_tuple(std::move(restores)));
           },
           "Begins the filed stores and returns this batch's (stores, restores) tuples. Raises "
-          "RuntimeError when called from inside itself (an eviction handler), and what an on_evict "
-          "handler raised, after the coordinator is consistent.")
+          "RuntimeError when called from inside itself (an eviction handler), and what an engine "
+          "object's state_slot getter raised, before anything changes; an on_evict handler's "
+          "exception goes to sys.unraisablehook.")
       .def("complete_previous_batch", &Coordinator::complete_previous_batch,
            "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
            "Raises RuntimeError when called from inside take_checkpoint_ops.")
@@ -491,7 +521,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           "adopt_transfer_units",
           [](PyCoordinator& c, py::handle owner, py::handle h) {
             const int64_t token = c.transfer_owner(owner);
-            const int64_t prefix_hash = as_int(h, "prefix_hash");
+            const int64_t prefix_hash = as_hash(h, "prefix_hash", c.hash_form());
             const bool had = c.has_transfer(token);
             const bool adopted = c.adopt_transfer_units(token, prefix_hash);
             if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
@@ -513,7 +543,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def(
           "unindex",
           [](PyCoordinator& c, py::handle h) {
-            const int64_t prefix_hash = as_int(h, "h");
+            const int64_t prefix_hash = as_hash(h, "h", c.hash_form());
             const int64_t pending = c.num_pending();
             c.unindex(prefix_hash);
             if (c.num_pending() != pending) c.prune_generic();
@@ -523,8 +553,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "clear_index", [](PyCoordinator& c) { then_prune(c, [&] { c.clear_index(); }); },
-          "Drops every unpinned checkpoint; returns None. Raises what an on_evict handler raised, "
-          "after the coordinator is consistent.")
+          "Drops every unpinned checkpoint; returns None. Raises nothing (an on_evict handler's "
+          "exception goes to sys.unraisablehook).")
       .def("check_consistency", &Coordinator::check_consistency,
            "Checks the invariants of the coordinator, its store and its pool (for tests); returns "
            "None. Raises AssertionError when one is broken.")
@@ -589,10 +619,14 @@ void bind_offload_index(py::module_& m) {
   hashes.def("__len__", [](const OffloadHashesView& v) { return v.index->size(); })
       .def("__contains__",
            [](const OffloadHashesView& v, py::handle h) {
-             return PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) && v.index->contains(as_int(h, "hash"));
+             int64_t bits = 0;
+             return PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) && hash_key(h, v.index->hash_form(), bits) &&
+                    v.index->contains(bits);
            })
-      .def("__iter__", [](const OffloadHashesView& v) { return py::iter(to_list(v.index->hashes())); })
-      .def("__repr__", [](const OffloadHashesView& v) { return py_repr(to_list(v.index->hashes())); });
+      .def("__iter__",
+           [](const OffloadHashesView& v) { return py::iter(to_hash_list(v.index->hashes(), v.index->hash_form())); })
+      .def("__repr__",
+           [](const OffloadHashesView& v) { return py_repr(to_hash_list(v.index->hashes(), v.index->hash_form())); });
 
   py::classh<StateOffloadIndex> index(m, "StateOffloadIndex", STATECACHE_GUARDED(StateOffloadIndex), R"doc(
 Which hashes a tier below GPU memory holds (a capped LRU), and its load
@@ -617,50 +651,57 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
       .def_property_readonly("hashes", [](const std::shared_ptr<StateOffloadIndex>& i) { return OffloadHashesView{i}; })
       .def_property_readonly("loads_in_flight", &StateOffloadIndex::loads_in_flight)
       .def(
-          "could_serve", [](const StateOffloadIndex& i, py::handle h) { return i.could_serve(as_int(h, "h")); },
+          "could_serve",
+          [](const StateOffloadIndex& i, py::handle h) { return i.could_serve(as_hash(h, "h", i.hash_form())); },
           py::arg("h"),
           "Returns ``can_load and h in hashes``. Raises only for a bad argument (docs/contract.md, "
           "\"Errors\").")
       .def(
-          "note_store_started", [](StateOffloadIndex& i, py::handle h) { i.note_store_started(as_int(h, "h")); },
+          "note_store_started",
+          [](StateOffloadIndex& i, py::handle h) { i.note_store_started(as_hash(h, "h", i.hash_form())); },
           py::arg("h"),
           "Counts a store attempt of ``h``; returns None. Raises only for a bad argument "
           "(docs/contract.md, \"Errors\").")
       .def(
-          "note_stored", [](StateOffloadIndex& i, py::handle h) { i.note_stored(as_int(h, "h")); }, py::arg("h"),
+          "note_stored", [](StateOffloadIndex& i, py::handle h) { i.note_stored(as_hash(h, "h", i.hash_form())); },
+          py::arg("h"),
           "Records that the tier now holds ``h`` (the least recently used hash is dropped past "
           "capacity); returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "note_store_failed",
           [](StateOffloadIndex& i, py::handle h, py::handle untrusted) {
-            i.note_store_failed(as_int(h, "h"), as_bool(untrusted, "untrusted"));
+            i.note_store_failed(as_hash(h, "h", i.hash_form()), as_bool(untrusted, "untrusted"));
           },
           py::arg("h"), py::arg("untrusted") = false,
           "Counts a failed store of ``h`` (``untrusted``: it failed its integrity check); returns "
           "None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
-          "forget", [](StateOffloadIndex& i, py::handle h) { return i.forget(as_int(h, "h")); }, py::arg("h"),
+          "forget", [](StateOffloadIndex& i, py::handle h) { return i.forget(as_hash(h, "h", i.hash_form())); },
+          py::arg("h"),
           "Drops ``h``; returns whether it was held. Raises only for a bad argument "
           "(docs/contract.md, \"Errors\").")
       .def(
-          "request_load", [](StateOffloadIndex& i, py::handle h) { return i.request_load(as_int(h, "h")); },
+          "request_load",
+          [](StateOffloadIndex& i, py::handle h) { return i.request_load(as_hash(h, "h", i.hash_form())); },
           py::arg("h"),
           "Starts a load of ``h``; returns False (nothing started) when the tier cannot serve it. "
           "Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
-          "complete_load", [](StateOffloadIndex& i, py::handle h) { i.complete_load(as_int(h, "h")); }, py::arg("h"),
+          "complete_load", [](StateOffloadIndex& i, py::handle h) { i.complete_load(as_hash(h, "h", i.hash_form())); },
+          py::arg("h"),
           "Ends the load of ``h`` in flight; returns None. Raises ValueError when no load of ``h`` "
           "is in flight.")
       .def(
           "fail_load",
           [](StateOffloadIndex& i, py::handle h, py::handle missing, py::handle untrusted) {
-            i.fail_load(as_int(h, "h"), as_bool(missing, "missing"), as_bool(untrusted, "untrusted"));
+            i.fail_load(as_hash(h, "h", i.hash_form()), as_bool(missing, "missing"), as_bool(untrusted, "untrusted"));
           },
           py::arg("h"), py::kw_only(), py::arg("missing") = false, py::arg("untrusted") = false,
           "Ends a failed load of ``h``, forgetting ``h`` when it was ``missing`` or ``untrusted``; "
           "returns None. Raises ValueError when no load of ``h`` is in flight.")
       .def(
-          "abandon_load", [](StateOffloadIndex& i, py::handle h) { i.abandon_load(as_int(h, "h")); }, py::arg("h"),
+          "abandon_load", [](StateOffloadIndex& i, py::handle h) { i.abandon_load(as_hash(h, "h", i.hash_form())); },
+          py::arg("h"),
           "Ends a load of ``h`` nobody waits for any more; returns None. Raises ValueError when no "
           "load of ``h`` is in flight.")
       .def(

@@ -42,15 +42,16 @@ inline double as_seconds(py::handle obj, const char* name) {
   return d;
 }
 
-inline py::object source_or_none(const std::optional<PageUnitCheckpointStore::Source>& src) {
+inline py::object source_or_none(const std::optional<PageUnitCheckpointStore::Source>& src, const HashForm& form) {
   if (!src) return py::none();
-  return to_py_source(src->first, src->second);
+  return to_py_source(src->first, src->second, form);
 }
 
-inline py::list sources(const std::vector<PageUnitCheckpointStore::Source>& srcs) {
+inline py::list sources(const std::vector<PageUnitCheckpointStore::Source>& srcs, const HashForm& form) {
   py::list out(srcs.size());
   for (size_t i = 0; i < srcs.size(); ++i)
-    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), to_py_source(srcs[i].first, srcs[i].second).release().ptr());
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i),
+                    to_py_source(srcs[i].first, srcs[i].second, form).release().ptr());
   return out;
 }
 
@@ -61,16 +62,20 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
   using Store = PageUnitCheckpointStore;
   fast::def<T>(
       cls, "contains",
-      [](T& self, PyObject** a) { return fast::to_py(StoreOf{}(self).contains(as_int(a[0], "prefix_hash"))); },
+      [](T& self, PyObject** a) {
+        PageUnitCheckpointStore& s = StoreOf{}(self);
+        return fast::to_py(s.contains(as_hash(a[0], "prefix_hash", s.hash_form())));
+      },
       {"prefix_hash"}, 1,
       "Returns whether a READY image is filed under ``prefix_hash``. Raises only for a bad argument "
       "(docs/contract.md, \"Errors\").");
   fast::def<T>(
       cls, "has_available_units",
       [](T& self, PyObject** a) {
+        PageUnitCheckpointStore& s = StoreOf{}(self);
         std::optional<int64_t> protected_hash;
-        if (a[1] != nullptr && a[1] != Py_None) protected_hash = as_int(a[1], "protected_hash");
-        return fast::to_py(StoreOf{}(self).has_available_units(as_int(a[0], "count"), protected_hash));
+        if (a[1] != nullptr && a[1] != Py_None) protected_hash = as_hash(a[1], "protected_hash", s.hash_form());
+        return fast::to_py(s.has_available_units(as_int(a[0], "count"), protected_hash));
       },
       {"count", "protected_hash=None"}, 1,
       "Returns whether ``count`` units could be had, evicting unpinned READY images if it came to "
@@ -115,7 +120,8 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
       .def(
           "take_offload_stores",
           [store_of](T& self, py::handle max_inflight) {
-            return sources(store_of(self).take_offload_stores(as_int(max_inflight, "max_inflight")));
+            Store& s = store_of(self);
+            return sources(s.take_offload_stores(as_int(max_inflight, "max_inflight")), s.hash_form());
           },
           py::arg("max_inflight"),
           "Returns up to ``max_inflight`` (operation, unit ids) pairs to hand the tier now, each "
@@ -124,8 +130,10 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
       .def(
           "acquire_checkpoint_source",
           [store_of](T& self, py::handle h, py::handle max_inflight) {
-            return source_or_none(store_of(self).acquire_checkpoint_source(as_int(h, "prefix_hash"),
-                                                                           optional_int(max_inflight, "max_inflight")));
+            Store& s = store_of(self);
+            const int64_t prefix_hash = as_hash(h, "prefix_hash", s.hash_form());
+            return source_or_none(s.acquire_checkpoint_source(prefix_hash, optional_int(max_inflight, "max_inflight")),
+                                  s.hash_form());
           },
           py::arg("prefix_hash"), py::kw_only(), py::arg("max_inflight") = py::none(),
           "Pins a READY image for an external transfer (never reclaimed by time); returns "
@@ -134,7 +142,8 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
       .def(
           "release_offload_store_source",
           [store_of](T& self, py::handle op) {
-            if (auto id = as_operation_id(op)) store_of(self).release_offload_store_source(*id);
+            Store& s = store_of(self);
+            if (auto id = as_operation_id(op, s.hash_form())) s.release_offload_store_source(*id);
           },
           py::arg("op"),
           "Phase one: the units were read out, so the source's pin goes; the operation stays "
@@ -142,7 +151,8 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
       .def(
           "settle_offload_store",
           [store_of](T& self, py::handle op) {
-            if (auto id = as_operation_id(op)) store_of(self).settle_offload_store(*id);
+            Store& s = store_of(self);
+            if (auto id = as_operation_id(op, s.hash_form())) s.settle_offload_store(*id);
           },
           py::arg("op"),
           "Phase two: the tier write completed; the operation is retired. Returns None. Raises "
@@ -162,8 +172,9 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
       .def(
           "was_reclaimed",
           [store_of](T& self, py::handle op) {
-            auto id = as_operation_id(op);
-            return id.has_value() && store_of(self).was_reclaimed(*id);
+            Store& s = store_of(self);
+            auto id = as_operation_id(op, s.hash_form());
+            return id.has_value() && s.was_reclaimed(*id);
           },
           py::arg("op"),
           "Returns whether a stale-pin reclamation took the operation's pin. Raises TypeError for "

@@ -26,13 +26,10 @@ PagedStateCheckpointSpec make_spec(py::handle page_unit_bytes, py::handle slot_b
   const int64_t image = spec_size(image_bytes, "image_bytes");
   const bool named = PyUnicode_Check(layout_id.ptr()) && PyUnicode_GET_LENGTH(layout_id.ptr()) > 0;
   if (!named && image <= slot) throw py::value_error("layout_id must be a non-empty str, got " + py_repr(layout_id));
-  return PagedStateCheckpointSpec(unit, slot, named ? layout_id.cast<std::string>() : "-", image);
+  return PagedStateCheckpointSpec(unit, slot, named ? as_text(layout_id, "layout_id") : "-", image);
 }
 
-std::string as_layout(py::handle obj) {
-  if (!PyUnicode_Check(obj.ptr())) raise_type("layout_id", "a str", obj);
-  return obj.cast<std::string>();
-}
+std::string as_layout(py::handle obj) { return as_text(obj, "layout_id"); }
 
 py::object spec_from_wire(py::handle wire) {
   static py::handle mapping =
@@ -92,7 +89,8 @@ py::tuple restore_fields(const CheckpointRestoreOp& o) {
 }
 py::tuple record_fields(const RecordHandle& h) {
   const CheckpointRecord& r = h.get();
-  return py::make_tuple(r.prefix_hash, to_tuple(r.unit_ids), checkpoint_state_name(r.state), r.pin_count);
+  return py::make_tuple(hash_object(r.prefix_hash, h.form()), to_tuple(r.unit_ids), checkpoint_state_name(r.state),
+                        r.pin_count);
 }
 py::tuple suspended_fields(const SuspendedCheckpointRestore& s) {
   return py::make_tuple(s.checkpoint_id, py::cast(s.operation));
@@ -260,35 +258,35 @@ void bind_op(py::module_& m) {
 
 CheckpointState as_state(py::handle obj) {
   if (!PyUnicode_Check(obj.ptr())) raise_type("state", "a str", obj);
-  return parse_checkpoint_state(obj.cast<std::string>());
+  return parse_checkpoint_state(as_text(obj, "state"));
 }
 
 }  // namespace
 
-py::object to_py(const StateStoreOperationId& op) {
+py::object to_py(const StateStoreOperationId& op, const HashForm& form) {
   static py::handle type =
       py::object(py::module_::import("statecache._operation_id").attr("StateStoreOperationId")).release();
-  return type(op.prefix_hash, op.generation);
+  return type(hash_object(op.prefix_hash, form), op.generation);
 }
 
-std::optional<StateStoreOperationId> as_operation_id(py::handle obj) {
+std::optional<StateStoreOperationId> as_operation_id(py::handle obj, const HashForm& form) {
   PyObject* p = obj.ptr();
   if (PyTuple_Check(p) && PyTuple_GET_SIZE(p) == 2) {
     PyObject* h = PyTuple_GET_ITEM(p, 0);
     PyObject* g = PyTuple_GET_ITEM(p, 1);
-    if (PyLong_Check(h) && PyLong_Check(g)) {
-      int o1 = 0, o2 = 0;
-      const long long hv = PyLong_AsLongLongAndOverflow(h, &o1);
-      const long long gv = PyLong_AsLongLongAndOverflow(g, &o2);
-      if (o1 == 0 && o2 == 0) return StateStoreOperationId{hv, gv};
+    int64_t hv = 0;
+    if (hash_key(h, form, hv) && PyLong_Check(h) && PyLong_Check(g)) {
+      int overflow = 0;
+      const long long gv = PyLong_AsLongLongAndOverflow(g, &overflow);
+      if (overflow == 0) return StateStoreOperationId{hv, gv};
     }
   }
   (void)py::hash(obj);  // an unhashable key is a TypeError, as in a dict
   return std::nullopt;
 }
 
-py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units) {
-  return py::make_tuple(to_py(op), to_tuple(units));
+py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units, const HashForm& form) {
+  return py::make_tuple(to_py(op, form), to_tuple(units));
 }
 
 CheckpointRecord& RecordHandle::mutable_value() {
@@ -312,14 +310,20 @@ void bind_paged_types(py::module_& m) {
   m.def(
       "checkpoint_copy_ops_per_batch",
       [](py::handle max_num_seqs) -> int64_t {
-        if (max_num_seqs.is_none() || !PyObject_IsTrue(max_num_seqs.ptr())) return 0;
-        return checkpoint_copy_ops_per_batch(
-            as_int(py::int_(py::reinterpret_borrow<py::object>(max_num_seqs)), "max_num_seqs"));
+        if (max_num_seqs.is_none()) return 0;
+        const int64_t n = as_int(max_num_seqs, "max_num_seqs");  // an int, not int()'s "12" or 3.7
+        try {
+          return checkpoint_copy_ops_per_batch(n);
+        } catch (const std::overflow_error& e) {
+          PyErr_SetString(int_range_error, e.what());
+          throw py::error_already_set();
+        }
       },
       py::arg("max_num_seqs"),
       "Returns the most PAGE store + restore ops one batch of ``max_num_seqs`` sequences can "
       "carry (two per sequence; 0 for None or 0), the executor's staging size. Raises "
-      "TypeError for a non-int (a negative count is not refused).");
+      "TypeError for anything but an int or None (a str, a float, a bool), OverflowError when "
+      "twice the count does not fit in 64 bits (a negative count is not refused).");
 
   py::class_<PagedStateCheckpointSpec> spec(m, "PagedStateCheckpointSpec", STATECACHE_GUARDED(PagedStateCheckpointSpec),
                                             R"doc(
@@ -360,13 +364,21 @@ and keep the fields a record was released with. Constructed from Python it is
 a plain mutable value.)doc");
   record
       .def(py::init([](py::handle h, py::handle units, py::handle state, py::handle pins) {
-             return RecordHandle(CheckpointRecord{as_int(h, "prefix_hash"), as_int_list(units, "unit_ids"),
-                                                  as_state(state), as_int(pins, "pin_count")});
+             HashForm form;
+             const int64_t prefix_hash = as_hash(h, "prefix_hash", form);
+             return RecordHandle(CheckpointRecord{prefix_hash, as_int_list(units, "unit_ids"), as_state(state),
+                                                  as_int(pins, "pin_count")},
+                                 form);
            }),
            py::arg("prefix_hash"), py::arg("unit_ids"), py::arg("state") = "COPYING", py::arg("pin_count") = 0)
       .def_property(
-          "prefix_hash", [](const RecordHandle& r) { return r.get().prefix_hash; },
-          [](RecordHandle& r, py::handle v) { r.mutable_value().prefix_hash = as_int(v, "prefix_hash"); })
+          "prefix_hash", [](const RecordHandle& r) { return hash_object(r.get().prefix_hash, r.form()); },
+          [](RecordHandle& r, py::handle v) {
+            CheckpointRecord& value = r.mutable_value();
+            HashForm form;  // a value's form is that of its current hash
+            value.prefix_hash = as_hash(v, "prefix_hash", form);
+            r.form() = form;
+          })
       .def_property(
           "unit_ids", [](const RecordHandle& r) { return to_tuple(r.get().unit_ids); },
           [](RecordHandle& r, py::handle v) { r.mutable_value().unit_ids = as_int_list(v, "unit_ids"); })

@@ -22,8 +22,9 @@ namespace statecache::bindings {
 // map to their own token kinds; anything else hashable is interned (dict
 // semantics: equal owners are one owner). Interned owners that hold no units
 // and are not retained are swept lazily. An owner's __hash__ / __eq__ runs
-// Python code: the table is never mid-change while it does, and an owner
-// operation started from inside one raises RuntimeError.
+// Python code: the table is never mid-change while it does, an owner
+// operation started from inside one (same thread) raises RuntimeError, and
+// one from another thread waits until it is done.
 class OwnerTable {
  public:
   int64_t token(py::handle owner, const BlockPool& pool);
@@ -50,6 +51,7 @@ class OwnerTable {
   int64_t next_id_ = 0;
   size_t sweep_at_ = 256;
   bool busy_ = false;  // inside an owner's __hash__ / __eq__
+  CallGate gate_{};    // held meanwhile: other threads' owner operations wait
 };
 
 // The BlockPool Python sees: the core pool plus its owner table and the
@@ -96,12 +98,13 @@ void report_callback_error(const char* where);
 // with (as the reference's record objects do).
 class RecordHandle {
  public:
-  explicit RecordHandle(CheckpointRecord value) : value_(std::move(value)) {}
+  RecordHandle(CheckpointRecord value, HashForm form) : value_(std::move(value)), form_(form) {}
   RecordHandle(std::shared_ptr<PageUnitCheckpointStore> store, int64_t checkpoint_id)
       : store_(std::move(store)), checkpoint_id_(checkpoint_id) {
     store_->watch(checkpoint_id_);
   }
-  RecordHandle(const RecordHandle& o) : value_(o.get()), store_(o.store_), checkpoint_id_(o.checkpoint_id_) {
+  RecordHandle(const RecordHandle& o)
+      : value_(o.get()), form_(o.form()), store_(o.store_), checkpoint_id_(o.checkpoint_id_) {
     if (store_) store_->watch(checkpoint_id_);
   }
   RecordHandle& operator=(const RecordHandle&) = delete;
@@ -117,22 +120,25 @@ class RecordHandle {
   }
   // The value for a write; a store's record is read-only.
   CheckpointRecord& mutable_value();
+  // The form prefix_hash reads back in: the store's, or the value's own.
+  HashForm& form() const { return store_ ? store_->hash_form() : form_; }
   bool operator==(const RecordHandle& o) const { return get() == o.get(); }
 
  private:
   CheckpointRecord value_;
+  mutable HashForm form_;
   std::shared_ptr<PageUnitCheckpointStore> store_;
   int64_t checkpoint_id_ = -1;
 };
 
-// statecache.StateStoreOperationId(h, gen), a tuple subclass.
-py::object to_py(const StateStoreOperationId& op);
-// A 2-tuple of ints (StateStoreOperationId or a plain tuple); nullopt for any
-// other hashable value, which can never name an operation. TypeError when
-// unhashable, as a dict lookup would raise.
-std::optional<StateStoreOperationId> as_operation_id(py::handle obj);
+// statecache.StateStoreOperationId(h, gen), a tuple subclass; h in `form`.
+py::object to_py(const StateStoreOperationId& op, const HashForm& form);
+// A 2-tuple of ints (StateStoreOperationId or a plain tuple) whose hash is
+// written in `form`; nullopt for any other hashable value, which can never
+// name an operation. TypeError when unhashable, as a dict lookup would raise.
+std::optional<StateStoreOperationId> as_operation_id(py::handle obj, const HashForm& form);
 // (operation, unit_ids) as the store hands a source to a tier.
-py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units);
+py::tuple to_py_source(const StateStoreOperationId& op, const UnitIds& units, const HashForm& form);
 
 PagedStateCheckpointSpec as_spec(py::handle obj, const char* name);
 

@@ -41,15 +41,16 @@ int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, 
   const Sequence& s = seq_arg.get();
   const int64_t hit = as_int(hit_obj, "hit");
   const bool assume = as_bool(assume_obj, "assume_checkpointed");
-  return scan_int_list(hashes, "block_hashes", hit,
+  return scan_int_list(hashes, "block_hashes", hit, pool.hash_form(),
                        [&](int64_t n, auto&& hash_at) { return pool.resumable_hit(s, hit, n, hash_at, assume); });
 }
 
 // Items of a list / tuple / other iterable, each an int sequence of `arity`,
 // read from owned snapshots (an element's __index__ may change the caller's
 // containers, never what is being read).
+// Column `Arity - 1` of each row is a hash (its form noted in `form`).
 template <size_t Arity>
-std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* name, const char* shape) {
+std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* name, const char* shape, HashForm& form) {
   PyObject* p = obj.ptr();
   if (PyUnicode_Check(p) || PyBytes_Check(p) || PyDict_Check(p) || !PyObject_HasAttrString(p, "__iter__"))
     raise_type(name, shape, obj);
@@ -58,7 +59,7 @@ std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* nam
   rows.reserve(static_cast<size_t>(PyTuple_GET_SIZE(rows_in.ptr())));
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(rows_in.ptr()); ++i) {
     int64_t row[Arity] = {};
-    if (!int_row(PyTuple_GET_ITEM(rows_in.ptr(), i), name, row)) raise_type(name, shape, obj);
+    if (!int_row(PyTuple_GET_ITEM(rows_in.ptr(), i), name, row, &form)) raise_type(name, shape, obj);
     std::array<int64_t, Arity> r{};
     for (size_t k = 0; k < Arity; ++k) r[k] = row[k];
     rows.push_back(r);
@@ -84,69 +85,87 @@ std::vector<int64_t> slots_arg(PyObject* obj, const char* name = "slots") {
   return v;
 }
 
-// checkpoint_many(seqs, boundary_blocks, hashes) of a pool (`Core`, run by
-// `run(pool, seqs, keys, blocks, hashes)`), SeqArg's pattern for a batch.
-// All statecache.Sequence: the core validates and applies in one go. With
-// other objects among them, the batch first runs on a copy of the pool (which
-// validates it and tells what it writes on each object), `writes_of(i,
-// before, after, w)` picks the fields the per-sequence call would set, they
-// are written back in order (all restored if a setter raises), a second run
-// on a fresh copy checks that the setters changed nothing the batch depends
-// on, and only then does the pool change. Returns what the last run returns.
-template <class Core, class Run, class WritesOf>
-decltype(auto) checkpoint_many_arg(Core& pool, SeqBatch& seqs, std::span<const int64_t> blocks,
-                                   std::span<const int64_t> hashes, Run&& run, WritesOf&& writes_of) {
-  if (seqs.all_native()) return run(pool, seqs.seqs(), seqs.keys(), blocks, hashes);
-  const size_t n = seqs.size();
-  // Dry runs go on one scratch copy per pool type, reused (assigning into it
-  // reuses its buffers), so a batch costs copies of memory, not allocations.
-  static std::optional<Core> scratch;
-  auto dry_run = [&] {
-    if (scratch)
-      *scratch = pool;
-    else
-      scratch.emplace(pool);
-    Core& copy = *scratch;
-    std::vector<Sequence> out;
-    out.reserve(n);
-    for (size_t i = 0; i < n; ++i) out.push_back(seqs.seq(i));
-    std::vector<Sequence*> ptrs;
-    ptrs.reserve(n);
-    for (Sequence& s : out) ptrs.push_back(&s);
-    run(copy, ptrs, seqs.keys(), blocks, hashes);
-    return out;
-  };
-  const std::vector<Sequence> after = dry_run();
-  std::vector<SeqBatch::Writes> writes;
-  for (size_t i = 0; i < n; ++i) {
-    if (seqs.is_native(i)) continue;
-    SeqBatch::Writes w;
-    w.entry = i;
-    writes_of(i, seqs.seq(i), after[i], w);
-    if (w.count) writes.push_back(w);
-  }
-  seqs.write_back(writes);
-  std::vector<Sequence> again;
+// ---- engine-owned sequence objects (docs/contract.md, "Batched calls") ----
+//
+// A checkpoint that moves an engine object's sequence writes its new fields
+// to the object before the pool commits: decide (the core's plan, nothing
+// changes), write the fields back (setters may run any Python code), decide
+// again and commit only if the decision still holds, else restore the fields
+// and raise. The window holds the pool's call gate (call_gate.h), so another
+// thread's call waits instead of changing the pool under it; what changes it
+// is this thread's own setter, which is refused.
+
+// After a write-back: `still_holds()` decides again; when it no longer
+// holds (or throws: a setter of ours released what the call works on), the
+// `written` fields get their values as read back and the call raises.
+template <class StillHolds>
+void recheck(fast::SeqArg& s, std::initializer_list<std::pair<fast::SeqField, int64_t>> written,
+             StillHolds&& still_holds) {
+  const std::span<const std::pair<fast::SeqField, int64_t>> fields(written.begin(), written.size());
+  bool holds = false;
   try {
-    again = dry_run();
+    holds = still_holds();
   } catch (...) {
-    seqs.restore(writes);
+    s.restore(fields);
     throw;
   }
-  for (size_t i = 0; i < n; ++i) {
-    const Sequence &x = after[i], &y = again[i];
-    if (x.state_slot() != y.state_slot() || x.state_fork_src != y.state_fork_src ||
-        x.per_req_cache_group != y.per_req_cache_group || x.pending_checkpoint != y.pending_checkpoint) {
-      seqs.restore(writes);
-      throw std::runtime_error("the pool changed while seqs' fields were written back; nothing was filed");
-    }
-  }
-  return run(pool, seqs.seqs(), seqs.keys(), blocks, hashes);
+  if (holds) return;
+  s.restore(fields);
+  throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
 }
 
-std::vector<MidstepReservation> reservations_arg(py::handle obj) {
+// StateSlotPool.checkpoint of a generic sequence.
+void checkpoint_generic(StateSlotPool& p, fast::SeqArg& s, int64_t blocks, int64_t h) {
+  const ForkPlan plan = p.plan_checkpoint(s.get(), h);
+  if (plan.forks) {
+    s.write_back({{fast::kStateSlot, plan.fresh}, {fast::kForkSrc, plan.old}});
+    recheck(s, {{fast::kStateSlot, 0}, {fast::kForkSrc, 0}}, [&] { return p.plan_checkpoint(s.get(), h) == plan; });
+  }
+  p.apply_checkpoint(s.get(), plan, blocks, h);
+}
+
+// StateGroupPool.checkpoint of a generic sequence (PyGroupPool: the pending
+// list's mirror changes with the list, no Python code in between).
+struct PyGroupPool;
+void checkpoint_generic(PyGroupPool& p, fast::SeqArg& s, int64_t blocks, int64_t h);
+
+// A batch's copy intents write its hashes into statecache.Sequence objects:
+// each must take the pool's form, checked for all before any is noted.
+template <class Pool>
+void note_forms(const Pool& p, SeqBatch& seqs, std::span<const int64_t> hashes) {
+  const HashForm::Kind kind = p.hash_form().kind();
+  if (!p.transfer().copies() || kind == HashForm::kUnset || hashes.size() != seqs.size())
+    return;  // the core names a length mismatch
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (seqs.is_native(i) && HashForm::has_form(hashes[i]) && !seqs.seq(i).hash_form.accepts(kind))
+      throw std::invalid_argument("seqs[" + std::to_string(i) + "]: " +
+                                  HashForm::conflict(("hashes[" + std::to_string(i) + "]").c_str(), hashes[i], kind));
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (seqs.is_native(i)) seqs.seq(i).hash_form.note("hashes", hashes[i], kind);
+}
+
+// checkpoint_many with engine objects among `seqs`: the whole batch checked
+// first (core/batch.h), then each entry as its per-sequence call, in order:
+// a statecache.Sequence through the core, an engine object through
+// `file_generic`. A setter that raises (or changes the pool) stops the batch
+// at its entry, whose fields are restored; the entries before it are filed,
+// as their per-sequence calls would have been. No copy of the pool is made.
+template <class Pool, class FileNative, class FileGeneric>
+void checkpoint_many_generic(Pool& pool, SeqBatch& seqs, std::span<const int64_t> blocks,
+                             std::span<const int64_t> hashes, FileNative&& file_native, FileGeneric&& file_generic) {
+  batch::checkpoint_many(
+      seqs.size(), seqs.keys(), blocks, hashes, [&](size_t i) { pool.check_checkpoint(seqs.seq(i), hashes[i]); },
+      [&](size_t i) {
+        if (fast::SeqArg* g = seqs.generic(i))
+          file_generic(*g, i);
+        else
+          file_native(i);
+      });
+}
+
+std::vector<MidstepReservation> reservations_arg(py::handle obj, HashForm& form) {
   std::vector<MidstepReservation> out;
-  for (const auto& r : int_rows<3>(obj, "reservations", "a list of (slot, position, hash) tuples"))
+  for (const auto& r : int_rows<3>(obj, "reservations", "a list of (slot, position, hash) tuples", form))
     out.push_back({r[0], r[1], r[2]});
   return out;
 }
@@ -172,31 +191,17 @@ struct CheckpointIndexView {
 
   py::dict snapshot() const {
     py::dict d;
+    const HashForm& form = pool->hash_form();
     pool->index().for_each([&](int64_t h, int64_t u) {
-      py::int_ k(h), v(u);
+      py::object k = hash_object(h, form);
+      py::int_ v(u);
       PyDict_SetItem(d.ptr(), k.ptr(), v.ptr());
     });
     return d;
   }
-  // The key as an int64, or false for anything no int64 key can equal.
-  static bool key_of(py::handle k, int64_t& out) {
-    PyObject* p = k.ptr();
-    if (PyLong_Check(p)) {
-      int overflow = 0;
-      out = PyLong_AsLongLongAndOverflow(p, &overflow);
-      return overflow == 0;
-    }
-    if (PyFloat_Check(p)) {
-      const double x = PyFloat_AS_DOUBLE(p);
-      if (std::floor(x) != x || std::fabs(x) > 9.2e18) return false;
-      out = static_cast<int64_t>(x);
-      return true;
-    }
-    return false;
-  }
   const int64_t* find(py::handle k) const {
     int64_t key = 0;
-    return key_of(k, key) ? pool->index().find(key) : nullptr;
+    return hash_key(k, pool->hash_form(), key) ? pool->index().find(key) : nullptr;
   }
 };
 
@@ -209,7 +214,7 @@ struct IndexHashView {
   py::list list() const {
     py::list out(static_cast<size_t>(size()));
     for (int64_t i = 0; i < size(); ++i)
-      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLongLong(pool->hash_of(i)));
+      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), hash_to_py(pool->hash_of(i), pool->hash_form()));
     return out;
   }
 };
@@ -290,7 +295,7 @@ void bind_views(py::module_& m) {
              const int64_t n = s.size();
              if (k < 0) k += n;
              if (k < 0 || k >= n) throw py::index_error("list index out of range");
-             return py::int_(s.pool->hash_of(k));
+             return hash_object(s.pool->hash_of(k), s.pool->hash_form());
            })
       .def("__iter__", [](const IndexHashView& s) { return py::iter(s.list()); })
       .def("__contains__", [](const IndexHashView& s, py::handle x) { return s.list().contains(x); })
@@ -317,6 +322,16 @@ void bind_views(py::module_& m) {
            })
       .def("__repr__", [](const IndexHashView& s) { return py_repr(s.list()); });
   m.attr("IndexHashView").attr("__hash__") = py::none();
+
+  // A view reads its pool: it waits for the pool's gate as the pool's own calls do.
+  fast::gate_link<CheckpointIndexView> = [](PyObject* self) -> PyObject* {
+    const CheckpointIndexView* v = fast::cached_instance<CheckpointIndexView>(self);
+    return v ? v->owner.ptr() : nullptr;
+  };
+  fast::gate_link<IndexHashView> = [](PyObject* self) -> PyObject* {
+    const IndexHashView* v = fast::cached_instance<IndexHashView>(self);
+    return v ? v->owner.ptr() : nullptr;
+  };
 
   py::module_ abc = py::module_::import("collections.abc");
   abc.attr("Mapping").attr("register")(m.attr("CheckpointIndexView"));
@@ -466,7 +481,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
             "skipped. Returns None. Raises as ``release`` for any bad entry, and ValueError for a group "
             "listed twice, before releasing any.");
   fast::def<Pool>(
-      cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(int_arg(a[0], "h"))); }, {"h"}, 1,
+      cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(as_hash(a[0], "h", p.hash_form()))); }, {"h"}, 1,
       "Returns the index holding the checkpoint filed under ``h``, or -1. Raises only for a "
       "bad argument (docs/contract.md, \"Errors\").");
   fast::def<Pool>(
@@ -628,25 +643,16 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       "free); returns None. Raises IndexError for a slot out of range.");
   fast::def<P>(
       cls, "checkpoint",
-      [](P& p, PyObject** a) {
+      [](P& p, PyObject** a, PyObject* self) {
         SeqArg s(a[0], "seq", fast::kHasCache | fast::kStateSlot | fast::kAnchors);
         const int64_t blocks = int_arg(a[1], "boundary_blocks");
-        const int64_t h = int_arg(a[2], "h");
+        const int64_t h = as_hash(a[2], "h", p.hash_form());
         if (s.native()) {
           p.checkpoint(s.get(), blocks, h);
           return fast::none();
         }
-        // Generic sequence: decide, write the owner's new slot back, re-check
-        // (a setter may have re-entered the pool), then commit.
-        const ForkPlan plan = p.plan_checkpoint(s.get(), h);
-        if (plan.forks) {
-          s.write_back({{fast::kStateSlot, plan.fresh}, {fast::kForkSrc, plan.old}});
-          if (!(p.plan_checkpoint(s.get(), h) == plan)) {
-            s.write_back({{fast::kStateSlot, plan.old}, {fast::kForkSrc, s.get().state_fork_src}});
-            throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
-          }
-        }
-        p.apply_checkpoint(s.get(), plan, blocks, h);
+        CallGate::Hold window(fast::gate_of<P>(self));
+        checkpoint_generic(p, s, blocks, h);
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
@@ -656,25 +662,25 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       "< 0``; RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
   fast::def<P>(
       cls, "checkpoint_many",
-      [](P& p, PyObject** a) {
-        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
+      [](P& p, PyObject** a, PyObject* self) {
+        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
         SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kStateSlot | fast::kForkSrc | fast::kAnchors);
-        checkpoint_many_arg<StateSlotPool>(
-            p, seqs, blocks.span(), hashes.span(),
-            [](StateSlotPool& pool, std::span<Sequence* const> ss, std::span<const uintptr_t> keys,
-               std::span<const int64_t> bs, std::span<const int64_t> hs) { pool.checkpoint_many(ss, keys, bs, hs); },
-            [](size_t, const Sequence& before, const Sequence& after, SeqBatch::Writes& w) {
-              if (after.state_slot() == before.state_slot()) return;  // did not fork
-              w.add(fast::kStateSlot, after.state_slot());
-              w.add(fast::kForkSrc, after.state_fork_src);
-            });
+        if (seqs.all_native()) {
+          p.checkpoint_many(seqs.seqs(), seqs.keys(), blocks.span(), hashes.span());
+          return fast::none();
+        }
+        const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
+        CallGate::Hold window(fast::gate_of<P>(self));
+        checkpoint_many_generic(
+            p, seqs, bs, hs, [&](size_t i) { p.checkpoint(seqs.seq(i), bs[i], hs[i]); },
+            [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
         return fast::none();
       },
       {"seqs", "boundary_blocks", "hashes"}, 3, kPoolCheckpointManyDoc);
   fast::def<P>(
       cls, "unindex",
       [](P& p, PyObject** a) {
-        p.unindex(int_arg(a[0], "h"));
+        p.unindex(as_hash(a[0], "h", p.hash_form()));
         return fast::none();
       },
       {"h"}, 1,
@@ -686,10 +692,11 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
            SeqArg seq_arg(seq.ptr(), "seq", fast::kHasCache);
            const Sequence& s = seq_arg.get();
            std::vector<std::pair<int64_t, int64_t>> pos;
-           for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs"))
+           for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs", p.hash_form()))
              pos.emplace_back(r[0], r[1]);
            py::list out;
-           for (const auto& r : p.reserve_midstep(s, pos)) out.append(py::make_tuple(r.slot, r.position, r.hash));
+           for (const auto& r : p.reserve_midstep(s, pos))
+             out.append(py::make_tuple(r.slot, r.position, hash_object(r.hash, p.hash_form())));
            return out;
          },
          py::arg("seq"), py::arg("positions"),
@@ -700,7 +707,7 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       .def(
           "publish_midstep",
           [](StateSlotPool& p, py::handle reservations, py::handle seq) {
-            const std::vector<MidstepReservation> res = reservations_arg(reservations);
+            const std::vector<MidstepReservation> res = reservations_arg(reservations, p.hash_form());
             std::optional<SeqArg> s;
             if (!seq.is_none()) s.emplace(seq.ptr(), "seq", fast::kAnchors);
             p.publish_midstep(res, s ? &s->get() : nullptr);
@@ -710,7 +717,9 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
           "ValueError for a reservation this pool did not hand out.")
       .def(
           "cancel_midstep",
-          [](StateSlotPool& p, py::handle reservations) { p.cancel_midstep(reservations_arg(reservations)); },
+          [](StateSlotPool& p, py::handle reservations) {
+            p.cancel_midstep(reservations_arg(reservations, p.hash_form()));
+          },
           py::arg("reservations"),
           "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
           "reservation this pool did not hand out.")
@@ -776,12 +785,24 @@ struct PyGroupPool : StateGroupPool {
         out[k] = out[first];
         continue;
       }
-      SeqArg s(seqs[k].ptr(), "pending seq", fast::kPending | fast::kGroup);
+      SeqArg s(seqs[k].ptr(), "pending seq", fast::kPending | fast::kGroup, &hash_form());
       out[k] = {s.get().pending_checkpoint, s.get().per_req_cache_group, k};
     }
     return out;
   }
 };
+
+void checkpoint_generic(PyGroupPool& p, fast::SeqArg& s, int64_t blocks, int64_t h) {
+  const ForkPlan plan = p.plan_checkpoint(s.get(), h);
+  if (plan.forks) {
+    s.write_back({{fast::kGroup, plan.fresh}, {fast::kForkSrc, plan.old}});
+    recheck(s, {{fast::kGroup, 0}, {fast::kForkSrc, 0}}, [&] { return p.plan_checkpoint(s.get(), h) == plan; });
+  } else if (p.plan_intent(s.get(), h)) {
+    s.write_back({{fast::kPending, h}});
+    recheck(s, {{fast::kPending, 0}}, [&] { return p.plan_intent(s.get(), h); });
+  }
+  if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
+}
 
 int traverse_group_pool(PyGroupPool& p, visitproc visit, void* arg) {
   for (const py::object& o : p.pending_seqs) Py_VISIT(o.ptr());
@@ -822,27 +843,18 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "Returns whether a group can be handed out now. Raises nothing.");
   fast::def<G>(
       cls, "checkpoint",
-      [](G& p, PyObject** a) {
-        SeqArg s(a[0], "seq", fast::kHasCache | fast::kGroup | fast::kPending);
+      [](G& p, PyObject** a, PyObject* self) {
+        SeqArg s(a[0], "seq", fast::kHasCache | fast::kGroup | fast::kPending, &p.hash_form());
         const int64_t blocks = int_arg(a[1], "boundary_blocks");
-        const int64_t h = int_arg(a[2], "h");
-        if (!s.native()) {
-          // Generic sequence: write back what checkpoint will set, then
-          // commit; a re-entrant setter is caught by the re-check.
-          const ForkPlan plan = p.plan_checkpoint(s.get(), h);
-          if (plan.forks) {
-            s.write_back({{fast::kGroup, plan.fresh}, {fast::kForkSrc, plan.old}});
-            if (!(p.plan_checkpoint(s.get(), h) == plan)) {
-              s.write_back({{fast::kGroup, plan.old}, {fast::kForkSrc, s.get().state_fork_src}});
-              throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
-            }
-          } else if (p.plan_intent(s.get(), h)) {
-            s.write_back({{fast::kPending, h}});
-          }
+        const int64_t h = as_hash(a[2], "h", p.hash_form());
+        if (s.native()) {
+          // A copy intent writes h into the Sequence: it reads back in the pool's form.
+          if (p.transfer().copies()) s.get().hash_form.note("h", h, p.hash_form().kind());
+          if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
+          return fast::none();
         }
-        // The intent list and its mirror change together, with no Python
-        // code in between.
-        if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
+        CallGate::Hold window(fast::gate_of<G>(self));
+        checkpoint_generic(p, s, blocks, h);
         return fast::none();
       },
       {"seq", "boundary_blocks", "h"}, 3,
@@ -852,33 +864,31 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
   fast::def<G>(
       cls, "checkpoint_many",
-      [](G& p, PyObject** a) {
-        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes");
-        SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kGroup | fast::kPending | fast::kForkSrc);
-        const std::span<const int64_t> hs = hashes.span();
-        const std::vector<size_t> joined = checkpoint_many_arg<StateGroupPool>(
-            p, seqs, blocks.span(), hs,
-            [](StateGroupPool& pool, std::span<Sequence* const> ss, std::span<const uintptr_t> keys,
-               std::span<const int64_t> bs,
-               std::span<const int64_t> h) { return pool.checkpoint_many(ss, keys, bs, h); },
-            [&p, hs](size_t i, const Sequence& before, const Sequence& after, SeqBatch::Writes& w) {
-              if (after.per_req_cache_group != before.per_req_cache_group) {
-                w.add(fast::kGroup, after.per_req_cache_group);
-                w.add(fast::kForkSrc, after.state_fork_src);
-              } else if (p.plan_intent(before, hs[i])) {
-                w.add(fast::kPending, hs[i]);
-              }
-            });
-        // The intent list and its mirror change together, with no Python
-        // code in between.
-        for (size_t i : joined) p.pending_seqs.push_back(seqs.ref(i));
+      [](G& p, PyObject** a, PyObject* self) {
+        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
+        SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kGroup | fast::kPending | fast::kForkSrc, &p.hash_form());
+        const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
+        note_forms(p, seqs, hs);
+        if (seqs.all_native()) {
+          // The intent list and its mirror change together, with no Python
+          // code in between.
+          for (size_t i : p.checkpoint_many(seqs.seqs(), seqs.keys(), bs, hs)) p.pending_seqs.push_back(seqs.ref(i));
+          return fast::none();
+        }
+        CallGate::Hold window(fast::gate_of<G>(self));
+        checkpoint_many_generic(
+            p, seqs, bs, hs,
+            [&](size_t i) {
+              if (p.checkpoint(seqs.seq(i), bs[i], hs[i])) p.pending_seqs.push_back(seqs.ref(i));
+            },
+            [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
         return fast::none();
       },
       {"seqs", "boundary_blocks", "hashes"}, 3, kPoolCheckpointManyDoc);
   fast::def<G>(
       cls, "forget_pending_many",
-      [](G& p, PyObject** a) {
-        SeqBatch seqs(a[0], "seqs", fast::kPending);
+      [](G& p, PyObject** a, PyObject* self) {
+        SeqBatch seqs(a[0], "seqs", fast::kPending, &p.hash_form());
         // Generic objects first (a failing setter restores what was written,
         // nothing else changed), then the statecache.Sequence fields.
         std::vector<SeqBatch::Writes> writes;
@@ -889,6 +899,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
           w.add(fast::kPending, -1);
           writes.push_back(w);
         }
+        CallGate::Hold window(fast::gate_of<G>(self));
         seqs.write_back(writes);
         std::vector<Sequence*> native;
         for (size_t i = 0; i < seqs.size(); ++i)
@@ -901,12 +912,15 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "TypeError for an item that is not a sequence, before anything changes.");
   fast::def<G>(
       cls, "forget_pending",
-      [](G& p, PyObject** a) {
-        SeqArg s(a[0], "seq", 0);
-        if (s.native())
+      [](G& p, PyObject** a, PyObject* self) {
+        // Reads the field first: an object without it is a TypeError, as elsewhere.
+        SeqArg s(a[0], "seq", fast::kPending, &p.hash_form());
+        if (s.native()) {
           p.forget_pending(s.get());
-        else
-          s.write_back({{fast::kPending, -1}});
+          return fast::none();
+        }
+        CallGate::Hold window(fast::gate_of<G>(self));
+        s.write_back({{fast::kPending, -1}});
         return fast::none();
       },
       {"seq"}, 1,
@@ -922,45 +936,52 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
       "IndexError for a group out of range.");
   fast::def<G>(
-      cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(int_arg(a[0], "h"))); }, {"h"}, 1,
+      cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(as_hash(a[0], "h", p.hash_form()))); }, {"h"}, 1,
       "Drops the checkpoint filed under ``h``; returns the group freed, or -1. Raises only for "
       "a bad argument (docs/contract.md, \"Errors\").");
   fast::def<G>(
       cls, "take_copies",
-      [](G& p, PyObject**) {
-        // Read every pending sequence, then clear their pending_checkpoint
-        // (a generic one's setter may fail: those already cleared get their
-        // value back and nothing is committed), then commit in C++.
+      [](G& p, PyObject**, PyObject* self) {
+        // Read every pending sequence, clear their pending_checkpoint, then
+        // commit in C++. Whatever fails before the commit (a getter or
+        // setter that raises, a setter that changed the pending list) gives
+        // the fields already cleared their values back: nothing changed.
+        CallGate::Hold window(fast::gate_of<G>(self));
         const std::vector<py::object> seqs = p.pending_seqs;
         const std::vector<StateGroupPool::PendingSeq> state = p.read_pending(seqs);
-        for (size_t k = 0; k < seqs.size(); ++k) {
-          if (state[k].seq != k) continue;
-          SeqArg s(seqs[k].ptr(), "pending seq", 0);
-          if (s.native()) {
-            s.get().pending_checkpoint = -1;
-            continue;
+        size_t cleared = 0;  // seqs[0:cleared] were written
+        auto give_back = [&] {
+          for (size_t j = 0; j < cleared; ++j) {
+            if (state[j].seq != j) continue;
+            SeqArg back(seqs[j].ptr(), "pending seq", 0, &p.hash_form());
+            if (back.native()) {
+              back.get().pending_checkpoint = state[j].pending_checkpoint;
+              continue;
+            }
+            try {
+              back.write_back({{fast::kPending, state[j].pending_checkpoint}});
+            } catch (...) {
+              PyErr_Clear();
+            }
           }
-          try {
-            s.write_back({{fast::kPending, -1}});
-          } catch (...) {
-            for (size_t j = 0; j < k; ++j)
-              if (state[j].seq == j) {
-                SeqArg back(seqs[j].ptr(), "pending seq", 0);
-                if (back.native()) {
-                  back.get().pending_checkpoint = state[j].pending_checkpoint;
-                  continue;
-                }
-                try {
-                  back.write_back({{fast::kPending, state[j].pending_checkpoint}});
-                } catch (...) {
-                  PyErr_Clear();
-                }
-              }
-            throw;
+        };
+        try {
+          for (size_t k = 0; k < seqs.size(); ++k) {
+            if (state[k].seq == k) {
+              SeqArg s(seqs[k].ptr(), "pending seq", 0, &p.hash_form());
+              if (s.native())
+                s.get().pending_checkpoint = -1;
+              else
+                s.write_back({{fast::kPending, -1}});  // restores itself when it raises
+            }
+            cleared = k + 1;
           }
+          if (p.pending_seqs.size() != seqs.size() || p.pending_count() != seqs.size())
+            throw std::runtime_error("the pool changed while pending sequences were written back; nothing was filed");
+        } catch (...) {
+          give_back();
+          throw;
         }
-        if (p.pending_seqs.size() != seqs.size() || p.pending_count() != seqs.size())
-          throw std::runtime_error("the pool changed while pending sequences were written back");
         const auto pairs = p.take_copies(state);
         std::vector<py::object> done;
         done.swap(p.pending_seqs);  // released once the pool is consistent
@@ -970,8 +991,9 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       },
       {}, 0,
       "Files last pass's copy intents and returns every (src, dst) pair the batch being built "
-      "must copy before its forward. Raises what a generic sequence's setter raised, "
-      "committing nothing.");
+      "must copy before its forward. Raises what a generic sequence's getter or setter raised, "
+      "or RuntimeError when a setter changed the pool, committing nothing and leaving every "
+      "pending_checkpoint as it was.");
   cls.def("_debug_copies", [](py::handle self) {
     const G& p = fast::self_of<G>(self.ptr());
     py::list out;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "bindings/fast_call.h"
 
 namespace statecache::bindings {
 
@@ -26,6 +27,20 @@ namespace py = pybind11;
 namespace {
 
 PyObject* forward(PyObject* fn, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return PyObject_Vectorcall(fn, args, static_cast<size_t>(nargs), kwnames);
+}
+
+// A method's forwarder also waits its turn on the instance's call gate
+// (call_gate.h), as the fast methods' trampolines do.
+PyObject* forward_method(PyObject* fn, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (nargs > 0) {
+    try {
+      fast::wait_turn(args[0]);
+    } catch (...) {
+      fast::set_error_from_current();
+      return nullptr;
+    }
+  }
   return PyObject_Vectorcall(fn, args, static_cast<size_t>(nargs), kwnames);
 }
 
@@ -118,7 +133,7 @@ std::optional<std::string> signed_doc(const std::string& name, const std::string
 // The forwarding builtin for pybind11 function `fn` bound as `name`, or a
 // null object when `fn` needs none (it has a text signature, or its doc is
 // not one signature: an overload set).
-py::object with_text_signature(py::handle fn, const std::string& name) {
+py::object with_text_signature(py::handle fn, const std::string& name, bool method = false) {
   if (!PyCFunction_Check(fn.ptr())) return {};
   if (!py::getattr(fn, "__text_signature__", py::none()).is_none()) return {};
   py::object doc = py::getattr(fn, "__doc__", py::none());
@@ -128,8 +143,10 @@ py::object with_text_signature(py::handle fn, const std::string& name) {
   // Definitions live as long as the functions: never freed.
   auto* def_name = new std::string(name);
   auto* def_doc = new std::string(std::move(*text));
-  auto* def = new PyMethodDef{def_name->c_str(), reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward)),
-                              METH_FASTCALL | METH_KEYWORDS, def_doc->c_str()};
+  auto* def =
+      new PyMethodDef{def_name->c_str(),
+                      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(method ? &forward_method : &forward)),
+                      METH_FASTCALL | METH_KEYWORDS, def_doc->c_str()};
   PyObject* f = PyCFunction_New(def, fn.ptr());  // holds `fn` as its __self__
   if (!f) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(f);
@@ -140,7 +157,7 @@ void sign_class(py::handle cls) {
   for (auto [key, value] : members) {
     const std::string name = py::cast<std::string>(key);
     if (PyInstanceMethod_Check(value.ptr())) {
-      py::object w = with_text_signature(PyInstanceMethod_GET_FUNCTION(value.ptr()), name);
+      py::object w = with_text_signature(PyInstanceMethod_GET_FUNCTION(value.ptr()), name, /*method=*/true);
       if (!w) continue;
       PyObject* m = PyInstanceMethod_New(w.ptr());
       if (!m) throw py::error_already_set();

@@ -12,7 +12,7 @@ namespace {
 
 std::string as_key(py::handle obj, const char* name) {
   if (PyBytes_Check(obj.ptr())) return py::reinterpret_borrow<py::bytes>(obj).cast<std::string>();
-  if (PyUnicode_Check(obj.ptr())) return obj.cast<std::string>();
+  if (PyUnicode_Check(obj.ptr())) return as_text(obj, name);
   raise_type(name, "bytes or str", obj);
 }
 
@@ -26,6 +26,23 @@ int as_class(const HostArena& a, py::handle obj) {
 py::list to_py_entries(const std::vector<int32_t>& v) {
   py::list out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = py::int_(v[i]);
+  return out;
+}
+
+// Budgets per class: an int >= 0 caps the class, None shares the arena.
+std::vector<int64_t> as_budgets(py::handle obj) {
+  if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr()))
+    raise_type("class_budget_bytes", "a list of int or None", obj);
+  std::vector<int64_t> out;
+  for (py::handle b : obj) {
+    if (b.is_none()) {
+      out.push_back(HostArena::kShared);
+      continue;
+    }
+    const int64_t v = as_int(b, "class_budget_bytes");
+    if (v < 0) bad_argument("class_budget_bytes", v, "must be >= 0, or None for no cap");
+    out.push_back(v);
+  }
   return out;
 }
 
@@ -43,22 +60,26 @@ void bind_tiers(py::module_& m) {
 
 ``HostArena(entry_bytes, capacity_bytes, class_budget_bytes, ranking="cost")``:
 ``capacity_bytes // entry_bytes`` entries of one buffer the caller owns; a value
-takes whole entries, is filed under its key (bytes) in a budget class, and is
-findable once sealed. Eviction ranks with the cost model of the GPU caches
-(``set_eviction_policy``, as on the PAGE store; positions in its unit);
-``ranking`` picks the starting model: ``"cost"`` (value = position) or
-``"lru"`` (recency only). Pinned values are never evicted.)doc");
+takes whole entries, is filed under its key (bytes) in a class, and is
+findable once sealed. ``class_budget_bytes``: per class, a cap in bytes or None
+(no cap: the class competes for the whole arena); the caps must fit the arena.
+Eviction ranks every value together with the cost model of the GPU caches
+(``set_eviction_policy``, as on the PAGE store; positions in its unit; with
+``set_kv_bytes_per_position`` per byte of the whole prefix), and within a
+class for room under its cap; ``ranking`` picks the starting model: ``"cost"``
+(value = position) or ``"lru"`` (recency only). Pinned values are never
+evicted.)doc");
   arena
-      .def(py::init(
-               [](py::handle entry_bytes, py::handle capacity_bytes, py::handle budgets, const std::string& ranking) {
-                 EvictionCostModel m = HostArena::cost_model();
-                 if (ranking == "lru")
-                   m.kind = EvictionCostModel::Kind::kLru;
-                 else if (ranking != "cost")
-                   throw py::value_error("ranking=" + py_repr(py::str(ranking)) + " must be 'lru' or 'cost'");
-                 return new HostArena(as_int(entry_bytes, "entry_bytes"), as_int(capacity_bytes, "capacity_bytes"),
-                                      as_int_list(budgets, "class_budget_bytes"), m);
-               }),
+      .def(py::init([](py::handle entry_bytes, py::handle capacity_bytes, py::handle budgets, py::handle ranking_obj) {
+             const std::string ranking = as_text(ranking_obj, "ranking");
+             EvictionCostModel m = HostArena::cost_model();
+             if (ranking == "lru")
+               m.kind = EvictionCostModel::Kind::kLru;
+             else if (ranking != "cost")
+               throw py::value_error("ranking=" + py_repr(py::str(ranking)) + " must be 'lru' or 'cost'");
+             return new HostArena(as_int(entry_bytes, "entry_bytes"), as_int(capacity_bytes, "capacity_bytes"),
+                                  as_budgets(budgets), m);
+           }),
            py::arg("entry_bytes"), py::arg("capacity_bytes"), py::arg("class_budget_bytes"),
            py::arg("ranking") = "cost")
       .def_property_readonly("entry_bytes", &HostArena::entry_bytes)
@@ -78,11 +99,28 @@ findable once sealed. Eviction ranks with the cost model of the GPU caches
             d["values"] = c.values;
             d["evictions"] = c.evictions;
             d["refused"] = c.refused;
+            d["capped"] = a.capped(as_class(a, klass));
             return d;
           },
           py::arg("klass"),
-          "Returns a new dict of class ``klass``: budget_entries, used_entries, values, evictions, "
-          "refused. Raises IndexError for an unknown class.")
+          "Returns a new dict of class ``klass``: budget_entries (its cap, or the arena's entries "
+          "when it has none), used_entries, values, evictions, refused, capped. Raises IndexError "
+          "for an unknown class.")
+      .def_property_readonly("kv_bytes_per_position", &HostArena::kv_bytes_per_position)
+      .def(
+          "set_kv_bytes_per_position", [](HostArena& a, double bytes) { a.set_kv_bytes_per_position(bytes); },
+          py::arg("bytes"),
+          "Ranks values per byte of their whole prefix: ``bytes`` of KV per position besides the "
+          "model's checkpoint_bytes (0: per checkpoint byte, as the GPU caches); kept across "
+          "set_eviction_policy; returns None. Raises ValueError for a negative or non-finite value.")
+      .def(
+          "refile",
+          [](HostArena& a, py::handle key, py::handle position) {
+            return a.refile(as_key(key, "key"), as_int(position, "position"));
+          },
+          py::arg("key"), py::arg("position"),
+          "Files the sealed value under ``key`` at ``position``, as a use; returns whether it was "
+          "there. Raises ValueError for a negative position.")
       .def(
           "victims",
           [](const HostArena& a, py::handle klass, py::handle count) -> py::object {
@@ -106,7 +144,8 @@ findable once sealed. Eviction ranks with the cost model of the GPU caches
           },
           py::arg("key"), py::arg("klass"), py::arg("count"), py::arg("nbytes"), py::arg("position"),
           "Reserves ``count`` entries for ``key`` (its prefix ends at ``position``, in the eviction "
-          "model's position unit), evicting unpinned values of its class; returns (entry ids, "
+          "model's position unit), evicting the lowest-ranked unpinned values (of its class when "
+          "its cap is reached); returns (entry ids, "
           "evicted keys), or None (nothing changed) when they cannot be had. Raises IndexError for "
           "an unknown class, ValueError for a bad count, nbytes or position or a key already present.")
       .def(

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/flat_map.h"
+#include "core/hash_form.h"
 
 namespace statecache {
 
@@ -96,7 +97,11 @@ class BlockPool {
   // Checks every internal invariant; InvariantError on the first broken one.
   void check_consistency() const;
 
+  // The form the caller's block hashes come in (core/hash_form.h).
+  HashForm& hash_form() const { return hash_form_; }
+
  private:
+  mutable HashForm hash_form_;
   struct List {
     int32_t head = -1, tail = -1;
     int64_t size = 0;

@@ -271,8 +271,19 @@ void PagedStateCheckpointCoordinator::unindex(int64_t prefix_hash) {
       stale = true;
     }
   }
+  // A queued midstep store dies with its hash too (the reference keeps it):
+  // begun later, its image would outlive the KV block it goes with, and a
+  // prefix whose block is filed under the hash next would resume it.
+  std::vector<int64_t> slots;
+  std::erase_if(scratch_queued_, [&](const std::pair<int64_t, int64_t>& q) {
+    if (q.first != prefix_hash) return false;
+    slots.push_back(q.second);
+    return true;
+  });
+  stale = stale || !slots.empty();
   const bool removed = store_->unindex(prefix_hash);
   if (stale || removed) ++orphaned_;
+  for (int64_t slot : slots) release_scratch(slot);  // last: may call into Python
 }
 
 void PagedStateCheckpointCoordinator::check_consistency() const {

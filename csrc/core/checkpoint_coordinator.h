@@ -34,6 +34,7 @@ class PagedStateCheckpointCoordinator {
 
   PageUnitCheckpointStore& store() const { return *store_; }
   const std::shared_ptr<PageUnitCheckpointStore>& store_ptr() const { return store_; }
+  HashForm& hash_form() const { return store_->hash_form(); }
   bool enabled() const { return enabled_; }
   bool readable_midstep() const { return readable_midstep_; }
   int64_t checkpoints_kept() const { return kept_; }
@@ -58,8 +59,10 @@ class PagedStateCheckpointCoordinator {
   template <class HashAt>
   int64_t resumable_hit(const Sequence& seq, int64_t hit, int64_t num_hashes, HashAt hash_at,
                         bool assume_checkpointed) const {
-    if (!applies(seq)) return hit;
+    // A negative hit is refused whether or not the coordinator applies, as
+    // the pools and the batched call refuse it.
     if (hit < 0) bad_argument("hit", hit, "must be >= 0");
+    if (!applies(seq)) return hit;
     if (assume_checkpointed) return hit;  // reads no hash
     if (hit > num_hashes) out_of_range("hit", hit, num_hashes + 1);
     for (int64_t i = hit - 1; i >= 0; --i)

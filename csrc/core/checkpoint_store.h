@@ -20,6 +20,7 @@
 #include "core/block_pool.h"
 #include "core/eviction_policy.h"
 #include "core/flat_map.h"
+#include "core/hash_form.h"
 #include "core/paged_types.h"
 
 namespace statecache {
@@ -136,11 +137,16 @@ class PageUnitCheckpointStore {
   const CheckpointRecord* watched_record(int64_t checkpoint_id) const;
   void check_consistency() const;
 
+  // The form the caller's hashes come in (core/hash_form.h); the
+  // coordinator's are its store's.
+  HashForm& hash_form() const { return hash_form_; }
+
   static constexpr size_t kChangeLogLimit = 4096;
   static constexpr size_t kReclaimedMemory = 4096;
   static constexpr size_t kOffloadBacklogCap = 8192;
 
  private:
+  mutable HashForm hash_form_;
   struct Slot {
     CheckpointRecord rec;
     int64_t id = -1;

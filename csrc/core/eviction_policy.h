@@ -40,11 +40,18 @@ struct EvictionCostModel {
   double tokens_per_position = 1.0;
   double weight = 1.0;  // value against recency
   bool guesses_first = true;
+  // KV bytes a resumed prefix holds per position. 0 (the GPU caches: a
+  // checkpoint frees its own bytes): value per checkpoint byte. > 0 (a tier
+  // that keeps KV blocks and states in one budget): value per byte of the
+  // whole prefix, state and KV, so a long prefix is not valued as if its KV
+  // were free.
+  double kv_bytes_per_position = 0.0;
 
-  // Prefill FLOPs a hit at `position` saves, per byte that spending it frees.
+  // Prefill FLOPs a hit at `position` saves, per byte that keeping it takes.
   double value(int64_t position) const {
     const double n = static_cast<double>(position) * tokens_per_position;
-    return (n * flops_per_token + flops_per_context_token * n * (n + 1.0) * 0.5) / checkpoint_bytes;
+    return (n * flops_per_token + flops_per_context_token * n * (n + 1.0) * 0.5) /
+           (checkpoint_bytes + kv_bytes_per_position * static_cast<double>(position));
   }
 
   // std::invalid_argument naming the field; nothing is applied before.
@@ -58,6 +65,7 @@ struct EvictionCostModel {
     finite_at_least("checkpoint_bytes", checkpoint_bytes, 0.0, true);
     finite_at_least("tokens_per_position", tokens_per_position, 0.0, true);
     finite_at_least("weight", weight, 0.0, false);
+    finite_at_least("kv_bytes_per_position", kv_bytes_per_position, 0.0, false);
   }
 };
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/eviction_policy.h"
+#include "core/hash_form.h"
 #include "core/hash_index.h"
 
 namespace statecache {
@@ -69,6 +70,8 @@ class StateFreeList {
   // The hash index `u` carries, -1 for none; 0 <= u < capacity().
   int64_t hash_of(int64_t u) const { return records_[idx(u)].hash; }
   const HashIndex& index() const { return index_; }
+  // The form the caller's hashes come in (core/hash_form.h).
+  HashForm& hash_form() const { return hash_form_; }
   int64_t lookup(int64_t h) const { return enabled_ ? index_.get(h, -1) : -1; }
 
   // ---- free list --------------------------------------------------------
@@ -247,6 +250,7 @@ class StateFreeList {
   std::vector<uint64_t> pinned_bits_;
   int64_t pinned_count_ = 0;
   std::vector<int64_t> scratch_;  // reused by clear_index
+  mutable HashForm hash_form_;
 };
 
 }  // namespace statecache

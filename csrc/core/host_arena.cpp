@@ -1,6 +1,7 @@
 #include "core/host_arena.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <string>
 
@@ -19,25 +20,28 @@ HostArena::HostArena(int64_t entry_bytes, int64_t capacity_bytes, std::vector<in
   if (num_entries_ > INT32_MAX) bad_argument("capacity_bytes", capacity_bytes, "holds more than 2^31 entries");
   int64_t total = 0;
   for (int64_t b : class_budget_bytes) {
-    if (b < 0) bad_argument("class_budget_bytes", b, "must be >= 0");
+    if (b < 0 && b != kShared) bad_argument("class_budget_bytes", b, "must be >= 0 (or shared)");
     ClassStats c;
-    c.budget_entries = b / entry_bytes;
-    total += c.budget_entries;
+    c.budget_entries = b == kShared ? num_entries_ : b / entry_bytes;
+    // Checked per class, so the sum stays below 2 * INT32_MAX entries.
+    if (b != kShared && (c.budget_entries > num_entries_ || (total += c.budget_entries) > num_entries_))
+      bad_argument("class_budget_bytes", b, "takes the caps past the arena's capacity_bytes");
     classes_.push_back(c);
+    capped_.push_back(b != kShared);
   }
-  if (total > num_entries_)
-    bad_argument("class_budget_bytes", total * entry_bytes, "exceeds the arena's capacity_bytes");
   free_.resize(static_cast<size_t>(num_entries_));
   // Lowest entry ids first: pop_back hands out free_.back().
   std::iota(free_.rbegin(), free_.rend(), 0);
   ranked_.resize(classes_.size());
+  ranked_all_.set_model(order_model(model_));
   for (auto& r : ranked_) r.set_model(order_model(model_));
 }
 
 // The arena keeps no list of its own: 'lru' is the cost order with the
 // value left out (each segment's head is its oldest, so the oldest head wins).
-EvictionCostModel HostArena::order_model(const EvictionCostModel& m) {
+EvictionCostModel HostArena::order_model(const EvictionCostModel& m) const {
   EvictionCostModel o = m;
+  o.kv_bytes_per_position = kv_bytes_per_position_;
   if (m.kind == EvictionCostModel::Kind::kLru) o.weight = 0;
   o.kind = EvictionCostModel::Kind::kCost;
   o.guesses_first = false;
@@ -49,7 +53,20 @@ void HostArena::set_eviction_model(const EvictionCostModel& model) {
   model_ = model;
   // Segments depend on neither weights nor kind here (no guesses): the
   // order stays, only the scoring changes.
+  ranked_all_.set_model(order_model(model_));
   for (auto& r : ranked_) r.set_model(order_model(model_));
+}
+
+void HostArena::set_kv_bytes_per_position(double bytes) {
+  if (!std::isfinite(bytes) || bytes < 0)
+    bad_argument("kv_bytes_per_position", std::to_string(bytes), "must be a finite number >= 0");
+  kv_bytes_per_position_ = bytes;
+  set_eviction_model(model_);
+}
+
+bool HostArena::capped(int klass) const {
+  check_class(klass);
+  return capped_[static_cast<size_t>(klass)];
 }
 
 void HostArena::check_class(int klass) const { check_index("klass", klass, static_cast<long long>(classes_.size())); }
@@ -73,12 +90,14 @@ HostArena::Slot* HostArena::find(const std::string& key) {
 void HostArena::rank(int32_t idx) {
   Slot& s = slab_[static_cast<size_t>(idx)];
   if (!rankable(s)) return;
-  auto& order = ranked_[static_cast<size_t>(s.v.klass)];
-  order.set_position(idx, s.v.position);
-  order.push(idx, false);
+  for (auto* order : {&ranked_all_, &ranked_[static_cast<size_t>(s.v.klass)]}) {
+    order->set_position(idx, s.v.position);
+    order->push(idx, false);
+  }
 }
 
 void HostArena::unrank(int32_t idx) {
+  ranked_all_.remove(idx);
   ranked_[static_cast<size_t>(slab_[static_cast<size_t>(idx)].v.klass)].remove(idx);
 }
 
@@ -86,18 +105,26 @@ std::optional<std::vector<std::string>> HostArena::victims(int klass, int64_t co
   check_class(klass);
   if (count < 0) bad_argument("count", count, "must be >= 0");
   const ClassStats& c = classes_[static_cast<size_t>(klass)];
-  int64_t need = c.used_entries + count - c.budget_entries;
+  // More than the class's cap (or the arena) never fits, and the sums below
+  // cannot overflow.
+  if (count > c.budget_entries) return std::nullopt;
+  // Room under the class's cap comes only from the class; room in the arena
+  // from whatever ranks lowest.
+  int64_t need_class = capped_[static_cast<size_t>(klass)] ? c.used_entries + count - c.budget_entries : 0;
+  int64_t need_arena = count - static_cast<int64_t>(free_.size());
   std::vector<std::string> out;
   std::vector<int64_t> planned;
-  const auto& order = ranked_[static_cast<size_t>(klass)];
-  while (need > 0) {
-    const int64_t idx =
-        order.victim([&](int64_t i) { return std::find(planned.begin(), planned.end(), i) == planned.end(); });
+  auto unplanned = [&](int64_t i) { return std::find(planned.begin(), planned.end(), i) == planned.end(); };
+  while (need_class > 0 || need_arena > 0) {
+    const auto& order = need_class > 0 ? ranked_[static_cast<size_t>(klass)] : ranked_all_;
+    const int64_t idx = order.victim(unplanned);
     if (idx < 0) return std::nullopt;
     planned.push_back(idx);
     const Slot& s = slab_[static_cast<size_t>(idx)];
     out.push_back(s.key);
-    need -= static_cast<int64_t>(s.v.entries.size());
+    const auto n = static_cast<int64_t>(s.v.entries.size());
+    need_arena -= n;
+    if (s.v.klass == klass) need_class -= n;
   }
   return out;
 }
@@ -107,8 +134,9 @@ std::optional<std::vector<int32_t>> HostArena::allocate(const std::string& key, 
                                                         std::vector<std::string>* evicted) {
   check_class(klass);
   if (count <= 0) bad_argument("count", count, "must be > 0");
-  if (nbytes < 0 || nbytes > count * entry_bytes_)
-    bad_argument("nbytes", nbytes, "must be in [0, count * entry_bytes]");
+  int64_t room = 0;  // count * entry_bytes; past INT64_MAX no nbytes exceeds it
+  const bool huge = __builtin_mul_overflow(count, entry_bytes_, &room);
+  if (nbytes < 0 || (!huge && nbytes > room)) bad_argument("nbytes", nbytes, "must be in [0, count * entry_bytes]");
   if (position < 0) bad_argument("position", position, "must be >= 0");
   if (index_.count(key) != 0) bad_argument("key", key, "is already in the arena");
   ClassStats& c = classes_[static_cast<size_t>(klass)];
@@ -124,8 +152,7 @@ std::optional<std::vector<int32_t>> HostArena::allocate(const std::string& key, 
     unrank(idx);
     release(idx);
   }
-  // Budgets fit the arena, so a class within its budget finds free entries.
-  check_invariant(static_cast<int64_t>(free_.size()) >= count, "host arena: budget fits but entries do not");
+  check_invariant(static_cast<int64_t>(free_.size()) >= count, "host arena: victims freed too few entries");
   int32_t idx;
   if (!free_slots_.empty()) {
     idx = free_slots_.back();
@@ -159,6 +186,17 @@ void HostArena::seal(const std::string& key, std::string meta) {
   s->sealed = true;
   s->v.meta = std::move(meta);
   rank(index_.at(key));
+}
+
+bool HostArena::refile(const std::string& key, int64_t position) {
+  if (position < 0) bad_argument("position", position, "must be >= 0");
+  Slot* s = find(key);
+  if (s == nullptr || !s->sealed || s->doomed) return false;
+  const int32_t idx = index_.at(key);
+  unrank(idx);
+  s->v.position = position;
+  rank(idx);  // a no-op while pinned: unpin ranks it at the new position
+  return true;
 }
 
 void HostArena::release(int32_t idx) {
@@ -245,6 +283,7 @@ void HostArena::check_consistency() const {
   }
   std::vector<int64_t> used(classes_.size(), 0);
   std::vector<size_t> ranked(classes_.size(), 0);
+  size_t ranked_all = 0;
   for (const auto& [key, idx] : index_) {
     const Slot& s = slab_[static_cast<size_t>(idx)];
     check_invariant(s.live && s.key == key, "host arena: index names a dead slot");
@@ -253,10 +292,13 @@ void HostArena::check_consistency() const {
       seen[static_cast<size_t>(e)] = 1;
     }
     used[static_cast<size_t>(s.v.klass)] += static_cast<int64_t>(s.v.entries.size());
-    check_invariant(ranked_[static_cast<size_t>(s.v.klass)].contains(idx) == rankable(s),
+    check_invariant(ranked_[static_cast<size_t>(s.v.klass)].contains(idx) == rankable(s) &&
+                        ranked_all_.contains(idx) == rankable(s),
                     "host arena: ranked set and rankable values disagree");
     ranked[static_cast<size_t>(s.v.klass)] += rankable(s);
+    ranked_all += rankable(s);
   }
+  check_invariant(static_cast<int64_t>(ranked_all) == ranked_all_.size(), "host arena: ranking holds stale values");
   for (size_t c = 0; c < classes_.size(); ++c) {
     check_invariant(used[c] == classes_[c].used_entries, "host arena: class usage drifted");
     check_invariant(used[c] <= classes_[c].budget_entries, "host arena: class over budget");

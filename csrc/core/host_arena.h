@@ -3,18 +3,24 @@
 // The arena is `num_entries` fixed-size entries (one page unit each) in one
 // host buffer the caller owns; this class decides which entries hold what.
 // A value (a checkpoint image or a KV block) takes `count` entries, is filed
-// under its full tier key, and belongs to a budget class (state images and
-// KV blocks have separate byte budgets, so neither crowds the other out).
+// under its full tier key, and belongs to a class (state images, KV blocks).
+// By default the classes share the arena's one byte budget and compete in one
+// ranking; a class given a budget is capped at it (capped budgets must fit
+// the arena together, so capped classes never crowd each other out).
 //
 // Lifecycle: allocate (writing: invisible, never evicted) -> seal (findable,
 // rankable) -> remove or evict. Readers pin a sealed value; a pinned value is
 // never evicted, and one removed while pinned goes back at the last unpin.
 //
-// Eviction within a class ranks with the cost model the GPU caches use
+// Eviction ranks with the cost model the GPU caches use
 // (core/eviction_policy.h: recency + weight x prefill FLOPs a hit at the
-// value's position saves per byte), one CheckpointEvictionOrder per class.
-// A value is filed with its `position` (where its prefix ends, in the
-// model's position unit). The 'lru' model ranks by recency alone.
+// value's position saves per byte), over all values (room in the arena) and
+// per class (room under a class's cap). A value is filed with its `position`
+// (in the model's position unit): for a state image where its prefix ends,
+// for a KV block where the deepest state it leads to ends (the caller's
+// choice; `refile` moves it), so a chain ranks no lower than what it serves.
+// With `kv_bytes_per_position` set, the value is per byte of the whole prefix
+// (state + KV). The 'lru' model ranks by recency alone.
 #pragma once
 
 #include <cstdint>
@@ -45,12 +51,15 @@ class HostArena {
     int64_t refused = 0;  // allocations that could not be made
   };
 
-  // `class_budget_bytes[c]` bounds class c; the budgets must fit the arena.
+  // `class_budget_bytes[c]` caps class c (kShared: no cap, the class takes
+  // what the arena has room for); the caps must fit the arena together.
   // `model` ranks every class (validated; std::invalid_argument naming the field).
   HostArena(int64_t entry_bytes, int64_t capacity_bytes, std::vector<int64_t> class_budget_bytes,
             const EvictionCostModel& model = cost_model());
 
   // The default: kCost, value = the position itself.
+  static constexpr int64_t kShared = -1;
+
   static EvictionCostModel cost_model() {
     EvictionCostModel m;
     m.kind = EvictionCostModel::Kind::kCost;
@@ -65,7 +74,12 @@ class HostArena {
   // Installs a validated model (nothing changed on a bad one) and re-ranks
   // every class in its current order.
   void set_eviction_model(const EvictionCostModel& model);
+  // KV bytes per position of a prefix (>= 0, finite): values rank per byte of
+  // their whole prefix (see eviction_policy.h). Kept across set_eviction_model.
+  void set_kv_bytes_per_position(double bytes);
+  double kv_bytes_per_position() const { return kv_bytes_per_position_; }
   const ClassStats& class_stats(int klass) const;
+  bool capped(int klass) const;
 
   // Keys `allocate` would evict to fit `count` entries in `klass`, in order;
   // nullopt when even evicting every unpinned sealed value would not do.
@@ -77,6 +91,9 @@ class HostArena {
                                                int64_t position, std::vector<std::string>* evicted);
   // A written value becomes findable.
   void seal(const std::string& key, std::string meta);
+  // Files a sealed value at a new position, as a use (newest in the ranking;
+  // a pinned one ranks there at its last unpin). False when absent.
+  bool refile(const std::string& key, int64_t position);
   // Drops a value (written or sealed); false when absent. A pinned value is
   // hidden now and its entries return at the last unpin.
   bool remove(const std::string& key);
@@ -105,18 +122,23 @@ class HostArena {
   bool rankable(const Slot& s) const { return s.live && s.sealed && !s.doomed && s.pins == 0; }
   void rank(int32_t idx);
   void unrank(int32_t idx);
-  static EvictionCostModel order_model(const EvictionCostModel& m);
+  EvictionCostModel order_model(const EvictionCostModel& m) const;
   void release(int32_t idx);
   void check_class(int klass) const;
 
   int64_t entry_bytes_, num_entries_;
   EvictionCostModel model_;
+  double kv_bytes_per_position_ = 0.0;
   std::vector<ClassStats> classes_;
   std::vector<int32_t> free_;
   std::vector<Slot> slab_;
   std::vector<int32_t> free_slots_;
   std::unordered_map<std::string, int32_t> index_;
-  std::vector<CheckpointEvictionOrder> ranked_;  // per class: sealed, unpinned values
+  std::vector<bool> capped_;
+  // Sealed, unpinned values: all of them (room in the arena) and per class
+  // (room under a class's cap), each in its own recency order.
+  CheckpointEvictionOrder ranked_all_;
+  std::vector<CheckpointEvictionOrder> ranked_;
 };
 
 }  // namespace statecache

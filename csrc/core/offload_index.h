@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/hash_form.h"
+
 namespace statecache {
 
 // What the PAGE coordinator asks a tier when capping a hit.
@@ -69,8 +71,11 @@ class StateOffloadIndex : public OffloadVote {
   int64_t loads_in_flight() const { return in_flight_total_; }
 
   const OffloadStats& stats() const { return stats_; }
+  // The form the caller's hashes come in (core/hash_form.h).
+  HashForm& hash_form() const { return hash_form_; }
 
  private:
+  mutable HashForm hash_form_;
   void end_load(int64_t prefix_hash);  // std::invalid_argument when none in flight
   void touch(int64_t prefix_hash);
 

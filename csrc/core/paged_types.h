@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,10 @@ struct PagedStateCheckpointSpec {
   // Validates: the three sizes positive, image within the slot, layout named.
   PagedStateCheckpointSpec(int64_t page_unit_bytes, int64_t slot_bytes, std::string layout_id, int64_t image_bytes);
 
-  int64_t units_per_checkpoint() const { return (image_bytes + page_unit_bytes - 1) / page_unit_bytes; }
+  // ceil(image_bytes / page_unit_bytes), without overflowing near INT64_MAX.
+  int64_t units_per_checkpoint() const {
+    return image_bytes / page_unit_bytes + (image_bytes % page_unit_bytes != 0 ? 1 : 0);
+  }
   bool operator==(const PagedStateCheckpointSpec&) const = default;
 };
 
@@ -83,6 +87,13 @@ struct StateStoreOperationIdHash {
 };
 
 // Descriptor entries one batch holds: one store and one restore per sequence.
-inline int64_t checkpoint_copy_ops_per_batch(int64_t max_num_seqs) { return 2 * max_num_seqs; }
+// std::overflow_error when twice `max_num_seqs` does not fit.
+inline int64_t checkpoint_copy_ops_per_batch(int64_t max_num_seqs) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(max_num_seqs, int64_t{2}, &out))
+    throw std::overflow_error("max_num_seqs=" + std::to_string(max_num_seqs) +
+                              ": twice it does not fit in a signed 64-bit int");
+  return out;
+}
 
 }  // namespace statecache

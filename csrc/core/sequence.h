@@ -8,6 +8,8 @@
 #include <optional>
 #include <vector>
 
+#include "core/hash_form.h"
+
 namespace statecache {
 
 struct Sequence {
@@ -23,6 +25,8 @@ struct Sequence {
   int64_t checkpoint_end_pos = 0;
   int64_t midstep_anchor_pos = 0;
   std::vector<int64_t> block_hashes;
+  // The form its hashes (block_hashes, pending_checkpoint) were given in.
+  HashForm hash_form;
 
   int64_t state_slot() const { return state_slots.empty() ? -1 : state_slots.front(); }
   void set_state_slot(int64_t slot) {

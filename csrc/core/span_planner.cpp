@@ -182,54 +182,133 @@ void SpanPlanner::validate(const MaintenanceBatch& batch) const {
   validate_locked(batch);
 }
 
-void SpanPlanner::validate_locked(const MaintenanceBatch& b) const {
+uint32_t SpanPlanner::next_epoch() const {
   Scratch& s = scratch_;
   if (s.slot_stamp.empty()) {
     s.slot_stamp.assign(static_cast<size_t>(num_slots_), 0);
-    s.slot_writer.assign(static_cast<size_t>(num_slots_), 0);
     s.unit_stamp.assign(static_cast<size_t>(num_units_), 0);
-    s.unit_writer.assign(static_cast<size_t>(num_units_), 0);
   }
   if (++s.epoch == 0) {  // wrapped: old stamps could match again
     std::fill(s.slot_stamp.begin(), s.slot_stamp.end(), 0);
     std::fill(s.unit_stamp.begin(), s.unit_stamp.end(), 0);
     s.epoch = 1;
   }
-  const uint32_t epoch = s.epoch;
+  return s.epoch;
+}
+
+namespace {
+
+// The first op of `b` (in the order validation stamps writes) that writes
+// slot or unit `id`; only asked once a check has failed.
+uint32_t first_writer(const MaintenanceBatch& b, bool unit, int64_t id) {
+  if (unit) {
+    for (size_t i = 0; i < b.stores.size(); ++i)
+      for (int64_t u : b.stores[i].unit_ids)
+        if (u == id) return touch(kStore, i);
+  } else {
+    for (size_t i = 0; i < b.relocations.size(); ++i)
+      if (b.relocations[i].dst == id) return touch(kRelocation, i);
+    for (size_t i = 0; i < b.copies.size(); ++i)
+      if (b.copies[i].dst == id) return touch(kCopy, i);
+    for (size_t i = 0; i < b.restores.size(); ++i)
+      if (b.restores[i].slot == id) return touch(kRestore, i);
+  }
+  throw InvariantError("span planner: a stamped id has no writer");
+}
+
+}  // namespace
+
+void SpanPlanner::validate_locked(const MaintenanceBatch& b) const {
+  Scratch& s = scratch_;
+  const uint32_t epoch = next_epoch();
   // One writer per id: the first write stamps it, a second one fails.
-  auto write = [&](std::vector<uint32_t>& stamp, std::vector<uint32_t>& writer, int64_t id, uint32_t who,
-                   const char* what) {
+  auto write = [&](std::vector<uint32_t>& stamp, bool unit, int64_t id, uint32_t who, const char* what) {
     const size_t i = static_cast<size_t>(id);
     if (stamp[i] == epoch)
       bad_op(op_name(b, who), std::string("writes ") + what + " " + std::to_string(id) + ", which " +
-                                  op_name(b, writer[i]) + " also writes");
+                                  op_name(b, first_writer(b, unit, id)) + " also writes");
     stamp[i] = epoch;
-    writer[i] = who;
   };
   // No id read by one op and written by another (they run concurrently).
-  auto read = [&](const std::vector<uint32_t>& stamp, const std::vector<uint32_t>& writer, int64_t id, uint32_t who,
-                  const char* what) {
+  auto read = [&](const std::vector<uint32_t>& stamp, bool unit, int64_t id, uint32_t who, const char* what) {
     const size_t i = static_cast<size_t>(id);
     if (stamp[i] == epoch)
       bad_op(op_name(b, who), std::string("reads ") + what + " " + std::to_string(id) + ", which " +
-                                  op_name(b, writer[i]) + " writes in the same batch (its ops run concurrently)");
+                                  op_name(b, first_writer(b, unit, id)) +
+                                  " writes in the same batch (its ops run concurrently)");
   };
   for (size_t i = 0; i < b.relocations.size(); ++i)
-    write(s.slot_stamp, s.slot_writer, b.relocations[i].dst, touch(kRelocation, i), "slot");
-  for (size_t i = 0; i < b.copies.size(); ++i)
-    write(s.slot_stamp, s.slot_writer, b.copies[i].dst, touch(kCopy, i), "slot");
+    write(s.slot_stamp, false, b.relocations[i].dst, touch(kRelocation, i), "slot");
+  for (size_t i = 0; i < b.copies.size(); ++i) write(s.slot_stamp, false, b.copies[i].dst, touch(kCopy, i), "slot");
   for (size_t i = 0; i < b.restores.size(); ++i)
-    write(s.slot_stamp, s.slot_writer, b.restores[i].slot, touch(kRestore, i), "slot");
+    write(s.slot_stamp, false, b.restores[i].slot, touch(kRestore, i), "slot");
   for (size_t i = 0; i < b.stores.size(); ++i)
-    for (int64_t u : b.stores[i].unit_ids) write(s.unit_stamp, s.unit_writer, u, touch(kStore, i), "unit");
+    for (int64_t u : b.stores[i].unit_ids) write(s.unit_stamp, true, u, touch(kStore, i), "unit");
   for (size_t i = 0; i < b.relocations.size(); ++i)
-    read(s.slot_stamp, s.slot_writer, b.relocations[i].src, touch(kRelocation, i), "slot");
-  for (size_t i = 0; i < b.copies.size(); ++i)
-    read(s.slot_stamp, s.slot_writer, b.copies[i].src, touch(kCopy, i), "slot");
-  for (size_t i = 0; i < b.stores.size(); ++i)
-    read(s.slot_stamp, s.slot_writer, b.stores[i].slot, touch(kStore, i), "slot");
+    read(s.slot_stamp, false, b.relocations[i].src, touch(kRelocation, i), "slot");
+  for (size_t i = 0; i < b.copies.size(); ++i) read(s.slot_stamp, false, b.copies[i].src, touch(kCopy, i), "slot");
+  for (size_t i = 0; i < b.stores.size(); ++i) read(s.slot_stamp, false, b.stores[i].slot, touch(kStore, i), "slot");
   for (size_t i = 0; i < b.restores.size(); ++i)
-    for (int64_t u : b.restores[i].unit_ids) read(s.unit_stamp, s.unit_writer, u, touch(kRestore, i), "unit");
+    for (int64_t u : b.restores[i].unit_ids) read(s.unit_stamp, true, u, touch(kRestore, i), "unit");
+}
+
+CompiledBatch SpanPlanner::compile_paged(const int64_t* slots, size_t n, const int64_t* unit_ids, size_t num_unit_ids,
+                                         bool restores) const {
+  const char* kind = restores ? "restores" : "stores";
+  const size_t k = static_cast<size_t>(units_per_image_);
+  if (n >= kMaxOps) bad_argument("batch", static_cast<long long>(n), "holds too many ops");
+  if (num_unit_ids != n * k)
+    bad_argument("unit_ids", static_cast<long long>(num_unit_ids),
+                 "must hold units_per_image ids for each slot, in order");
+  // Named as compile() names the same op, so both paths report alike.
+  auto name = [&](size_t i) {
+    PagedCopyOp op;
+    op.slot = slots[i];
+    return paged_name(kind, i, op);
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0 || slots[i] >= num_slots_)
+      bad_op(name(i), "slot " + std::to_string(slots[i]) + " is out of range [0, " + std::to_string(num_slots_) + ")");
+    for (size_t j = 0; j < k; ++j) {
+      const int64_t u = unit_ids[i * k + j];
+      if (u < 0 || u >= num_units_)
+        bad_op(name(i), "unit_ids[" + std::to_string(j) + "]=" + std::to_string(u) + " is out of range [0, " +
+                            std::to_string(num_units_) + ")");
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(scratch_mutex_);
+    const uint32_t epoch = next_epoch();
+    // Restores write slots, stores write units; what either reads lies on
+    // the other side, so one writer per id is the whole check.
+    std::vector<uint32_t>& stamp = restores ? scratch_.slot_stamp : scratch_.unit_stamp;
+    for (size_t i = 0; i < n; ++i)
+      for (size_t j = 0; j < (restores ? 1 : k); ++j) {
+        const int64_t id = restores ? slots[i] : unit_ids[i * k + j];
+        const size_t at = static_cast<size_t>(id);
+        if (stamp[at] == epoch) {
+          auto writes = [&](size_t op) {
+            if (restores) return slots[op] == id;
+            const int64_t* first = unit_ids + op * k;
+            return std::find(first, first + k, id) != first + k;
+          };
+          size_t first = 0;
+          while (!writes(first)) ++first;
+          bad_op(name(i), std::string("writes ") + (restores ? "slot " : "unit ") + std::to_string(id) + ", which " +
+                              name(first) + " also writes");
+        }
+        stamp[at] = epoch;
+      }
+  }
+  CompiledBatch out;
+  out.planner_serial = serial_;
+  out.ops.resize(n);
+  out.unit_ids.resize(n * k);
+  for (size_t i = 0; i < n; ++i) out.ops[i] = {slots[i], static_cast<int64_t>(i * k), restores ? 1u : 0u, 1};
+  for (size_t i = 0; i < n * k; ++i) out.unit_ids[i] = static_cast<int32_t>(unit_ids[i]);
+  out.num_paged_ops = static_cast<uint32_t>(n);
+  out.bytes = n * static_cast<uint64_t>(image_bytes_);
+  return out;
 }
 
 CompiledBatch SpanPlanner::compile(const MaintenanceBatch& batch) const {

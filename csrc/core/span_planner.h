@@ -135,6 +135,13 @@ class SpanPlanner {
   // that is allocated once, never cleared per batch.
   void validate(const MaintenanceBatch& batch) const;
   CompiledBatch compile(const MaintenanceBatch& batch) const;
+  // A batch of stores only (or restores only) given as arrays: op i moves
+  // slot `slots[i]` to (from) units `unit_ids[i * units_per_image() ...]`.
+  // Validated as compile() validates the same ops (names them the same way),
+  // without building per-op objects: host moves of many units go this way.
+  // (Pointer + count, not std::span: the CUDA sources include this as C++17.)
+  CompiledBatch compile_paged(const int64_t* slots, size_t num_slots, const int64_t* unit_ids, size_t num_unit_ids,
+                              bool restores) const;
   // memcpy of every piece of every op (host memory the layout describes).
   void run_on_cpu(const CompiledBatch& batch) const;
   // The (src, dst, bytes) spans a batch moves, in order (tests, debugging).
@@ -143,13 +150,16 @@ class SpanPlanner {
   void check_owner(const CompiledBatch& batch) const;
 
  private:
+  // One stamp per slot and unit (4 bytes each, so a planner over a large
+  // host arena stays small); who wrote an id is looked up only on an error.
   struct Scratch {
-    std::vector<uint32_t> slot_stamp, unit_stamp, slot_writer, unit_writer;
+    std::vector<uint32_t> slot_stamp, unit_stamp;
     uint32_t epoch = 0;
   };
 
   void check_paged(const PagedCopyOp& op, const char* kind, size_t index) const;
   void validate_locked(const MaintenanceBatch& batch) const;
+  uint32_t next_epoch() const;
 
   std::vector<Segment> image_segments_, slot_segments_, unit_segments_;
   int64_t num_slots_, num_units_;

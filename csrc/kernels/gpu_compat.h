@@ -11,6 +11,8 @@
 #define gpuHostGetDevicePointer hipHostGetDevicePointer
 #define gpuFreeHost hipHostFree
 #define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+// HIP passes kernel arguments in memory: taking one's address needs no qualifier.
+#define SC_GRID_CONSTANT
 #else
 #include <cuda_runtime.h>
 #define SC_GPU(name) cuda##name
@@ -20,6 +22,12 @@
 #define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuFreeHost cudaFreeHost
 #define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
+// A by-value kernel parameter read through a pointer stays in parameter space.
+#define SC_GRID_CONSTANT __grid_constant__
+// cudaMemcpyBatchAsync: CUDA 12.8 (with a failure index) and 13 (without).
+#if CUDART_VERSION >= 12080
+#define SC_HAVE_MEMCPY_BATCH 1
+#endif
 #endif
 
 using gpuError_t = SC_GPU(Error_t);
@@ -38,6 +46,16 @@ using gpuStreamCaptureStatus = SC_GPU(StreamCaptureStatus);
 #define gpuMemcpy SC_GPU(Memcpy)
 #define gpuMemcpyAsync SC_GPU(MemcpyAsync)
 #define gpuMemcpyHostToDevice SC_GPU(MemcpyHostToDevice)
+#define gpuMemcpyDefault SC_GPU(MemcpyDefault)
+#define gpuEventCreate SC_GPU(EventCreate)
+#define gpuEventElapsedTime SC_GPU(EventElapsedTime)
+#define gpuEventQuery SC_GPU(EventQuery)
+#define gpuErrorNotReady SC_GPU(ErrorNotReady)
+#define gpuStreamCreateWithFlags SC_GPU(StreamCreateWithFlags)
+#define gpuStreamNonBlocking SC_GPU(StreamNonBlocking)
+#define gpuStreamDestroy SC_GPU(StreamDestroy)
+#define gpuStreamSynchronize SC_GPU(StreamSynchronize)
+#define gpuMemset SC_GPU(Memset)
 #define gpuEventCreateWithFlags SC_GPU(EventCreateWithFlags)
 #define gpuEventDisableTiming SC_GPU(EventDisableTiming)
 #define gpuEventDestroy SC_GPU(EventDestroy)

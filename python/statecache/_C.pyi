@@ -95,10 +95,12 @@ def chain_block_hashes(token_ids: _Ints, block_size: _Int, parent_hash: _Int = -
     tokens ``[i*block_size, (i+1)*block_size)``; its hash folds in the hash of block
     ``i-1``, starting from ``parent_hash`` (-1: the root), so one hash names the whole
     prefix. A trailing partial block is ignored. To extend a sequence's hashes, pass the
-    tokens from the next block boundary on and the last hash as ``parent_hash``. Never
-    returns -1 (the library's "none"). Returns a list of ints, or an int64 NumPy array
-    with ``as_numpy=True``. Raises ValueError for ``block_size <= 0``, TypeError for
-    tokens that are not ints."""
+    tokens from the next block boundary on and the last hash as ``parent_hash`` (signed
+    or unsigned: the hashes come back in the form it was given, unsigned ones as a
+    uint64 array). Never returns -1 (the library's "none"). Returns a list of ints, or
+    an int64 NumPy array with ``as_numpy=True``. Raises ValueError for ``block_size <=
+    0`` or a ``parent_hash`` of 2**64 - 1, OverflowError for one outside [-2**63,
+    2**64), TypeError for tokens that are not ints."""
 
 def chain_block_keys(
     token_ids: _Ints,
@@ -123,10 +125,11 @@ def scheduler_hash(key: bytes) -> int:
     Raises TypeError for a key that is not bytes, ValueError for one that is not 16
     bytes."""
 
-def checkpoint_copy_ops_per_batch(max_num_seqs: _Int) -> int:
+def checkpoint_copy_ops_per_batch(max_num_seqs: _Int | None) -> int:
     """Returns the most PAGE store + restore ops one batch of ``max_num_seqs`` sequences
     can carry (two per sequence; 0 for None or 0), the executor's staging size. Raises
-    TypeError for a non-int (a negative count is not refused)."""
+    TypeError for anything but an int or None (a str, a float, a bool), OverflowError
+    when twice the count does not fit in 64 bits (a negative count is not refused)."""
 
 class IntRangeError(OverflowError, ValueError):
     """An int argument that does not fit in a signed 64-bit int."""
@@ -634,13 +637,14 @@ class StateSlotPool:
         sequence's setter changed the pool."""
     def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
         """Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i],
-        boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
-        The batch is checked as a whole first; raises ValueError when the
-        lengths differ, a hash is -1 or a sequence appears twice, TypeError
-        for an item that is not a sequence, and what ``checkpoint`` would
-        raise for an entry (prefixed ``seqs[i]:``); a refused batch changes
-        nothing, and so does a setter of an engine's own sequence object that
-        raises (the fields already written are restored)."""
+        boundary_blocks[i], hashes[i])`` for each i in order. Returns None. The batch is
+        checked as a whole first; raises ValueError when the lengths differ, a hash is
+        -1 or a sequence appears twice, TypeError for an item that is not a sequence,
+        and what ``checkpoint`` would raise for an entry (prefixed ``seqs[i]:``); a
+        refused batch changes nothing. An engine object's setter that raises (or changes
+        the pool: RuntimeError) stops the batch at its entry, whose fields get their old
+        values back; the entries before it stay filed, as their ``checkpoint`` calls
+        would have filed them."""
     def applies(self, seq: _Seqish) -> bool:
         """Returns whether this pool gates or checkpoints anything for ``seq``. Raises
         TypeError for an object without the sequence attributes."""
@@ -808,13 +812,14 @@ class StateGroupPool:
         returns None. Raises TypeError for an object without the sequence attributes."""
     def checkpoint_many(self, seqs: _Seqs, boundary_blocks: _Ints, hashes: _Ints) -> None:
         """Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i],
-        boundary_blocks[i], hashes[i])`` for each i in order. Returns None.
-        The batch is checked as a whole first; raises ValueError when the
-        lengths differ, a hash is -1 or a sequence appears twice, TypeError
-        for an item that is not a sequence, and what ``checkpoint`` would
-        raise for an entry (prefixed ``seqs[i]:``); a refused batch changes
-        nothing, and so does a setter of an engine's own sequence object that
-        raises (the fields already written are restored)."""
+        boundary_blocks[i], hashes[i])`` for each i in order. Returns None. The batch is
+        checked as a whole first; raises ValueError when the lengths differ, a hash is
+        -1 or a sequence appears twice, TypeError for an item that is not a sequence,
+        and what ``checkpoint`` would raise for an entry (prefixed ``seqs[i]:``); a
+        refused batch changes nothing. An engine object's setter that raises (or changes
+        the pool: RuntimeError) stops the batch at its entry, whose fields get their old
+        values back; the entries before it stay filed, as their ``checkpoint`` calls
+        would have filed them."""
     def forget_pending_many(self, seqs: _Seqs) -> None:
         """Batched ``forget_pending`` (finished or preempted requests). Returns
         None. Raises TypeError for an item that is not a sequence, before
@@ -828,8 +833,9 @@ class StateGroupPool:
         Raises IndexError for a group out of range."""
     def take_copies(self) -> list[tuple[int, int]]:
         """Files last pass's copy intents and returns every (src, dst) pair the batch being
-        built must copy before its forward. Raises what a generic sequence's setter
-        raised, committing nothing."""
+        built must copy before its forward. Raises what a generic sequence's getter or
+        setter raised, or RuntimeError when a setter changed the pool, committing
+        nothing and leaving every pending_checkpoint as it was."""
     def applies(self, seq: _Seqish) -> bool:
         """Returns whether this pool gates or checkpoints anything for ``seq``. Raises
         TypeError for an object without the sequence attributes."""
@@ -932,7 +938,8 @@ class BlockPool:
         range."""
     def reset_prefix_cache(self) -> int:
         """Drops every cached free block from the index (on_evict fires for each); returns
-        how many. Raises what an on_evict handler raised, after the pool is consistent."""
+        how many. Raises nothing (an on_evict handler's exception goes to
+        sys.unraisablehook)."""
     def check_consistency(self) -> None:
         """Checks the pool's internal invariants (for tests); returns None. Raises
         AssertionError when one is broken."""
@@ -1005,7 +1012,7 @@ class PageUnitCheckpointStore:
         dropped. Raises only for a bad argument (docs/contract.md, "Errors")."""
     def clear(self) -> None:
         """Drops every unpinned image and returns its units to the pool; returns None.
-        Raises what an on_evict handler raised, after the store is consistent."""
+        Raises nothing (an on_evict handler's exception goes to sys.unraisablehook)."""
     def changed_since(self, generation: _Int) -> set[int] | None:
         """Returns the set of hashes whose READY standing may differ from what it was at
         ``generation``, or None when the log no longer reaches back that far (at least
@@ -1127,7 +1134,8 @@ class PagedStateCheckpointCoordinator:
     ) -> tuple[tuple[CheckpointStoreOp, ...], tuple[CheckpointRestoreOp, ...]]:
         """Begins the filed stores and returns this batch's (stores, restores) tuples.
         Raises RuntimeError when called from inside itself (an eviction handler), and
-        what an on_evict handler raised, after the coordinator is consistent."""
+        what an engine object's state_slot getter raised, before anything changes; an
+        on_evict handler's exception goes to sys.unraisablehook."""
     def begin_restore(self, h: _Int, dst_slot: _Int) -> bool:
         """Queues a restore of the READY image filed under ``h`` into ``dst_slot``; returns
         False when there is none. Raises only for a bad argument (docs/contract.md,
@@ -1173,8 +1181,8 @@ class PagedStateCheckpointCoordinator:
         orphaned). Returns None. Raises only for a bad argument (docs/contract.md,
         "Errors")."""
     def clear_index(self) -> None:
-        """Drops every unpinned checkpoint; returns None. Raises what an on_evict handler
-        raised, after the coordinator is consistent."""
+        """Drops every unpinned checkpoint; returns None. Raises nothing (an on_evict
+        handler's exception goes to sys.unraisablehook)."""
     def forget_pending(self, seq: _Seqish) -> None:
         """Drops ``seq``'s filed boundary that no batch has begun yet (and a restore queued
         into its slot); returns None. Raises TypeError for an object without the
@@ -1349,15 +1357,18 @@ class StateOffloadIndex:
 class HostArena:
     """Which entries of the host tier's arena hold what: ``capacity_bytes //
     entry_bytes`` entries of one buffer the caller owns; values are filed under
-    a key (bytes or str) in a budget class. Eviction ranks with the cost model
-    of the GPU caches (``set_eviction_policy``); ``ranking`` ("lru" or "cost")
-    picks the starting model."""
+    a key (bytes or str) in a class. ``class_budget_bytes``: per class a cap in
+    bytes, or None (no cap: the class competes for the whole arena). Eviction
+    ranks every value together with the cost model of the GPU caches
+    (``set_eviction_policy``; per byte of the whole prefix with
+    ``set_kv_bytes_per_position``), and within a class for room under its cap;
+    ``ranking`` ("lru" or "cost") picks the starting model."""
 
     def __init__(
         self,
         entry_bytes: _Int,
         capacity_bytes: _Int,
-        class_budget_bytes: _Ints,
+        class_budget_bytes: _Seq[SupportsIndex | None],
         ranking: Literal["lru", "cost"] = "cost",
     ) -> None:
         """Raises ValueError for a bad size, budget or ranking."""
@@ -1372,8 +1383,19 @@ class HostArena:
     @property
     def ranking(self) -> Literal["lru", "cost"]: ...
     def class_stats(self, klass: _Int) -> dict[str, int]:
-        """Returns a new dict of class ``klass``: budget_entries, used_entries, values,
-        evictions, refused. Raises IndexError for an unknown class."""
+        """Returns a new dict of class ``klass``: budget_entries (its cap, or the arena's
+        entries when it has none), used_entries, values, evictions, refused, capped.
+        Raises IndexError for an unknown class."""
+    @property
+    def kv_bytes_per_position(self) -> float: ...
+    def set_kv_bytes_per_position(self, bytes: float) -> None:
+        """Ranks values per byte of their whole prefix: ``bytes`` of KV per position
+        besides the model's checkpoint_bytes (0: per checkpoint byte, as the GPU
+        caches); kept across set_eviction_policy; returns None. Raises ValueError for a
+        negative or non-finite value."""
+    def refile(self, key: bytes | str, position: _Int) -> bool:
+        """Files the sealed value under ``key`` at ``position``, as a use; returns
+        whether it was there. Raises ValueError for a negative position."""
     def victims(self, klass: _Int, count: _Int) -> list[bytes] | None:
         """Returns the keys ``allocate`` would evict to fit ``count`` entries in class
         ``klass``, in order; None when they cannot be made to fit. Raises IndexError for
@@ -1382,8 +1404,9 @@ class HostArena:
         self, key: bytes | str, klass: _Int, count: _Int, nbytes: _Int, position: _Int
     ) -> tuple[list[int], list[bytes]] | None:
         """Reserves ``count`` entries for ``key`` (its prefix ends at ``position``, in the
-        eviction model's position unit), evicting unpinned values of its class; returns
-        (entry ids, evicted keys), or None (nothing changed) when they cannot be had.
+        eviction model's position unit), evicting the lowest-ranked unpinned values (of
+        its class when its cap is reached); returns (entry ids, evicted keys), or None
+        (nothing changed) when they cannot be had.
         Raises IndexError for an unknown class, ValueError for a bad count, nbytes or
         position or a key already present."""
     def seal(self, key: bytes | str, meta: bytes) -> None:

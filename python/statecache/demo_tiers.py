@@ -9,21 +9,25 @@ without prefix caching:
 
 It starts ``mooncake_master`` (with its HTTP metadata server) and a
 ``mooncake_client`` holding the store's memory on 127.0.0.1, and stops them.
+(b) and (c) share a tier, so they share a deployment key: a random secret
+drawn here and handed to (c) in its environment, never on its command line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
 
 GPU_BLOCKS = 64  # KV blocks and PAGE images share these: too few for the workload
 NEW_TOKENS = 6
+_KEY_ENV = "STATECACHE_DEMO_HASH_SALT"  # the shared deployment key, hex, parent -> fresh process
 
 
-def _engine(args, model_and_geom, tiers=None, caching=True, tier_options=None):
+def _engine(args, model_and_geom, tiers=None, caching=True, tier_options=None, hash_salt=None):
     from statecache.models import build_engine
 
     return build_engine(
@@ -37,6 +41,7 @@ def _engine(args, model_and_geom, tiers=None, caching=True, tier_options=None):
         num_blocks=GPU_BLOCKS if caching else 256,
         tiers=tiers,
         tier_options=tier_options,
+        hash_salt=hash_salt,
     )
 
 
@@ -49,7 +54,7 @@ def _host_tier(engine):
 
 
 def _serve(args, engine):
-    from statecache.demo import make_workload, serve
+    from statecache.engine.conversations import make_workload, serve
 
     convs, branches, at = make_workload(args.seed, args.conversations, args.turns)
     t0 = time.perf_counter()
@@ -83,10 +88,14 @@ def _resume(args) -> int:
     from statecache.tiers.mooncake_tier import MooncakeTier
 
     master, metadata = args.tiers_resume
+    salt = os.environ.get(_KEY_ENV)
+    if not salt:
+        print(f"--tiers-resume needs the deployment key in ${_KEY_ENV}", file=sys.stderr)
+        return 2
     mg = _model(args)
     probe = _engine(args, mg)
     shared = MooncakeTier(master, metadata, timeout_s=10.0)
-    eng = _engine(args, mg, tiers=[_host_tier(probe), shared])
+    eng = _engine(args, mg, tiers=[_host_tier(probe), shared], hash_salt=bytes.fromhex(salt))
     out = _serve(args, eng)
     eng.close()
     shared.close()
@@ -126,7 +135,10 @@ def run(args) -> int:
         print("(b) the same GPU budget + a host tier, writing through to Mooncake Store ...", flush=True)
         shared = MooncakeTier(servers.master_addr, servers.metadata_url, timeout_s=10.0)
         eng = _engine(args, mg)
-        eng_b = _engine(args, mg, tiers=[_host_tier(eng), shared], tier_options={"shared_writes": "through"})
+        salt = secrets.token_bytes(16)
+        eng_b = _engine(
+            args, mg, tiers=[_host_tier(eng), shared], tier_options={"shared_writes": "through"}, hash_salt=salt
+        )
         runs["b"] = _serve(args, eng_b)
         eng_b.close()
         shared.close()
@@ -154,7 +166,8 @@ def run(args) -> int:
         ]
         log = os.path.join(servers.log_dir, "fresh-process.log")
         with open(log, "wb") as err:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, timeout=900)
+            env = dict(os.environ, **{_KEY_ENV: salt.hex()})
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, timeout=900, env=env)
         if proc.returncode != 0:
             print(f"the fresh process failed ({proc.returncode}); see {log}", file=sys.stderr)
             return 1

@@ -9,9 +9,17 @@ built once. A GPU executor moves the batch with one kernel launch on the
 device's current stream, a CPU executor with memcpy. Nothing moves unless the
 whole batch is valid and every tensor still has the storage its layout read.
 
+``HostCopyExecutor`` moves whole rows of one layout (page units, or slot
+images) between device memory and the entries of a pinned host buffer: the
+copy kernel on a few SMs for short rows, DMA for long ones (the crossover
+measured on the device at first use), on side streams with events, so the
+forward never waits for an offload and a load lands before the work queued
+after it. The CPU executor moves the same bytes with memcpy, synchronously,
+behind the same API.
+
 Threading: an executor (and its captured graphs) may be shared between Python
-threads; each batch runs under the executor's lock, and the C++ side never
-releases the GIL.
+threads; each batch (convert the ops, check the tensors, copy) runs under the
+executor's lock, and the C++ side never releases the GIL.
 """
 
 from __future__ import annotations
@@ -20,11 +28,26 @@ import functools
 import threading
 import time
 
+import numpy as np
 import torch
 
 from statecache import _C
-from statecache.layout import PageLayout, StateLayout, layout_id, paged_checkpoint_spec
+from statecache.layout import PageLayout, StateLayout, layout_id, paged_checkpoint_spec, storage_fingerprint
 from statecache.logs import log_config, warn_degraded
+
+# The current stream's raw handle without building a Stream object (a few
+# microseconds a batch); torch.cuda.current_stream where torch lacks it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream_handle(device: torch.device) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _ops(ops):
+    return () if ops is None else ops if type(ops) in (list, tuple) else tuple(ops)
 
 
 @functools.lru_cache(maxsize=32)
@@ -91,6 +114,7 @@ class StateCopyExecutor:
         self.max_paged_ops = _C.checkpoint_copy_ops_per_batch(max_num_seqs)
         self.max_slot_copies = max_slot_copies if max_slot_copies is not None else max_num_seqs
         self._lock = threading.RLock()
+        self._fingerprint = state_layout._table.fingerprint + page_layout._table.fingerprint
         self._engine = None
         if self.device.type != "cpu":
             with torch.cuda.device(self.device):
@@ -121,10 +145,12 @@ class StateCopyExecutor:
     def plan(self, relocations=(), copies=(), stores=(), restores=()):
         """Validate the batch and compile it (nothing moves). Returns the batch
         (``num_ops``, ``bytes``). Raises ValueError naming the first bad op, a
-        batch larger than the staging, or a layout whose storage changed."""
-        relocations, copies, stores, restores = (
-            () if ops is None else tuple(ops) for ops in (relocations, copies, stores, restores)
-        )
+        batch larger than the staging, or a layout whose storage changed.
+
+        Every op is converted (its ``__index__``, a duck-typed op's properties:
+        Python code that may replace a tensor's storage) before the tensors are
+        checked, and nothing runs between the check and the copy that follows."""
+        relocations, copies, stores, restores = _ops(relocations), _ops(copies), _ops(stores), _ops(restores)
         paged, pairs = len(stores) + len(restores), len(relocations) + len(copies)
         if paged > self.max_paged_ops or pairs > self.max_slot_copies:
             raise ValueError(
@@ -132,9 +158,11 @@ class StateCopyExecutor:
                 f"staging holds {self.max_paged_ops} (checkpoint_copy_ops_per_batch(max_num_seqs="
                 f"{self.max_num_seqs})) and {self.max_slot_copies} (max_slot_copies)"
             )
-        self.state_layout.check()
-        self.page_layout.check()
-        return self._planner.compile(relocations, copies, stores, restores)
+        batch = self._planner.compile(relocations, copies, stores, restores)
+        if _C._first_changed(self._fingerprint) >= 0:
+            self.state_layout.check()  # raises, naming the tensor
+            self.page_layout.check()
+        return batch
 
     def __call__(self, relocations=(), copies=(), stores=(), restores=()):
         """Run a batch on the device's current stream (in the order of docs/contract.md,
@@ -144,6 +172,7 @@ class StateCopyExecutor:
         """
         with self._lock:
             t0, st = time.perf_counter(), self.copy_stats
+            stream = None if self._engine is None else self._stream()  # before the check: torch code
             try:
                 batch = self.plan(relocations, copies, stores, restores)
             except ValueError as e:
@@ -154,7 +183,7 @@ class StateCopyExecutor:
                 if self._engine is None:
                     self._planner.run_on_cpu(batch)
                 else:
-                    self._engine.submit(batch, self._stream())
+                    self._engine.submit(batch, stream)
             st["batches"] += 1
             st["spans"] += batch.num_ops
             st["bytes"] += batch.bytes
@@ -164,7 +193,7 @@ class StateCopyExecutor:
     run = __call__
 
     def _stream(self) -> int:
-        return torch.cuda.current_stream(self.device).cuda_stream
+        return _stream_handle(self.device)
 
     def capture(
         self, max_paged_ops: int | None = None, max_slot_copies: int | None = None, buffers: int = 2
@@ -273,3 +302,166 @@ class CapturedStateCopy:
             self.graph.replay()
             self.consumed()
             return batch
+
+
+_PATHS = {"auto": 0, "sm": 1, "dma": 2}
+_PATH_NAMES = {0: "none", 1: "sm", 2: "dma"}
+
+
+class HostCopy:
+    """One batch of host moves: queued on a side stream (GPU) or done (CPU).
+
+    ``done()`` polls; ``wait()`` blocks the host until the bytes have landed
+    (then the device rows of an offload may be rewritten and its host entries
+    read, or the host entries of a load reused); ``wait_stream(stream)`` makes
+    a stream (default: the current one) wait for it without blocking the host.
+    ``path`` is how it travelled (``"sm"``, ``"dma"``, ``"cpu"``; ``"none"`` when
+    empty) and ``bytes`` what it moved.
+    """
+
+    __slots__ = ("event", "bytes", "path", "device")
+
+    def __init__(self, event, nbytes: int, path: str, device: torch.device):
+        self.event, self.bytes, self.path, self.device = event, nbytes, path, device
+
+    def done(self) -> bool:
+        """Returns True once every byte has landed. Raises nothing."""
+        return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        """Blocks until every byte has landed; returns None. Raises RuntimeError for a CUDA/HIP error."""
+        if self.event is not None:
+            self.event.synchronize()
+
+    def wait_stream(self, stream=None) -> None:
+        """Makes ``stream`` (default: the device's current stream) wait for this
+        move; returns None. Raises RuntimeError for a CUDA/HIP error."""
+        if self.event is not None:
+            (stream if stream is not None else torch.cuda.current_stream(self.device)).wait_event(self.event)
+
+
+class HostCopyExecutor:
+    """Moves whole items of one layout between device memory and a host buffer.
+
+    ``layout``: a ``PageLayout`` (an item is a page unit, all its rows) or a
+    ``StateLayout`` (an item is a slot's checkpoint image). ``host``: a 2-D
+    contiguous uint8 CPU tensor ``[entries, entry_bytes]`` (pinned when the
+    layout is on a GPU); an item takes ``entries_per_item`` entries, given in
+    order, each filled from its start (the last one may be partly used).
+    ``max_items``: items the SM path stages per launch (larger moves go in
+    slices; DMA takes any size at once); default: 8192 entries' worth.
+    ``path``: ``"auto"`` (the copy kernel on a few SMs for rows shorter than
+    the crossover measured on the device, DMA for longer ones), ``"sm"`` or
+    ``"dma"``. A CPU layout moves with memcpy, synchronously; the API is the
+    same.
+    """
+
+    def __init__(self, layout, host, *, max_items: int | None = None, path: str = "auto"):
+        if isinstance(layout, PageLayout):
+            image = slot = layout.segment_table()
+            count, item_bytes = layout.num_units, layout.unit_bytes
+        elif isinstance(layout, StateLayout):
+            image, slot = layout.image_segment_table(), layout.segment_table()
+            count, item_bytes = layout.num_slots, layout.image_bytes
+        else:
+            raise TypeError(f"layout must be a PageLayout or a StateLayout, got {type(layout).__name__}")
+        if not isinstance(host, torch.Tensor):
+            raise TypeError(f"host must be a torch.Tensor, got {type(host).__name__}")
+        if host.device.type != "cpu" or host.dtype != torch.uint8 or host.dim() != 2 or not host.is_contiguous():
+            raise ValueError(
+                f"host must be a contiguous 2-D uint8 CPU tensor [entries, entry_bytes], got {host.dtype} "
+                f"{tuple(host.shape)} on {host.device}"
+            )
+        if host.numel() == 0:
+            raise ValueError(f"host {tuple(host.shape)} holds no bytes")
+        if max_items is not None and (not isinstance(max_items, int) or isinstance(max_items, bool) or max_items <= 0):
+            raise ValueError(f"max_items={max_items!r} must be a positive int")
+        if path not in _PATHS:
+            raise ValueError(f"path={path!r} must be one of {sorted(_PATHS)}")
+        self.layout, self.host, self.device = layout, host, layout.device
+        self.entry_bytes = host.shape[1]
+        self.item_bytes = item_bytes
+        self.entries_per_item = -(-item_bytes // self.entry_bytes)
+        self.max_items = max_items if max_items is not None else max(1, 8192 // self.entries_per_item)
+        self._planner = _planner(
+            tuple(image),
+            tuple(slot),
+            (host.data_ptr(), self.entry_bytes, self.entry_bytes),
+            count,
+            host.shape[0],
+            "host-moves",
+        )
+        self._fingerprint = layout._table.fingerprint + (storage_fingerprint(host),)
+        self._lock = threading.RLock()
+        self._engines = self._streams = None
+        self._path = _PATHS[path]
+        # read by statecache.metrics; seconds: host time to plan and enqueue
+        self.copy_stats = dict(batches=0, to_host_bytes=0, from_host_bytes=0, sm=0, dma=0, seconds=0.0)
+        if self.device.type == "cpu":
+            return
+        if not _C.has_gpu_kernels:
+            raise ValueError(f"device={self.device}: statecache was built without GPU kernels")
+        if not host.is_pinned():
+            raise ValueError("host must be pinned memory (pin_memory=True) for a GPU layout")
+        if not _C._host_memory_mapped(self.device.index, host.data_ptr(), host.numel()):
+            if path == "sm":
+                raise ValueError("path='sm': this device's kernels cannot address the host buffer; use 'dma'")
+            self._path = _PATHS["dma"]  # DMA reaches any pinned memory
+        with torch.cuda.device(self.device):
+            # One engine and one stream a direction: loads never queue behind offloads.
+            self._engines = tuple(
+                _C._GpuCopyEngine(self.device.index, self._planner, 0, self.max_items, 2, 0, True) for _ in range(2)
+            )
+            self._streams = (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device))
+
+    def offload(self, items, entries) -> HostCopy:
+        """Copies the device rows of ``items`` (unit or slot ids) into host
+        ``entries`` (``entries_per_item`` per item, flat, in order). Ordered
+        after the work queued so far on the current stream; the current stream
+        does not wait for it. Until it is done the rows must not be written nor
+        the entries read. Returns the ``HostCopy``. Raises ValueError naming the
+        first bad item (out of range, an entry written twice, a wrong entry
+        count) before anything moves."""
+        return self._move(items, entries, True)
+
+    def load(self, entries, items) -> HostCopy:
+        """Copies host ``entries`` into the device rows of ``items``. Ordered
+        after the work queued so far on the current stream, which then waits
+        for it (work queued later reads the loaded rows); the host does not
+        wait. Until it is done the entries must not change. Returns the
+        ``HostCopy``. Raises ValueError as ``offload`` does."""
+        return self._move(items, entries, False)
+
+    def _move(self, items, entries, to_host: bool) -> HostCopy:
+        items = np.asarray(items, dtype=np.int64).reshape(-1)
+        entries = np.asarray(entries, dtype=np.int64).reshape(-1)
+        with self._lock:
+            t0 = time.perf_counter()
+            if _C._first_changed(self._fingerprint) >= 0:
+                self.layout.check()
+                raise ValueError("host: its storage was replaced or resized since the HostCopyExecutor was built")
+            if len(entries) != len(items) * self.entries_per_item:
+                raise ValueError(
+                    f"entries has {len(entries)} ids for {len(items)} items; each takes {self.entries_per_item}"
+                )
+            batch = self._planner.compile_paged(items, entries, not to_host)  # validates the whole move
+            st = self.copy_stats
+            st["batches"] += 1
+            st["to_host_bytes" if to_host else "from_host_bytes"] += batch.bytes
+            if self._engines is None:
+                if batch.num_ops:
+                    self._planner.run_on_cpu(batch)
+                st["seconds"] += time.perf_counter() - t0
+                return HostCopy(None, batch.bytes, "cpu" if batch.num_ops else "none", self.device)
+            engine, stream = self._engines[1 - to_host], self._streams[1 - to_host]
+            current = torch.cuda.current_stream(self.device)
+            stream.wait_stream(current)
+            # The SM path stages max_items at a time (the engine slices); DMA takes any size.
+            path = engine.submit(batch, stream.cuda_stream, self._path) if batch.num_ops else 0
+            event = torch.cuda.Event()
+            event.record(stream)
+            if not to_host:
+                current.wait_event(event)
+            st[_PATH_NAMES[path]] = st.get(_PATH_NAMES[path], 0) + 1
+            st["seconds"] += time.perf_counter() - t0
+            return HostCopy(event, batch.bytes, _PATH_NAMES[path], self.device)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from statecache import _C
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -108,26 +110,40 @@ class _RowTable:
         self.name = name
         # What the rows' addresses were read from; check() compares it before
         # every batch, so a replaced or resized storage never receives bytes.
-        # (Bound methods kept: this runs on the scheduler's critical path.)
-        self._fingerprint = [
-            (t.data_ptr, t.untyped_storage, t.data_ptr(), t.untyped_storage().nbytes(), t.shape) for t in self.tensors
-        ]
+        # (One C++ call over bound methods: this runs on the scheduler's
+        # critical path.)
+        self.fingerprint = tuple(storage_fingerprint(t) for t in self.tensors)
 
     def check(self, owner: str) -> None:
         """ValueError unless every tensor still has the storage, address and
         shape it had when ``owner`` was built."""
-        for i, (data_ptr, storage, ptr, nbytes, shape) in enumerate(self._fingerprint):
-            t = self.tensors[i]
-            if data_ptr() != ptr or storage().nbytes() != nbytes or t.shape != shape:
-                raise ValueError(
-                    f"{self.name}[{i}]: its storage was replaced or resized since the {owner} was built "
-                    f"(data_ptr {ptr:#x} -> {t.data_ptr():#x}, shape {tuple(shape)} -> {tuple(t.shape)}, "
-                    f"storage {nbytes} -> {t.untyped_storage().nbytes()} bytes); build a new layout"
-                )
+        i = _C._first_changed(self.fingerprint)
+        if i >= 0:
+            raise_changed(self.name, owner, self.fingerprint[i], i)
 
     @property
     def row_bytes(self) -> int:
         return sum(r.bytes for r in self.rows)
+
+
+def storage_fingerprint(t: torch.Tensor) -> tuple:
+    """(tensor, its data_ptr method, its storage, data_ptr, storage bytes,
+    shape): what ``_C._first_changed`` compares before each batch. Holding
+    the storage keeps its memory allocated, so a replaced storage cannot
+    come back at the same address."""
+    storage = t.untyped_storage()
+    return (t, t.data_ptr, storage, t.data_ptr(), storage.nbytes(), t.shape)
+
+
+def raise_changed(name: str, owner: str, entry: tuple, i: int) -> None:
+    """Raises the ValueError for tensor ``i`` of ``name`` whose fingerprint
+    ``entry`` no longer matches."""
+    t, _, _, ptr, nbytes, shape = entry
+    raise ValueError(
+        f"{name}[{i}]: its storage was replaced or resized since the {owner} was built "
+        f"(data_ptr {ptr:#x} -> {t.data_ptr():#x}, shape {tuple(shape)} -> {tuple(t.shape)}, "
+        f"storage {nbytes} -> {t.untyped_storage().nbytes()} bytes); build a new layout"
+    )
 
 
 def _flat(rows: Sequence[Segment]) -> list[int]:

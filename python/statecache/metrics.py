@@ -24,6 +24,7 @@ Prometheus needs the optional extra (``pip install 'statecache[metrics]'``);
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -71,6 +72,9 @@ class StateCacheMetrics:
     counters of the objects registered with it."""
 
     def __init__(self, engine: Any = None) -> None:
+        # Guards the four registries: sources may be registered from one thread
+        # while another collects (docs/contract.md, "Threading").
+        self._lock = threading.Lock()
         self._funnels: dict[str, Callable[[], Mapping[str, int]]] = {}
         self._caches: dict[str, Any] = {}
         self._tiers: dict[str, Any] = {}
@@ -85,7 +89,8 @@ class StateCacheMetrics:
         its coordinator and its runner's copy executor, where it has them.
         Returns None. Raises TypeError if ``engine`` has no ``checkpoint_funnel()``."""
         _need(engine, "checkpoint_funnel", "engine")
-        self._funnels[name] = engine.checkpoint_funnel
+        with self._lock:
+            self._funnels[name] = engine.checkpoint_funnel
         caches = getattr(engine, "caches", None)
         if caches is not None:
             self.track_cache("slots", caches.slot_pool)
@@ -103,20 +108,23 @@ class StateCacheMetrics:
         coordinator); its ``occupancy()`` too if it has one. Returns None.
         Raises TypeError for an object without ``checkpoint_fates``."""
         _need(cache, "checkpoint_fates", "cache")
-        self._caches[name] = cache
+        with self._lock:
+            self._caches[name] = cache
 
     def track_tier(self, name: str, tier: Any) -> None:
         """Registers anything with ``stats() -> dict[str, number]``; returns
         None. Raises TypeError for an object without ``stats``."""
         _need(tier, "stats", "tier")
-        self._tiers[name] = tier
+        with self._lock:
+            self._tiers[name] = tier
 
     def track_executor(self, name: str, executor: Any) -> None:
         """Registers a ``StateCopyExecutor`` (its ``copy_stats``); returns None.
         Raises TypeError for an object without a ``copy_stats`` dict."""
         if not isinstance(getattr(executor, "copy_stats", None), dict):
             raise TypeError(f"executor={type(executor).__name__}: has no copy_stats dict")
-        self._executors[name] = executor
+        with self._lock:
+            self._executors[name] = executor
 
     # ----------------------------------------------------------- snapshot --
 
@@ -124,7 +132,11 @@ class StateCacheMetrics:
         """Returns a snapshot as plain dicts: ``funnel`` / ``admissions`` /
         ``hit_rates`` per engine, ``checkpoints`` and ``occupancy`` per cache,
         ``tiers`` per tier, ``copy`` per executor. Raises what the registered
-        objects raise."""
+        objects raise. Safe from any thread, also while another registers
+        sources: it reads the sources registered when it starts."""
+        with self._lock:  # the sources are read outside it: they may be slow
+            funnels, caches = list(self._funnels.items()), list(self._caches.items())
+            tiers, executors = list(self._tiers.items()), list(self._executors.items())
         out: dict[str, Any] = {
             "funnel": {},
             "admissions": {},
@@ -134,19 +146,19 @@ class StateCacheMetrics:
             "tiers": {},
             "copy": {},
         }
-        for name, funnel_of in self._funnels.items():
+        for name, funnel_of in funnels:
             f = dict(funnel_of())
             out["funnel"][name] = f
             out["admissions"][name] = {c: f.get(k, 0) for c, k in ADMISSION_CAUSES.items()}
             out["hit_rates"][name] = hit_rates(f)
-        for name, cache in self._caches.items():
+        for name, cache in caches:
             out["checkpoints"][name] = dict(cache.checkpoint_fates())
             occ = getattr(cache, "occupancy", None)
             if callable(occ):
                 out["occupancy"][name] = dict(occ())
-        for name, tier in self._tiers.items():
+        for name, tier in tiers:
             out["tiers"][name] = dict(tier.stats())
-        for name, ex in self._executors.items():
+        for name, ex in executors:
             out["copy"][name] = dict(ex.copy_stats)
         return out
 
@@ -174,15 +186,19 @@ class StateCacheMetrics:
         prometheus-client, OSError when the port cannot be bound."""
         prometheus_client = _prometheus()
         server, _thread = prometheus_client.start_http_server(port, addr=addr, registry=self.registry())
+        with self._lock:
+            names = dict(
+                engines=list(self._funnels),
+                caches=list(self._caches),
+                tiers=list(self._tiers),
+                executors=list(self._executors),
+            )
         log_config(
             "metrics exporter",
             dict(
                 addr=addr,
                 port=server.server_port,
-                engines=list(self._funnels),
-                caches=list(self._caches),
-                tiers=list(self._tiers),
-                executors=list(self._executors),
+                **names,
             ),
         )
         return server

@@ -123,3 +123,97 @@ TEST(HostArena, RandomOperationsConserveEntries) {
     a.check_consistency();
   }
 }
+
+TEST(HostArena, SharedBudgetRanksEveryClassTogether) {
+  // No caps: a state image and KV blocks compete for the one budget.
+  HostArena a(100, 600, {HostArena::kShared, HostArena::kShared}, lru_model());
+  EXPECT_EQ(a.class_stats(1).budget_entries, 6);
+  std::vector<std::string> ev;
+  ASSERT_TRUE(a.allocate("kv0", 1, 1, 100, 1, &ev));
+  a.seal("kv0", "");
+  ASSERT_TRUE(a.allocate("img", 0, 4, 400, 1, &ev));
+  a.seal("img", "");
+  ASSERT_TRUE(a.allocate("kv1", 1, 1, 100, 2, &ev));
+  a.seal("kv1", "");
+  EXPECT_TRUE(ev.empty());
+  // KV needs room: the oldest value of any class goes, here kv0 then img.
+  EXPECT_EQ(*a.victims(1, 1), std::vector<std::string>{"kv0"});
+  EXPECT_EQ(*a.victims(1, 2), (std::vector<std::string>{"kv0", "img"}));
+  ASSERT_TRUE(a.allocate("kv2", 1, 2, 200, 3, &ev));
+  EXPECT_EQ(ev, (std::vector<std::string>{"kv0", "img"}));
+  a.check_consistency();
+}
+
+TEST(HostArena, CapsBoundAClassUncappedClassesShareTheRest) {
+  HostArena a(100, 600, {HostArena::kShared, 200}, lru_model());
+  EXPECT_TRUE(a.capped(1));
+  EXPECT_FALSE(a.capped(0));
+  std::vector<std::string> ev;
+  ASSERT_TRUE(a.allocate("k0", 1, 1, 100, 1, &ev));
+  a.seal("k0", "");
+  ASSERT_TRUE(a.allocate("s0", 0, 3, 300, 1, &ev));
+  a.seal("s0", "");
+  ASSERT_TRUE(a.allocate("k1", 1, 1, 100, 1, &ev));
+  a.seal("k1", "");
+  // KV at its cap: room comes from KV alone, though s0 is older than k1.
+  EXPECT_EQ(*a.victims(1, 1), std::vector<std::string>{"k0"});
+  // The uncapped class may take the KV's room when the arena is full.
+  ASSERT_TRUE(a.allocate("s1", 0, 3, 300, 1, &ev));
+  EXPECT_EQ(ev, (std::vector<std::string>{"k0", "s0"}));
+  a.check_consistency();
+  EXPECT_THROW(HostArena(100, 600, {400, 400}), std::invalid_argument);  // caps must fit together
+}
+
+TEST(HostArena, RefileMovesAValueAndCountsAsAUse) {
+  EvictionCostModel m = HostArena::cost_model();
+  m.weight = 4;  // value dominates recency
+  HostArena a(10, 30, {HostArena::kShared}, m);
+  std::vector<std::string> ev;
+  for (const char* k : {"a", "b", "c"}) {
+    a.allocate(k, 0, 1, 10, 1, &ev);
+    a.seal(k, "");
+  }
+  EXPECT_EQ(*a.victims(0, 1), std::vector<std::string>{"a"});
+  EXPECT_TRUE(a.refile("a", 64));  // a now leads to a deep prefix
+  EXPECT_EQ(*a.victims(0, 1), std::vector<std::string>{"b"});
+  EXPECT_FALSE(a.refile("zz", 3));
+  EXPECT_THROW(a.refile("a", -1), std::invalid_argument);
+  a.pin("b");
+  EXPECT_TRUE(a.refile("b", 64));  // pinned: filed there at unpin
+  a.unpin("b");
+  EXPECT_EQ(*a.victims(0, 1), std::vector<std::string>{"c"});
+  a.check_consistency();
+}
+
+TEST(HostArena, ValuePerByteOfTheWholePrefix) {
+  // checkpoint_bytes = 10 (a state), 10 KV bytes per position, value linear
+  // in tokens: per byte, a prefix at 100 is worth 100/1010 and one at 1
+  // 1/20; with kv bytes ignored, 100/10 and 1/10.
+  EvictionCostModel m = HostArena::cost_model();
+  m.checkpoint_bytes = 10;
+  EXPECT_DOUBLE_EQ(m.value(100), 10.0);
+  m.kv_bytes_per_position = 10;
+  EXPECT_DOUBLE_EQ(m.value(100), 100.0 / 1010.0);
+  EXPECT_DOUBLE_EQ(m.value(1), 1.0 / 20.0);
+  HostArena a(10, 100, {HostArena::kShared}, HostArena::cost_model());
+  a.set_kv_bytes_per_position(10);
+  EXPECT_EQ(a.kv_bytes_per_position(), 10);
+  a.set_eviction_model(HostArena::cost_model());  // kept across a new model
+  EXPECT_EQ(a.kv_bytes_per_position(), 10);
+  EXPECT_THROW(a.set_kv_bytes_per_position(-1), std::invalid_argument);
+  m.kv_bytes_per_position = -1;
+  EXPECT_THROW(m.validate(), std::invalid_argument);
+}
+
+TEST(HostArena, AnUncappedClassTakesRoomFromWhateverRanksLowest) {
+  HostArena a(1, 5, {HostArena::kShared, HostArena::kShared}, lru_model());
+  std::vector<std::string> ev;
+  for (const char* k : {"s", "k1", "k2", "k3", "k4"}) {
+    a.allocate(k, k[0] == 's' ? 0 : 1, 1, 1, 0, &ev);
+    a.seal(k, "");
+  }
+  // KV holds 4 of 5 entries; room for 5 more takes the oldest first, the
+  // state included, not every KV block before it.
+  EXPECT_EQ(*a.victims(1, 5), (std::vector<std::string>{"s", "k1", "k2", "k3", "k4"}));
+  EXPECT_EQ(*a.victims(1, 1), std::vector<std::string>{"s"});
+}

@@ -181,7 +181,9 @@ class _Driver:
         "shrink": {"retire_top": 3, "extend": 3, "checkpoint": 2, "release_pins": 2, "admit": 1.5, "finish": 1.5},
     }
 
-    def __init__(self, seed, transfer_name, enabled=True, size=8, hbs=2, profile="mixed", plain_seqs=False):
+    def __init__(
+        self, seed, transfer_name, enabled=True, size=8, hbs=2, profile="mixed", plain_seqs=False, unsigned_hashes=False
+    ):
         self.rng = random.Random(seed)
         self.ours_seq_cls = PlainSeq if plain_seqs else sc.Sequence
         self.profile = self.PROFILES[profile]
@@ -196,6 +198,11 @@ class _Driver:
         self.pin_stamp: dict[int, int] = {}  # unit -> pass of its latest pin
         self.last_pins: dict[int, int] = {}
         self.hash_space = list(range(1, 4 * size + 4))
+        # An engine that hashes unsigned (xxh64): most hashes have the top bit
+        # set, so ours must give every one back as the int it was given.
+        self.unsigned = unsigned_hashes
+        if unsigned_hashes:
+            self.hash_space = [h if h % 3 == 0 else 2**64 - 1 - h for h in self.hash_space]
 
     # -- helpers -------------------------------------------------------------
     @property
@@ -235,6 +242,8 @@ class _Driver:
         if r < 0.2:
             return tuple(hs)
         if r < 0.4:
+            if self.unsigned:  # a uint64 array holds no -1
+                return hs if -1 in hs else np.asarray(hs, dtype=np.uint64)
             return np.asarray(hs, dtype=np.int64)
         return hs
 

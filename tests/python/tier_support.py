@@ -3,6 +3,7 @@ bounded waits) and helpers shared by the tier test modules."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -10,8 +11,13 @@ import pytest
 
 
 def need(binary: str, extra: str) -> None:
+    """Skips without ``binary`` on PATH; fails under CI (CI=true), where a
+    skip would hide a missing install step of .ci/run."""
     if shutil.which(binary) is None:
-        pytest.skip(f"{binary} is not installed ({extra}); .ci/run installs it")
+        msg = f"{binary} is not installed ({extra}); .ci/run installs it"
+        if os.environ.get("CI"):
+            pytest.fail(f"{msg}, but not on PATH here")
+        pytest.skip(msg)
 
 
 def mooncake_servers(segment_bytes: int = 64 << 20):
@@ -43,3 +49,42 @@ def _size(tier, key: str) -> int:
     if tier.name == "redis":
         return tier._r.strlen(key)
     return tier._call(lambda: tier._store.get_size(key))
+
+
+def listening_sockets(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket process ``pid`` listens on, read
+    from /proc (its fds' socket inodes against /proc/<pid>/net/tcp{,6})."""
+    import ipaddress
+    import os
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if cols[3] != "0A" or cols[9] not in inodes:  # 0A: LISTEN
+                    continue
+                addr, port = cols[1].split(":")
+                raw = bytes.fromhex(addr)
+                # the kernel prints each 32-bit word in host (little-endian) order
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                ip = ipaddress.ip_address(raw)
+                if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                    ip = ip.ipv4_mapped
+                out.append((str(ip), int(port, 16)))
+    return out
+
+
+def non_loopback(sockets: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    import ipaddress
+
+    return [(a, p) for a, p in sockets if not ipaddress.ip_address(a).is_loopback]

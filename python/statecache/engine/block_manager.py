@@ -6,6 +6,22 @@ layers (content-addressed in ``BlockPool``) and the recurrent state as of the
 same position (a checkpoint in a state cache). ``BlockManager`` finds the KV
 hit, caps it to what the state caches can resume, and attaches both.
 
+Both indexes are addressed by 64-bit scheduler hashes, which an outsider who
+knows the deployment key can make collide; a hash is a name, not a proof. So
+``filed`` keeps, for every hash the KV index holds, the full 128-bit prefix
+key of the block filed under it, and nothing resumes or files by hash alone:
+
+* a KV hit counts a block only while its filed key is the sequence's own;
+* a state checkpoint (anchor, rung, decode boundary, midstep, tier load) is
+  filed under a hash only while the KV index holds the sequence's own block
+  there, and a KV block leaving the index takes the checkpoints filed under
+  its hash with it (``_on_kv_evict``, and ``take_ops`` for an image whose
+  own unit reservation evicted its block). So a state under hash ``h`` always has
+  the prefix key ``filed[h]``, and a state hit, which never reaches past the
+  checked KV hit, resumes the sequence's own prefix;
+* the tiers name their entries by these keys (the filed one for what goes
+  down, the sequence's for what comes up).
+
 Caller's obligations: ``allocate`` only after ``can_allocate`` said yes in the
 same pass; ``free`` a sequence once, when it finishes or is preempted.
 """
@@ -14,6 +30,7 @@ from __future__ import annotations
 
 from statecache import chain_block_keys
 
+from .deployment_key import deployment_key
 from .placement import AnchorLadderDemand, Boundary, GuessFirstLRU, PlacementContext, feasible_positions
 from .state_caches import StateCaches
 
@@ -45,7 +62,7 @@ class BlockManager:
         placement=None,
         eviction=None,
         interval_tokens: int = -1,
-        hash_seed: int = 0,
+        hash_seed: int | None = None,
         hash_salt=None,
     ):
         self.pool = block_pool
@@ -57,8 +74,13 @@ class BlockManager:
         self.eviction = eviction or GuessFirstLRU()
         self.interval_tokens = interval_tokens
         self.funnel: dict[str, int] = {}
-        self.hash_seed, self.hash_salt = hash_seed, hash_salt
+        # None, None: this process's random key (deployment_key.py)
+        self.deployment_key = deployment_key(hash_seed, hash_salt)
         self.tiering = None  # engine.tiering.Tiering, when tiers are attached
+        # scheduler hash -> 128-bit prefix key of the KV block indexed under it
+        self.filed: dict[int, bytes] = {}
+        # hash -> key it had, for the blocks evicted while a batch's ops are taken
+        self._evicted: dict[int, bytes | None] | None = None
         # The KV index and the state caches are addressed by the same hash: a
         # checkpoint whose KV block left the index can never be reached again.
         self.pool.on_evict = self._on_kv_evict
@@ -69,9 +91,46 @@ class BlockManager:
 
     def _on_kv_evict(self, h: int) -> None:
         self.count("kv_blocks_evicted")
-        if self.tiering is not None:
-            self.tiering.on_kv_evict(h)
-        self.caches.unindex(h)
+        try:
+            if self.tiering is not None:
+                self.tiering.on_kv_evict(h)  # reads filed[h]: the key its copy goes down under
+        finally:
+            try:
+                self.caches.unindex(h)
+            finally:
+                key = self.filed.pop(h, None)
+                if self._evicted is not None:
+                    self._evicted[h] = key
+
+    def take_ops(self):
+        """Step 3 of a pass: the state caches' ``take_ops``, then every hash
+        whose KV block was evicted meanwhile is unindexed once more. A PAGE
+        store reserving units for an image can evict that image's own KV
+        block (or a queued one's) and files the image after the eviction's
+        unindex ran: it would outlive its block, and a colliding prefix filing
+        the hash next would resume it."""
+        self._evicted = {}
+        try:
+            ops = self.caches.take_ops()
+        finally:
+            gone, self._evicted = self._evicted, None
+        for h in gone:
+            if h not in self.filed:
+                self.caches.unindex(h)
+        return ops
+
+    def publish_block(self, block: int, h: int, key: bytes) -> bool:
+        """Indexes KV ``block`` under ``h`` and files its prefix key; False
+        (nothing filed) when the index holds another block under ``h``."""
+        if not self.pool.publish(block, h):
+            return False
+        self.filed[h] = key
+        return True
+
+    def holds(self, h: int, key: bytes) -> bool:
+        """Whether the KV index holds the block of prefix ``key`` under ``h``
+        (not merely some block under ``h``)."""
+        return self.filed.get(h) == key and self.pool.lookup(h) >= 0
 
     def drop_checkpoint(self, h: int) -> None:
         """Forget the state checkpoint filed under ``h`` (for eviction policies)."""
@@ -82,26 +141,28 @@ class BlockManager:
     def update_hashes(self, seq) -> list[int]:
         """Extend ``seq.block_hashes`` to every full block of its tokens (one
         C++ call for all new blocks). The 64-bit hashes derive from 128-bit
-        prefix keys (``chain_block_keys``, seeded per deployment), which name
-        entries in the tiers below GPU memory; ``seq.prefix_keys`` keeps them."""
+        prefix keys (``chain_block_keys``, keyed per deployment), which the
+        indexes check on every hit and the tiers name entries by;
+        ``seq.prefix_keys`` keeps them, one 16-byte key per block."""
         hashes = seq.hashes  # a Python list; seq.block_hashes mirrors it
         full = seq.num_tokens // self.hbs
         if len(hashes) < full:
             first = len(hashes)
             start = first * self.hbs
-            keys = getattr(seq, "prefix_keys", b"")
+            keys = seq.prefix_keys
+            dk = self.deployment_key
             new, new_keys = chain_block_keys(
                 seq.token_ids[start : full * self.hbs],
                 self.hbs,
-                keys[-16:] if keys else None,
-                seed=self.hash_seed,
-                salt=self.hash_salt,
+                keys[-1] if keys else None,
+                seed=dk.seed,
+                salt=dk.salt,
             )
             hashes += new
-            seq.prefix_keys = keys + new_keys
+            keys += [new_keys[i : i + 16] for i in range(0, len(new_keys), 16)]
             seq.block_hashes = hashes
             if self.tiering is not None:
-                self.tiering.note_keys(new, new_keys, first)
+                self.tiering.note_keys(new, new_keys, first, hashes[first - 1] if first else None)
         return hashes
 
     # ------------------------------ admission ------------------------------ #
@@ -112,9 +173,14 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return 0
         hashes = self.update_hashes(seq)
+        keys = seq.prefix_keys
         limit = min(len(hashes), (seq.num_tokens - 1) // self.hbs)
+        filed = self.filed
         n = 0
-        while n < limit and self.pool.lookup(hashes[n]) >= 0:
+        # The block under the hash must be this prefix's: a colliding
+        # prompt's block ends the hit. ``filed`` mirrors the KV index (set on
+        # publish, dropped by on_evict), so one dict probe per block does.
+        while n < limit and filed.get(hashes[n]) == keys[n]:
             n += 1
         return n
 
@@ -153,6 +219,8 @@ class BlockManager:
         # Hit blocks nobody references sit on the free list: taking them
         # costs free capacity too.
         hit_ids = [self.pool.lookup(h) for h in seq.hashes[:hit]]
+        if -1 in hit_ids:
+            raise AssertionError("the KV index lost a filed block: the pool's on_evict is not the block manager's")
         cached_free = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
         if not self._blocks_available(new_blocks + cached_free, seq.hashes[hit - 1] if hit else None):
             return None
@@ -165,7 +233,9 @@ class BlockManager:
         for _ in range(4):
             if not hit or coord.contains(seq.hashes[hit - 1]):
                 return hit
-            if tiering.load_state(seq.hashes[hit - 1]):
+            h, key = seq.hashes[hit - 1], seq.prefix_keys[hit - 1]
+            # Filed under h only while h's KV is this prefix's (held by the caller).
+            if self.holds(h, key) and tiering.load_state(h, key):
                 self.count("state_loads")
                 return hit
             self.count("state_loads_failed")
@@ -294,9 +364,11 @@ class BlockManager:
             return
         hashes = self.update_hashes(seq)
         done = min(seq.num_computed_tokens // self.hbs, len(hashes))
+        keys = seq.prefix_keys
         for i in range(seq.num_published_blocks, done):
-            self.pool.publish(seq.block_table[i], hashes[i])
-            if self.tiering is not None:
+            # Not indexed when the index holds a block under this hash already
+            # (the same prefix computed twice, or a colliding one).
+            if self.publish_block(seq.block_table[i], hashes[i], keys[i]) and self.tiering is not None:
                 self.tiering.note_published(seq.block_table[i], hashes[i])
         seq.num_published_blocks = max(seq.num_published_blocks, done)
 
@@ -305,6 +377,11 @@ class BlockManager:
         whose successor room the rest of the prompt covers."""
         blocks = boundary.position // self.hbs
         h = seq.hashes[blocks - 1]
+        if self.filed.get(h) != seq.prefix_keys[blocks - 1]:
+            # The KV index holds another prefix's block under h (a collision):
+            # a state filed here would be resumed with that block's KV.
+            self.count("checkpoints_refused_foreign_kv")
+            return
         rest = seq.num_tokens - boundary.position
         asked = False
         for cache in self.caches.voters:
@@ -340,8 +417,16 @@ class BlockManager:
         return out
 
     def publish_midstep(self, seq, reservations) -> None:
+        """Files the midstep states of ``seq``'s forward (after ``publish``);
+        a position whose KV block under its hash is not ``seq``'s is cancelled."""
+        keys, filed, hbs = seq.prefix_keys, self.filed, self.hbs
         for cache, res in reservations:
-            cache.publish_midstep(res, seq)
+            own = [r for r in res if filed.get(r[2]) == keys[r[1] // hbs - 1]]
+            if len(own) < len(res):
+                cache.cancel_midstep([r for r in res if filed.get(r[2]) != keys[r[1] // hbs - 1]])
+                self.count("checkpoints_refused_foreign_kv", len(res) - len(own))
+            if own:
+                cache.publish_midstep(own, seq)
 
     # ------------------------------ releasing ------------------------------ #
 
@@ -376,7 +461,9 @@ class BlockManager:
         tokens a KV hit lost to the state (``state_miss_tokens``,
         ``cut_short_tokens``),
         ``checkpoints_requested`` (and ``_anchor`` / ``_ladder`` / ``_demand``),
-        ``kv_blocks_evicted``, ``preempted_with_pending_checkpoint``; then the
+        ``kv_blocks_evicted``, ``preempted_with_pending_checkpoint``,
+        ``checkpoints_refused_foreign_kv`` (a boundary whose hash the KV index
+        holds for another prefix: a 64-bit collision); then the
         state caches' own fates (``checkpoints_kept`` / ``dropped`` /
         ``evicted`` / ``orphaned``), summed over caches.
         """

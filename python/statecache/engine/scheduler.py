@@ -45,10 +45,11 @@ class EngineConfig:
     # N > 0: also a rung every N tokens.
     checkpoint_interval_tokens: int = -1
     num_spec: int = 0
-    # Deployment seed and optional salt of the 128-bit prefix keys that name
-    # entries in the tiers below GPU memory (engines sharing a tier agree).
-    hash_seed: int = 0
-    hash_salt: bytes | None = None
+    # The deployment key of the 128-bit prefix keys (engine/deployment_key.py):
+    # None and None draw a random one per process; engines sharing a tier
+    # below GPU memory configure one, as a secret (docs/operations.md).
+    hash_seed: int | None = field(default=None, repr=False)
+    hash_salt: bytes | str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("hash_block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -58,14 +59,15 @@ class EngineConfig:
         n = self.checkpoint_interval_tokens
         if not isinstance(n, int) or isinstance(n, bool) or n < -1:
             raise ValueError(f"checkpoint_interval_tokens={n!r} must be -1, 0 or a positive int")
-        if (
+        # The messages name the type, not the value: it is a secret.
+        if self.hash_seed is not None and (
             not isinstance(self.hash_seed, int)
             or isinstance(self.hash_seed, bool)
             or not (-(2**63) <= self.hash_seed < 2**63)
         ):
-            raise ValueError(f"hash_seed={self.hash_seed!r} must be a 64-bit int")
+            raise ValueError(f"hash_seed (a {type(self.hash_seed).__name__}) must be a 64-bit int or None")
         if self.hash_salt is not None and not isinstance(self.hash_salt, (bytes, str)):
-            raise ValueError(f"hash_salt={self.hash_salt!r} must be bytes, str or None")
+            raise ValueError(f"hash_salt (a {type(self.hash_salt).__name__}) must be bytes, str or None")
         if not isinstance(self.num_spec, int) or self.num_spec < 0:
             raise ValueError(f"num_spec={self.num_spec!r} must be an int >= 0")
 
@@ -95,7 +97,7 @@ class Request(statecache.Sequence):
         self.status = WAITING
         self.block_table: list[int] = []
         self.hashes: list[int] = []  # chained block hashes (mirrored in block_hashes)
-        self.prefix_keys = b""  # 16-byte prefix key per full block (tiers)
+        self.prefix_keys: list[bytes] = []  # 16-byte prefix key per full block
         self.num_computed_tokens = 0
         self.num_published_blocks = 0
         self.num_cached_tokens = 0
@@ -192,10 +194,12 @@ class Engine:
         self.finished: list[Request] = []
         self.num_passes = 0
         self.num_preemptions = 0
+        secret = ("hash_seed", "hash_salt")
         log_config(
             "Engine",
             dict(
-                **vars(config),
+                **{k: v for k, v in vars(config).items() if k not in secret},
+                hash_key="configured" if self.block_manager.deployment_key.configured else "random per process",
                 transfer=caches.transfer.kind,
                 slots=caches.slot_pool.num_slots,
                 paged=caches.pages,
@@ -246,7 +250,7 @@ class Engine:
                 "running: the KV block pool or the state slots are too small for it"
             )
         # 3. build the batch
-        ops = self.caches.take_ops()
+        ops = bm.take_ops()
         if self.tiering is not None:
             self.tiering.flush_kv()  # evicted KV blocks go down before the forward reuses them
         # 4. forward (an empty pass still runs the drained ops, no model)
@@ -344,10 +348,10 @@ class Engine:
                 seq.prefill_computed += n
                 seq.prefill_chunks += 1
             seq.state_fork_src = -1  # the forward read it
+            bm.publish(seq)  # first: states are filed only where the KV is seq's own
             res = reservations.pop(seq.seq_id, None)
             if res:
                 bm.publish_midstep(seq, res)
-            bm.publish(seq)
             for b in seq.planned:
                 if b.position == seq.num_computed_tokens:
                     bm.checkpoint(seq, b)

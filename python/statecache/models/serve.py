@@ -42,7 +42,7 @@ def build_engine(
     eviction=None,
     tiers=None,
     tier_options=None,
-    hash_seed=0,
+    hash_seed=None,
     hash_salt=None,
 ):
     """An Engine serving a tiny random ``model`` with ``mechanism`` checkpoints.
@@ -50,6 +50,8 @@ def build_engine(
     ``model_and_geom`` reuses an already built model (two engines, one set of
     weights). ``readable_midstep``: the runner can copy out interior states
     (it splits its forward there), so prefill chunks are not cut onto rungs.
+    ``hash_seed`` / ``hash_salt``: the deployment key (``EngineConfig``; None
+    and None: random per process; engines sharing a tier configure one, a secret).
     """
     m, geom = model_and_geom or build_model(model, seed=seed, device=device)
     runner = HybridModelRunner(

@@ -74,8 +74,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--tier-kv-share",
         type=float,
-        default=0.8,
-        help="share of each tier's bytes for KV blocks, the rest for state images (default 0.8)",
+        default=None,
+        help="optional fixed split: this share of each tier's bytes for KV blocks, the rest for state "
+        "images (default: one budget, KV blocks and state images ranked together)",
     )
     p.add_argument("--concurrency", type=int, default=16, help="max running requests")
     p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per pass")
@@ -105,7 +106,17 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulations run in parallel processes")
     p.add_argument(
-        "--seed", type=int, default=0, help="the adaptive default's sampling salt (runs repeat exactly per seed)"
+        "--seed",
+        type=int,
+        default=0,
+        help="the adaptive default's sampling salt (runs repeat exactly per --seed and --hash-seed)",
+    )
+    p.add_argument(
+        "--hash-seed",
+        type=int,
+        default=None,
+        help="the engine's deployment key (default: random per process, so the adaptive "
+        "policy samples other requests each run)",
     )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -127,6 +138,7 @@ def configs_from_args(args) -> list:
         arrivals=args.arrivals,
         max_output_tokens=args.max_output_tokens or None,
         seed=args.seed,
+        hash_seed=args.hash_seed,
     )
     tiers = dict(
         host_memory=args.host_memory,

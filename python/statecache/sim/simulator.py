@@ -78,8 +78,14 @@ class SimConfig:
     shared_tier_memory: int = 0
     host_gbps: float = 55.0
     remote_gbps: float = 25.0
-    tier_kv_share: float = 0.8  # of each tier's bytes kept for KV blocks, the rest for images
+    # None: each tier is one budget for KV blocks and images, ranked together;
+    # a float: that share of each tier kept for KV blocks, the rest for images
+    tier_kv_share: float | None = None
     seed: int = 0
+    # The engine's deployment key (EngineConfig.hash_seed). None: random per
+    # process, so the adaptive policy samples other requests each run; give
+    # one for runs that repeat exactly.
+    hash_seed: int | None = None
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)
@@ -99,6 +105,8 @@ class SimConfig:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if self.hash_seed is not None and (isinstance(self.hash_seed, bool) or not isinstance(self.hash_seed, int)):
+            raise ValueError(f"hash_seed must be an int or None, got a {type(self.hash_seed).__name__}")
         for name in ("interval_tokens", "ladder_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < -1:
@@ -118,7 +126,7 @@ class SimConfig:
                 "host_memory / shared_tier_memory model tiers under PAGE images: "
                 "give memory (shared KV + checkpoints), not kv_memory/state_memory"
             )
-        if not 0.0 <= self.tier_kv_share <= 1.0:
+        if self.tier_kv_share is not None and not 0.0 <= self.tier_kv_share <= 1.0:
             raise ValueError(f"tier_kv_share must be in [0, 1], got {self.tier_kv_share!r}")
         if not self.host_gbps > 0 or not self.remote_gbps > 0:
             raise ValueError(f"host_gbps and remote_gbps must be > 0, got {self.host_gbps!r}, {self.remote_gbps!r}")
@@ -288,6 +296,7 @@ def build_engine(cfg: SimConfig, g: ModelGeometry | None = None) -> tuple[Engine
         max_num_seqs=cfg.concurrency,
         max_num_batched_tokens=cfg.max_batched_tokens,
         checkpoint_interval_tokens=cfg.interval_tokens,
+        hash_seed=cfg.hash_seed,
     )
     runner = _ClockRunner(g, cfg.device_flops, cfg.pass_floor_ms / 1e3)
     engine = Engine(econf, pool, caches, runner, placement=placement, eviction=eviction)

@@ -1,7 +1,8 @@
 """HostTier: page-unit-sized entries in one (pinned, where a GPU exists) host
 buffer, bookkept by the C++ ``HostArena`` (hash index + ranking with the GPU
 caches' eviction cost model: recency and prefill FLOPs saved per byte). State
-images and KV blocks have separate byte budgets (classes 0 and 1)."""
+images and KV blocks (classes 0 and 1) share one byte budget and rank
+together, unless a cap is given for either."""
 
 from __future__ import annotations
 
@@ -67,8 +68,10 @@ def _allocate_buffer(num_entries: int, entry_bytes: int, pin_memory: bool | None
 
 class HostTier(Tier):
     """A host-memory tier of ``capacity_bytes`` in entries of ``entry_bytes``
-    (the page unit size). ``state_bytes`` / ``kv_bytes``: the two classes'
-    budgets (default: all of it for state images, none for KV blocks).
+    (the page unit size). ``state_bytes`` / ``kv_bytes``: optional caps of the
+    two classes. Neither (the default): state images and KV blocks share the
+    whole tier, ranked together. One: that class is capped and the other has
+    the rest (a fixed split). Both: both capped (together within the tier).
     ``ranking``: ``"cost"`` (recency + value of the position) or ``"lru"``;
     ``arena.set_eviction_policy`` installs the GPU caches' model (``Tiering``
     copies the PAGE store's).
@@ -82,22 +85,26 @@ class HostTier(Tier):
         entry_bytes: int,
         *,
         state_bytes: int | None = None,
-        kv_bytes: int = 0,
+        kv_bytes: int | None = None,
         ranking: Literal["lru", "cost"] = "cost",
         pin_memory: bool | None = None,
         timeout_s: float = 5.0,
     ) -> None:
         super().__init__(timeout_s)
-        for name, v in (("capacity_bytes", capacity_bytes), ("entry_bytes", entry_bytes), ("kv_bytes", kv_bytes)):
+        for name, v in (("capacity_bytes", capacity_bytes), ("entry_bytes", entry_bytes)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name}={v!r} must be an int >= 0")
+        for name, cap in (("state_bytes", state_bytes), ("kv_bytes", kv_bytes)):
+            if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
+                raise ValueError(f"{name}={cap!r} must be an int >= 0 or None")
         if entry_bytes <= 0:
             raise ValueError(f"entry_bytes={entry_bytes} must be > 0")
-        if state_bytes is None:
-            state_bytes = capacity_bytes - kv_bytes
-        if not isinstance(state_bytes, int) or isinstance(state_bytes, bool) or state_bytes < 0:
-            raise ValueError(f"state_bytes={state_bytes!r} must be an int >= 0")
-        if state_bytes + kv_bytes > capacity_bytes:
+        if (state_bytes is None) != (kv_bytes is None):  # one cap given: the other class has the rest
+            if kv_bytes is not None:
+                state_bytes = max(0, capacity_bytes - kv_bytes)
+            elif state_bytes is not None:
+                kv_bytes = max(0, capacity_bytes - state_bytes)
+        if state_bytes is not None and kv_bytes is not None and state_bytes + kv_bytes > capacity_bytes:
             raise ValueError(f"state_bytes={state_bytes} + kv_bytes={kv_bytes} exceed capacity_bytes={capacity_bytes}")
         self.arena = _C.HostArena(entry_bytes, capacity_bytes, [state_bytes, kv_bytes], ranking)
         self.entry_bytes = entry_bytes

@@ -12,6 +12,7 @@ until ``idle()`` the caller must not reuse that call's buffers.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -35,6 +36,11 @@ _R = TypeVar("_R")
 # Mooncake Store error codes this tier tells apart (mooncake/types.h).
 _OBJECT_NOT_FOUND = -704
 _OBJECT_ALREADY_EXISTS = -705
+
+# What Mooncake's transfer engine advertises to its peers; set from
+# local_host for the setup call unless the deployment set it.
+_ADVERTISED = "MC_TCP_BIND_ADDRESS"
+_ENV_LOCK = threading.Lock()
 
 
 def _import_store() -> Any:
@@ -64,7 +70,12 @@ class MooncakeTier(Tier):
     ``protocol``: ``"tcp"`` (loopback, laptops) or ``"rdma"`` (production, with
     ``device_names``). ``segment_bytes``: memory this client contributes to
     the store (0: it only reads and writes others'). ``staging_bytes``: the
-    registered buffer for segments outside registered memory.
+    registered buffer for segments outside registered memory. ``local_host``:
+    the address this client's transfer engine gives its peers (loopback by
+    default; a node's internal address in production). Mooncake takes it
+    from ``MC_TCP_BIND_ADDRESS`` under an HTTP metadata server and would
+    otherwise pick the machine's first external interface; it binds its
+    listeners to every interface either way (docs/tiers.md, "Network exposure").
     """
 
     name = "mooncake"
@@ -89,17 +100,26 @@ class MooncakeTier(Tier):
         self._io = cf.ThreadPoolExecutor(1, thread_name_prefix="mooncake-tier")
         self._busy: cf.Future[Any] | None = None  # a call that overran its timeout
         self._store = Store()
-        rc = self._call(
-            lambda: self._store.setup(
-                local_host,
-                metadata_server,
-                int(segment_bytes),
-                int(staging_bytes) + (16 << 20),
-                protocol,
-                device_names,
-                master_addr,
-            )
-        )
+
+        def setup() -> Any:
+            with _ENV_LOCK:  # the transfer engine reads its address from the environment
+                before = os.environ.get(_ADVERTISED)
+                os.environ[_ADVERTISED] = before or local_host
+                try:
+                    return self._store.setup(
+                        local_host,
+                        metadata_server,
+                        int(segment_bytes),
+                        int(staging_bytes) + (16 << 20),
+                        protocol,
+                        device_names,
+                        master_addr,
+                    )
+                finally:
+                    if before is None:
+                        del os.environ[_ADVERTISED]
+
+        rc = self._call(setup)
         if rc != 0:
             self._io.shutdown(wait=False)
             raise TierError(
@@ -161,31 +181,33 @@ class MooncakeTier(Tier):
         key, whether it is stored. Raises TypeError/ValueError for a malformed
         batch, TierError when closed."""
         check_batch(keys, values)
-        direct_k: list[str] = []
+        # Per position, not per key: a key may come twice.
+        direct: list[int] = []
         direct_p: list[list[int]] = []
         direct_n: list[list[int]] = []
-        staged: list[tuple[str, Segments]] = []
-        for k, segs in zip(keys, values):
+        staged: list[int] = []
+        for i, segs in enumerate(values):
             p, n, _ = self._plan(segs)
             if p is None or n is None:
-                staged.append((k, segs))
+                staged.append(i)
             else:
-                direct_k.append(k)
+                direct.append(i)
                 direct_p.append(p)
                 direct_n.append(n)
-        ok: dict[str, bool] = {}
+        out = [False] * len(keys)
         try:
-            if direct_k:
-                codes = self._call(lambda: self._store.batch_put_from_multi_buffers(direct_k, direct_p, direct_n))
-                ok.update({k: c in (0, _OBJECT_ALREADY_EXISTS) for k, c in zip(direct_k, codes)})
-            for k, segs in staged:
-                ok[k] = self._put_staged(k, segs)
+            if direct:
+                dk = [keys[i] for i in direct]
+                codes = self._call(lambda: self._store.batch_put_from_multi_buffers(dk, direct_p, direct_n))
+                for i, c in zip(direct, codes):
+                    out[i] = c in (0, _OBJECT_ALREADY_EXISTS)
+            for i in staged:
+                out[i] = self._put_staged(keys[i], values[i])
         except TimeoutError:
             pass
         except Exception as e:  # the client raised: the whole call failed
             self._count("errors")
             self._last_error = repr(e)
-        out = [ok.get(k, False) for k in keys]
         with self._lock:
             for segs, good in zip(values, out):
                 if good:
@@ -213,35 +235,41 @@ class MooncakeTier(Tier):
         returns, per key, the bytes read or a negative outcome. Raises
         TypeError/ValueError for a malformed batch, TierError when closed."""
         check_batch(keys, dests, "dests")
-        res: dict[str, int] = {}
+        # Per destination, not per key: a key may come twice, into a
+        # registered destination and an unregistered one, or of another size.
+        want = [sum(memoryview(s).nbytes for s in d) for d in dests]
+        res: list[int | None] = [None] * len(keys)
         try:
-            direct = [(k, *self._plan(d)[:2]) for k, d in zip(keys, dests)]
-            dk = [k for k, p, _ in direct if p is not None]
-            if dk:
+            plans = [self._plan(d)[:2] for d in dests]
+            direct = [i for i, (p, _) in enumerate(plans) if p is not None]
+            if direct:
                 codes = self._call(
                     lambda: self._store.batch_get_into_multi_buffers(
-                        dk, [p for _, p, _ in direct if p is not None], [n for _, p, n in direct if p is not None]
+                        [keys[i] for i in direct], [plans[i][0] for i in direct], [plans[i][1] for i in direct]
                     )
                 )
-                res.update(zip(dk, codes))
-            for k, d in zip(keys, dests):
-                if k not in res:
-                    res[k] = self._get_staged(k, d)
-            bad = [k for k in keys if res[k] < 0 and res[k] != _OBJECT_NOT_FOUND]
+                for i, c in zip(direct, codes):
+                    res[i] = c
+            for i, d in enumerate(dests):
+                if res[i] is None:
+                    res[i] = self._get_staged(keys[i], d)
+            # A read that filled fewer or more bytes than its destination holds
+            # is no read of it.
+            for i, r in enumerate(res):
+                if r is not None and r >= 0 and r != want[i]:
+                    res[i] = FAILED
+            bad = [i for i, r in enumerate(res) if r is not None and r < 0 and r != _OBJECT_NOT_FOUND]
             if bad:  # tell a size mismatch from other errors
-                sizes = self._call(lambda: [self._store.get_size(k) for k in bad])
-                want = {k: sum(memoryview(s).nbytes for s in d) for k, d in zip(keys, dests)}
-                for k, size in zip(bad, sizes):
-                    res[k] = (
+                sizes = self._call(lambda: [self._store.get_size(keys[i]) for i in bad])
+                for i, size in zip(bad, sizes):
+                    res[i] = (
                         TRUNCATED
-                        if size >= 0 and size != want[k]
+                        if size >= 0 and size != want[i]
                         else (MISSING if size == _OBJECT_NOT_FOUND else FAILED)
                     )
             out = [
-                MISSING
-                if res[k] == _OBJECT_NOT_FOUND
-                else (res[k] if res[k] >= 0 or res[k] in (TRUNCATED, FAILED, MISSING) else FAILED)
-                for k in keys
+                MISSING if r == _OBJECT_NOT_FOUND else (r if r >= 0 or r in (TRUNCATED, FAILED, MISSING) else FAILED)
+                for r in (x if x is not None else FAILED for x in res)
             ]
         except TimeoutError:
             out = [TIMED_OUT] * len(keys)

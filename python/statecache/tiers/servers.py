@@ -1,7 +1,14 @@
-"""Starting and stopping the servers the shared tiers talk to, on loopback:
-``mooncake_master`` (with its HTTP metadata server), a ``mooncake_client``
-that contributes the store's memory, and ``redis-server``. Used by the tests,
-the demo and the benchmarks; production deployments run their own."""
+"""Starting and stopping the servers the shared tiers talk to, on loopback
+only: ``mooncake_master``, Mooncake's HTTP metadata server, a
+``mooncake_client`` that contributes the store's memory, and
+``redis-server``. Used by the tests, the demo and the benchmarks; production
+deployments run their own, bound where they choose (docs/tiers.md,
+"Network exposure").
+
+Every listening socket is bound to 127.0.0.1 but the transfer engine's:
+Mooncake binds its handshake and TCP-transport listeners to the wildcard
+address, with no option to change it; what it advertises to peers (the data
+path) is loopback (``MC_TCP_BIND_ADDRESS``)."""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING
@@ -42,15 +50,21 @@ class ServerProcess:
     """One server process: started with ``start()``, ready once ``port``
     accepts connections, stopped with ``stop()`` (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log_dir: str):
+    def __init__(self, name: str, argv: list[str], port: int, log_dir: str, env: dict[str, str] | None = None):
         self.name, self.argv, self.port = name, argv, port
+        self.env = None if env is None else {**os.environ, **env}
         self.log_path = os.path.join(log_dir, f"{name}-{port}.log")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 20.0) -> ServerProcess:
         log = open(self.log_path, "ab")
         proc = self.proc = subprocess.Popen(
-            self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=self.env,
         )
         log.close()
         deadline = time.monotonic() + timeout_s
@@ -93,10 +107,14 @@ class ServerProcess:
 
 
 class MooncakeServers:
-    """A ``mooncake_master`` with its HTTP metadata server plus one
+    """A ``mooncake_master``, an HTTP metadata server and one
     ``mooncake_client`` holding ``segment_bytes`` of store memory, all on
     127.0.0.1 over TCP. ``master_addr`` / ``metadata_url`` are what a
-    ``MooncakeTier`` connects to."""
+    ``MooncakeTier`` connects to.
+
+    The metadata server is Mooncake's own Python one
+    (``mooncake.http_metadata_server``), not the master's embedded one: that
+    one binds every interface whatever ``--http_metadata_server_host`` says."""
 
     def __init__(self, segment_bytes: int = 256 << 20, log_dir: str | None = None, lease_ms: int = 2000):
         master = _find(
@@ -114,17 +132,29 @@ class MooncakeServers:
         self.master_addr = f"127.0.0.1:{self.rpc_port}"
         self.metadata_url = f"http://127.0.0.1:{self.http_port}/metadata"
         self.segment_bytes = segment_bytes
+        self.metadata = ServerProcess(
+            "mooncake_http_metadata",
+            [
+                sys.executable,
+                "-m",
+                "mooncake.http_metadata_server",
+                "--host=127.0.0.1",
+                f"--port={self.http_port}",
+                "--log-level=WARNING",
+            ],
+            self.http_port,
+            self.log_dir,
+        )
         self.master = ServerProcess(
             "mooncake_master",
             [
                 master,
                 f"--rpc_port={self.rpc_port}",
-                "--enable_http_metadata_server=true",
-                "--http_metadata_server_host=127.0.0.1",
-                f"--http_metadata_server_port={self.http_port}",
-                f"--metrics_port={self.metrics_port}",
-                f"--default_kv_lease_ttl={lease_ms}",
                 "--rpc_address=127.0.0.1",
+                "--enable_http_metadata_server=false",
+                f"--metrics_port={self.metrics_port}",
+                "--metrics_host=127.0.0.1",
+                f"--default_kv_lease_ttl={lease_ms}",
             ],
             self.rpc_port,
             self.log_dir,
@@ -143,17 +173,17 @@ class MooncakeServers:
             ],
             self.holder_port,
             self.log_dir,
+            env={"MC_TCP_BIND_ADDRESS": "127.0.0.1"},  # the address its transfer engine advertises
         )
 
     def start(self, timeout_s: float = 30.0) -> MooncakeServers:
-        self.master.start(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while not _listening(self.http_port):
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError("mooncake_master's metadata server did not come up")
-            time.sleep(0.05)
-        self.holder.start(timeout_s)
+        try:
+            self.metadata.start(timeout_s)
+            self.master.start(timeout_s)
+            self.holder.start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
         self.wait_mounted(timeout_s)
         return self
 
@@ -175,13 +205,19 @@ class MooncakeServers:
 
     def restart_master(self, timeout_s: float = 30.0) -> None:
         """Kills the master and starts a fresh one on the same ports (its
-        objects are gone); the holder stays and mounts its segment again."""
+        objects are gone); the metadata server and the holder stay, and the
+        holder mounts its segment again."""
         self.master.kill()
         self.master.start(timeout_s)
+
+    @property
+    def processes(self) -> list[ServerProcess]:
+        return [self.metadata, self.master, self.holder]
 
     def stop(self) -> None:
         self.holder.stop()
         self.master.stop()
+        self.metadata.stop()
 
     def __enter__(self) -> Self:
         self.start()

@@ -18,7 +18,7 @@ OLD = re.compile(r"SPEC(\.md)?\s*§|SPEC\.md|DESIGN\.md")
 
 
 def _sources() -> list[Path]:
-    files = [ROOT / "README.md"]
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
     for tree in TREES:
         files += [p for p in (ROOT / tree).rglob("*") if p.suffix in SUFFIXES and p.is_file()]
     return [p for p in files if "results" not in p.parts and p.name != Path(__file__).name]

@@ -147,9 +147,10 @@ def _code_lines(text: str) -> list[str]:
     return [ln.strip() for ln in text.splitlines() if ln.strip()]
 
 
-def test_readme_examples_are_the_checked_ones():
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+def test_readme_and_docs_examples_are_the_checked_ones():
+    blocks = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        blocks += re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
     assert len(blocks) >= 4
     examples = _code_lines(EXAMPLES.read_text())
     for block in blocks:

@@ -178,17 +178,35 @@ def test_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mooncake_tier, "_import_store", lambda: _FakeMooncakeStore)
     unit_bytes = 8192                                    # the tiny qwen3next's page unit
 
+    monkeypatch.setenv("STATECACHE_HASH_KEY", "5f0c0b6a8c1d4e2f9a7b3c5d6e8f1a2b")
+    import os
+
     from statecache.models import build_engine
     from statecache.tiers import HostTier, MooncakeTier
 
-    host = HostTier(512 << 30, unit_bytes, kv_bytes=256 << 30)      # entry = one page unit
+    host = HostTier(512 << 30, unit_bytes)            # entry = one page unit; KV + states, one budget
     shared = MooncakeTier("10.0.0.5:50051", "http://10.0.0.5:8080/metadata", protocol="rdma",
-                          device_names="mlx5_0")
-    engine = build_engine("qwen3next", "page", tiers=[host, shared])  # or Engine(..., tiers=[...])
+                          device_names="mlx5_0", local_host="10.0.0.7")  # this node's internal address
+    fleet_key = bytes.fromhex(os.environ["STATECACHE_HASH_KEY"])  # the deployment key: one secret per fleet
+    engine = build_engine("qwen3next", "page", tiers=[host, shared], hash_salt=fleet_key)  # or Engine(...)
 
     assert engine.tiering is not None
+    assert engine.block_manager.deployment_key.configured
     shared.close()
     host.close()
+
+
+def test_deployment_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/operations.md: "The deployment key"
+    monkeypatch.setenv("STATECACHE_HASH_KEY", "5f0c0b6a8c1d4e2f9a7b3c5d6e8f1a2b")
+    import os
+
+    from statecache.engine import EngineConfig
+
+    # one secret per fleet, from the secrets store (here: the environment), never a command line
+    config = EngineConfig(hash_block_size=16, hash_salt=bytes.fromhex(os.environ["STATECACHE_HASH_KEY"]))
+
+    assert "5f0c" not in repr(config)
 
 
 def test_typed_api_catches_misuse() -> None:

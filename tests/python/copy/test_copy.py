@@ -371,3 +371,48 @@ def test_an_executor_is_safe_to_share_between_threads():
             got = torch.cat([model.unit(u) for u in units])[:n]
             assert torch.equal(got, tmodel.image(w))
     assert same(state.tensors, twin_state)
+
+
+@pytest.mark.parametrize("where", ["index", "property", "pair"])
+def test_an_op_that_replaces_a_tensors_storage_while_it_converts_is_refused(where):
+    """Every op converts before the tensors are checked: an op whose
+    ``__index__`` (or a duck-typed op's property) replaces a layout tensor's
+    storage with ``set_()`` makes the batch raise ValueError, and nothing is
+    written, neither to the new storage nor to the old one (kept alive here to
+    look at it; without the order the copy wrote to it after it was freed)."""
+    slots = torch.arange(8 * 64, dtype=torch.uint8).reshape(8, 64).clone()
+    pages = torch.zeros(32, 64, dtype=torch.uint8)
+    ex = sc.StateCopyExecutor(sc.StateLayout([slots]), sc.PageLayout([pages], unit_dim=0), max_num_seqs=4)
+    lid, n = ex.layout_id, ex.spec.image_bytes
+    kept = []
+
+    def swap_storage():
+        kept.append(torch.zeros(0, dtype=torch.uint8).set_(pages.untyped_storage()))
+        pages.set_(torch.zeros(32, 64, dtype=torch.uint8).untyped_storage(), 0, (32, 64))
+
+    class Swapping:
+        def __index__(self):
+            swap_storage()
+            return 3
+
+    class DuckStore:
+        src_slot = 1
+        total_bytes = n
+        layout_id = lid
+
+        @property
+        def unit_ids(self):
+            swap_storage()
+            return [3]
+
+    if where == "index":
+        batch = dict(stores=[StandInStore(src_slot=1, unit_ids=(Swapping(),), total_bytes=n, layout_id=lid)])
+    elif where == "property":
+        batch = dict(stores=[DuckStore()])
+    else:  # a relocation's slot
+        slot_ex = sc.StateCopyExecutor(sc.StateLayout([pages]), sc.PageLayout([slots], unit_dim=0), max_num_seqs=4)
+        ex, batch = slot_ex, dict(relocations=[(Swapping(), 5)])
+    with pytest.raises(ValueError, match="storage was replaced"):
+        ex(**batch)
+    assert not kept[0].any() and not pages.any()
+    assert ex.copy_stats["refused"] == 1

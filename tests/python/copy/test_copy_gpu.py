@@ -197,3 +197,56 @@ def test_every_kernel_build_matches_cpu_executor(variant):
         eg(*batch)
         ec(*batch)
         assert_same(gpu, cpu)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_small_eager_batches_ride_in_the_kernel_parameters(seed):
+    """Batches that fit the kernel's parameters skip staging and the
+    descriptor fetch; batches past it are staged. Both bit-exact, one after
+    the other on one stream."""
+    gpu, cpu = twins(60 + seed, misaligned=seed % 2 == 0, partial=True, scale=301, kv=True)
+    eg, ec = executors(gpu, cpu)
+    inline = sc._C._GpuCopyEngine.inline_bytes
+    rng = random.Random(seed)
+    sizes = set()
+    for _ in range(6):
+        batch = random_batch(rng, cpu[0], cpu[1], ec.layout_id, ec.spec.image_bytes, ec.units_per_image)
+        n_ops = sum(len(b) for b in batch)
+        units = (len(batch[2]) + len(batch[3])) * ec.units_per_image
+        sizes.add(16 + 24 * n_ops + 4 * units <= inline)
+        eg(*batch)
+        ec(*batch)
+        assert_same(gpu, cpu)
+    assert True in sizes
+
+
+@pytest.mark.parametrize("path", ["sm", "dma", "auto"])
+def test_host_moves_match_the_cpu_executor(path):
+    """Units and slot images to pinned host entries and back, GPU against the
+    CPU executor over the same bytes; the load orders the current stream."""
+    from statecache.executor import HostCopyExecutor
+
+    gpu, cpu = twins(80, misaligned=True, partial=True, scale=257, kv=True)
+    rng = random.Random(4)
+    for pick in (lambda w: w[1], lambda w: w[0]):  # page layout, then state layout
+        lay_g, lay_c = pick(gpu), pick(cpu)
+        page = isinstance(lay_c, sc.PageLayout)
+        count, item = (lay_c.num_units, lay_c.unit_bytes) if page else (lay_c.num_slots, lay_c.image_bytes)
+        entry = 1000
+        k = -(-item // entry)
+        n = 2 * count * k
+        host_g = torch.randint(1, 256, (n, entry), dtype=torch.uint8).pin_memory()
+        host_c = host_g.clone()
+        xg = HostCopyExecutor(lay_g, host_g, path=path)
+        xc = HostCopyExecutor(lay_c, host_c)
+        assert xg.entries_per_item == k
+        items = rng.sample(range(count), max(1, count // 2))
+        entries = rng.sample(range(n), len(items) * k)
+        assert xg.offload(items, entries).path in ("sm", "dma")
+        xc.offload(items, entries)
+        torch.cuda.synchronize()
+        assert torch.equal(host_g, host_c)
+        back = rng.sample(range(count), len(items))
+        xg.load(entries, back)
+        xc.load(entries, back)
+        assert_same(gpu, cpu)

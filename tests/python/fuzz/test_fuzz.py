@@ -15,7 +15,26 @@ import pytest
 
 DRIVER = Path(__file__).with_name("fuzz_driver.py")
 SECONDS = float(os.environ.get("STATECACHE_FUZZ_SECONDS", "4"))
-CASES = ["slot_pool", "group_pool", "paged", "uninitialised", "pickling", "views", "threads"]
+CASES = [
+    "slot_pool",
+    "group_pool",
+    "paged",
+    "uninitialised",
+    "pickling",
+    "views",
+    "threads",
+    # issue 18: unsigned engines' hashes, ops that replace tensors' storage,
+    # arrays changed by code that runs mid-call, the threading promises
+    "slot_pool_u64",
+    "group_pool_u64",
+    "paged_u64",
+    "mutating_ops",
+    "mutated_arrays",
+    "thread_promises",
+    "tier_batches",
+    "tier_reclaim",
+    "collision_pair",
+]
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -231,6 +231,25 @@ def test_a_reference_spec_is_accepted_and_validated():
     assert store.spec == sc.PagedStateCheckpointSpec(**SPECS[0]) and store.units_per_checkpoint == 4
 
 
+def _unindex_dropping_queued_midstep(ref_c):
+    """The reference coordinator's ``unindex`` with statecache's divergence
+    (docs/contract.md, "Divergences"): a queued midstep store dies with its
+    hash, its scratch slot goes back and the loss counts as orphaned."""
+    unindex = ref_c.unindex
+
+    def patched(h):
+        queued = [q for q in ref_c._scratch_queued if q[0] == h]
+        ref_c._scratch_queued = [q for q in ref_c._scratch_queued if q[0] != h]
+        orphaned = ref_c.checkpoints_orphaned
+        unindex(h)
+        if queued and ref_c.checkpoints_orphaned == orphaned:
+            ref_c.checkpoints_orphaned += 1
+        for _, slot in queued:
+            ref_c._scratch.release(slot)
+
+    return patched
+
+
 class CoordinatorRun(StoreRun):
     """One statecache coordinator and one reference coordinator in lockstep."""
 
@@ -260,6 +279,7 @@ class CoordinatorRun(StoreRun):
         budget = rng.choice([0, 2, 4, 8])
         self.ours_c.attach_midstep_scratch(self.scratch[0], budget)
         self.ref_c.attach_midstep_scratch(self.scratch[1], budget)
+        self.ref_c.unindex = _unindex_dropping_queued_midstep(self.ref_c)
         self.ours_pool.on_evict = self.ours_c.unindex
         self.ref_pool.on_evict = self.ref_c.unindex
         self.hashes = [rng.randrange(-(2**62), 2**62) for _ in range(9)] + [0, 5]

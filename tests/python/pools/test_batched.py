@@ -372,26 +372,36 @@ class _SetterFails(OwnSeq):
 
 
 @pytest.mark.parametrize("kind", ["slot", "group-fork", "group-copy"])
-def test_a_failing_setter_restores_the_batch_and_leaves_the_pool(kind):
-    p = _make_pool(kind)
+def test_a_failing_setter_stops_the_batch_at_its_entry(kind):
+    # The batch stands for the per-sequence calls in order: the entries before
+    # the failing one are filed as their own calls would file them, the failing
+    # entry's fields get their values back, and nothing after it changes. The
+    # twin runs those per-sequence calls; no copy of the pool is made.
+    p, twin = _make_pool(kind), _make_pool(kind)
     good = [OwnSeq(i) for i in range(3)]
     bad = _SetterFails(9)
     seqs = good[:2] + [bad] + good[2:]
+    twin_seqs = [OwnSeq(i) for i in (0, 1, 9, 2)]
     _admit(p, kind, seqs)
+    _admit(twin, kind, twin_seqs)
     # what checkpoint writes last on an object: fork_src (fork), pending (copy)
     _SetterFails.fail_on = "pending_checkpoint" if kind == "group-copy" else "state_fork_src"
     state = _slot_state if kind == "slot" else _group_state
-    before, fields = state(p), [_fields(s) for s in seqs]
+    fields = [_fields(s) for s in seqs]
+    for s, b, h in zip(twin_seqs[:2], [1, 2], [11, 12]):
+        twin.checkpoint(s, b, h)
     _SetterFails.armed = True
     try:
         with pytest.raises(RuntimeError, match="setter refused"):
             p.checkpoint_many(seqs, [1, 2, 3, 4], [11, 12, 13, 14])
     finally:
         _SetterFails.armed = False
-    assert state(p) == before
-    assert [_fields(s) for s in seqs] == fields  # the first two entries' writes were undone
-    p.checkpoint_many(seqs, [1, 2, 3, 4], [11, 12, 13, 14])  # disarmed: goes through
-    assert [_fields(s) for s in seqs] != fields
+    assert state(p) == state(twin)
+    assert [_fields(s) for s in seqs[:2]] == [_fields(s) for s in twin_seqs[:2]]
+    assert [_fields(s) for s in seqs[2:]] == fields[2:]  # the failing entry restored, the last untouched
+    p._check_invariants()
+    p.checkpoint_many(seqs[2:], [3, 4], [13, 14])  # disarmed: the rest goes through
+    assert [_fields(s) for s in seqs[2:]] != fields[2:]
     p._check_invariants()
 
 
@@ -489,9 +499,10 @@ def test_group_release_many():
 
 
 def test_coordinator_batch_with_a_tier_mutating_the_hash_lists():
-    """A tier's vote runs Python code between reads: a list it shrinks is
-    refused (as the per-sequence call refuses it), one it reassigns on a
-    statecache.Sequence is read afresh, and nothing changes."""
+    """A tier's vote runs Python code between reads: every hash list (the
+    caller's, a statecache.Sequence's own) was snapshotted before the scan, so
+    what the vote does to them changes neither the answer nor the
+    coordinator."""
     spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=256, layout_id="t", image_bytes=256)
     hashes = [1, 2, 3, 4, 5, 6]
     seqs = [sc.Sequence(0), sc.Sequence(1)]
@@ -506,10 +517,11 @@ def test_coordinator_batch_with_a_tier_mutating_the_hash_lists():
             return h == 1
 
     c = sc.PagedStateCheckpointCoordinator(sc.BlockPool(64), spec, True, offload=Tier())
-    with pytest.raises(ValueError, match="block_hashes"):
-        c.resumable_hits(seqs[:1], [6], [hashes])
-    with pytest.raises(ValueError, match="block_hashes"):
-        c.resumable_hits(seqs, [3, 3])  # seqs[1]'s own list shrank to one hash
+    assert c.resumable_hits(seqs[:1], [6], [hashes]) == [1] and hashes == []
+    assert c.resumable_hit(seqs[0], 3, [1, 2, 3]) == 1
+    seqs[1].block_hashes = [7, 8, 9]
+    assert c.resumable_hits(seqs, [3, 3]) == [0, 0]  # seqs[1]'s own list replaced mid-batch
+    assert list(seqs[1].block_hashes) == [1]
     seqs[1].block_hashes = [7, 8, 9]
     assert c.resumable_hits(seqs, [3, 1], [(5, 6, 7), [1]]) == [0, 1]
     c.check_consistency()
@@ -592,3 +604,102 @@ def test_begin_restores_refused_batch_queues_nothing():
     assert c.begin_restores([], []) == []
     assert c.begin_restores(hashes=[100], dst_slots=[3]) == [True]
     c.check_consistency()
+
+
+def _resize_away(arr, junk):
+    """Frees `arr`'s memory (NumPy lets a resize go ahead without a refcheck,
+    buffer exports or not) and hands memory of that size to junk arrays."""
+    n = arr.size
+    arr.resize(n * 64, refcheck=False)
+    junk.extend(np.full(n, -7, dtype=np.int64) for _ in range(8))
+
+
+def test_hash_arrays_are_not_read_in_place_across_a_tier_vote():
+    """A tier's vote (Python) resizes the int64 hash array being scanned, and
+    the hits array: the scan answers from copies taken before the first vote
+    (it read freed memory before)."""
+    spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=256, layout_id="t", image_bytes=256)
+    junk = []
+    hashes = np.arange(100, 164, dtype=np.int64)
+    hits = np.array([64], dtype=np.int64)
+    asked = []
+
+    class Tier:
+        def could_serve(self, h):
+            asked.append(h)
+            if len(asked) == 1:
+                _resize_away(hashes, junk)
+                _resize_away(hits, junk)
+            return h == 110
+
+    c = sc.PagedStateCheckpointCoordinator(sc.BlockPool(64), spec, True, offload=Tier())
+    s = sc.Sequence(0)
+    s.state_slots = [0]
+    assert c.resumable_hits([s], hits, hashes[None, :].copy()) == [11]
+    asked.clear()
+    hashes = np.arange(100, 164, dtype=np.int64)
+    hits = np.array([64], dtype=np.int64)
+    assert c.resumable_hits([s], hits, [hashes]) == [11]
+    assert asked == list(range(163, 109, -1))
+    asked.clear()
+    hashes = np.arange(100, 164, dtype=np.int64)
+    assert c.resumable_hit(s, 64, hashes) == 11
+    c.check_consistency()
+
+
+def test_arrays_are_not_read_in_place_across_an_engine_objects_getter():
+    """An engine object's attribute getter (Python) runs after the batch's
+    array arguments were taken; one that resizes them changes nothing the
+    batch reads."""
+    junk = []
+    p = sc.StateSlotPool(16, sc.StateTransfer.fork(1))
+    blocks = np.array([1, 1], dtype=np.int64)
+    hashes = np.array([501, 502], dtype=np.int64)
+    hits = np.array([2, 2], dtype=np.int64)
+
+    class Resizing(OwnSeq):
+        @property
+        def has_per_req_cache(self):
+            for a in (blocks, hashes, hits):
+                if a.size == 2:
+                    _resize_away(a, junk)
+            return True
+
+        @has_per_req_cache.setter
+        def has_per_req_cache(self, v):
+            pass
+
+    seqs = [Resizing(0), OwnSeq(1)]
+    for s in seqs:
+        s.state_slot = p.pop()
+    olds = [s.state_slot for s in seqs]
+    p.checkpoint_many(seqs, blocks, hashes)
+    assert [p.lookup(h) for h in (501, 502)] == olds
+    blocks, hashes, hits = (np.array(v, dtype=np.int64) for v in ([1, 1], [501, 502], [2, 2]))
+    assert p.resumable_hits(seqs, hits, [np.array([7, 501]), np.array([7, 502])]) == [2, 2]
+    p._check_invariants()
+
+
+def test_a_hash_array_read_in_place_is_copied_before_an_elements_index_runs():
+    """Without Python code in the scan an int64 row is read in place; when
+    another row holds an element with ``__index__`` (which runs Python code
+    and here frees that array), the batch copies the array before converting
+    the element, and answers from the copy."""
+    junk = []
+    p = sc.StateSlotPool(16, sc.StateTransfer.fork(1))
+    seqs = [sc.Sequence(i, num_tokens=200) for i in range(2)]
+    for s in seqs:
+        s.state_slots = [p.pop()]
+    p.checkpoint_many(seqs, [2, 2], [702, 802])
+    p.release_pins()
+    row = np.array([701, 702, 703], dtype=np.int64)
+
+    class Frees:
+        def __index__(self):
+            _resize_away(row, junk)
+            return 801
+
+    assert p.resumable_hits(seqs, [3, 3], [row, [Frees(), 802, 803]]) == [2, 2]
+    matrix = np.array([[701, 702, 703], [801, 802, 803]], dtype=np.int64)
+    assert p.resumable_hits(seqs, [3, 3], matrix) == [2, 2]
+    p._check_invariants()

@@ -601,3 +601,14 @@ def test_differential_engine_request_class(seed, transfer):
         profile=("mixed", "idle", "shrink")[seed],
         plain_seqs=True,
     ).run(400)
+
+
+@needs_ref
+@pytest.mark.parametrize("transfer", sorted(SLOT_TRANSFERS))
+@pytest.mark.parametrize("seed", range(3))
+def test_differential_unsigned_hashes(seed, transfer):
+    """An engine that hashes unsigned (the reference project's xxh64): hashes
+    at and above 2**63 mean what the reference makes them mean, and every one
+    comes back as the int given (index keys, per-index hashes, pending
+    checkpoints), compared with the reference after every step."""
+    SlotDriver(5000 + seed, transfer, size=(4, 6, 9)[seed], hbs=1 + seed % 2, unsigned_hashes=True).run(500)

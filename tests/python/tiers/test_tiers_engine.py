@@ -7,12 +7,13 @@ key, times out, restarts, or never reports a store)."""
 import signal
 import time
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from statecache.demo import make_workload, serve  # noqa: E402
+from statecache.engine.conversations import make_workload, serve  # noqa: E402
 from statecache.models import build_engine, build_model  # noqa: E402
 from statecache.tiers import HostTier  # noqa: E402
 from tier_support import mooncake_servers  # noqa: E402
@@ -297,3 +298,192 @@ def test_fresh_engine_resumes_from_redis(model, reference, unit):
         eng2.close()
     finally:
         srv.stop()
+
+
+class FailingTier:
+    """A shared tier every call of which raises ``exc``."""
+
+    name = "failing"
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def _fail(self, *a):
+        raise self.exc
+
+    put_many = get_many_into = contains_many = remove_many = _fail
+
+    def stats(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_a_failing_shared_tier_is_counted_and_logged(model, reference, unit, caplog):
+    from statecache.tiers import TierError
+
+    caplog.set_level("WARNING", logger="statecache")
+    eng, rows = run(
+        model, tiers=[host_tier(unit), FailingTier(TierError("down"))], tier_options={"shared_writes": "through"}
+    )
+    assert_identical(rows, reference)
+    st = eng.tiering.stats()
+    assert st["tier_errors"] > 0 and st["shared_writes_failed"] > 0
+    assert any("tier failing" in r.getMessage() and "down" in r.getMessage() for r in caplog.records)
+    eng.close()
+
+
+def test_a_tier_that_raises_outside_the_interface_is_a_bug_that_propagates(model, unit):
+    with pytest.raises(KeyError, match="not a tier failure"):
+        run(model, tiers=[host_tier(unit), FailingTier(KeyError("not a tier failure"))])
+
+
+# --------------------- slow shared tiers racing reclaim --------------------- #
+
+MARK = 0xAB  # what a reclaimed unit holds once reused, in the race test
+
+
+class MemoryTier:
+    """A shared tier in a dict: ``slow_puts`` puts sleep ``delay_s`` each
+    (a slow server), and removals fail (best effort that does not happen)."""
+
+    name = "memory"
+
+    def __init__(self, slow_puts=0, delay_s=0.0):
+
+        self.values, self.slow_puts, self.delay_s = {}, slow_puts, delay_s
+
+    def put_many(self, keys, values):
+        out = []
+        for k, segs in zip(keys, values):
+            if self.slow_puts > 0:
+                self.slow_puts -= 1
+                time.sleep(self.delay_s)
+            self.values.setdefault(k, b"".join(bytes(memoryview(s).cast("B")) for s in segs))
+            out.append(True)
+        return out
+
+    def get_many_into(self, keys, dests):
+        from statecache.tiers.host import copy_stream
+
+        out = []
+        for k, d in zip(keys, dests):
+            v = self.values.get(k)
+            want = sum(memoryview(s).nbytes for s in d)
+            out.append(-1 if v is None else (-2 if len(v) != want else copy_stream([v], d)))
+        return out
+
+    def contains_many(self, keys):
+        return [k in self.values for k in keys]
+
+    def remove_many(self, keys):
+        return [False] * len(keys)
+
+    def stats(self):
+        return {"values": len(self.values)}
+
+    def close(self):
+        pass
+
+
+class ReusingCoordinator:
+    """The engine's coordinator, except that units taken back from a stale
+    offload are overwritten with MARK before anything else in the pass (as
+    their reuse would, later in it)."""
+
+    def __init__(self, tiering):
+        self._coord, self._tiering, self._units, self._reused = tiering.coord, tiering, {}, []
+        self.reclaimed_ops = 0
+
+    def __getattr__(self, name):
+        return getattr(self._coord, name)
+
+    def reclaim_stale_offload_pins(self, timeout_s):
+        n = self._coord.reclaim_stale_offload_pins(timeout_s)
+        for key, (op, units) in list(self._units.items()):
+            if self._coord.was_reclaimed(op):
+                self._reused.append(units)
+                del self._units[key]
+                self.reclaimed_ops += 1
+        return n
+
+    def take_offload_stores(self, n):  # the next call in the pass
+        mover = self._tiering.mover
+        for units in self._reused:
+            mover.from_rows([np.full(mover.unit_bytes, MARK, np.uint8) for _ in units], units)
+        self._reused.clear()
+        got = self._coord.take_offload_stores(n)
+        for op, units in got:
+            self._units[id(op)] = (op, list(units))
+        return got
+
+
+def test_a_reclaimed_offload_is_never_written(model, reference):
+    """Shared tier only: the first state write takes longer than
+    offload_timeout_s, so later offloads' copies wait behind it on the I/O
+    thread, their pins are reclaimed and their units reused. A copy that ran
+    after the reclaim would checksum reused bytes and put them under the
+    prefix's key (and the removal afterwards fails here): a fresh engine
+    would adopt that value."""
+    shared = MemoryTier(slow_puts=1, delay_s=2.0)
+    proxy = []
+
+    def install(eng, n):
+        if n == 1:
+            t = eng.tiering
+            proxy.append(ReusingCoordinator(t))
+            t.coord = t.stores.coord = proxy[0]
+
+    eng, rows = run(
+        model,
+        tiers=[shared],
+        tier_options={"offload_timeout_s": 0.3, "max_inflight": 4, "kv": False},
+        during=install,
+    )
+    eng.tiering.wait_writes(10)
+    assert_identical(rows, reference)
+    assert proxy[0].reclaimed_ops > 0  # the race happened
+    from statecache.tiers import integrity
+
+    marked = []
+    for k, v in shared.values.items():
+        payload = np.frombuffer(v[integrity.header_nbytes(k) :], dtype=np.uint8)
+        if payload.size and (payload == MARK).mean() > 0.5:
+            marked.append(k)
+    assert not marked, f"{len(marked)} values hold reused units under a valid checksum"
+    eng.close()
+    # and a fresh engine over that tier resumes nothing wrong
+    eng2, rows2 = run(model, tiers=[shared], tier_options={"kv": False})
+    assert_identical(rows2, reference)
+    eng2.close()
+
+
+def test_tensor_parallel_ranks_are_named_and_resume_all_or_nothing(model, reference):
+    """tp_size > 1 without a tp_rank is refused; a fresh rank 0 resumes from
+    a shared tier only once rank 1's shards are there too."""
+    with pytest.raises(ValueError, match="tp_rank is required"):
+        build_engine("qwen3next", "page", model_and_geom=model, tiers=[MemoryTier()], tier_options={"tp_size": 2})
+    shared = MemoryTier()
+    opts = {"tp_rank": 0, "tp_size": 2}
+    eng, rows = run(model, tiers=[shared], tier_options=dict(opts, shared_writes="through"))
+    eng.close()
+    assert_identical(rows, reference)
+    assert any("/tp0-2/" in k for k in shared.values) and not any("/tp1-2/" in k for k in shared.values)
+    alone, rows_alone = run(model, tiers=[shared], tier_options=opts)
+    assert_identical(rows_alone, reference)
+    st = alone.tiering.stats()
+    assert st["state_loaded_shared"] == 0 and st["kv_loaded_shared"] == 0  # rank 1 has nothing: nobody loads
+    alone.close()
+    for k, v in list(shared.values.items()):  # rank 1 wrote its shards (same bytes here, its own key)
+        k1 = k.replace("/tp0-2/", "/tp1-2/")
+        from statecache.tiers import integrity
+
+        hl = integrity.header_nbytes(k)
+        payload = np.frombuffer(v[hl:], dtype=np.uint8)
+        shared.values[k1] = integrity.make_header(k1, payload.size, integrity.checksum([payload])) + v[hl:]
+    both, rows_both = run(model, tiers=[shared], tier_options=opts)
+    assert_identical(rows_both, reference)
+    st = both.tiering.stats()
+    assert st["state_loaded_shared"] > 0 and st["kv_loaded_shared"] > 0
+    both.close()

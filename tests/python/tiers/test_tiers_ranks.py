@@ -42,3 +42,34 @@ def test_a_rank_refuses_another_ranks_shard(tp_size):
                 continue
             header, payload = stored[other]  # another rank's bytes, e.g. filed under the wrong key
             assert integrity.check(header, mine, [payload], len(payload)) == integrity.WRONG_KEY
+
+
+def test_a_rank_is_named_wherever_shards_are_written():
+    from statecache.tiers.ranks import rank_identity
+
+    assert rank_identity(None, 1) == (0, 1)
+    assert rank_identity(3, 4) == (3, 4)
+    with pytest.raises(ValueError, match="tp_rank is required"):
+        rank_identity(None, 2)
+    with pytest.raises(ValueError, match="tp_rank"):
+        rank_identity(2, 2)
+    with pytest.raises(ValueError, match="tp_size"):
+        rank_identity(0, 0)
+
+
+def test_a_prefix_counts_only_with_every_ranks_shard():
+    from statecache.tiers.ranks import every_rank_holds, shard_keys
+
+    a, b = bytes(16), bytes(range(16))
+    stored = set(shard_keys("state", "L", 4, a)) | set(shard_keys("state", "L", 4, b)[:3])  # b lacks rank 3
+    calls = []
+
+    def held(keys):
+        calls.append(len(keys))
+        return [k in stored for k in keys]
+
+    assert every_rank_holds(held, "state", "L", 4, [a, b]) == [True, False]
+    assert calls == [8]  # one question for every rank of every prefix
+    assert every_rank_holds(held, "state", "L", 4, []) == []
+    with pytest.raises(ValueError, match="answered"):
+        every_rank_holds(lambda keys: [True], "state", "L", 4, [a])

@@ -194,3 +194,42 @@ def test_master_killed_mid_batch_and_restarted():
         t.close()
     finally:
         srv.stop()
+
+
+@pytest.fixture(params=["host", "mooncake", "redis"])
+def any_tier(request):
+    if request.param == "host":
+        from statecache.tiers import HostTier
+
+        t = HostTier(64 * 4096, 4096)
+    elif request.param == "mooncake":
+        t = make_tier("mooncake", mooncake=request.getfixturevalue("mooncake"))
+    else:
+        t = make_tier("redis", redis_srv=request.getfixturevalue("redis_srv"))
+    yield t
+    t.close()
+
+
+def test_batches_answer_per_destination_with_duplicate_keys(any_tier):
+    """One key twice in a batch: each destination gets its own answer, and
+    a destination reported as read holds the value (issue 18 §3: one
+    registered destination and one not, one of the wrong size)."""
+    t = any_tier
+    rng = np.random.default_rng(7)
+    value = rng.integers(0, 256, 3000, dtype=np.uint8)
+    k, other = _key("dup"), _key("dup-missing")
+    assert t.put_many([k, k], [[value], [value]]) == [True, True]
+    registered = np.zeros((2, 4096), np.uint8)
+    if hasattr(t, "register"):
+        t.register(registered)
+    plain = np.zeros(3000, np.uint8)
+    wrong = np.zeros(100, np.uint8)
+    got = t.get_many_into([k, other, k, k], [[registered[0, :3000]], [plain[:10]], [plain], [wrong]])
+    assert got == [3000, MISSING, 3000, TRUNCATED]
+    assert (registered[0, :3000] == value).all() and (plain == value).all()
+    plain[:] = 0
+    got = t.get_many_into([k, k], [[plain], [registered[1, :3000]]])
+    assert got == [3000, 3000] and (plain == value).all() and (registered[1, :3000] == value).all()
+    assert t.contains_many([k, other, k]) == [True, False, True]
+    assert t.remove_many([k, k]) in ([True, False], [True, True])  # the second finds nothing (or the same removal)
+    assert t.contains_many([k]) == [False]
