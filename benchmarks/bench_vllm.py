@@ -88,6 +88,8 @@ def summarize(name, results, wall, timing, funnel):
         sched_ms_per_step=1e3 * sched / max(1, timing["steps"]),
         connector_share=(conn / sched) if conn is not None and sched else None,
         loads_failed=funnel.get("loads_failed"),
+        hooks={k[len("scheduler_seconds_") :]: v for k, v in funnel.items() if k.startswith("scheduler_seconds_")},
+        sched_s=sched,
     )
 
 
@@ -216,6 +218,11 @@ def main() -> None:
                 f"{r['ttft_p50']:9.3f} {r['ttft_p90']:9.3f} {r['wall_s']:7.1f} {r['sched_ms_per_step']:8.2f}ms "
                 f"{share:>10} {r.get('matching', '-')}"
             )
+    for workload, rows in table.items():
+        for r in rows:
+            if r.get("hooks"):
+                parts = ", ".join(f"{k} {100 * v / r['sched_s']:.2f}%" for k, v in sorted(r["hooks"].items()))
+                print(f"{workload}, {r['row']}: connector hooks as a share of vLLM's scheduler time: {parts}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(table, f, indent=1)

@@ -130,9 +130,7 @@ def scheduler_output(new=(), cached=()) -> SimpleNamespace:
 class Rig:
     """One scheduler side and ``tp`` worker sides over random tensors."""
 
-    def __init__(
-        self, tp: int = 1, extra: dict | None = None, seed: int = 0, identity: str = "tiny", staging: int | None = None
-    ):
+    def __init__(self, tp: int = 1, extra: dict | None = None, seed: int = 0, identity: str = "tiny"):
         self.cfg = kv_cache_config()
         self.config = ConnectorConfig.from_extra({"host_memory": 4 << 20, **(extra or {})})
         self.geometry = build_geometry(self.cfg, identity, self.config.entry_bytes)
@@ -143,7 +141,7 @@ class Rig:
         self.raw, self.workers = [], []
         for rank in range(tp):
             raw, views = layer_tensors(self.cfg, seed * 100 + rank)
-            w = ConnectorWorker(self.config, self.geometry, rank, tp, staging_entries=staging)
+            w = ConnectorWorker(self.config, self.geometry, rank, tp)
             w.register_kv_caches(views, self.cfg)
             self.raw.append(raw)
             self.workers.append(w)

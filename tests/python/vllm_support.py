@@ -384,7 +384,7 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
                     continue
                 for g, b, _e in _w._images(v):
                     m = _w.movers[g.group]
-                    for view in m.executor.state_layout.tensors:
+                    for view in m.views:
                         row = view[b, : g.real_bytes]
                         ssm = row[3072:].view(torch.float32)
                         ssm.mul_(0.5)  # a stale or foreign state, in size

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from statecache import _C
-from statecache.tiers.keys import TierKey
+from statecache.tiers.placement import PrefixChains, TierPlacement
+from statecache.tiers.ranks import every_rank_holds, shard_keys
 from statecache.vllm.config import ConnectorConfig
 from statecache.vllm.geometry import KV, STATE, TAIL, Geometry
 from statecache.vllm.metadata import Load, StateCacheMeta, Value, WorkerReport, arena_key
@@ -92,33 +93,58 @@ def unpack_headers(meta: bytes) -> list[bytes]:
     return out
 
 
-class HostPlacement:
-    """Where the connector's values rank in the host tier: one byte budget
-    for KV blocks and states, ranked by the cost model of the GPU caches
-    (prefill FLOPs a hit saves per byte, and recency). A KV block is filed at
-    the boundary of the prompt it was saved for (a chain is worth what its
-    deepest state is), a state at its own boundary. The one place that
-    decides placement (docs/vllm.md, "Policy")."""
+def _h(prefix_key: bytes) -> int:
+    """A prefix key as the placement's chains name a block (ranking only)."""
+    return int.from_bytes(prefix_key, "little")
 
-    def __init__(self, geometry: Geometry, capacity_bytes: int, ranking: str, model_flops: tuple[float, float]):
+
+class HostPlacement:
+    """Where the connector's values rank in the host tier: the tiers' one
+    placement (``statecache.tiers.placement``), as the engine and the
+    simulator use it. KV blocks and states share one byte budget, ranked by
+    recency and the prefill FLOPs a hit saves per byte of the whole prefix;
+    a KV block ranks with the deepest state its chain leads to, a state at
+    its own boundary, a tail one block past its boundary; a resume refreshes
+    its chain tail first. Positions are in vLLM blocks (docs/vllm.md,
+    "Policy")."""
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        capacity_bytes: int,
+        ranking: str,
+        model_flops: tuple[float, float],
+        gpu_bytes: int = 0,
+    ):
         self.geometry = geometry
-        self.arena = _C.HostArena(geometry.entry_bytes, capacity_bytes, [capacity_bytes], ranking)
+        self.arena = _C.HostArena(geometry.entry_bytes, capacity_bytes, [None], ranking)
+        self.chains = PrefixChains()
+        self.tier = TierPlacement(self.arena, self.chains, self._key_of)
+        self._filing: dict[str, int] = {}  # state / tail keys allocated, not sealed yet
         if ranking == "cost":
             per_token, per_context = model_flops
             self.arena.set_eviction_policy(
                 "cost",
                 flops_per_token=per_token,
                 flops_per_context_token=per_context,
-                checkpoint_bytes=float(geometry.value_bytes(STATE) + geometry.value_bytes(KV)) / 2.0,
+                checkpoint_bytes=float(max(1, geometry.value_bytes(STATE))),
                 tokens_per_position=float(geometry.block_size),
             )
+            self.tier.use_model(self.arena.eviction_policy, float(geometry.value_bytes(KV)), gpu_bytes)
 
-    def position(self, kind: str, boundary: int, prompt_boundary: int) -> int:
-        """In blocks: a KV block ranks with its prompt's last boundary."""
-        return boundary if kind == STATE else max(boundary, prompt_boundary)
+    def _key_of(self, kind: str, h: int) -> str | None:
+        pk = self.chains.payload(h)
+        return None if pk is None else arena_key(kind, pk)
 
-    def allocate(self, key: str, kind: str, position: int) -> list[int] | None:
-        """Entries for a new value (evicting by rank), or None."""
+    def note(self, keys: list[bytes], first: int, parent: bytes | None) -> None:
+        """Prefix keys of boundaries ``first + 1, ...`` of one request."""
+        self.chains.note([_h(k) for k in keys], first, None if parent is None else _h(parent), keys)
+
+    def allocate(self, key: str, kind: str, prefix_key: bytes) -> list[int] | None:
+        """Entries for a new value (evicting by rank), or None. A tail's
+        ``prefix_key`` is that of the boundary it starts from."""
+        h = _h(prefix_key)
+        position = self.chains.position(h) + 1 if kind == TAIL else self.tier.position(kind, h)
         g = self.geometry
         try:
             got = self.arena.allocate(key, 0, g.value_entries(kind), g.value_bytes(kind), position)
@@ -126,7 +152,26 @@ class HostPlacement:
             if "already in the arena" in str(e):
                 return None
             raise
-        return None if got is None else list(got[0])
+        if got is None:
+            return None
+        if kind != KV:
+            self._filing[key] = h
+        return list(got[0])
+
+    def sealed(self, key: str) -> None:
+        """The value under ``key`` became findable: a state (or tail) makes
+        the KV blocks of its chain lead to it."""
+        h = self._filing.pop(key, None)
+        if h is not None:
+            self.tier.state_stored(h)
+
+    def dropped(self, key: str) -> None:
+        """An allocated value was given up before it was sealed."""
+        self._filing.pop(key, None)
+
+    def used(self, prefix_key: bytes) -> None:
+        """A prefix ending at this boundary was resumed (by vLLM or from here)."""
+        self.tier.used(_h(prefix_key))
 
 
 def model_flops(vllm_config: Any) -> tuple[float, float]:
@@ -174,7 +219,10 @@ class ConnectorScheduler:
         self.layout_ids = {k: geometry.layout_id(k) for k in (KV, STATE, TAIL)}
         self.kv_groups = [g.group for g in geometry.kv_groups]
         self.state_groups = [g.group for g in geometry.state_groups]
-        self.placement = HostPlacement(geometry, config.host_memory, config.ranking, model_flops(vllm_config))
+        gpu_bytes = geometry.num_blocks * (geometry.value_bytes(KV) + geometry.value_bytes(STATE))
+        self.placement = HostPlacement(
+            geometry, config.host_memory, config.ranking, model_flops(vllm_config), gpu_bytes
+        )
         self.arena = self.placement.arena
         self._salt = hashlib.blake2b(
             b"statecache-vllm-v1\0" + config.secret + geometry.identity.encode(), digest_size=32
@@ -242,7 +290,9 @@ class ConnectorScheduler:
         tokens = np.frombuffer(b"".join(words), dtype=np.int64)
         parent = keys[-1] if keys else None
         _hs, packed = _C.chain_block_keys(tokens, 4, parent, 0, self._salt)
-        keys.extend(packed[16 * i : 16 * i + 16] for i in range(len(words)))
+        new = [packed[16 * i : 16 * i + 16] for i in range(len(words))]
+        keys.extend(new)
+        self.placement.note(new, first, parent)
         return keys
 
     def _req(self, request: Any) -> _Req:
@@ -253,8 +303,7 @@ class ConnectorScheduler:
 
     def tier_keys(self, kind: str, prefix_key: bytes) -> list[str]:
         """Every rank's shared-tier key of a value."""
-        lid, name = self.layout_ids[kind], STATE if kind == TAIL else kind
-        return [TierKey(name, lid, rank, self.tp_size, prefix_key).encode() for rank in range(self.tp_size)]
+        return shard_keys(STATE if kind == TAIL else kind, self.layout_ids[kind], self.tp_size, prefix_key)
 
     def _tail_key(self, parent: bytes, tokens: list[int]) -> bytes:
         """The prefix key of a prefix that ends ``len(tokens)`` past the
@@ -302,7 +351,7 @@ class ConnectorScheduler:
         names = [k for kind, i in ask for k in self.tier_keys(kind, r.keys[i])]
         self.counters["shared_lookups"] += 1
         try:
-            found = self.shared.contains_many(names)
+            found = self.shared.contains_many(names)  # one batched lookup for both kinds
         except Exception as e:  # a tier failure is a miss, never an engine failure
             found = []
             log.warning("statecache: shared tier lookup failed (%s); skipping it for 5 s", e)
@@ -310,9 +359,13 @@ class ConnectorScheduler:
             self.counters["shared_lookup_failures"] += 1
             self._shared_down_until = time.monotonic() + 5.0
             return
-        n = self.tp_size
-        for j, key in enumerate(ask):
-            r.shared[key] = all(found[j * n : (j + 1) * n])
+        answer = dict(zip(names, found))
+        for kind in (KV, STATE):
+            idx = [i for k, i in ask if k == kind]
+            held = every_rank_holds(
+                lambda ks: [answer[k] for k in ks], kind, self.layout_ids[kind], self.tp_size, [r.keys[i] for i in idx]
+            )
+            r.shared.update(((kind, i), h) for i, h in zip(idx, held))
 
     def _where(self, r: _Req, kind: str, i: int) -> str | None:
         if self.arena.contains(arena_key(kind, r.keys[i])):
@@ -384,12 +437,15 @@ class ConnectorScheduler:
 
     # ------------------------------------------------------------- loading --
 
-    def _count_admission(self, request: Any, plan: _Plan, local: int, external: int) -> None:
+    def _count_admission(self, r: _Req, plan: _Plan, local: int, external: int) -> None:
         c = self.counters
         bs = self.bs
+        request = r.request
         cacheable = (request.num_tokens - 1) // bs * bs
         kv_hit = max(local, plan.local + plan.kv_run * bs)
         resumed = local + external
+        if resumed >= bs and len(r.keys) >= resumed // bs:
+            self.placement.used(r.keys[resumed // bs - 1])  # its copies here stay fresh
         c["admissions"] += 1
         c["admitted_tokens"] += request.num_tokens
         c["kv_hit_tokens"] += kv_hit
@@ -420,9 +476,9 @@ class ConnectorScheduler:
             while local < len(fa) and fa[local].block_hash is not None and not fa[local].is_null:
                 local += 1
             local = min(local * self.bs, (request.num_tokens - 1) // self.bs * self.bs)
-            self._count_admission(request, plan, local, 0)
+            self._count_admission(r, plan, local, 0)
             return
-        self._count_admission(request, plan, plan.local, num_external)
+        self._count_admission(r, plan, plan.local, num_external)
         ids = blocks.get_block_ids()
         first, k = plan.local // self.bs, plan.boundary
         values: list[Value] = []
@@ -452,7 +508,7 @@ class ConnectorScheduler:
                 values.append(Value(kind, pkey, list(got[0]), dst))
                 headers.append(unpack_headers(got[2]))
             elif src == SHARED:
-                entries = self.placement.allocate(key, kind, i + 1)
+                entries = self.placement.allocate(key, kind, pkey)
                 if entries is None:
                     fail = True
                     break
@@ -476,6 +532,7 @@ class ConnectorScheduler:
                 else:
                     self._staged.discard(key)
                     self.arena.remove(key)
+                    self.placement.dropped(key)
             values, headers, holds, tokens = [], [], [], {}
         self._inflight[request.request_id] = holds
         self._load_tokens[request.request_id] = tokens
@@ -495,8 +552,7 @@ class ConnectorScheduler:
             return
         if any(b <= 0 for b in blocks):
             return
-        prompt_boundary = (r.request.num_prompt_tokens - 1) // self.bs
-        entries = self.placement.allocate(key, kind, self.placement.position(kind, i + 1, prompt_boundary))
+        entries = self.placement.allocate(key, kind, r.keys[i])
         if entries is None:
             if not self.arena.contains(key) and key not in self._acc_saved:
                 self.counters["saves_dropped_host_full"] += 1
@@ -561,6 +617,7 @@ class ConnectorScheduler:
 
     def _seal(self, key: str, per_rank: dict[int, bytes]) -> None:
         self.arena.seal(key, pack_headers([per_rank[r] for r in range(self.tp_size)]))
+        self.placement.sealed(key)
 
     def update(self, output: Any) -> None:
         """Reads the workers' report and the finished / failed loads."""
@@ -582,6 +639,7 @@ class ConnectorScheduler:
             for key in rep.save_failed:
                 if self._acc_saved.pop(key, None) is not None:
                     self.arena.remove(key)
+                    self.placement.dropped(key)
             for key, per_rank in rep.fetched.items():
                 self._acc_fetched.setdefault(key, {}).update(per_rank)
             for key, ranks in rep.fetch_failed.items():
@@ -600,6 +658,7 @@ class ConnectorScheduler:
                     self._seal(key, got)
                 else:
                     self.arena.remove(key)
+                    self.placement.dropped(key)
             for key in rep.untrusted:
                 self.arena.remove(key)  # a pinned one goes at its last unpin
             for key, ranks in rep.shared_done.items():
@@ -658,7 +717,7 @@ class ConnectorScheduler:
         if self.arena.contains(akey):
             self.arena.lookup(akey, True)
             return False
-        entries = self.placement.allocate(akey, TAIL, b + 1)
+        entries = self.placement.allocate(akey, TAIL, r.keys[b - 1])
         if entries is None:
             self.counters["saves_dropped_host_full"] += 1
             return False

@@ -2,11 +2,10 @@
 tier's rows, checks them, and writes / reads the shared tier
 (docs/vllm.md, "How it works").
 
-Each KV cache group's blocks are described as a statecache ``StateLayout``
-(slot = vLLM block id, image = the real bytes of the group's pages) and the
-host tier's rows as a ``PageLayout`` (unit = host entry), so a save is a PAGE
-store (block -> entries) and a load a PAGE restore (entries -> block), run
-in batches by ``StateCopyExecutor``. Which entries hold what is decided by the
+Each KV cache group's blocks are a statecache ``StateLayout`` (slot = vLLM
+block id, image = the real bytes of the group's pages) moved whole to and
+from the host tier's rows by the copy engine's ``HostCopyExecutor``
+(``statecache.vllm.moves``). Which entries hold what is decided by the
 scheduler side; a worker keeps no index, so every tensor-parallel rank files
 its shard at the same entries.
 """
@@ -21,88 +20,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from statecache import CheckpointRestoreOp, CheckpointStoreOp
-from statecache.executor import StateCopyExecutor
-from statecache.layout import PageLayout, StateLayout
 from statecache.tiers import integrity
 from statecache.tiers.base import MISSING, TIMED_OUT, TRUNCATED
 from statecache.tiers.keys import TierKey
+from statecache.tiers.ranks import rank_identity
 from statecache.vllm.config import ConnectorConfig
-from statecache.vllm.geometry import Geometry, GroupImage, UnsupportedGeometry
+from statecache.vllm.geometry import Geometry, UnsupportedGeometry
 from statecache.vllm.metadata import Load, StateCacheMeta, Value, WorkerReport
+from statecache.vllm.moves import BlockMover, block_views
 from statecache.vllm.shared import open_shared_tier
 
 log = logging.getLogger("statecache.vllm")
 
-_MAX_NUM_SEQS = 256  # sizes one executor batch: 2 * 256 PAGE ops; larger steps run in several
 _HEADER_SLOT = 256
-
-
-class BlockMover:
-    """Copies one group's block images to and from host entries through
-    ``StateCopyExecutor``: a PAGE store gathers a block's image into units,
-    a restore scatters units back into a block.
-
-    On a CPU the units are the host entries themselves. On a GPU they are a
-    device staging area of ``staging_entries`` units (the executor's one
-    batched launch gathers the scattered pages there), moved to and from the
-    pinned host entries as whole rows; ``staging_entries`` on a CPU makes
-    the CPU take that path too (tests)."""
-
-    def __init__(
-        self, image: GroupImage, views: list[torch.Tensor], host: torch.Tensor, staging_entries: int | None = None
-    ):
-        self.image = image
-        self.host = host
-        device = views[0].device
-        if staging_entries is None and device.type != "cpu":
-            staging_entries = 2 * _MAX_NUM_SEQS * -(-image.image_bytes // host.shape[1])
-        self.staging = None
-        if staging_entries is not None:
-            self.staging = torch.empty((staging_entries, host.shape[1]), dtype=torch.uint8, device=device)
-        state = StateLayout(views, slot_dim=0, image_ranges=[(0, image.real_bytes)] * len(views))
-        page = PageLayout(self.staging if self.staging is not None else host, unit_dim=0)
-        self.executor = StateCopyExecutor(state, page, _MAX_NUM_SEQS, device=device)
-        self.layout_id = self.executor.layout_id
-        self.upi = self.executor.units_per_image
-        if self.upi * page.unit_bytes < image.image_bytes:
-            raise AssertionError("host entries do not cover one image")
-
-    def _batches(self, pairs: list[tuple[int, list[int]]]):
-        """Pairs in batches the executor (and the staging area) holds."""
-        step = self.executor.max_paged_ops
-        if self.staging is not None:
-            step = min(step, self.staging.shape[0] // self.upi)
-        for lo in range(0, len(pairs), step):
-            yield pairs[lo : lo + step]
-
-    def _staged(self, batch) -> tuple[list[tuple[int, list[int]]], torch.Tensor]:
-        """The batch with staging units in place of host entries, and the host entry of each staging unit."""
-        units = [(b, list(range(i * self.upi, (i + 1) * self.upi))) for i, (b, _e) in enumerate(batch)]
-        entries = torch.tensor([e for _b, es in batch for e in es], dtype=torch.long)
-        return units, entries
-
-    def store(self, pairs: list[tuple[int, list[int]]]) -> None:
-        """Block -> host entries, for each ``(block, entries)``."""
-        nbytes = self.image.image_bytes
-        for batch in self._batches(pairs):
-            if self.staging is None:
-                self.executor(stores=[CheckpointStoreOp(b, u, nbytes, self.layout_id) for b, u in batch])
-                continue
-            units, entries = self._staged(batch)
-            self.executor(stores=[CheckpointStoreOp(b, u, nbytes, self.layout_id) for b, u in units])
-            self.host.index_copy_(0, entries, self.staging[: len(entries)].to("cpu"))
-
-    def restore(self, pairs: list[tuple[int, list[int]]]) -> None:
-        """Host entries -> block, for each ``(block, entries)``."""
-        nbytes = self.image.image_bytes
-        for batch in self._batches(pairs):
-            if self.staging is None:
-                self.executor(restores=[CheckpointRestoreOp(b, u, nbytes, self.layout_id) for b, u in batch])
-                continue
-            units, entries = self._staged(batch)
-            self.staging[: len(entries)].copy_(self.host.index_select(0, entries), non_blocking=False)
-            self.executor(restores=[CheckpointRestoreOp(b, u, nbytes, self.layout_id) for b, u in units])
 
 
 @dataclass
@@ -123,12 +53,10 @@ class ConnectorWorker:
         geometry: Geometry,
         tp_rank: int,
         tp_size: int,
-        staging_entries: int | None = None,
     ):
         self.config = config
-        self.staging_entries = staging_entries
         self.geometry = geometry
-        self.rank, self.tp_size = tp_rank, tp_size
+        self.rank, self.tp_size = rank_identity(tp_rank, tp_size)
         self.layout_ids = {kind: geometry.layout_id(kind) for kind in ("kv", "state", "tail")}
         self.num_entries = config.host_memory // geometry.entry_bytes
         self.movers: dict[int, BlockMover] = {}
@@ -182,10 +110,14 @@ class ConnectorWorker:
             sig = (image.real_bytes, tuple((p.tensor, p.offset, p.block_stride) for p in image.places))
             if sig not in shared_views:
                 views = [
-                    torch.as_strided(raw[p.tensor], (geo.num_blocks, image.page_bytes), (p.block_stride, 1), p.offset)
+                    block_views(raw[p.tensor], [(p.offset, p.block_stride)], geo.num_blocks, image.page_bytes)[0]
                     for p in image.places
                 ]
-                shared_views[sig] = BlockMover(image, views, self.host, self.staging_entries)
+                shared_views[sig] = m = BlockMover(views, image.real_bytes, self.host)
+                if m.entries_per_image != geo.units(image):
+                    raise AssertionError(
+                        f"group {image.group}: {m.entries_per_image} entries an image, not {geo.units(image)}"
+                    )
             self.movers[image.group] = shared_views[sig]
         if self.config.shared is not None:
             self.shared = open_shared_tier(self.config.shared, self.config.shared_timeout_s)

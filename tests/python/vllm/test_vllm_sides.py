@@ -60,11 +60,9 @@ def tokens(n: int, seed: int = 1) -> list[int]:
     return [r.randrange(1000) for _ in range(n)]
 
 
-@pytest.mark.parametrize("staging", [None, 3], ids=["direct", "staged"])
-def test_a_load_restores_every_byte_of_kv_and_state_and_nothing_else(staging):
-    """``staged``: the GPU path (units in a staging area, rows copied to the
-    host entries), on CPU tensors, with batches of three blocks."""
-    rig = Rig(staging=staging)
+def test_a_load_restores_every_byte_of_kv_and_state_and_nothing_else():
+    """(The same moves on CUDA tensors: tests/python/copy/test_vllm_moves.py.)"""
+    rig = Rig()
     t = tokens(5 * BS + 3)
     prefill_a(rig, t)
     assert rig.sched.funnel()["host_values"] == 5 + 2  # KV blocks 0-4, states at 3 and 5 blocks
@@ -395,3 +393,18 @@ def test_a_failed_request_whose_async_retry_vllm_refuses_retries_without_the_con
     # a request that never failed keeps its offer while vLLM has no room for it
     c = FakeRequest("C", t + tokens(20, 3), len(t) + 20)
     assert s.match(c, 0) == 3 * BS and s.match(c, 0) == 3 * BS
+
+
+def test_host_placement_is_the_tiers_one_kv_blocks_rank_with_the_deepest_state_they_lead_to():
+    from statecache.tiers.placement import TierPlacement
+    from statecache.vllm.scheduler import _h
+
+    rig = Rig()
+    prefill_a(rig, tokens(5 * BS + 3))
+    s = rig.sched
+    assert isinstance(s.placement.tier, TierPlacement)
+    keys = s._reqs["A"].keys
+    # states sealed at boundaries 3 and 5: every KV block of the chain leads to 5
+    assert [s.placement.tier.position("kv", _h(k)) for k in keys[:5]] == [5] * 5
+    assert s.placement.tier.position("state", _h(keys[2])) == 3
+    assert not s.placement._filing  # nothing allocated is left unsealed
