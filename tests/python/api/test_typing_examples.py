@@ -209,6 +209,32 @@ def test_deployment_key(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "5f0c" not in repr(config)
 
 
+def _start_vllm(MODEL: str) -> Any:
+    # docs/vllm.md: "Turning it on" (an engine start: checked by mypy, run by tests/python/vllm)
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    # fmt: off
+    llm = LLM(model=MODEL, kv_transfer_config=KVTransferConfig(
+        kv_connector="StateCacheConnector", kv_connector_module_path="statecache.vllm",
+        kv_role="kv_both", kv_connector_extra_config={"host_memory": "4GB"}))
+    # fmt: on
+    return llm
+
+
+def test_vllm_connector_config() -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed here (.ci/vllm has it)")
+    import importlib
+
+    from vllm.config import KVTransferConfig
+
+    cfg = KVTransferConfig(
+        kv_connector="StateCacheConnector", kv_connector_module_path="statecache.vllm",
+        kv_role="kv_both", kv_connector_extra_config={"host_memory": "4GB"})  # fmt: skip
+    cls = getattr(importlib.import_module(cfg.kv_connector_module_path), cfg.kv_connector)
+    assert cls.__name__ == "StateCacheConnector" and cls.__module__ == "statecache.vllm.connector"
+
+
 def test_typed_api_catches_misuse() -> None:
     """What the stubs give a caller: real types, not ``object``."""
     pool = sc.StateSlotPool(4, sc.StateTransfer.fork(2), hash_block_size=2)
