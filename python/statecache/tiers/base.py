@@ -14,10 +14,13 @@ instead of raising; a call that raises ``TierError`` failed as a whole.
 
 from __future__ import annotations
 
+import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
+
+from ..logs import RateLimitedLog
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
 Segment: TypeAlias = Any
 #: one value: its segments, stored as their concatenation
 Segments: TypeAlias = Sequence[Segment]
+
+_warn = RateLimitedLog(interval_s=30.0)
 
 # get_many_into per-key results (>= 0: bytes read)
 MISSING = -1  # no such key
@@ -81,11 +86,21 @@ class Tier(ABC):
             "bytes_put": 0,
             "bytes_got": 0,
             "removes": 0,
+            "errors": 0,
         }
         self.closed = False
+        self._last_error = ""
 
     def _count(self, key: str, n: int = 1) -> None:
         self._stats[key] = self._stats.get(key, 0) + n
+
+    def _client_failed(self, what: str, exc: BaseException) -> None:
+        """A backend client raised inside a call that reports per key: counted
+        (``errors``), kept (``last_error``) and logged at WARNING, rate-limited."""
+        with self._lock:
+            self._count("errors")
+            self._last_error = repr(exc)
+        _warn(f"{self.name}:{what}", logging.WARNING, "tiers: %s %s failed: %r", self.name, what, exc)
 
     def _count_gets(self, results: Sequence[int]) -> None:
         for r in results:
@@ -129,9 +144,15 @@ class Tier(ABC):
 
     def stats(self) -> dict[str, int]:
         """Returns a new dict of the tier's counters (puts, gets by outcome,
-        timeouts, bytes moved, removes). Raises nothing."""
+        timeouts, bytes moved, removes, errors: calls in which the backend's
+        client raised). Raises nothing."""
         with self._lock:
             return dict(self._stats)
+
+    @property
+    def last_error(self) -> str:
+        """The ``repr`` of the last exception a backend client raised ("" if none)."""
+        return self._last_error
 
     def close(self) -> None:
         """Closes the tier; later calls raise TierError. Returns None; raises

@@ -206,8 +206,7 @@ class MooncakeTier(Tier):
         except TimeoutError:
             pass
         except Exception as e:  # the client raised: the whole call failed
-            self._count("errors")
-            self._last_error = repr(e)
+            self._client_failed("put_many", e)
         with self._lock:
             for segs, good in zip(values, out):
                 if good:
@@ -273,8 +272,8 @@ class MooncakeTier(Tier):
             ]
         except TimeoutError:
             out = [TIMED_OUT] * len(keys)
-        except Exception as e:
-            self._last_error = repr(e)
+        except Exception as e:  # the client raised: every key failed
+            self._client_failed("get_many_into", e)
             out = [FAILED] * len(keys)
         with self._lock:
             self._count_gets(out)
@@ -331,6 +330,6 @@ class MooncakeTier(Tier):
         if self.idle():
             try:
                 self._io.submit(self._store.close).result(self.timeout_s)
-            except Exception:
-                pass
+            except Exception as e:  # closing is best effort; the process keeps serving
+                self._client_failed("close", e)
         self._io.shutdown(wait=False)

@@ -76,6 +76,7 @@ class RedisTier(Tier):
             self._count("timeouts")
             res = [e] * len(keys)
         except self._errors.RedisError as e:
+            self._client_failed("put_many", e)
             res = [e] * len(keys)
         # SET NX answers None for a key already held: its value stays, so the
         # key is stored (reads check it like any other).
@@ -91,7 +92,8 @@ class RedisTier(Tier):
     def _exists(self, key: str) -> bool:
         try:
             return bool(self._r.exists(key))
-        except self._errors.RedisError:
+        except self._errors.RedisError as e:
+            self._client_failed("exists", e)
             return False
 
     def get_many_into(self, keys: Sequence[str], dests: Sequence[Segments]) -> list[int]:
@@ -107,7 +109,8 @@ class RedisTier(Tier):
             timed_out = [TIMED_OUT] * len(keys)
             self._count_gets(timed_out)
             return timed_out
-        except self._errors.RedisError:
+        except self._errors.RedisError as e:
+            self._client_failed("get_many_into", e)
             res = [FAILED] * len(keys)
         out: list[int] = []
         for v, d in zip(res, dests):
@@ -128,7 +131,8 @@ class RedisTier(Tier):
         check_batch(keys)
         try:
             return [r == 1 for r in self._run(lambda p: [p.exists(k) for k in keys])]
-        except self._errors.RedisError:
+        except self._errors.RedisError as e:
+            self._client_failed("contains_many", e)
             return [False] * len(keys)
 
     def remove_many(self, keys: Sequence[str]) -> list[bool]:
@@ -137,7 +141,8 @@ class RedisTier(Tier):
         check_batch(keys)
         try:
             out = [r == 1 for r in self._run(lambda p: [p.delete(k) for k in keys])]
-        except self._errors.RedisError:
+        except self._errors.RedisError as e:
+            self._client_failed("remove_many", e)
             return [False] * len(keys)
         self._count("removes", sum(out))
         return out

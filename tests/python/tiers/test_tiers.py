@@ -249,3 +249,23 @@ def test_engine_config_checks_the_deployment_key():
         EngineConfig(hash_seed="5")
     with pytest.raises(ValueError, match="hash_salt"):
         EngineConfig(hash_salt=7)
+
+
+def test_a_raising_backend_client_is_counted_and_logged(caplog):
+    pytest.importorskip("redis")
+    import socket
+
+    from statecache.tiers.redis_tier import RedisTier
+
+    with socket.socket() as s:  # a loopback port nothing listens on: every call's connect is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tier = RedisTier(port=port, timeout_s=1.0)
+    with caplog.at_level("WARNING", logger="statecache"):
+        assert tier.put_many(["k"], [[b"v"]]) == [False]
+        assert tier.contains_many(["k"]) == [False]
+    st = tier.stats()
+    assert st["errors"] >= 2 and st["puts_failed"] == 1
+    assert "ConnectionError" in tier.last_error
+    assert any("redis put_many failed" in r.getMessage() for r in caplog.records)
+    tier.close()
