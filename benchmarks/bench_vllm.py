@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -66,7 +67,7 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def summarize(name, results, wall, timing, funnel):
+def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
     prompt = sum(len(r["prompt"]) for r in results)
     cached = sum(r["cached"] for r in results)
     ext = timing.get("external_tokens", 0)
@@ -90,6 +91,14 @@ def summarize(name, results, wall, timing, funnel):
         loads_failed=funnel.get("loads_failed"),
         hooks={k[len("scheduler_seconds_") :]: v for k, v in funnel.items() if k.startswith("scheduler_seconds_")},
         sched_s=sched,
+        hook_share={
+            k[len("scheduler_seconds_") :]: v / sched for k, v in funnel.items() if k.startswith("scheduler_seconds_")
+        }
+        if sched
+        else {},
+        forward_s=sum(st[5] for st in steplog),
+        tokens_scheduled=sum(st[1] for st in steplog),
+        load=load,
     )
 
 
@@ -123,6 +132,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4 conversations x 3 turns, 40 trace requests")
     ap.add_argument("--skip-offload", action="store_true")
     ap.add_argument("--json", default=None, help="write the rows here too")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="run every row this many times, alternating the order (medians shown)"
+    )
+    ap.add_argument("--workloads", default="multi-turn,trace")
     args = ap.parse_args()
     if args.quick:
         args.conversations, args.turns, args.trace_requests = 4, 3, 40
@@ -155,35 +168,22 @@ def main() -> None:
         f"(each engine continues its own answers); trace: {len(prompts)} requests, "
         f"{sum(map(len, prompts))} prompt tokens over {arrivals[-1]:.0f} s"
     )
-    table = {"multi-turn": [], "trace": []}
+    workloads = args.workloads.split(",")
+    table: dict[str, list] = {w: [] for w in workloads}
     runs = {}
-    for name, kw in rows_cfg:
-        for workload in ("multi-turn", "trace"):
-            try:
-                e = vs.Engine(name.split()[-1] + "-" + workload, vs.base_llm_kwargs(model, **base, **kw), log_dir)
-            except RuntimeError as err:
-                print(f"{name}: does not start on this platform: {err}")
-                table[workload].append(dict(row=name, error=str(err)))
-                continue
-            try:
-                if workload == "multi-turn":
-                    got, wall = run_multi_turn(e, args)
-                    runs[name] = got
-                    flat = [r for t in got for r in t]
-                else:
-                    flat, wall = run_trace(e, prompts, outs, arrivals)
-                row = summarize(name, flat, wall, e.call("timing"), e.call("funnel"))
+    for rep in range(args.repeat):
+        # alternate the rows' order: the cores are shared, a fixed order would bias one row
+        order = rows_cfg if rep % 2 == 0 else rows_cfg[::-1]
+        for name, kw in order:
+            for workload in workloads:
+                row = run_row(name, kw, workload, model, base, log_dir, args, prompts, outs, arrivals, runs)
+                row["rep"] = rep
                 table[workload].append(row)
-            except RuntimeError as err:
-                print(f"{name} ({workload}) failed: {err}")
-                table[workload].append(dict(row=name, error=str(err)))
-            finally:
-                e.close()
     # every multi-turn answer against prefix caching off, on the prompts that engine saw
-    ref = vs.Engine("ref", vs.base_llm_kwargs(model, enable_prefix_caching=False, **base), log_dir)
     noise = None
-    for row in table["multi-turn"]:
-        if row["row"] not in runs:
+    ref = vs.Engine("ref", vs.base_llm_kwargs(model, enable_prefix_caching=False, **base), log_dir) if runs else None
+    for row in table.get("multi-turn", []):
+        if row["row"] not in runs or row.get("rep"):
             continue
         got = runs[row["row"]]
         want = vs.reference(ref, got, args.max_tokens)
@@ -192,7 +192,10 @@ def main() -> None:
         bad = vs.violations(want, got, noise)
         row["matching"] = f"{sum(map(len, got)) - len(bad)}/{sum(map(len, got))}"
         row["deviation"] = vs.noise(want, got)
-    ref.close()
+    if ref is not None:
+        ref.close()
+    raw = table
+    table = {w: median_rows(rows) for w, rows in raw.items()}
     for workload, rows in table.items():
         print(
             f"\n{workload} (match tolerance = row 1's deviation from prefix caching off: {noise:.4f})"
@@ -202,7 +205,8 @@ def main() -> None:
         base_row = next((r for r in rows if "error" not in r), None)
         hdr = (
             f"{'row':22} {'resumed':>8} {'x row1':>7} {'local':>7} {'conn.':>7} {'host':>7} {'shared':>6} "
-            f"{'prefill':>8} {'ttft p50':>9} {'ttft p90':>9} {'wall s':>7} {'sched/step':>10} {'conn share':>10} match"
+            f"{'prefill':>8} {'ttft p50':>9} {'ttft p90':>9} {'wall s':>7} {'fwd ms/tok':>10} {'sched/step':>10} "
+            f"{'conn share':>10} match"
         )
         print(hdr)
         for r in rows:
@@ -215,17 +219,68 @@ def main() -> None:
                 f"{r['row']:22} {r['resumed']:8d} {ratio:7.2f} {r['resumed_local']:7d} {r['resumed_connector']:7d} "
                 f"{r['resumed_host'] if r['resumed_host'] is not None else '-':>7} "
                 f"{r['resumed_shared'] if r['resumed_shared'] is not None else '-':>6} {r['prefill_computed']:8d} "
-                f"{r['ttft_p50']:9.3f} {r['ttft_p90']:9.3f} {r['wall_s']:7.1f} {r['sched_ms_per_step']:8.2f}ms "
+                f"{r['ttft_p50']:9.3f} {r['ttft_p90']:9.3f} {r['wall_s']:7.1f} "
+                f"{1e3 * r['forward_s'] / max(1, r['tokens_scheduled']):10.3f} {r['sched_ms_per_step']:8.2f}ms "
                 f"{share:>10} {r.get('matching', '-')}"
             )
     for workload, rows in table.items():
         for r in rows:
-            if r.get("hooks"):
-                parts = ", ".join(f"{k} {100 * v / r['sched_s']:.2f}%" for k, v in sorted(r["hooks"].items()))
+            if r.get("repeats"):
+                print(
+                    f"{workload}, {r['row']}: runs in order (wall s, ttft p50 s, load average at start): {r['repeats']}"
+                )
+    for workload, rows in table.items():
+        for r in rows:
+            if r.get("hook_share"):
+                parts = ", ".join(f"{k} {100 * v:.2f}%" for k, v in sorted(r["hook_share"].items()))
                 print(f"{workload}, {r['row']}: connector hooks as a share of vLLM's scheduler time: {parts}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(table, f, indent=1)
+            json.dump(raw, f, indent=1)
+
+
+def run_row(name, kw, workload, model, base, log_dir, args, prompts, outs, arrivals, runs):
+    try:
+        e = vs.Engine(name.split()[-1] + "-" + workload, vs.base_llm_kwargs(model, **base, **kw), log_dir)
+    except RuntimeError as err:
+        print(f"{name}: does not start on this platform: {err}")
+        return dict(row=name, error=str(err))
+    try:
+        load0 = os.getloadavg()[0]
+        if workload == "multi-turn":
+            got, wall = run_multi_turn(e, args)
+            runs.setdefault(name, got)
+            flat = [r for t in got for r in t]
+        else:
+            flat, wall = run_trace(e, prompts, outs, arrivals)
+        load = (load0, os.getloadavg()[0])
+        return summarize(name, flat, wall, e.call("timing"), e.call("funnel"), e.call("steplog"), load)
+    except RuntimeError as err:
+        print(f"{name} ({workload}) failed: {err}")
+        return dict(row=name, error=str(err))
+    finally:
+        e.close()
+
+
+def median_rows(rows):
+    """One row per name: medians over its repeats (the first repeat's counts)."""
+    out = []
+    for name in dict.fromkeys(r["row"] for r in rows):
+        rs = [r for r in rows if r["row"] == name]
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            out.append(rs[0])
+            continue
+        m = dict(ok[0])
+        for k in ("ttft_p50", "ttft_p90", "wall_s", "sched_ms_per_step", "connector_share", "forward_s", "sched_s"):
+            vals = [r[k] for r in ok if r.get(k) is not None]
+            m[k] = statistics.median(vals) if vals else None
+        m["hook_share"] = {
+            k: statistics.median(r["hook_share"].get(k, 0.0) for r in ok) for k in ok[0].get("hook_share", {})
+        }
+        m["repeats"] = [(round(r["wall_s"], 1), round(r["ttft_p50"], 2), round(r["load"][0], 1)) for r in ok]
+        out.append(m)
+    return out
 
 
 def vs_model(log_dir: str) -> str:

@@ -252,6 +252,20 @@ def violations(ref_turns, got_turns, tol: float) -> list[str]:
 # ----------------------------------------------------------- engine process --
 
 
+def _threads() -> list[tuple[int, str, float]]:
+    """This process's threads: (id, name, CPU seconds), busiest first."""
+    out = []
+    tick = os.sysconf("SC_CLK_TCK")
+    for t in os.listdir("/proc/self/task"):
+        try:
+            name = Path(f"/proc/self/task/{t}/comm").read_text().strip()
+            f = Path(f"/proc/self/task/{t}/stat").read_text().rsplit(")", 1)[1].split()
+            out.append((int(t), name, (int(f[11]) + int(f[12])) / tick))
+        except OSError:
+            continue
+    return sorted(out, key=lambda x: -x[2])
+
+
 def _serve(llm_kwargs: dict[str, Any]) -> None:
     out = sys.stdout
     sys.stdout = sys.stderr  # vLLM's prints must not reach the pipe
@@ -291,6 +305,43 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
                         timing["steps"] += 1
 
             setattr(sched, name, timed)
+        # per step: (start s, tokens scheduled, requests scheduled, running, waiting, forward s, forward CPU s)
+        steplog: list[list[float]] = []
+        orig_schedule = sched.schedule
+
+        def logged(*a, _orig=orig_schedule, **k):
+            out = _orig(*a, **k)
+            steplog.append(
+                [
+                    time.perf_counter(),
+                    out.total_num_scheduled_tokens,
+                    len(out.num_scheduled_tokens),
+                    len(sched.running),
+                    len(sched.waiting),
+                    0.0,
+                    0.0,
+                ]
+            )
+            return out
+
+        sched.schedule = logged
+        executor = core.model_executor
+        for name in ("execute_model", "sample_tokens"):
+            orig_ex = getattr(executor, name)
+
+            def timed_ex(*a, _orig=orig_ex, **k):
+                t, cpu = time.perf_counter(), time.process_time()
+                try:
+                    r = _orig(*a, **k)
+                    if hasattr(r, "result") and callable(r.result):
+                        r.result()
+                    return r
+                finally:
+                    if steplog:
+                        steplog[-1][5] += time.perf_counter() - t
+                        steplog[-1][6] += time.process_time() - cpu
+
+            setattr(executor, name, timed_ex)
         if sched.connector is not None:
             # what any connector (statecache's or vLLM's own) is asked to load
             timing["external_tokens"] = 0
@@ -440,8 +491,47 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
                 n += 1
         return n
 
+    profile: list[Any] = []
+
+    def profile_hooks():
+        """Diagnosis hook: profiles (cProfile) every later call of the
+        connector's scheduler-side hooks; ``profile_report`` prints it."""
+        import cProfile
+
+        prof = cProfile.Profile()
+        profile.append(prof)
+        c = connector()
+        for name in (
+            "get_num_new_matched_tokens",
+            "update_state_after_alloc",
+            "build_connector_meta",
+            "update_connector_output",
+            "request_finished_all_groups",
+        ):
+            orig = getattr(c, name)
+
+            def wrapped(*a, _orig=orig, **k):
+                prof.enable()
+                try:
+                    return _orig(*a, **k)
+                finally:
+                    prof.disable()
+
+            setattr(c, name, wrapped)
+        return True
+
+    def profile_report(n=40):
+        import io
+        import pstats
+
+        buf = io.StringIO()
+        pstats.Stats(profile[0], stream=buf).sort_stats("tottime").print_stats(n)
+        return buf.getvalue()
+
     ops = {
         "generate": generate,
+        "profile_hooks": profile_hooks,
+        "profile_report": profile_report,
         "funnel": funnel,
         "reset_prefix_cache": lambda: bool(llm.reset_prefix_cache()),
         "corrupt_loads": corrupt_loads,
@@ -450,6 +540,8 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         "remove_after_lookup": remove_after_lookup,
         "drop_host": drop_host,
         "timing": lambda: dict(timing),
+        "steplog": lambda: list(steplog),
+        "threads": _threads,
         "exit": lambda: True,
     }
     for line in sys.stdin:

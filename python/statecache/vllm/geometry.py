@@ -19,6 +19,7 @@ Scheduler and workers derive the same geometry from ``kv_cache_config``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -49,7 +50,7 @@ class GroupImage:
     real_bytes: int  # the bytes that hold data, at the start of each page
     places: tuple[Place, ...]
 
-    @property
+    @functools.cached_property
     def image_bytes(self) -> int:
         return self.real_bytes * len(self.places)
 
@@ -66,19 +67,32 @@ class Geometry:
     entry_bytes: int
     identity: str  # model identity the keys are salted with
 
-    @property
+    # Derived once: the scheduler and the worker ask these for every value of every step.
+    @functools.cached_property
     def kv_groups(self) -> tuple[GroupImage, ...]:
         return tuple(g for g in self.images if g.kind == KV)
 
-    @property
+    @functools.cached_property
     def state_groups(self) -> tuple[GroupImage, ...]:
         return tuple(g for g in self.images if g.kind == STATE)
 
+    @functools.cached_property
+    def _by_kind(self) -> dict[str, tuple[tuple[GroupImage, ...], int]]:
+        out = {}
+        for kind in (KV, STATE, TAIL):
+            groups = (
+                self.kv_groups + self.state_groups
+                if kind == TAIL
+                else self.kv_groups
+                if kind == KV
+                else self.state_groups
+            )
+            out[kind] = (groups, sum(self.units(g) for g in groups))
+        return out
+
     def groups_of(self, kind: str) -> tuple[GroupImage, ...]:
         """The images one value of ``kind`` holds, in order."""
-        if kind == TAIL:
-            return self.kv_groups + self.state_groups
-        return self.kv_groups if kind == KV else self.state_groups
+        return self._by_kind[kind][0]
 
     def units(self, image: GroupImage) -> int:
         """Host entries one image takes."""
@@ -86,7 +100,7 @@ class Geometry:
 
     def value_entries(self, kind: str) -> int:
         """Host entries one value of ``kind`` takes."""
-        return sum(self.units(g) for g in self.groups_of(kind))
+        return self._by_kind[kind][1]
 
     def value_bytes(self, kind: str) -> int:
         return self.value_entries(kind) * self.entry_bytes

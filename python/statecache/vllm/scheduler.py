@@ -622,6 +622,10 @@ class ConnectorScheduler:
     def update(self, output: Any) -> None:
         """Reads the workers' report and the finished / failed loads."""
         rep = getattr(output, "kv_connector_worker_meta", None)
+        failed = getattr(output, "failed_recving", None) or set()
+        recv = getattr(output, "finished_recving", None)
+        if not recv and not failed and not isinstance(rep, WorkerReport):
+            return  # most decode steps: nothing saved, loaded or failed
         n = self.tp_size
         if isinstance(rep, WorkerReport):
             for key, per_rank in rep.saved.items():
@@ -647,7 +651,7 @@ class ConnectorScheduler:
                 for why in ranks.values() if isinstance(ranks, dict) else ():
                     if why == "missing":
                         self.counters["loads_missing"] += 1
-            for key in list(self._staged):
+            for key in list(self._staged) if self._staged else ():
                 got, bad = self._acc_fetched.get(key, {}), self._fetch_failed.get(key, set())
                 if len(got) + len(bad - set(got)) < n:
                     continue  # some rank's read may still land in these entries
@@ -672,14 +676,13 @@ class ConnectorScheduler:
                     self._release_shared(key)
             for name, v in rep.counters.items():
                 self.counters[name] = self.counters.get(name, 0) + v
-        failed = getattr(output, "failed_recving", None) or set()
         self.counters["loads_failed"] += len(failed)
         for req_id in failed:
             r = self._reqs.get(req_id)
             if r is not None:
                 r.failures += 1
                 r.shared_local = -1  # what the shared tier holds may have changed: ask again
-        for req_id in getattr(output, "finished_recving", None) or ():
+        for req_id in recv or ():
             for key, how in self._inflight.pop(req_id, ()):
                 if how == "pinned":
                     self.arena.unpin(key)
