@@ -11,7 +11,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 def arena_key(kind: str, prefix_key: bytes) -> str:
     """The host index's name of a value (every rank holds its shard under it)."""
-    return f"{kind}/{prefix_key.hex()}"
+    return arena_key_hex(kind, prefix_key.hex())
+
+
+def arena_key_hex(kind: str, prefix_hex: str) -> str:
+    """``arena_key`` of a prefix key already in hex."""
+    return f"{kind}/{prefix_hex}"
 
 
 @dataclass

@@ -31,7 +31,7 @@ from statecache.tiers.placement import PrefixChains, TierPlacement
 from statecache.tiers.ranks import every_rank_holds, shard_keys
 from statecache.vllm.config import ConnectorConfig
 from statecache.vllm.geometry import KV, STATE, TAIL, Geometry
-from statecache.vllm.metadata import Load, StateCacheMeta, Value, WorkerReport, arena_key
+from statecache.vllm.metadata import Load, StateCacheMeta, Value, WorkerReport, arena_key, arena_key_hex
 from statecache.vllm.shared import open_shared_tier
 
 log = logging.getLogger("statecache.vllm")
@@ -133,12 +133,12 @@ class HostPlacement:
             self.tier.use_model(self.arena.eviction_policy, float(geometry.value_bytes(KV)), gpu_bytes)
 
     def _key_of(self, kind: str, h: int) -> str | None:
-        pk = self.chains.payload(h)
-        return None if pk is None else arena_key(kind, pk)
+        hexkey = self.chains.payload(h)  # kept hex: refiling a chain names every block of it
+        return None if hexkey is None else arena_key_hex(kind, hexkey)
 
     def note(self, keys: list[bytes], first: int, parent: bytes | None) -> None:
         """Prefix keys of boundaries ``first + 1, ...`` of one request."""
-        self.chains.note([_h(k) for k in keys], first, None if parent is None else _h(parent), keys)
+        self.chains.note([_h(k) for k in keys], first, None if parent is None else _h(parent), [k.hex() for k in keys])
 
     def allocate(self, key: str, kind: str, prefix_key: bytes) -> list[int] | None:
         """Entries for a new value (evicting by rank), or None. A tail's
