@@ -33,6 +33,7 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -136,6 +137,11 @@ def main() -> None:
         "--repeat", type=int, default=1, help="run every row this many times, alternating the order (medians shown)"
     )
     ap.add_argument("--workloads", default="multi-turn,trace")
+    ap.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="run the rows of a workload at the same time (same machine load for every row; each runs slower)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.conversations, args.turns, args.trace_requests = 4, 3, 40
@@ -171,13 +177,18 @@ def main() -> None:
     workloads = args.workloads.split(",")
     table: dict[str, list] = {w: [] for w in workloads}
     runs = {}
-    for rep in range(args.repeat):
+    for rep in range(args.repeat if not args.concurrent else 0):
         # alternate the rows' order: the cores are shared, a fixed order would bias one row
         order = rows_cfg if rep % 2 == 0 else rows_cfg[::-1]
         for name, kw in order:
             for workload in workloads:
                 row = run_row(name, kw, workload, model, base, log_dir, args, prompts, outs, arrivals, runs)
                 row["rep"] = rep
+                table[workload].append(row)
+    if args.concurrent:
+        for workload in workloads:
+            for row in run_concurrent(rows_cfg, workload, model, base, log_dir, args, prompts, outs, arrivals, runs):
+                row["rep"] = 0
                 table[workload].append(row)
     # every multi-turn answer against prefix caching off, on the prompts that engine saw
     noise = None
@@ -239,12 +250,17 @@ def main() -> None:
             json.dump(raw, f, indent=1)
 
 
-def run_row(name, kw, workload, model, base, log_dir, args, prompts, outs, arrivals, runs):
+def start_engine(name, kw, workload, model, base, log_dir):
+    """(engine, None), or (None, an error row) where the row does not start."""
     try:
-        e = vs.Engine(name.split()[-1] + "-" + workload, vs.base_llm_kwargs(model, **base, **kw), log_dir)
+        return vs.Engine(name.split()[-1] + "-" + workload, vs.base_llm_kwargs(model, **base, **kw), log_dir), None
     except RuntimeError as err:
         print(f"{name}: does not start on this platform: {err}")
-        return dict(row=name, error=str(err))
+        return None, dict(row=name, error=str(err))
+
+
+def run_on(e, name, workload, args, prompts, outs, arrivals, runs):
+    """Runs ``workload`` on engine ``e`` and closes it; returns the row."""
     try:
         load0 = os.getloadavg()[0]
         if workload == "multi-turn":
@@ -260,6 +276,28 @@ def run_row(name, kw, workload, model, base, log_dir, args, prompts, outs, arriv
         return dict(row=name, error=str(err))
     finally:
         e.close()
+
+
+def run_row(name, kw, workload, model, base, log_dir, args, prompts, outs, arrivals, runs):
+    e, err = start_engine(name, kw, workload, model, base, log_dir)
+    return err if e is None else run_on(e, name, workload, args, prompts, outs, arrivals, runs)
+
+
+def run_concurrent(rows_cfg, workload, model, base, log_dir, args, prompts, outs, arrivals, runs):
+    """Every row's engine at once on the same workload: each row sees the
+    same machine load (the cores are shared), so their ratios are fair."""
+    started = [(name, *start_engine(name, kw, workload, model, base, log_dir)) for name, kw in rows_cfg]
+    done: dict[str, dict] = {}
+
+    def one(name, e):
+        done[name] = run_on(e, name, workload, args, prompts, outs, arrivals, runs)
+
+    threads = [threading.Thread(target=one, args=(name, e)) for name, e, _err in started if e is not None]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [err if e is None else done[name] for name, e, err in started]
 
 
 def median_rows(rows):
