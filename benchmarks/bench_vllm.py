@@ -238,7 +238,7 @@ def main() -> None:
         for r in rows:
             if r.get("repeats"):
                 print(
-                    f"{workload}, {r['row']}: runs in order (wall s, ttft p50 s, load average at start): {r['repeats']}"
+                    f"{workload}, {r['row']}: runs in order (wall s, ttft p50 s, tokens resumed, load average at start): {r['repeats']}"
                 )
     for workload, rows in table.items():
         for r in rows:
@@ -316,7 +316,9 @@ def median_rows(rows):
         m["hook_share"] = {
             k: statistics.median(r["hook_share"].get(k, 0.0) for r in ok) for k in ok[0].get("hook_share", {})
         }
-        m["repeats"] = [(round(r["wall_s"], 1), round(r["ttft_p50"], 2), round(r["load"][0], 1)) for r in ok]
+        m["repeats"] = [
+            (round(r["wall_s"], 1), round(r["ttft_p50"], 2), r["resumed"], round(r["load"][0], 1)) for r in ok
+        ]
         out.append(m)
     return out
 
