@@ -136,9 +136,9 @@ class HostPlacement:
         hexkey = self.chains.payload(h)  # kept hex: refiling a chain names every block of it
         return None if hexkey is None else arena_key_hex(kind, hexkey)
 
-    def note(self, keys: list[bytes], first: int, parent: bytes | None) -> None:
-        """Prefix keys of boundaries ``first + 1, ...`` of one request."""
-        self.chains.note([_h(k) for k in keys], first, None if parent is None else _h(parent), [k.hex() for k in keys])
+    def note(self, keys: list[bytes], hexes: list[str], first: int, parent: bytes | None) -> None:
+        """Prefix keys (and their hex) of boundaries ``first + 1, ...`` of one request."""
+        self.chains.note([_h(k) for k in keys], first, None if parent is None else _h(parent), hexes)
 
     def allocate(self, key: str, kind: str, prefix_key: bytes) -> list[int] | None:
         """Entries for a new value (evicting by rank), or None. A tail's
@@ -201,6 +201,7 @@ class _Plan:
 class _Req:
     request: Any
     keys: list[bytes] = field(default_factory=list)  # prefix key per boundary (index i: boundary i + 1)
+    hexes: list[str] = field(default_factory=list)  # the same in hex: the arena's names are built from it each step
     plan: _Plan | None = None
     shared: dict[tuple[str, int], bool] = field(default_factory=dict)
     shared_local: int = -1  # the local hit ``shared`` was looked up for
@@ -291,8 +292,10 @@ class ConnectorScheduler:
         parent = keys[-1] if keys else None
         _hs, packed = _C.chain_block_keys(tokens, 4, parent, 0, self._salt)
         new = [packed[16 * i : 16 * i + 16] for i in range(len(words))]
+        hexes = [k.hex() for k in new]
         keys.extend(new)
-        self.placement.note(new, first, parent)
+        r.hexes.extend(hexes)
+        self.placement.note(new, hexes, first, parent)
         return keys
 
     def _req(self, request: Any) -> _Req:
@@ -342,9 +345,9 @@ class ConnectorScheduler:
         r.shared = {}
         ask: list[tuple[str, int]] = []
         for i in range(local_blocks, max_k):
-            if not self.arena.contains(arena_key(KV, r.keys[i])):
+            if not self.arena.contains(arena_key_hex(KV, r.hexes[i])):
                 ask.append((KV, i))
-            if self.state_groups and not self.arena.contains(arena_key(STATE, r.keys[i])):
+            if self.state_groups and not self.arena.contains(arena_key_hex(STATE, r.hexes[i])):
                 ask.append((STATE, i))
         if not ask:
             return
@@ -368,7 +371,7 @@ class ConnectorScheduler:
             r.shared.update(((kind, i), h) for i, h in zip(idx, held))
 
     def _where(self, r: _Req, kind: str, i: int) -> str | None:
-        if self.arena.contains(arena_key(kind, r.keys[i])):
+        if self.arena.contains(arena_key_hex(kind, r.hexes[i])):
             return HOST
         if r.shared.get((kind, i)):
             return SHARED
@@ -546,7 +549,7 @@ class ConnectorScheduler:
 
     def _save(self, r: _Req, kind: str, i: int, blocks: list[int]) -> None:
         """Queues value ``kind`` of boundary ``i + 1`` from ``blocks``."""
-        key = arena_key(kind, r.keys[i])
+        key = arena_key_hex(kind, r.hexes[i])
         if self.arena.contains(key):
             self.arena.lookup(key, True)  # a use: keeps the chain warm
             return
