@@ -18,7 +18,7 @@ TTFT p50 / p90, wall time, and for the connector the time it spent inside
 vLLM's scheduler as a share of the scheduler's step (``schedule`` +
 ``update_from_output``, which include the connector's calls). The
 multi-turn answers are checked against the reference with the rule of the
-tests (tests/python/vllm/test_vllm_engine.py).
+tests (tests/python/vllm_connector/test_vllm_engine.py).
 
     /opt/vllm-venv/bin/python benchmarks/bench_vllm.py            # ~15 min on 2 cores
     /opt/vllm-venv/bin/python benchmarks/bench_vllm.py --quick    # smaller workloads

@@ -210,7 +210,7 @@ def test_deployment_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _start_vllm(MODEL: str) -> Any:
-    # docs/vllm.md: "Turning it on" (an engine start: checked by mypy, run by tests/python/vllm)
+    # docs/vllm.md: "Turning it on" (an engine start: checked by mypy, run by tests/python/vllm_connector)
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -223,7 +223,7 @@ def _start_vllm(MODEL: str) -> Any:
 
 
 def test_vllm_connector_config() -> None:
-    # vllm.config, not vllm: tests/python/vllm (a test folder) imports as a namespace package
+    # vllm.config, not vllm: a test folder named vllm would import as a namespace package
     pytest.importorskip("vllm.config", reason="vLLM is not installed here (.ci/vllm has it)")
     import importlib
 
