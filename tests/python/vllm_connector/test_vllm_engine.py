@@ -209,8 +209,12 @@ def test_a_key_removed_after_lookup_is_recomputed(fresh, turns, tol):
         f = fresh.call("funnel")
     finally:
         fresh.call("remove_after_lookup", on=False)
-    assert f["loads_missing"] - before["loads_missing"] >= len(last)
-    assert f["loads_failed"] - before["loads_failed"] >= len(last)
+    missing, failed = (f[k] - before[k] for k in ("loads_missing", "loads_failed"))
+    # A lookup that overran lookup_timeout_s (a loaded machine) finds nothing to read: such a
+    # request is recomputed without a load, counted as a lookup failure instead.
+    lookups_failed = f["shared_lookup_failures"] - before["shared_lookup_failures"]
+    assert failed >= 1 and missing >= failed, (missing, failed)  # missing counts values, failed loads
+    assert failed + lookups_failed >= len(last), (failed, lookups_failed)
     assert f["tokens_resumed_shared"] == before["tokens_resumed_shared"]
     assert not vs.violations([last], [got], tol)
 
