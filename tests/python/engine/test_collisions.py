@@ -13,12 +13,11 @@ import random
 import pytest
 
 import statecache
+from collision_pair import A, B
 from engine_support import ContentRunner, caches_for, engine
 from statecache.engine import BlockManager, Request
 from statecache.engine.deployment_key import deployment_key
 
-A = [14, 24, 35, 54, 70, 82, 111, 116, 134, 159, 171, 191, 197, 208, 235, 250]
-B = [13, 24, 33, 50, 70, 83, 104, 114, 128, 158, 169, 186, 192, 215, 225, 244]
 HBS = 16
 
 

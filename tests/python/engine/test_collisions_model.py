@@ -8,12 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from statecache.engine import Request  # noqa: E402
+from collision_pair import A, B, greedy  # noqa: E402
 from statecache.models import build_engine, build_model  # noqa: E402
 
 torch.set_num_threads(1)
-A = [14, 24, 35, 54, 70, 82, 111, 116, 134, 159, 171, 191, 197, 208, 235, 250]
-B = [13, 24, 33, 50, 70, 83, 104, 114, 128, 158, 169, 186, 192, 215, 225, 244]
 
 
 @pytest.fixture(scope="module")
@@ -21,15 +19,8 @@ def model():
     return build_model("qwen3next", seed=0)
 
 
-def _greedy(eng, prompt, new=6):
-    r = Request(prompt, new)
-    eng.add_request(r)
-    eng.run_until_done()
-    return r
-
-
 def _assert_uncached(model, mech, r, midstep=False):
-    ref = _greedy(
+    ref = greedy(
         build_engine(
             "qwen3next",
             mech,
@@ -50,8 +41,8 @@ def _assert_uncached(model, mech, r, midstep=False):
 def test_served_after_its_colliding_twin_b_gets_its_uncached_tokens(model, mech):
     eng = build_engine("qwen3next", mech, model_and_geom=model, hash_seed=0)
     tail = [7, 9, 11, 5, 3, 100, 42, 17]
-    a = _greedy(eng, A + tail)
-    b = _greedy(eng, B + tail)
+    a = greedy(eng, A + tail)
+    b = greedy(eng, B + tail)
     assert a.hashes[0] == b.hashes[0]
     _assert_uncached(model, mech, b)
     assert b.num_cached_tokens == 0
@@ -60,9 +51,9 @@ def test_served_after_its_colliding_twin_b_gets_its_uncached_tokens(model, mech)
 @pytest.mark.parametrize(("mech", "midstep"), [("page", False), ("fork", False), ("page", True)])
 def test_a_state_computed_under_foreign_kv_is_never_resumed(model, mech, midstep):
     eng = build_engine("qwen3next", mech, model_and_geom=model, hash_seed=0, readable_midstep=midstep)
-    a = _greedy(eng, A + [7, 9, 11, 5, 3, 100, 42, 17], new=2)
+    a = greedy(eng, A + [7, 9, 11, 5, 3, 100, 42, 17], new=2)
     eng.block_manager.drop_checkpoint(a.hashes[0])
-    _greedy(eng, B + [8, 6, 4, 2, 90, 80, 70, 60], new=2)  # computes block 0 while A's KV holds its hash
-    again = _greedy(eng, A + [20, 21, 22, 23, 24, 25, 26, 27])
+    greedy(eng, B + [8, 6, 4, 2, 90, 80, 70, 60], new=2)  # computes block 0 while A's KV holds its hash
+    again = greedy(eng, A + [20, 21, 22, 23, 24, 25, 26, 27])
     _assert_uncached(model, mech, again, midstep)
     assert again.num_cached_tokens == 0

@@ -9,26 +9,18 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from collision_pair import A, B, greedy  # noqa: E402
 from statecache.engine import Request  # noqa: E402
 from statecache.models import build_engine, build_model  # noqa: E402
 from statecache.tiers import HostTier  # noqa: E402
 
 torch.set_num_threads(1)
-A = [14, 24, 35, 54, 70, 82, 111, 116, 134, 159, 171, 191, 197, 208, 235, 250]
-B = [13, 24, 33, 50, 70, 83, 104, 114, 128, 158, 169, 186, 192, 215, 225, 244]
 TAIL = [7, 9, 11, 5, 3, 100, 42, 17]
 
 
 @pytest.fixture(scope="module")
 def model():
     return build_model("qwen3next", seed=0)
-
-
-def _greedy(eng, prompt, new=6):
-    r = Request(prompt, new)
-    eng.add_request(r)
-    eng.run_until_done()
-    return r
 
 
 def _a_below_gpu_memory(model):
@@ -61,9 +53,9 @@ def _a_below_gpu_memory(model):
 def test_offloads_are_named_by_the_prefix_they_hold(model, prompt):
     eng = _a_below_gpu_memory(model)
     tokens = B + TAIL if prompt == "B" else A + [20, 21, 22, 23, 24, 25, 26, 27]
-    r = _greedy(eng, tokens)
+    r = greedy(eng, tokens)
     plain = build_engine("qwen3next", "page", model_and_geom=model, enable_prefix_caching=False, hash_seed=0)
-    ref = _greedy(plain, tokens)
+    ref = greedy(plain, tokens)
     assert r.output_token_ids == ref.output_token_ids
     for x, y in zip(r.logits, ref.logits):
         torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
