@@ -16,6 +16,7 @@ import time
 import pytest
 
 import statecache as sc
+from pool_diff import PlainSeq
 from statecache.metrics import StateCacheMetrics
 
 WINDOW_S = 0.2  # how long a window stays open; the other thread runs inside it
@@ -40,29 +41,12 @@ def _run(*fns):
     return errors
 
 
-class _OwnSeq:
-    """An engine's own request object (no statecache base class)."""
+class _OwnSeq(PlainSeq):
+    """An engine's own request object (no statecache base class), admitted with one vacant slot."""
 
     def __init__(self, i: int) -> None:
-        self.seq_id = i
-        self.num_tokens = 64
-        self.num_prompt_tokens = 64
-        self.has_per_req_cache = True
+        super().__init__(i, num_tokens=64, num_prompt_tokens=64)
         self.state_slots = [-1]
-        self.state_fork_src = -1
-        self.per_req_cache_group = -1
-        self.pending_checkpoint = -1
-        self.checkpoint_end_pos = 0
-        self.midstep_anchor_pos = 0
-        self.block_hashes = []
-
-    @property
-    def state_slot(self):
-        return self.state_slots[0] if self.state_slots else -1
-
-    @state_slot.setter
-    def state_slot(self, v):
-        self.state_slots = [v]
 
 
 def test_calls_on_one_object_wait_for_another_threads_owner_hash():
