@@ -712,6 +712,16 @@ def views_after_owner(deadline: float) -> int:
     return n
 
 
+def run_threads(ts: list[threading.Thread], errors: list[str]) -> None:
+    """Starts and joins ``ts``; raises Failure naming the first errors they recorded."""
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise Failure("thread errors: " + "; ".join(errors[:3]))
+
+
 def threads(deadline: float) -> int:
     pool = sc.BlockPool(256)
     spec = sc.PagedStateCheckpointSpec(page_unit_bytes=64, slot_bytes=128, layout_id="t", image_bytes=128)
@@ -746,12 +756,7 @@ def threads(deadline: float) -> int:
             errors.append(repr(e))
 
     ts = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise Failure("thread errors: " + "; ".join(errors[:3]))
+    run_threads(ts, errors)
     check_block_pool(pool)
     coord.store.check_consistency()
     slots._check_invariants()
@@ -1046,12 +1051,7 @@ def thread_promises(deadline: float) -> int:
         for fn in (batches, pool_user, metrics_user, constructor)
         for k in (0, 1)
     ]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise Failure("thread errors: " + "; ".join(errors[:3]))
+    run_threads(ts, errors)
     slots._check_invariants()
     check_block_pool(blocks)
     return count[0]
