@@ -117,7 +117,7 @@ def _split_top(text: str, sep: str = ",") -> list[str]:
 
 
 def _parse_spec(spec: str) -> tuple[list[tuple[str, str]], str]:
-    """"a: T, b: U -> R" as ([(a, T), (b, U)], R)."""
+    """The spec "a: T, b: U -> R" as ([(a, T), (b, U)], R)."""
     head, arrow, ret = spec.rpartition("->")
     if not arrow:
         raise ValueError(f"no '-> return type' in {spec!r}")
@@ -285,7 +285,10 @@ class _Generator:
                     continue
                 classes.append(self.klass(name, value, t.CLASSES[name]))
                 if name in t.GPU_ONLY and "\n".join(classes[-1]) != t.GPU_ONLY[name].strip("\n"):
-                    self.error(f"{name}: GPU_ONLY[{name!r}] in .ci/stub_types.py is not what this build generates")
+                    self.error(
+                        f"{name}: GPU_ONLY[{name!r}] in .ci/stub_types.py is not what this build generates:\n"
+                        + "\n".join(classes[-1])
+                    )
             elif callable(value):
                 if name.startswith("_") and name not in t.FUNCTIONS:
                     continue

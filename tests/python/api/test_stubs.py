@@ -92,7 +92,9 @@ def test_signatures_docstrings_and_kinds_come_from_the_module():
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     pool = {n.name: n for n in classes["StateSlotPool"].body if isinstance(n, ast.FunctionDef)}
     # the C++ docstring, word for word
-    assert " ".join(ast.get_docstring(pool["num_free"]).split()) == " ".join(inspect.getdoc(_C.StateSlotPool.num_free).split())
+    assert " ".join(ast.get_docstring(pool["num_free"]).split()) == " ".join(
+        inspect.getdoc(_C.StateSlotPool.num_free).split()
+    )
     assert " ".join(ast.get_docstring(classes["BlockPool"]).split()) == " ".join(inspect.getdoc(_C.BlockPool).split())
     # defaults and keyword-only markers from the text signatures
     assert "def has_free(self, count: _Int = 1) -> bool:" in text
