@@ -617,34 +617,44 @@ CLASSES = {
         "compile_paged": "slots: _Ints, unit_ids: _Ints, restores: bool -> _CopyBatch",
     },
     "_GpuCopyEngine": {
-        "item_bytes": ": ClassVar[int]",
-        "num_variants": ": ClassVar[int]",
-        "__init__": "device: _Int, planner: _SpanPlanner, max_pair_ops: _Int, max_paged_ops: _Int, buffers: _Int, variant: _Int -> None",
+        "__init__": "device: _Int, planner: _SpanPlanner, max_pair_ops: _Int, max_paged_ops: _Int, buffers: _Int, variant: _Int, host_moves: bool -> None",
+        "submit": "path: _Int -> int",
+        "set_host_blocks": "to_host: _Int, from_host: _Int -> None",
+        "set_sm_slice_bytes": "bytes: _Int -> None",
+        "set_dma_batch": "runs: _Int -> None",
+        "host_blocks": "to_host: bool -> int",
+        "stage": "-> None",
+        "launch": "full_transfer: bool, copy_descriptors: bool -> None",
+        "record_consumed": "-> None",
         "device": "-> int",
         "num_sms": "-> int",
         "grid_blocks": "-> int",
         "staging_bytes": "-> int",
         "items_per_paged_op": "-> int",
         "items_per_slot_copy": "-> int",
-        "submit": "-> None",
-        "stage": "-> None",
-        "launch": "full_transfer: bool, copy_descriptors: bool -> None",
-        "record_consumed": "-> None",
+        "host_moves": "-> bool",
+        "paged_run_bytes": "-> int",
+        "item_bytes": ": ClassVar[int]",
+        "inline_bytes": ": ClassVar[int]",
+        "num_variants": ": ClassVar[int]",
     },
 }
 
 
-# Classes only builds with GPU kernels have, as the stub shows them (a CPU
-# build cannot read them; a GPU build generates them from the module).
+# Classes only builds with GPU kernels have, as the stub shows them: a CPU build
+# cannot read them, so their text (docstrings included) is kept here; a GPU
+# build generates them and fails unless they match (its error prints the block).
 GPU_ONLY = {
     "_GpuCopyEngine": '''\
 class _GpuCopyEngine:
-    """Device copy of a planner's templates, pinned descriptor staging and the
-    one-launch copy kernel for one device. Only in builds with GPU kernels
-    (``has_gpu_kernels``)."""
+    """Device copy of a planner's templates, pinned descriptor staging and the one-launch copy kernel,
+    for one device.
 
-    item_bytes: ClassVar[int]
-    num_variants: ClassVar[int]
+    ``stage(batch)`` fills the next staging buffer (waiting until the device has read its previous
+    contents); ``launch(stream)`` enqueues the descriptor copy and the kernel on a raw stream
+    handle; both may be captured in a graph, whose replays read the staging again: stage, replay,
+    then ``record_consumed``."""
+
     def __init__(
         self,
         device: _Int,
@@ -653,8 +663,35 @@ class _GpuCopyEngine:
         max_paged_ops: _Int,
         buffers: _Int = 2,
         variant: _Int = 0,
+        host_moves: bool = False,
     ) -> None:
         """Raises ValueError for a negative device or op count, or a bad buffers/variant."""
+    def submit(self, batch: _CopyBatch, stream: _Int, path: _Int = 0) -> int:
+        """Enqueues ``batch`` on the raw stream handle ``stream`` (in the kernel's parameters when it
+        is small, else staged); a host-move engine goes by SM or DMA (``path`` 0: by the measured
+        crossover, 1: SM, 2: DMA). Returns the path taken (0 for an empty batch). Raises ValueError
+        for a batch this engine cannot hold, RuntimeError for a CUDA/HIP error."""
+    def set_host_blocks(self, to_host: _Int, from_host: _Int) -> None:
+        """Sets a host-move engine's SM-path block counts (0: the measured one); returns None. Raises
+        ValueError on a device-copy engine or for a count out of range."""
+    def set_sm_slice_bytes(self, bytes: _Int) -> None:
+        """Sets a host-move engine's bytes per SM-path launch (0: the measured slice); returns None.
+        Raises ValueError on a device-copy engine."""
+    def set_dma_batch(self, runs: _Int) -> None:
+        """Sets a host-move engine's runs per batched-memcpy call (0: one memcpy per run); returns
+        None. Raises ValueError on a device-copy engine."""
+    def host_blocks(self, to_host: bool) -> int:
+        """Returns the SM-path block count of one direction (0 on a device-copy engine)."""
+    def stage(self, batch: _CopyBatch) -> None:
+        """Fills the next staging buffer with ``batch``'s descriptors, waiting until the device read it
+        last time; returns None. Raises ValueError for a batch this engine cannot hold, RuntimeError
+        for a CUDA/HIP error."""
+    def launch(self, stream: _Int, full_transfer: bool = False, copy_descriptors: bool = True) -> None:
+        """Enqueues the descriptor copy and the kernel on ``stream`` (capturable in a CUDA graph);
+        returns None. Raises RuntimeError for a CUDA/HIP error."""
+    def record_consumed(self, stream: _Int) -> None:
+        """Marks the staging buffer as read once ``stream`` reaches this point; returns None. Raises
+        RuntimeError for a CUDA/HIP error."""
     @property
     def device(self) -> int: ...
     @property
@@ -667,19 +704,12 @@ class _GpuCopyEngine:
     def items_per_paged_op(self) -> int: ...
     @property
     def items_per_slot_copy(self) -> int: ...
-    def submit(self, batch: _CopyBatch, stream: _Int) -> None:
-        """Stages ``batch`` and launches its copy on the raw stream handle ``stream``;
-        returns None. Raises ValueError for a batch this engine cannot hold,
-        RuntimeError for a CUDA/HIP error."""
-    def stage(self, batch: _CopyBatch) -> None:
-        """Fills the next staging buffer with ``batch``'s descriptors, waiting until the
-        device read it last time; returns None. Raises ValueError for a batch this
-        engine cannot hold, RuntimeError for a CUDA/HIP error."""
-    def launch(self, stream: _Int, full_transfer: bool = False, copy_descriptors: bool = True) -> None:
-        """Enqueues the descriptor copy and the kernel on ``stream`` (capturable in a CUDA
-        graph); returns None. Raises RuntimeError for a CUDA/HIP error."""
-    def record_consumed(self, stream: _Int) -> None:
-        """Marks the staging buffer as read once ``stream`` reaches this point; returns
-        None. Raises RuntimeError for a CUDA/HIP error."""
+    @property
+    def host_moves(self) -> bool: ...
+    @property
+    def paged_run_bytes(self) -> int: ...
+    item_bytes: ClassVar[int]
+    inline_bytes: ClassVar[int]
+    num_variants: ClassVar[int]
 ''',
 }
