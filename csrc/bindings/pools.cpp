@@ -604,15 +604,16 @@ A slot is one complete recurrent state. A live request holds 1 + num_spec
 slots (element 0 committed, the rest speculative rollback); a checkpoint holds
 one. Free slots are vacant (drawn first, lowest index first) or checkpointed
 (LRU; guesses marked speculative sit at the head and are spent first).
-``pop`` never refuses while ``has_free()``: it spends a checkpoint instead.)doc");
+``pop`` never refuses while ``has_free()``: it spends a checkpoint instead.
+
+The constructor takes ``transfer`` None as none(); it raises ValueError for a
+copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
   cls.def(py::init([](py::handle n, py::handle transfer, py::handle hbs, py::handle enabled) {
             return std::make_shared<StateSlotPool>(as_int(n, "num_slots"), transfer_arg(transfer),
                                                    as_int(hbs, "hash_block_size"), as_bool(enabled, "enabled"));
           }),
           py::arg("num_slots"), py::arg("transfer") = py::none(), py::arg("hash_block_size") = 1,
-          py::arg("enabled") = true,
-          "``transfer`` None means none(). Raises ValueError for a copy transfer, ``num_slots < 0`` or "
-          "``hash_block_size <= 0``.");
+          py::arg("enabled") = true);
   bind_free_list_api<StateSlotPool, SlotRetirement>(cls);
   bind_views_of(cls, "hash_to_slot", "slot_hash");
   using fast::to_py;

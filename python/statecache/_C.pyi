@@ -355,7 +355,10 @@ class StateSlotPool:
     A slot is one complete recurrent state. A live request holds 1 + num_spec slots (element 0
     committed, the rest speculative rollback); a checkpoint holds one. Free slots are vacant (drawn
     first, lowest index first) or checkpointed (LRU; guesses marked speculative sit at the head and
-    are spent first). ``pop`` never refuses while ``has_free()``: it spends a checkpoint instead."""
+    are spent first). ``pop`` never refuses while ``has_free()``: it spends a checkpoint instead.
+
+    The constructor takes ``transfer`` None as none(); it raises ValueError for a copy transfer,
+    ``num_slots < 0`` or ``hash_block_size <= 0``."""
 
     def __init__(
         self,
@@ -363,9 +366,7 @@ class StateSlotPool:
         transfer: StateTransfer | None = None,
         hash_block_size: _Int = 1,
         enabled: bool = True,
-    ) -> None:
-        """``transfer`` None means none(). Raises ValueError for a copy transfer, ``num_slots < 0`` or
-        ``hash_block_size <= 0``."""
+    ) -> None: ...
     def __reduce__(self) -> NoReturn:
         """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     def set_eviction_policy(
