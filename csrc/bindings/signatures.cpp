@@ -11,7 +11,7 @@
 // annotations (the stub's types are .ci/stub_types.py's). A method's
 // definition also gets an entry that waits its turn on the instance's call
 // gate (call_gate.h), as the fast methods' trampolines do, and then runs
-// pybind11's dispatcher: no second function object, no extra call.
+// pybind11's dispatcher: no second function object, no vectorcall between.
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
