@@ -6,7 +6,6 @@
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
 #include "bindings/fast_call.h"
-#include "core/errors.h"
 #include "core/sequence.h"
 #include "core/state_transfer.h"
 
@@ -74,7 +73,9 @@ Frozen; equality and hash by value.)doc");
   cls.attr("COPY") = "copy";
   cls.attr("REPLAY") = "replay";
   cls.def(py::init(&make_transfer), py::arg("kind"), py::arg("fork_tokens") = 0,
-          py::arg("paged_layout_id") = py::none(), py::arg("readable_midstep") = false)
+          py::arg("paged_layout_id") = py::none(), py::arg("readable_midstep") = false,
+          "Raises ValueError for an unknown kind, fork without ``fork_tokens > 0``, other kinds with ``fork_tokens != "
+          "0``, a ``paged_layout_id`` on anything but copy, or ``readable_midstep`` on none/replay.")
       .def_property_readonly("kind", [](const StateTransfer& t) { return transfer_kind_name(t.kind); })
       .def_property_readonly("fork_tokens", [](const StateTransfer& t) { return t.fork_tokens; })
       .def_property_readonly("paged_layout_id", &layout_or_none)
@@ -82,7 +83,8 @@ Frozen; equality and hash by value.)doc");
       .def_property_readonly("copies", &StateTransfer::copies)
       .def_property_readonly("forks", &StateTransfer::forks)
       .def_property_readonly("replays", &StateTransfer::replays)
-      .def_property_readonly("successor_room", &StateTransfer::successor_room)
+      .def_property_readonly("successor_room", &StateTransfer::successor_room,
+                             "inf for none and replay, fork_tokens for fork, 0.0 for copy.")
       .def_static(
           "none", [] { return StateTransfer(TransferKind::kNone); },
           "Returns the transfer that keeps nothing (every hit is capped to 0). Raises nothing.")
@@ -321,7 +323,7 @@ views: in-place edits reach the pools, and plain assignment replaces them.)doc")
             return s;
           }),
           py::arg("seq_id") = py::none(), py::arg("num_tokens") = 0, py::arg("num_prompt_tokens") = 0,
-          py::arg("has_per_req_cache") = true);
+          py::arg("has_per_req_cache") = true, "Raises TypeError/OverflowError for non-int counts.");
   fast::def_property<Sequence>(
       cls, "seq_id", [](const Sequence& s) { return s.seq_id ? fast::to_py(*s.seq_id) : fast::none(); },
       [](Sequence& s, PyObject* x, const char* name) {
@@ -339,7 +341,8 @@ views: in-place edits reach the pools, and plain assignment replaces them.)doc")
   def_int_list<&Sequence::block_hashes>(cls, "block_hashes");
   fast::def_property<Sequence>(
       cls, "state_slot", [](const Sequence& s) { return fast::to_py(s.state_slot()); },
-      [](Sequence& s, PyObject* x, const char* name) { s.set_state_slot(as_int(x, name)); });
+      [](Sequence& s, PyObject* x, const char* name) { s.set_state_slot(as_int(x, name)); },
+      "``state_slots[0]``, or -1 when empty; assigning replaces element 0.");
   def_int<&Sequence::state_fork_src>(cls, "state_fork_src");
   def_int<&Sequence::per_req_cache_group>(cls, "per_req_cache_group");
   fast::def_property<Sequence>(
@@ -397,11 +400,13 @@ void bind_common(py::module_& m) {
     m.attr("IntRangeError") = err;
     int_range_error = err.release().ptr();  // lives as long as the process
   }
+  // pybind11's functions map C++ exceptions as the fast methods do: one map
+  // (fast::set_error_from_current), which leaves pybind11's own nothing to do.
   py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const InvariantError& e) {
-      PyErr_SetString(PyExc_AssertionError, e.what());
+    } catch (...) {
+      fast::set_error_from_current();
     }
   });
   bind_state_transfer(m);

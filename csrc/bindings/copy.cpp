@@ -207,7 +207,8 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
                                                   as_int(num_units, "num_units"), as_text(layout_id, "layout_id"));
            }),
            py::arg("image_segments"), py::arg("slot_segments"), py::arg("unit_segments"), py::arg("num_slots"),
-           py::arg("num_units"), py::arg("layout_id"))
+           py::arg("num_units"), py::arg("layout_id"),
+           "Raises ValueError for overlapping or malformed segments, TypeError for a non-str layout_id.")
       .def_property_readonly("num_slots", &SpanPlanner::num_slots)
       .def_property_readonly("num_units", &SpanPlanner::num_units)
       .def_property_readonly("image_bytes", &SpanPlanner::image_bytes)
@@ -281,7 +282,8 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
                                                     as_bool(host_moves, "host_moves"));
            }),
            py::arg("device"), py::arg("planner"), py::arg("max_pair_ops"), py::arg("max_paged_ops"),
-           py::arg("buffers") = 2, py::arg("variant") = 0, py::arg("host_moves") = false)
+           py::arg("buffers") = 2, py::arg("variant") = 0, py::arg("host_moves") = false,
+           "Raises ValueError for a negative device or op count, or a bad buffers/variant.")
       .def(
           "submit",
           [](GpuCopyEngine& e, const CompiledBatch& batch, py::handle stream, py::handle path) {

@@ -296,12 +296,18 @@ inline PyObject* refuse_live_copy(PyObject* self) {
 }
 
 inline void refuse_copy(py::handle cls) {
+#define STATECACHE_REFUSED "\n--\n\nRaises TypeError: a live object, not a value; it does not pickle or copy."
   static PyMethodDef defs[] = {
-      {"__reduce_ex__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O, nullptr},
-      {"__reduce__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS, nullptr},
-      {"__copy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS, nullptr},
-      {"__deepcopy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O, nullptr},
+      {"__reduce_ex__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O,
+       "__reduce_ex__($self, protocol, /)" STATECACHE_REFUSED},
+      {"__reduce__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS,
+       "__reduce__($self)" STATECACHE_REFUSED},
+      {"__copy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS,
+       "__copy__($self)" STATECACHE_REFUSED},
+      {"__deepcopy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O,
+       "__deepcopy__($self, memo, /)" STATECACHE_REFUSED},
   };
+#undef STATECACHE_REFUSED
   for (PyMethodDef& d : defs) {
     py::object descr =
         py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), &d));

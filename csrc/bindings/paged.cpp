@@ -283,7 +283,8 @@ that evicted completes normally.)doc");
             pool->on_evict = py::reinterpret_borrow<py::object>(on_evict);
             return pool;
           }),
-          py::arg("num_blocks"), py::arg("on_evict") = py::none())
+          py::arg("num_blocks"), py::arg("on_evict") = py::none(),
+          "Raises ValueError for ``num_blocks < 0``; TypeError for a non-callable ``on_evict``.")
       .def_property_readonly("num_blocks", &BlockPool::num_blocks)
       .def_property_readonly("num_free", &BlockPool::num_free,
                              "Blocks a reservation or allocation could take now (never-hashed + cached).")
@@ -476,12 +477,14 @@ void def_mapping(py::classh<View>& cls, py::object (*get)(const std::shared_ptr<
                  int64_t (*size)(const Store&)) {
   fast::refuse_copy(cls);
   cls.def("__len__", [size](const View& v) { return size(*v.store); })
-      .def("__getitem__",
-           [get](const View& v, py::handle k) {
-             py::object r = get(v.store, k);
-             if (r.is_none()) throw py::key_error(py_repr(k));
-             return r;
-           })
+      .def(
+          "__getitem__",
+          [get](const View& v, py::handle k) {
+            py::object r = get(v.store, k);
+            if (r.is_none()) throw py::key_error(py_repr(k));
+            return r;
+          },
+          "Returns the value under the key. Raises KeyError for a key with no entry.")
       .def("__contains__", [get](const View& v, py::handle k) { return !get(v.store, k).is_none(); })
       .def("__iter__", [keys](const View& v) { return py::iter(keys(v.store)); })
       .def(
@@ -611,7 +614,8 @@ nominated to a tier (``offload_sink``), handed out pinned by
             p->add_store(store);
             return store;
           }),
-          py::arg("pool"), py::arg("spec"), py::arg("offload_sink") = false)
+          py::arg("pool"), py::arg("spec"), py::arg("offload_sink") = false,
+          "Raises TypeError for a pool or spec of the wrong type.")
       .def_property_readonly("pool", [](const PyStore& s) { return pool_object(s); })
       .def_property_readonly("spec", [](const PyStore& s) { return s.spec(); })
       .def_property_readonly("units_per_checkpoint", &Store::units_per_checkpoint)
@@ -621,7 +625,9 @@ nominated to a tier (``offload_sink``), handed out pinned by
       .def_property_readonly("offload_nominations_dropped", &Store::offload_nominations_dropped)
       .def_property_readonly("records", [](py::handle self) { return make_view<RecordsView>(self); })
       .def_property_readonly("hash_to_checkpoint", [](py::handle self) { return make_view<HashIndexView>(self); })
-      .def_property_readonly("store_backlog", [](py::handle self) { return make_view<BacklogView>(self); })
+      .def_property_readonly(
+          "store_backlog", [](py::handle self) { return make_view<BacklogView>(self); },
+          "Checkpoint ids nominated for the offload tier, oldest first.")
       .def(
           "take_restore_ops", [](PyStore& s) { return to_py_tuple(s.take_restore_ops()); },
           "Returns and clears this batch's queued restores, oldest first. Raises nothing.")

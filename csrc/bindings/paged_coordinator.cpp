@@ -413,7 +413,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             return std::make_shared<PyCoordinator>(pool, std::move(p), std::move(sp), on, std::move(offload), readable);
           }),
           py::arg("pool"), py::arg("spec"), py::arg("enabled"), py::arg("offload") = py::none(),
-          py::arg("readable_midstep") = false)
+          py::arg("readable_midstep") = false, "Raises TypeError for a pool or spec of the wrong type.")
       .def_property_readonly("enabled", &Coordinator::enabled)
       .def_property_readonly("readable_midstep", &Coordinator::readable_midstep)
       .def_property_readonly("store", [](const PyCoordinator& c) { return c.store_object(); })
@@ -640,7 +640,8 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
              return std::make_shared<StateOffloadIndex>(as_bool(can_store, "can_store"), as_bool(can_load, "can_load"),
                                                         cap);
            }),
-           py::arg("can_store") = true, py::arg("can_load") = true, py::arg("capacity") = py::none())
+           py::arg("can_store") = true, py::arg("can_load") = true, py::arg("capacity") = py::none(),
+           "Raises ValueError for ``capacity < 0``.")
       .def_property_readonly("can_store", &StateOffloadIndex::can_store)
       .def_property_readonly("can_load", &StateOffloadIndex::can_load)
       .def_property_readonly("capacity",

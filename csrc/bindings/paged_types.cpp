@@ -215,7 +215,7 @@ void bind_op(py::module_& m) {
                                             Text::fields(ops::value_of<Op>(self))));
          });
        },
-       METH_NOARGS, "Returns (type, fields) for pickle and copy. Raises nothing."},
+       METH_NOARGS, "__reduce__($self)\n--\n\nReturns (type, fields) for pickle and copy. Raises nothing."},
       {nullptr, nullptr, 0, nullptr},
   };
   static PyType_Slot slots[] = {
@@ -331,7 +331,9 @@ Geometry of a PAGE checkpoint image: ``image_bytes`` of a ``slot_bytes`` slot,
 scattered over ``units_per_checkpoint`` page units of ``page_unit_bytes``, for
 the state layout ``layout_id``. Frozen; equality and hash by value.)doc");
   spec.def(py::init(&make_spec), py::arg("page_unit_bytes"), py::arg("slot_bytes"), py::arg("layout_id"),
-           py::arg("image_bytes"))
+           py::arg("image_bytes"),
+           "Raises ValueError unless every size is a positive int and ``image_bytes <= slot_bytes``; TypeError for a "
+           "non-str layout_id.")
       .def_property_readonly("page_unit_bytes", [](const PagedStateCheckpointSpec& s) { return s.page_unit_bytes; })
       .def_property_readonly("slot_bytes", [](const PagedStateCheckpointSpec& s) { return s.slot_bytes; })
       .def_property_readonly("layout_id", [](const PagedStateCheckpointSpec& s) { return s.layout_id; })

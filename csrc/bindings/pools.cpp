@@ -238,12 +238,15 @@ void bind_views(py::module_& m) {
   fast::refuse_copy(index_view);
   index_view.def("__len__", [](const CheckpointIndexView& s) { return s.pool->index().size(); })
       .def("__contains__", [](const CheckpointIndexView& s, py::handle k) { return s.find(k) != nullptr; })
-      .def("__getitem__",
-           [](const CheckpointIndexView& s, py::handle k) {
-             const int64_t* v = s.find(k);
-             if (!v) throw py::key_error(py_repr(k));
-             return *v;
-           })
+      .def(
+          "__getitem__",
+          [](const CheckpointIndexView& s, py::handle k) {
+            const int64_t* v = s.find(k);
+            if (!v) throw py::key_error(py_repr(k));
+            return *v;
+          },
+          "Returns the index holding the checkpoint filed under the hash. Raises KeyError for a hash "
+          "with no checkpoint.")
       .def(
           "get",
           [](const CheckpointIndexView& s, py::handle k, py::object fallback) -> py::object {
@@ -601,7 +604,10 @@ A slot is one complete recurrent state. A live request holds 1 + num_spec
 slots (element 0 committed, the rest speculative rollback); a checkpoint holds
 one. Free slots are vacant (drawn first, lowest index first) or checkpointed
 (LRU; guesses marked speculative sit at the head and are spent first).
-``pop`` never refuses while ``has_free()``: it spends a checkpoint instead.)doc");
+``pop`` never refuses while ``has_free()``: it spends a checkpoint instead.
+
+The constructor takes ``transfer`` None as none(); it raises ValueError for a
+copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
   cls.def(py::init([](py::handle n, py::handle transfer, py::handle hbs, py::handle enabled) {
             return std::make_shared<StateSlotPool>(as_int(n, "num_slots"), transfer_arg(transfer),
                                                    as_int(hbs, "hash_block_size"), as_bool(enabled, "enabled"));
@@ -832,7 +838,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
                                                  as_int(hbs, "hash_block_size"), as_bool(enabled, "enabled"));
           }),
           py::arg("num_groups"), py::arg("transfer") = py::none(), py::arg("hash_block_size") = 1,
-          py::arg("enabled") = true);
+          py::arg("enabled") = true, "Raises ValueError for ``num_groups < 0`` or ``hash_block_size <= 0``.");
   bind_free_list_api<PyGroupPool, GroupRetirement>(cls);
   bind_views_of(cls, "hash_to_group", "group_hash");
   using fast::to_py;

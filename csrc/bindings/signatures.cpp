@@ -1,19 +1,25 @@
 // Text signatures for the functions pybind11 binds, so that inspect.signature,
-// help() and editors read their parameters.
+// help() and editors read their parameters, and the call gate for the methods
+// among them: both set on pybind11's own function objects.
 //
 // pybind11 writes a typed signature into the docstring's first line
-// ("name(self: T, count: object = 1) -> R"), a form inspect cannot parse, and
-// its function objects take no attributes. Each such function (module level,
-// method or static method of one of our classes) is re-exposed through a
-// forwarding builtin whose doc starts with CPython's text-signature form
-// ("name($fn, self, count=1)\n--\n\n"); the forwarder holds the pybind11
-// function and passes every call through unchanged. Only public attributes
-// (__doc__, __text_signature__) of the pybind11 functions are read.
+// ("name(self: T, count: object = 1) -> R"), a form inspect cannot parse.
+// CPython reads a builtin's text signature off its method definition's doc
+// when that starts "name(self, count=1)\n--\n\n", so each function's doc is
+// rewritten to that form, in place and as pybind11 itself installs it (a
+// malloc'd string it frees with the function). Untyped: inspect takes no
+// annotations (the stub's types are .ci/stub_types.py's). A method's
+// definition also gets an entry that waits its turn on the instance's call
+// gate (call_gate.h), as the fast methods' trampolines do, and then runs
+// pybind11's dispatcher: no second function object, no vectorcall between.
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,13 +32,10 @@ namespace py = pybind11;
 
 namespace {
 
-PyObject* forward(PyObject* fn, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return PyObject_Vectorcall(fn, args, static_cast<size_t>(nargs), kwnames);
-}
+using Dispatch = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t, PyObject*);
+Dispatch pybind11_dispatch = nullptr;  // the one entry every pybind11 function has
 
-// A method's forwarder also waits its turn on the instance's call gate
-// (call_gate.h), as the fast methods' trampolines do.
-PyObject* forward_method(PyObject* fn, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+PyObject* gated_dispatch(PyObject* record, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   if (nargs > 0) {
     try {
       fast::wait_turn(args[0]);
@@ -41,7 +44,7 @@ PyObject* forward_method(PyObject* fn, PyObject* const* args, Py_ssize_t nargs, 
       return nullptr;
     }
   }
-  return PyObject_Vectorcall(fn, args, static_cast<size_t>(nargs), kwnames);
+  return pybind11_dispatch(record, args, nargs, kwnames);
 }
 
 std::string trim(const std::string& s) {
@@ -122,66 +125,62 @@ std::optional<std::string> signed_doc(const std::string& name, const std::string
   }
   if (unnamed_end > 0 && std::find(params.begin(), params.end(), "/") == params.end())
     params.insert(params.begin() + static_cast<std::ptrdiff_t>(unnamed_end), "/");
-  std::string sig = name + "($fn";
-  for (const std::string& p : params) sig += ", " + p;
+  std::string sig = name + "(";
+  for (size_t i = 0; i < params.size(); ++i) sig += (i ? ", " : "") + params[i];
   sig += ")\n--\n\n";
   std::string body = eol == std::string::npos ? "" : doc.substr(eol + 1);
   body.erase(0, body.find_first_not_of('\n') == std::string::npos ? body.size() : body.find_first_not_of('\n'));
   return sig + body;
 }
 
-// The forwarding builtin for pybind11 function `fn` bound as `name`, or a
-// null object when `fn` needs none (it has a text signature, or its doc is
-// not one signature: an overload set).
-py::object with_text_signature(py::handle fn, const std::string& name, bool method = false) {
-  if (!PyCFunction_Check(fn.ptr())) return {};
-  if (!py::getattr(fn, "__text_signature__", py::none()).is_none()) return {};
-  py::object doc = py::getattr(fn, "__doc__", py::none());
-  if (!py::isinstance<py::str>(doc)) return {};
-  std::optional<std::string> text = signed_doc(name, doc.cast<std::string>());
-  if (!text) return {};
-  // Definitions live as long as the functions: never freed.
-  auto* def_name = new std::string(name);
-  auto* def_doc = new std::string(std::move(*text));
-  auto* def =
-      new PyMethodDef{def_name->c_str(),
-                      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(method ? &forward_method : &forward)),
-                      METH_FASTCALL | METH_KEYWORDS, def_doc->c_str()};
-  PyObject* f = PyCFunction_New(def, fn.ptr());  // holds `fn` as its __self__
-  if (!f) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(f);
+// Gives pybind11 function `fn`, bound as `name`, its text signature (unless
+// its doc is not one signature: an overload set) and, for a method, the gated
+// entry. Anything else (a fast method, a slot wrapper) is left as it is.
+void sign(py::handle fn, const std::string& name, bool method) {
+  if (!PyCFunction_Check(fn.ptr())) return;
+  PyMethodDef* def = reinterpret_cast<PyCFunctionObject*>(fn.ptr())->m_ml;
+  if (def->ml_meth != reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pybind11_dispatch)) ||
+      def->ml_flags != (METH_FASTCALL | METH_KEYWORDS))
+    return;
+  if (def->ml_doc && !py::getattr(fn, "__text_signature__", py::none()).is_none()) return;  // done
+  if (def->ml_doc)
+    if (std::optional<std::string> text = signed_doc(name, def->ml_doc)) {
+      char* doc = strdup(text->c_str());
+      if (!doc) throw std::bad_alloc();
+      std::free(const_cast<char*>(def->ml_doc));
+      def->ml_doc = doc;
+    }
+  if (method) def->ml_meth = reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&gated_dispatch));
 }
 
 void sign_class(py::handle cls) {
-  const py::dict members = py::reinterpret_borrow<py::dict>(py::getattr(cls, "__dict__")).attr("copy")();
+  // __dict__ is a mappingproxy: iterate a copy.
+  const py::dict members = py::getattr(cls, "__dict__").attr("copy")();
   for (auto [key, value] : members) {
     const std::string name = py::cast<std::string>(key);
-    if (PyInstanceMethod_Check(value.ptr())) {
-      py::object w = with_text_signature(PyInstanceMethod_GET_FUNCTION(value.ptr()), name, /*method=*/true);
-      if (!w) continue;
-      PyObject* m = PyInstanceMethod_New(w.ptr());
-      if (!m) throw py::error_already_set();
-      py::setattr(cls, key, py::reinterpret_steal<py::object>(m));
-    } else if (py::isinstance(value, py::module_::import("builtins").attr("staticmethod"))) {
-      py::object w = with_text_signature(value.attr("__func__"), name);
-      if (!w) continue;
-      PyObject* s = PyStaticMethod_New(w.ptr());
-      if (!s) throw py::error_already_set();
-      py::setattr(cls, key, py::reinterpret_steal<py::object>(s));
-    }
+    if (PyInstanceMethod_Check(value.ptr()))
+      sign(PyInstanceMethod_GET_FUNCTION(value.ptr()), name, /*method=*/true);
+    else if (Py_IS_TYPE(value.ptr(), &PyStaticMethod_Type))
+      sign(value.attr("__func__"), name, /*method=*/false);
   }
 }
 
 }  // namespace
 
 void add_text_signatures(py::module_& m) {
+  if (!pybind11_dispatch) {
+    py::cpp_function probe([] {});
+    pybind11_dispatch = reinterpret_cast<Dispatch>(reinterpret_cast<void (*)()>(PyCFunction_GET_FUNCTION(probe.ptr())));
+    if (PyCFunction_GET_FLAGS(probe.ptr()) != (METH_FASTCALL | METH_KEYWORDS))
+      throw std::logic_error("pybind11 functions are not METH_FASTCALL | METH_KEYWORDS: signatures.cpp needs updating");
+  }
   const py::str module_name = m.attr("__name__");
-  const py::dict members = py::reinterpret_borrow<py::dict>(m.attr("__dict__")).attr("copy")();
+  const py::dict members = py::reinterpret_borrow<py::dict>(m.attr("__dict__"));
   for (auto [key, value] : members) {
     if (PyType_Check(value.ptr())) {
       if (py::getattr(value, "__module__", py::none()).equal(module_name)) sign_class(value);
-    } else if (py::object w = with_text_signature(value, py::cast<std::string>(key))) {
-      m.attr(key) = w;
+    } else {
+      sign(value, py::cast<std::string>(key), /*method=*/false);
     }
   }
 }

@@ -81,7 +81,7 @@ evicted.)doc");
                                   as_budgets(budgets), m);
            }),
            py::arg("entry_bytes"), py::arg("capacity_bytes"), py::arg("class_budget_bytes"),
-           py::arg("ranking") = "cost")
+           py::arg("ranking") = "cost", "Raises ValueError for a bad size, budget or ranking.")
       .def_property_readonly("entry_bytes", &HostArena::entry_bytes)
       .def_property_readonly("num_entries", &HostArena::num_entries)
       .def_property_readonly("num_free", &HostArena::num_free)
