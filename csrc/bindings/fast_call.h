@@ -204,10 +204,27 @@ using GateLink = PyObject* (*)(PyObject* self);
 template <class T>
 inline GateLink gate_link = nullptr;
 
+// A C++ gate a class's calls also wait for: the one a store holds while a
+// pool given from Python runs (paged_values.h, PyUnitPool). nullptr: none.
+using InnerGate = CallGate* (*)(PyObject* self);
+
+template <class T>
+inline InnerGate inner_gate = nullptr;
+
+// Waits for `self`'s inner gate when another thread holds it; returns
+// whether it waited (the GIL was released meanwhile).
+inline bool wait_inner(PyObject* self, InnerGate inner) {
+  CallGate* g = inner ? inner(self) : nullptr;
+  if (g == nullptr || !g->held() || g->held_by_this_thread()) return false;
+  g->wait_turn();
+  return true;
+}
+
 struct GateInfo {
   PyTypeObject* type;
   Py_ssize_t offset;
-  GateLink* link;  // &gate_link<T>: set after the class is bound
+  GateLink* link;     // &gate_link<T>: set after the class is bound
+  InnerGate* inner;   // &inner_gate<T>, likewise
 };
 inline std::vector<GateInfo> gate_infos;
 
@@ -226,7 +243,7 @@ void instance_setup(PyHeapTypeObject* heap_type) {
   if (gate_infos.empty()) gate_infos.reserve(128);
   if (gate_infos.size() == gate_infos.capacity())
     throw std::logic_error("more guarded classes than the gate table holds");
-  gate_infos.push_back({t, cache_offset<T> + static_cast<Py_ssize_t>(sizeof(void*)), &gate_link<T>});
+  gate_infos.push_back({t, cache_offset<T> + static_cast<Py_ssize_t>(sizeof(void*)), &gate_link<T>, &inner_gate<T>});
 }
 
 // The gate of an instance of T's class (or a subclass).
@@ -257,6 +274,7 @@ inline void wait_turn(PyObject* obj) {
   CallGate& own = gate_at(obj, g->offset);
   for (;;) {
     own.wait_turn();
+    if (wait_inner(obj, *g->inner) && own.held() && !own.held_by_this_thread()) continue;
     PyObject* linked = *g->link ? (*g->link)(obj) : nullptr;
     if (linked == nullptr || linked == obj) return;
     py::object keep = py::reinterpret_borrow<py::object>(linked);
@@ -272,6 +290,8 @@ template <class T>
   for (;;) {
     if (own.held()) [[unlikely]]
       own.wait_turn();
+    if (inner_gate<T> && wait_inner(self, inner_gate<T>) && own.held() && !own.held_by_this_thread()) [[unlikely]]
+      continue;
     PyObject* linked = gate_link<T> ? gate_link<T>(self) : nullptr;
     if (linked == nullptr) return;
     py::object keep = py::reinterpret_borrow<py::object>(linked);

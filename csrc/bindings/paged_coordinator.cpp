@@ -66,13 +66,6 @@ class PyOffloadVote : public OffloadVote {
   const HashForm& form_;
 };
 
-std::shared_ptr<PyStore> make_store(py::handle pool_obj, const std::shared_ptr<PyBlockPool>& pool,
-                                    PagedStateCheckpointSpec spec, bool sink) {
-  auto store = std::make_shared<PyStore>(py::reinterpret_borrow<py::object>(pool_obj), pool, std::move(spec), sink);
-  pool->add_store(store);
-  return store;
-}
-
 // The coordinator plus the Python objects it was handed, so `offload` reads
 // back the very object attached and transfer owners keep their identity.
 // Every Python reference it holds is reported to the collector here, once:
@@ -80,10 +73,9 @@ std::shared_ptr<PyStore> make_store(py::handle pool_obj, const std::shared_ptr<P
 // scratch pool, and the copies the vote and scratch adapters hold.
 class PyCoordinator : public Coordinator {
  public:
-  PyCoordinator(py::handle pool_obj, std::shared_ptr<PyBlockPool> pool, PagedStateCheckpointSpec spec, bool enabled,
+  PyCoordinator(py::handle pool_obj, const UnitPoolArg& pool, PagedStateCheckpointSpec spec, bool enabled,
                 py::object offload, bool readable_midstep)
-      : Coordinator(make_store(pool_obj, pool, std::move(spec), !offload.is_none()), enabled, readable_midstep),
-        pool_(std::move(pool)) {
+      : Coordinator(make_py_store(pool_obj, pool, std::move(spec), !offload.is_none()), enabled, readable_midstep) {
     store_obj = fast::cast_cached<PyStore>(std::static_pointer_cast<PyStore>(store_ptr()));
     set_offload(std::move(offload), true);
   }
@@ -129,9 +121,10 @@ class PyCoordinator : public Coordinator {
 
   int64_t transfer_owner(py::handle owner) {
     if (owner.is_none()) throw py::value_error("owner=None: a transfer reservation needs an owner");
-    return pool_->owners.transfer_token(owner, *pool_);
+    return owners().transfer_token(owner, store().pool_ptr().get());
   }
-  PyBlockPool& pool() { return *pool_; }
+  PyStore& py_store() const { return static_cast<PyStore&>(store()); }
+  OwnerTable& owners() const { return py_store().owners(); }
   py::object store_object() const {
     if (!store_obj.is_none()) return store_obj;
     return py::cast(std::static_pointer_cast<PyStore>(store_ptr()));
@@ -216,7 +209,6 @@ class PyCoordinator : public Coordinator {
   }
 
  private:
-  std::shared_ptr<PyBlockPool> pool_;
   py::object store_obj = py::none();
   py::object offload_ = py::none();
   py::object scratch_obj_ = py::none();
@@ -403,14 +395,19 @@ accepts boundaries the attached tier ``could_serve``.)doc");
     PyObject* scratch = c ? c->scratch_object() : nullptr;
     return scratch == Py_None ? nullptr : scratch;
   };
+  fast::inner_gate<PyCoordinator> = [](PyObject* self) -> CallGate* {
+    const PyCoordinator* c = fast::cached_instance<PyCoordinator>(self);
+    PyUnitPool* f = c ? c->py_store().foreign() : nullptr;
+    return f ? &f->gate : nullptr;
+  };
   cls.attr("successor_room") = 0.0;
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle enabled, py::object offload,
                       py::handle readable_midstep) {
-            auto p = as_block_pool(pool, "pool");
+            const UnitPoolArg p = as_unit_pool(pool, "pool");
             PagedStateCheckpointSpec sp = as_spec(spec, "spec");
             const bool on = as_bool(enabled, "enabled");
             const bool readable = as_bool(readable_midstep, "readable_midstep");
-            return std::make_shared<PyCoordinator>(pool, std::move(p), std::move(sp), on, std::move(offload), readable);
+            return std::make_shared<PyCoordinator>(pool, p, std::move(sp), on, std::move(offload), readable);
           }),
           py::arg("pool"), py::arg("spec"), py::arg("enabled"), py::arg("offload") = py::none(),
           py::arg("readable_midstep") = false)
@@ -499,7 +496,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             const int64_t token = c.transfer_owner(owner);
             auto units = c.reserve_transfer_units(token);
             if (!units) return py::none();
-            c.pool().owners.retain(token);
+            c.owners().retain(token);
             return to_tuple(*units);
           },
           py::arg("owner"),
@@ -512,7 +509,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             const int64_t token = c.transfer_owner(owner);
             const bool had = c.has_transfer(token);
             c.release_transfer_units(token);
-            if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
+            if (had && !c.has_transfer(token)) c.owners().unretain(token);
           },
           py::arg("owner"),
           "Gives a transfer reservation's units back (no-op without one); returns None. Raises "
@@ -524,7 +521,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             const int64_t prefix_hash = as_hash(h, "prefix_hash", c.hash_form());
             const bool had = c.has_transfer(token);
             const bool adopted = c.adopt_transfer_units(token, prefix_hash);
-            if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
+            if (had && !c.has_transfer(token)) c.owners().unretain(token);
             return adopted;
           },
           py::arg("owner"), py::arg("prefix_hash"),
