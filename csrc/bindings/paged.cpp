@@ -221,6 +221,7 @@ int64_t PyUnitPool::num_free() {
 }
 
 bool PyUnitPool::reserve_units(int64_t count, int64_t owner, std::vector<int64_t>& out) {
+  out.clear();
   CallGate::Hold hold(gate);
   py::object p = live();
   py::object who = owners.owner(owner);
@@ -228,24 +229,23 @@ bool PyUnitPool::reserve_units(int64_t count, int64_t owner, std::vector<int64_t
   if (got.is_none()) return false;
   std::vector<int64_t> units = as_int_list(got, "pool.reserve_units()");
   std::string why;
-  if (static_cast<int64_t>(units.size()) != count) {
+  std::vector<int64_t> sorted(units);
+  std::sort(sorted.begin(), sorted.end());
+  if (!sorted.empty() && sorted.front() < 0) {
+    why = "returned a negative unit id (" + std::to_string(sorted.front()) + ")";
+  } else if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    why = "returned a unit id twice";
+  } else if (static_cast<int64_t>(units.size()) != count) {
     why = "returned " + std::to_string(units.size()) + " unit ids for a reservation of " + std::to_string(count);
-  } else {
-    std::vector<int64_t> sorted(units);
-    std::sort(sorted.begin(), sorted.end());
-    if (!sorted.empty() && sorted.front() < 0)
-      why = "returned a negative unit id (" + std::to_string(sorted.front()) + ")";
-    else if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-      why = "returned a unit id twice";
-  }
-  if (!why.empty()) {
-    // Refused, so the reservation goes back (best effort) and nothing is filed.
+    // Well-formed but not what was asked: they go back (best effort).
     try {
       p.attr("release_units")(to_tuple(units), who);
     } catch (py::error_already_set& e) {
       e.restore();
       report_callback_error("pool.release_units");
     }
+  }
+  if (!why.empty()) {
     throw py::value_error("pool.reserve_units(" + std::to_string(count) + ", " + py_repr(who) + ") " + why +
                           "; nothing was filed");
   }

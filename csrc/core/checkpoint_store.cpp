@@ -169,8 +169,9 @@ int32_t PageUnitCheckpointStore::next_victim(int64_t protected_id) const {
 
 bool PageUnitCheckpointStore::has_available_units(int64_t count, std::optional<int64_t> protected_hash) const {
   if (count < 0) bad_argument("count", count, "must be >= 0");
+  if (count <= pool_num_free()) return true;
+  // Read again, as the reference reads it (a foreign pool's count may move).
   const int64_t free = pool_num_free();
-  if (count <= free) return true;
   // The eligible set either reaches the shortfall or it does not; which
   // checkpoints make it up is the policy's business and cannot change that.
   int64_t reachable = evictable_units_;
@@ -207,6 +208,7 @@ std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t pr
   // returning; the units are ours by then.
   UnitIds units;
   units.swap(reserve_buf_);  // a reentrant call would find it empty, and allocate
+  units.clear();             // its capacity, not the last call's ids
   bool reserved;
   ++filing_;
   try {
