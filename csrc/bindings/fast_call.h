@@ -223,8 +223,8 @@ inline bool wait_inner(PyObject* self, InnerGate inner) {
 struct GateInfo {
   PyTypeObject* type;
   Py_ssize_t offset;
-  GateLink* link;     // &gate_link<T>: set after the class is bound
-  InnerGate* inner;   // &inner_gate<T>, likewise
+  GateLink* link;    // &gate_link<T>: set after the class is bound
+  InnerGate* inner;  // &inner_gate<T>, likewise
 };
 inline std::vector<GateInfo> gate_infos;
 

@@ -92,8 +92,8 @@ class PyUnitPool : public PageUnitProvider {
   void release_units(const std::vector<int64_t>& units, int64_t owner) override;
   void rekey_units(const std::vector<int64_t>& units, int64_t old_owner, int64_t new_owner) override;
 
-  py::object pool;     // None once the collector cleared the store
-  OwnerTable owners;   // transfer and adopted owners named to this pool
+  py::object pool;    // None once the collector cleared the store
+  OwnerTable owners;  // transfer and adopted owners named to this pool
   CallGate gate{};
 
  private:

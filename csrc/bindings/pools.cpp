@@ -675,7 +675,8 @@ one. Free slots are vacant (drawn first, lowest index first) or checkpointed
       cls, "checkpoint_many",
       [](P& p, PyObject** a, PyObject* self) {
         const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
-        SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kStateSlot | fast::kAnchors | fast::if_present(fast::kForkSrc));
+        SeqBatch seqs(a[0], "seqs",
+                      fast::kHasCache | fast::kStateSlot | fast::kAnchors | fast::if_present(fast::kForkSrc));
         if (seqs.all_native()) {
           p.checkpoint_many(seqs.seqs(), seqs.keys(), blocks.span(), hashes.span());
           return fast::none();

@@ -17,8 +17,8 @@ PageUnitCheckpointStore::PageUnitCheckpointStore(std::shared_ptr<BlockPool> pool
   if (!pool_) throw std::invalid_argument("pool: a PageUnitCheckpointStore needs a BlockPool");
 }
 
-PageUnitCheckpointStore::PageUnitCheckpointStore(std::shared_ptr<PageUnitProvider> units,
-                                                 PagedStateCheckpointSpec spec, bool offload_sink)
+PageUnitCheckpointStore::PageUnitCheckpointStore(std::shared_ptr<PageUnitProvider> units, PagedStateCheckpointSpec spec,
+                                                 bool offload_sink)
     : provider_(std::move(units)), spec_(std::move(spec)), offload_sink_(offload_sink), clock_(monotonic_seconds) {
   if (!provider_) throw std::invalid_argument("pool: a PageUnitCheckpointStore needs a unit pool");
 }
@@ -700,8 +700,7 @@ void PageUnitCheckpointStore::check_consistency() const {
     if (is_evictable(s, -1)) evictable += static_cast<int64_t>(s.rec.unit_ids.size());
     if (pool_)  // a foreign pool's ownership is its own business
       for (int64_t u : s.rec.unit_ids)
-        check_invariant(pool_->owner_of(u) == checkpoint_owner(checkpoint_id),
-                        "store: a record's unit is not its own");
+        check_invariant(pool_->owner_of(u) == checkpoint_owner(checkpoint_id), "store: a record's unit is not its own");
   });
   check_invariant(!hash_to_checkpoint_.contains(-1) && !pending_by_hash_.contains(-1), "store: -1 is indexed");
   pending_by_hash_.for_each([&](int64_t h, int32_t idx) {

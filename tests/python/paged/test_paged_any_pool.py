@@ -274,16 +274,16 @@ def test_one_failing_call_leaves_the_store_as_the_reference_leaves_it(method):
             s.complete_inflight()
         loaded = tuple(pool.reserve_units(4, "x"))  # the pool is full now
         outcomes = []
-        for call in (
-            lambda: s.begin_store(4, 0),  # evicts 1: num_free, release_units, reserve_units
-            lambda: s.has_available_units(5),
-            lambda: s.ensure_free_units(8),
-            lambda: s.unindex(3),
-            lambda: s.adopt_units(loaded, "x", 9),
+        for method, args in (
+            ("begin_store", (4, 0)),  # evicts 1: num_free, release_units, reserve_units
+            ("has_available_units", (5,)),
+            ("ensure_free_units", (8,)),
+            ("unindex", (3,)),
+            ("adopt_units", (loaded, "x", 9)),
         ):
             pool.armed = True
             try:
-                outcomes.append(("ok", repr(call())))
+                outcomes.append(("ok", repr(getattr(s, method)(*args))))
             except Boom as e:
                 outcomes.append(("raise", str(e)))
             outcomes.append(store_state_nopool(s))

@@ -61,7 +61,9 @@ def test_group_fork_checkpoint_needs_no_pending_checkpoint_nor_fork_src():
     pools = group_pools(FORK)
     for p in pools:
         p.pop()  # group 0 is the sequence's
-    r, fields = both(pools, lambda p, o: p.checkpoint(o, 3, 77), lambda: Req(has_per_req_cache=True, per_req_cache_group=0))
+    r, fields = both(
+        pools, lambda p, o: p.checkpoint(o, 3, 77), lambda: Req(has_per_req_cache=True, per_req_cache_group=0)
+    )
     assert fields == {"has_per_req_cache": True, "per_req_cache_group": 1, "state_fork_src": 0}
     assert pools[0].lookup(77) == pools[1].lookup(77) == 0
 
