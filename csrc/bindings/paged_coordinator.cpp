@@ -496,9 +496,18 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           "reserve_transfer_units",
           [](PyCoordinator& c, py::handle owner) -> py::object {
             const int64_t token = c.transfer_owner(owner);
-            auto units = c.reserve_transfer_units(token);
-            if (!units) return py::none();
-            c.owners().retain(token);
+            c.owners().retain(token);  // interned while the pool's code may run
+            std::optional<UnitIds> units;
+            try {
+              units = c.reserve_transfer_units(token);
+            } catch (...) {
+              c.owners().unretain(token);
+              throw;
+            }
+            if (!units) {
+              c.owners().unretain(token);
+              return py::none();
+            }
             return to_tuple(*units);
           },
           py::arg("owner"),
@@ -510,7 +519,12 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           [](PyCoordinator& c, py::handle owner) {
             const int64_t token = c.transfer_owner(owner);
             const bool had = c.has_transfer(token);
-            c.release_transfer_units(token);
+            try {
+              c.release_transfer_units(token);  // a pool's error comes after the reservation is gone
+            } catch (...) {
+              if (had && !c.has_transfer(token)) c.owners().unretain(token);
+              throw;
+            }
             if (had && !c.has_transfer(token)) c.owners().unretain(token);
           },
           py::arg("owner"),
@@ -522,7 +536,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             const int64_t token = c.transfer_owner(owner);
             const int64_t prefix_hash = as_hash(h, "prefix_hash", c.hash_form());
             const bool had = c.has_transfer(token);
-            const bool adopted = c.adopt_transfer_units(token, prefix_hash);
+            const bool adopted = c.adopt_transfer_units(token, prefix_hash);  // a failure keeps the reservation
             if (had && !c.has_transfer(token)) c.owners().unretain(token);
             return adopted;
           },
