@@ -491,17 +491,26 @@ def test_another_threads_call_waits_while_the_pool_runs():
     store = coord.store
     started = threading.Event()
 
+    errors = []
+
     def other():
         started.wait()
         time.sleep(0.01)  # inside the first reservation by now
-        store.begin_store(2, 1)
-        coord.reserve_transfer_units("t")
+        try:
+            # Refused from inside a filing on this thread; from another it waits its turn.
+            store.complete_inflight()
+            coord.complete_previous_batch()
+            store.begin_store(2, 1)
+            coord.reserve_transfer_units("t")
+        except Exception as e:  # noqa: BLE001 - any failure here is the finding
+            errors.append(repr(e))
 
     t = threading.Thread(target=other)
     t.start()
     started.set()
     store.begin_store(1, 0)
     t.join()
+    assert errors == []
     assert [e for e, _ in log] == ["start", "end"] * 3
     assert log[1] == ("end", ("state-checkpoint", 0))
     coord.check_consistency()
