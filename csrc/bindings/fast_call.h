@@ -204,10 +204,27 @@ using GateLink = PyObject* (*)(PyObject* self);
 template <class T>
 inline GateLink gate_link = nullptr;
 
+// A C++ gate a class's calls also wait for: the one a store holds while a
+// pool given from Python runs (paged_values.h, PyUnitPool). nullptr: none.
+using InnerGate = CallGate* (*)(PyObject* self);
+
+template <class T>
+inline InnerGate inner_gate = nullptr;
+
+// Waits for `self`'s inner gate when another thread holds it; returns
+// whether it waited (the GIL was released meanwhile).
+inline bool wait_inner(PyObject* self, InnerGate inner) {
+  CallGate* g = inner ? inner(self) : nullptr;
+  if (g == nullptr || !g->held() || g->held_by_this_thread()) return false;
+  g->wait_turn();
+  return true;
+}
+
 struct GateInfo {
   PyTypeObject* type;
   Py_ssize_t offset;
-  GateLink* link;  // &gate_link<T>: set after the class is bound
+  GateLink* link;    // &gate_link<T>: set after the class is bound
+  InnerGate* inner;  // &inner_gate<T>, likewise
 };
 inline std::vector<GateInfo> gate_infos;
 
@@ -226,7 +243,7 @@ void instance_setup(PyHeapTypeObject* heap_type) {
   if (gate_infos.empty()) gate_infos.reserve(128);
   if (gate_infos.size() == gate_infos.capacity())
     throw std::logic_error("more guarded classes than the gate table holds");
-  gate_infos.push_back({t, cache_offset<T> + static_cast<Py_ssize_t>(sizeof(void*)), &gate_link<T>});
+  gate_infos.push_back({t, cache_offset<T> + static_cast<Py_ssize_t>(sizeof(void*)), &gate_link<T>, &inner_gate<T>});
 }
 
 // The gate of an instance of T's class (or a subclass).
@@ -257,6 +274,7 @@ inline void wait_turn(PyObject* obj) {
   CallGate& own = gate_at(obj, g->offset);
   for (;;) {
     own.wait_turn();
+    if (wait_inner(obj, *g->inner) && own.held() && !own.held_by_this_thread()) continue;
     PyObject* linked = *g->link ? (*g->link)(obj) : nullptr;
     if (linked == nullptr || linked == obj) return;
     py::object keep = py::reinterpret_borrow<py::object>(linked);
@@ -272,6 +290,8 @@ template <class T>
   for (;;) {
     if (own.held()) [[unlikely]]
       own.wait_turn();
+    if (inner_gate<T> && wait_inner(self, inner_gate<T>) && own.held() && !own.held_by_this_thread()) [[unlikely]]
+      continue;
     PyObject* linked = gate_link<T> ? gate_link<T>(self) : nullptr;
     if (linked == nullptr) return;
     py::object keep = py::reinterpret_borrow<py::object>(linked);
@@ -422,6 +442,11 @@ enum SeqField : unsigned {
   kPending = 1u << 5,    // pending_checkpoint
   kAnchors = 1u << 6,    // midstep_anchor_pos, checkpoint_end_pos (0 when absent)
 };
+// `reads` may also name fields read only if present (the fields a call
+// writes but the reference never reads: their value is what a failed
+// write-back restores; an absent one is deleted again).
+inline constexpr unsigned kOptionalShift = 8;
+inline constexpr unsigned if_present(unsigned fields) { return fields << kOptionalShift; }
 
 class SeqArg {
  public:
@@ -436,21 +461,49 @@ class SeqArg {
     if (native_) return;
     if (obj == Py_None || PyLong_Check(obj) || PyUnicode_Check(obj))
       raise_type(label().c_str(), "a statecache.Sequence or an object with its attributes", obj);
-    Sequence& snap = generic_.emplace().snap;
-    if (reads & kHasCache) {
+    generic_.emplace();
+    read(reads);
+  }
+
+  // Reads (generic path) the fields in `fields` not read yet, in a fixed
+  // order; a call reads each field only once it knows the reference would
+  // read it (an engine's object need not carry the rest). No-op on the fast
+  // path.
+  void read(unsigned fields) {
+    if (native_) return;
+    const unsigned optional = (fields >> kOptionalShift) & ~have_;
+    fields &= ((1u << kOptionalShift) - 1) & ~have_;
+    Sequence& snap = generic_->snap;
+    if (fields & kHasCache) {
       const int t = PyObject_IsTrue(attr(aHasCache).ptr());
       if (t < 0) throw py::error_already_set();
       snap.has_per_req_cache = t != 0;
     }
-    if (reads & kNumTokens) snap.num_tokens = int_attr(aNumTokens);
-    if (reads & kStateSlot) snap.state_slots = {int_attr(aStateSlot)};
-    if (reads & kForkSrc) snap.state_fork_src = int_attr(aForkSrc);
-    if (reads & kGroup) snap.per_req_cache_group = int_attr(aGroup);
-    if (reads & kPending) snap.pending_checkpoint = hash_attr(aPending);
-    if (reads & kAnchors) {
+    if (fields & kNumTokens) snap.num_tokens = int_attr(aNumTokens);
+    if (fields & kStateSlot) snap.state_slots = {int_attr(aStateSlot)};
+    if (fields & kForkSrc) snap.state_fork_src = int_attr(aForkSrc);
+    if (fields & kGroup) snap.per_req_cache_group = int_attr(aGroup);
+    if (fields & kPending) snap.pending_checkpoint = hash_attr(aPending);
+    if (fields & kAnchors) {
       snap.midstep_anchor_pos = int_attr(aAnchor, /*optional=*/true);
       snap.checkpoint_end_pos = int_attr(aEndPos, /*optional=*/true);
     }
+    for (SeqField f : {kStateSlot, kForkSrc, kGroup, kPending}) {
+      if (!(optional & f) || (fields & f)) continue;
+      py::object got = attr_if_present(attr_of(f));
+      if (!got) {
+        absent_ |= f;
+      } else if (f == kPending) {
+        snap.pending_checkpoint = hash_value(got, aPending);
+      } else {
+        const int64_t v = int_value(got, attr_of(f));
+        if (f == kStateSlot) snap.state_slots = {v};
+        if (f == kForkSrc) snap.state_fork_src = v;
+        if (f == kGroup) snap.per_req_cache_group = v;
+      }
+      fields |= f;
+    }
+    have_ |= fields;
     generic_->read = snap;
   }
 
@@ -529,13 +582,19 @@ class SeqArg {
   void write_back(std::initializer_list<std::pair<SeqField, int64_t>> values) {
     write_back(std::span<const std::pair<SeqField, int64_t>>(values.begin(), values.size()));
   }
-  // Gives the fields named in `values` their values as read back (best
-  // effort: a setter that raises now is ignored). Generic path only.
+  // Gives the fields named in `values` their values as read back, deleting
+  // those that were absent (best effort: a setter that raises now is
+  // ignored; a field never read is left as written). Generic path only.
   void restore(std::span<const std::pair<SeqField, int64_t>> values) {
     if (native_) return;
     for (const auto& [f, v] : values) {
+      if (!(have_ & f)) continue;
       try {
-        set(f, value(generic_->read, f));
+        if (absent_ & f) {
+          if (PyObject_DelAttr(obj_, interned(attr_of(f))) != 0) throw py::error_already_set();
+        } else {
+          set(f, value(generic_->read, f));
+        }
       } catch (...) {
         PyErr_Clear();
       }
@@ -593,6 +652,14 @@ class SeqArg {
         py::reinterpret_steal<py::object>(f == kPending && hashes_ ? hash_to_py(v, *hashes_) : PyLong_FromLongLong(v));
     if (!x || PyObject_SetAttr(obj_, interned(attr_of(f)), x.ptr()) != 0) throw py::error_already_set();
   }
+  // The attribute, or a null object when it is absent.
+  py::object attr_if_present(Attr field) {
+    PyObject* v = PyObject_GetAttr(obj_, interned(field));
+    if (v) return py::reinterpret_steal<py::object>(v);
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw py::error_already_set();
+    PyErr_Clear();
+    return py::object();
+  }
   py::object attr(Attr field, bool optional = false) {
     PyObject* v = PyObject_GetAttr(obj_, interned(field));
     if (v) return py::reinterpret_steal<py::object>(v);
@@ -602,14 +669,14 @@ class SeqArg {
     throw py::type_error(label() + " must be a statecache.Sequence or have the sequence attributes; " +
                          Py_TYPE(obj_)->tp_name + " has no attribute '" + text(field) + "'");
   }
-  int64_t hash_attr(Attr field) {
-    py::object v = attr(field);
+  int64_t hash_attr(Attr field) { return hash_value(attr(field), field); }
+  int64_t hash_value(const py::object& v, Attr field) {
     const std::string where = label() + "." + text(field);
     if (hashes_ == nullptr) return as_int(v, where.c_str());
     return as_hash(v, where.c_str(), *hashes_);
   }
-  int64_t int_attr(Attr field, bool optional = false) {
-    py::object v = attr(field, optional);
+  int64_t int_attr(Attr field, bool optional = false) { return int_value(attr(field, optional), field); }
+  int64_t int_value(const py::object& v, Attr field) {
     int64_t out = 0;
     if (PyLong_CheckExact(v.ptr()) && exact_int_value(v.ptr(), out)) return out;
     const std::string where = label() + "." + text(field);  // only off the common path
@@ -621,6 +688,8 @@ class SeqArg {
   Py_ssize_t index_;
   HashForm* hashes_;
   Sequence* native_ = nullptr;
+  unsigned have_ = 0;    // fields read (or found absent)
+  unsigned absent_ = 0;  // optional fields the object did not have
   struct Generic {
     Sequence snap;  // what the call works on
     Sequence read;  // as read, for restoring a failed write-back

@@ -66,7 +66,7 @@ std::optional<int64_t> checkpoint_id_of(PyObject* inner) {
 
 }  // namespace
 
-int64_t OwnerTable::intern(py::dict& ids, int kind, py::handle key, const BlockPool& pool) {
+int64_t OwnerTable::intern(py::dict& ids, int kind, py::handle key, const BlockPool* pool) {
   BusyScope scope(gate_, busy_);
   if (entries_.size() >= sweep_at_) sweep(pool);
   PyObject* found = PyDict_GetItemWithError(ids.ptr(), key.ptr());  // TypeError if unhashable
@@ -88,11 +88,11 @@ int64_t OwnerTable::intern(py::dict& ids, int kind, py::handle key, const BlockP
   return token;
 }
 
-void OwnerTable::sweep(const BlockPool& pool) {
+void OwnerTable::sweep(const BlockPool* pool) {
   // Entries go first, dict keys after: deleting a key runs its __eq__.
   std::vector<std::pair<int64_t, py::object>> dropped;
   for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->second.retained == 0 && pool.units_held(it->first) == 0) {
+    if (it->second.retained == 0 && (pool == nullptr || pool->units_held(it->first) == 0)) {
       dropped.emplace_back(it->first, std::move(it->second.key));
       it = entries_.erase(it);
     } else {
@@ -106,11 +106,11 @@ void OwnerTable::sweep(const BlockPool& pool) {
   }
 }
 
-int64_t OwnerTable::transfer_token(py::handle inner, const BlockPool& pool) {
+int64_t OwnerTable::transfer_token(py::handle inner, const BlockPool* pool) {
   return intern(transfer_ids_, ot::kTransfer, inner, pool);
 }
 
-int64_t OwnerTable::token(py::handle owner, const BlockPool& pool) {
+int64_t OwnerTable::token(py::handle owner, const BlockPool* pool) {
   PyObject* p = owner.ptr();
   if (p == Py_None) throw py::value_error("owner=None: a unit owner must be a hashable value other than None");
   if (PyTuple_Check(p) && PyTuple_GET_SIZE(p) == 2 && PyUnicode_Check(PyTuple_GET_ITEM(p, 0))) {
@@ -206,8 +206,85 @@ void PyBlockPool::refuse_store_units(const std::vector<int64_t>& units, int64_t 
   }
 }
 
+// ------------------------------------------------------------ other pools --
+
+py::object PyUnitPool::live() const {
+  if (pool.is_none())
+    throw std::runtime_error("pool: the garbage collector cleared this store's pool; the store cannot take units");
+  return pool;  // a reference of our own: the call may drop the store's
+}
+
+int64_t PyUnitPool::num_free() {
+  CallGate::Hold hold(gate);
+  py::object p = live();
+  return as_int(p.attr("num_free"), "pool.num_free");
+}
+
+bool PyUnitPool::reserve_units(int64_t count, int64_t owner, std::vector<int64_t>& out) {
+  out.clear();
+  CallGate::Hold hold(gate);
+  py::object p = live();
+  py::object who = owners.owner(owner);
+  py::object got = p.attr("reserve_units")(count, who);
+  if (got.is_none()) return false;
+  std::vector<int64_t> units = as_int_list(got, "pool.reserve_units()");
+  std::string why;
+  std::vector<int64_t> sorted(units);
+  std::sort(sorted.begin(), sorted.end());
+  if (!sorted.empty() && sorted.front() < 0) {
+    why = "returned a negative unit id (" + std::to_string(sorted.front()) + ")";
+  } else if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    why = "returned a unit id twice";
+  } else if (static_cast<int64_t>(units.size()) != count) {
+    why = "returned " + std::to_string(units.size()) + " unit ids for a reservation of " + std::to_string(count);
+    // Well-formed but not what was asked: they go back (best effort).
+    try {
+      p.attr("release_units")(to_tuple(units), who);
+    } catch (py::error_already_set& e) {
+      e.restore();
+      report_callback_error("pool.release_units");
+    }
+  }
+  if (!why.empty()) {
+    throw py::value_error("pool.reserve_units(" + std::to_string(count) + ", " + py_repr(who) + ") " + why +
+                          "; nothing was filed");
+  }
+  out = std::move(units);
+  return true;
+}
+
+void PyUnitPool::release_units(const std::vector<int64_t>& units, int64_t owner) {
+  CallGate::Hold hold(gate);
+  py::object p = live();
+  py::object who = owners.owner(owner);
+  p.attr("release_units")(to_tuple(units), who);
+}
+
+void PyUnitPool::rekey_units(const std::vector<int64_t>& units, int64_t old_owner, int64_t new_owner) {
+  CallGate::Hold hold(gate);
+  py::object p = live();
+  py::object from = owners.owner(old_owner), to = owners.owner(new_owner);
+  p.attr("rekey_units")(to_tuple(units), from, to);
+}
+
+UnitPoolArg as_unit_pool(py::handle obj, const char* name) {
+  if (py::isinstance<PyBlockPool>(obj)) return {obj.cast<std::shared_ptr<PyBlockPool>>(), nullptr};
+  if (obj.is_none()) raise_type(name, "a statecache.BlockPool or a pool with its unit methods", obj);
+  return {nullptr, std::make_shared<PyUnitPool>(py::reinterpret_borrow<py::object>(obj))};
+}
+
 PyStore::PyStore(py::object pool_object, std::shared_ptr<PyBlockPool> pool, PagedStateCheckpointSpec spec, bool sink)
     : PageUnitCheckpointStore(std::move(pool), std::move(spec), sink), pool_obj(std::move(pool_object)) {
+  install_clock();
+}
+
+PyStore::PyStore(py::object pool_object, std::shared_ptr<PyUnitPool> pool, PagedStateCheckpointSpec spec, bool sink)
+    : PageUnitCheckpointStore(std::shared_ptr<PageUnitProvider>(std::move(pool)), std::move(spec), sink),
+      pool_obj(std::move(pool_object)) {
+  install_clock();
+}
+
+void PyStore::install_clock() {
   // Installed once: the clock may be replaced while it runs.
   set_clock([this]() -> double {
     if (clock.is_none()) return monotonic_seconds();
@@ -228,9 +305,13 @@ void PyStore::use_clock(py::object fn) {
   clock = std::move(fn);
 }
 
-std::shared_ptr<PyBlockPool> as_block_pool(py::handle obj, const char* name) {
-  if (!py::isinstance<PyBlockPool>(obj)) raise_type(name, "a statecache.BlockPool", obj);
-  return obj.cast<std::shared_ptr<PyBlockPool>>();
+std::shared_ptr<PyStore> make_py_store(py::handle pool_obj, const UnitPoolArg& pool, PagedStateCheckpointSpec spec,
+                                       bool sink) {
+  py::object obj = py::reinterpret_borrow<py::object>(pool_obj);
+  if (pool.foreign) return std::make_shared<PyStore>(std::move(obj), pool.foreign, std::move(spec), sink);
+  auto store = std::make_shared<PyStore>(std::move(obj), pool.native, std::move(spec), sink);
+  pool.native->add_store(store);
+  return store;
 }
 
 namespace {
@@ -303,7 +384,7 @@ that evicted completes normally.)doc");
           "reserve_units",
           [](PyBlockPool& p, py::handle count, py::handle owner) {
             const int64_t n = as_nonneg_int(count, "count");
-            const int64_t token = p.owners.token(owner, p);
+            const int64_t token = p.owners.token(owner, &p);
             std::vector<int64_t> units;
             const bool ok = p.reserve_units(n, token, units);
             return list_or_none(ok, units);
@@ -315,7 +396,7 @@ that evicted completes normally.)doc");
           "release_units",
           [](PyBlockPool& p, py::handle unit_ids, py::handle owner) {
             std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
-            const int64_t token = p.owners.token(owner, p);
+            const int64_t token = p.owners.token(owner, &p);
             p.refuse_store_units(units, token);
             p.release_units(units, token);
           },
@@ -326,11 +407,11 @@ that evicted completes normally.)doc");
           "rekey_units",
           [](PyBlockPool& p, py::handle unit_ids, py::handle old_owner, py::handle new_owner) {
             std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
-            const int64_t old_token = p.owners.token(old_owner, p);
+            const int64_t old_token = p.owners.token(old_owner, &p);
             p.owners.retain(old_token);  // interning the new owner must not sweep the old
             int64_t new_token;
             try {
-              new_token = p.owners.token(new_owner, p);
+              new_token = p.owners.token(new_owner, &p);
             } catch (...) {
               p.owners.unretain(old_token);
               throw;
@@ -579,19 +660,29 @@ namespace {
 
 py::object pool_object(const PyStore& s) {
   if (!s.pool_obj.is_none()) return s.pool_obj;
+  if (s.foreign()) return s.foreign()->pool;
   return py::cast(s.py_pool());
 }
 
 int traverse_store(PyStore& s, visitproc visit, void* arg) {
   Py_VISIT(s.pool_obj.ptr());
   Py_VISIT(s.clock.ptr());
+  if (PyUnitPool* f = s.foreign()) {
+    Py_VISIT(f->pool.ptr());
+    return f->owners.traverse(visit, arg);
+  }
   return 0;
 }
 
 void clear_store(PyStore& s) {
-  py::object pool = std::move(s.pool_obj), clock = std::move(s.clock);
+  py::object pool = std::move(s.pool_obj), clock = std::move(s.clock), other;
   s.pool_obj = py::none();
   s.clock = py::none();
+  if (PyUnitPool* f = s.foreign()) {
+    other = std::move(f->pool);
+    f->pool = py::none();
+    f->owners.clear();
+  }
 }
 
 void bind_store(py::module_& m) {
@@ -606,13 +697,16 @@ recently used first when units run short. Offload: READY checkpoints are
 nominated to a tier (``offload_sink``), handed out pinned by
 ``take_offload_stores`` and unpinned in two phases.)doc");
   fast::refuse_copy(cls);
+  fast::inner_gate<PyStore> = [](PyObject* self) -> CallGate* {
+    const PyStore* s = fast::cached_instance<PyStore>(self);
+    PyUnitPool* f = s ? s->foreign() : nullptr;
+    return f ? &f->gate : nullptr;
+  };
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle sink) {
-            auto p = as_block_pool(pool, "pool");
+            const UnitPoolArg p = as_unit_pool(pool, "pool");
             const PagedStateCheckpointSpec sp = as_spec(spec, "spec");
             const bool offload_sink = as_bool(sink, "offload_sink");
-            auto store = std::make_shared<PyStore>(py::reinterpret_borrow<py::object>(pool), p, sp, offload_sink);
-            p->add_store(store);
-            return store;
+            return make_py_store(pool, p, sp, offload_sink);
           }),
           py::arg("pool"), py::arg("spec"), py::arg("offload_sink") = false,
           "Raises TypeError for a pool or spec of the wrong type.")
@@ -646,8 +740,17 @@ nominated to a tier (``offload_sink``), handed out pinned by
           [](PyStore& s, py::handle unit_ids, py::handle owner, py::handle h) {
             std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
             const int64_t prefix_hash = as_hash(h, "prefix_hash", s.hash_form());
-            auto pool = s.py_pool();
-            return s.adopt_units(units, pool->owners.token(owner, *pool), prefix_hash);
+            OwnerTable& owners = s.owners();
+            const int64_t token = owners.token(owner, s.pool_ptr().get());
+            owners.retain(token);  // named to the pool while the call runs
+            try {
+              const bool adopted = s.adopt_units(units, token, prefix_hash);
+              owners.unretain(token);
+              return adopted;
+            } catch (...) {
+              owners.unretain(token);
+              throw;
+            }
           },
           py::arg("unit_ids"), py::arg("owner"), py::arg("prefix_hash"),
           "Files units ``owner`` holds as a READY image under ``prefix_hash``; returns False "

@@ -66,13 +66,6 @@ class PyOffloadVote : public OffloadVote {
   const HashForm& form_;
 };
 
-std::shared_ptr<PyStore> make_store(py::handle pool_obj, const std::shared_ptr<PyBlockPool>& pool,
-                                    PagedStateCheckpointSpec spec, bool sink) {
-  auto store = std::make_shared<PyStore>(py::reinterpret_borrow<py::object>(pool_obj), pool, std::move(spec), sink);
-  pool->add_store(store);
-  return store;
-}
-
 // The coordinator plus the Python objects it was handed, so `offload` reads
 // back the very object attached and transfer owners keep their identity.
 // Every Python reference it holds is reported to the collector here, once:
@@ -80,10 +73,9 @@ std::shared_ptr<PyStore> make_store(py::handle pool_obj, const std::shared_ptr<P
 // scratch pool, and the copies the vote and scratch adapters hold.
 class PyCoordinator : public Coordinator {
  public:
-  PyCoordinator(py::handle pool_obj, std::shared_ptr<PyBlockPool> pool, PagedStateCheckpointSpec spec, bool enabled,
+  PyCoordinator(py::handle pool_obj, const UnitPoolArg& pool, PagedStateCheckpointSpec spec, bool enabled,
                 py::object offload, bool readable_midstep)
-      : Coordinator(make_store(pool_obj, pool, std::move(spec), !offload.is_none()), enabled, readable_midstep),
-        pool_(std::move(pool)) {
+      : Coordinator(make_py_store(pool_obj, pool, std::move(spec), !offload.is_none()), enabled, readable_midstep) {
     store_obj = fast::cast_cached<PyStore>(std::static_pointer_cast<PyStore>(store_ptr()));
     set_offload(std::move(offload), true);
   }
@@ -129,9 +121,10 @@ class PyCoordinator : public Coordinator {
 
   int64_t transfer_owner(py::handle owner) {
     if (owner.is_none()) throw py::value_error("owner=None: a transfer reservation needs an owner");
-    return pool_->owners.transfer_token(owner, *pool_);
+    return owners().transfer_token(owner, store().pool_ptr().get());
   }
-  PyBlockPool& pool() { return *pool_; }
+  PyStore& py_store() const { return static_cast<PyStore&>(store()); }
+  OwnerTable& owners() const { return py_store().owners(); }
   py::object store_object() const {
     if (!store_obj.is_none()) return store_obj;
     return py::cast(std::static_pointer_cast<PyStore>(store_ptr()));
@@ -216,7 +209,6 @@ class PyCoordinator : public Coordinator {
   }
 
  private:
-  std::shared_ptr<PyBlockPool> pool_;
   py::object store_obj = py::none();
   py::object offload_ = py::none();
   py::object scratch_obj_ = py::none();
@@ -289,7 +281,7 @@ int64_t hit_for(const PyCoordinator& c, const Sequence& seq, int64_t hit, py::ha
 // ---- hot methods (fast::def) ----
 
 py::object coord_resumable_hit(PyCoordinator& c, PyObject** a) {
-  fast::SeqArg seq(a[0], "seq", fast::kHasCache);
+  fast::SeqArg seq(a[0], "seq", c.enabled() ? fast::kHasCache : 0);
   const bool assume = a[3] != nullptr && as_bool(a[3], "assume_checkpointed");
   return py::reinterpret_steal<py::object>(
       PyLong_FromLongLong(hit_for(c, seq.get(), as_int(a[1], "hit"), a[2], assume)));
@@ -302,7 +294,8 @@ py::object coord_resumable_hits(PyCoordinator& c, PyObject** a) {
 py::object coord_checkpoint(PyCoordinator& c, PyObject** a) {
   const int64_t blocks = as_int(a[1], "boundary_blocks");
   const int64_t h = as_hash(a[2], "h", c.hash_form());
-  fast::SeqArg seq(a[0], "seq", fast::kHasCache | fast::kStateSlot);
+  fast::SeqArg seq(a[0], "seq", c.enabled() ? fast::kHasCache : 0);
+  if (c.applies(seq.get())) seq.read(fast::kStateSlot);
   if (seq.native()) {
     c.checkpoint(as_sequence(a[0], "seq"), blocks, h);
     return py::none();
@@ -403,14 +396,19 @@ accepts boundaries the attached tier ``could_serve``.)doc");
     PyObject* scratch = c ? c->scratch_object() : nullptr;
     return scratch == Py_None ? nullptr : scratch;
   };
+  fast::inner_gate<PyCoordinator> = [](PyObject* self) -> CallGate* {
+    const PyCoordinator* c = fast::cached_instance<PyCoordinator>(self);
+    PyUnitPool* f = c ? c->py_store().foreign() : nullptr;
+    return f ? &f->gate : nullptr;
+  };
   cls.attr("successor_room") = 0.0;
   cls.def(py::init([](py::handle pool, py::handle spec, py::handle enabled, py::object offload,
                       py::handle readable_midstep) {
-            auto p = as_block_pool(pool, "pool");
+            const UnitPoolArg p = as_unit_pool(pool, "pool");
             PagedStateCheckpointSpec sp = as_spec(spec, "spec");
             const bool on = as_bool(enabled, "enabled");
             const bool readable = as_bool(readable_midstep, "readable_midstep");
-            return std::make_shared<PyCoordinator>(pool, std::move(p), std::move(sp), on, std::move(offload), readable);
+            return std::make_shared<PyCoordinator>(pool, p, std::move(sp), on, std::move(offload), readable);
           }),
           py::arg("pool"), py::arg("spec"), py::arg("enabled"), py::arg("offload") = py::none(),
           py::arg("readable_midstep") = false, "Raises TypeError for a pool or spec of the wrong type.")
@@ -424,7 +422,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def(
           "applies",
           [](const PyCoordinator& c, py::handle seq) {
-            return c.applies(fast::SeqArg(seq.ptr(), "seq", fast::kHasCache).get());
+            return c.applies(fast::SeqArg(seq.ptr(), "seq", c.enabled() ? fast::kHasCache : 0).get());
           },
           py::arg("seq"),
           "Returns whether this coordinator checkpoints anything for ``seq`` (enabled and the "
@@ -442,7 +440,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       .def(
           "reserve_midstep",
           [](PyCoordinator& c, py::handle seq, py::handle positions) {
-            auto res = c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", fast::kHasCache).get(),
+            const bool asks = c.readable_midstep() && c.enabled();  // the reference's order
+            auto res = c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", asks ? fast::kHasCache : 0).get(),
                                          as_positions(positions, c.hash_form()));
             py::list out;
             for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, hash_object(h, c.hash_form())));
@@ -497,9 +496,18 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           "reserve_transfer_units",
           [](PyCoordinator& c, py::handle owner) -> py::object {
             const int64_t token = c.transfer_owner(owner);
-            auto units = c.reserve_transfer_units(token);
-            if (!units) return py::none();
-            c.pool().owners.retain(token);
+            c.owners().retain(token);  // interned while the pool's code may run
+            std::optional<UnitIds> units;
+            try {
+              units = c.reserve_transfer_units(token);
+            } catch (...) {
+              c.owners().unretain(token);
+              throw;
+            }
+            if (!units) {
+              c.owners().unretain(token);
+              return py::none();
+            }
             return to_tuple(*units);
           },
           py::arg("owner"),
@@ -511,8 +519,13 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           [](PyCoordinator& c, py::handle owner) {
             const int64_t token = c.transfer_owner(owner);
             const bool had = c.has_transfer(token);
-            c.release_transfer_units(token);
-            if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
+            try {
+              c.release_transfer_units(token);  // a pool's error comes after the reservation is gone
+            } catch (...) {
+              if (had && !c.has_transfer(token)) c.owners().unretain(token);
+              throw;
+            }
+            if (had && !c.has_transfer(token)) c.owners().unretain(token);
           },
           py::arg("owner"),
           "Gives a transfer reservation's units back (no-op without one); returns None. Raises "
@@ -523,8 +536,8 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             const int64_t token = c.transfer_owner(owner);
             const int64_t prefix_hash = as_hash(h, "prefix_hash", c.hash_form());
             const bool had = c.has_transfer(token);
-            const bool adopted = c.adopt_transfer_units(token, prefix_hash);
-            if (had && !c.has_transfer(token)) c.pool().owners.unretain(token);
+            const bool adopted = c.adopt_transfer_units(token, prefix_hash);  // a failure keeps the reservation
+            if (had && !c.has_transfer(token)) c.owners().unretain(token);
             return adopted;
           },
           py::arg("owner"), py::arg("prefix_hash"),

@@ -14,10 +14,12 @@
 #include "core/block_pool.h"
 #include "core/checkpoint_store.h"
 #include "core/paged_types.h"
+#include "core/unit_provider.h"
 
 namespace statecache::bindings {
 
-// Maps Python owners to the core's owner tokens and back. Owners the store
+// Maps Python owners to the core's owner tokens and back (one table per
+// BlockPool, and one per store on any other pool). Owners the store
 // and coordinator build, ("state-checkpoint", id) and ("state-transfer", x),
 // map to their own token kinds; anything else hashable is interned (dict
 // semantics: equal owners are one owner). Interned owners that hold no units
@@ -27,8 +29,10 @@ namespace statecache::bindings {
 // one from another thread waits until it is done.
 class OwnerTable {
  public:
-  int64_t token(py::handle owner, const BlockPool& pool);
-  int64_t transfer_token(py::handle inner, const BlockPool& pool);
+  // `pool`: the BlockPool whose holdings keep owners interned; null for a
+  // table whose owners stay only while retained.
+  int64_t token(py::handle owner, const BlockPool* pool);
+  int64_t transfer_token(py::handle inner, const BlockPool* pool);
   // The Python owner for a token; None for a free or KV-held block.
   py::object owner(int64_t token) const;
   // Keeps an interned owner alive while something outside the pool names it.
@@ -43,8 +47,8 @@ class OwnerTable {
     py::object key;
     int64_t retained = 0;
   };
-  int64_t intern(py::dict& ids, int kind, py::handle key, const BlockPool& pool);
-  void sweep(const BlockPool& pool);
+  int64_t intern(py::dict& ids, int kind, py::handle key, const BlockPool* pool);
+  void sweep(const BlockPool* pool);
 
   py::dict transfer_ids_, other_ids_;
   std::unordered_map<int64_t, Entry> entries_;
@@ -73,20 +77,63 @@ class PyBlockPool : public BlockPool {
   std::vector<std::weak_ptr<const PageUnitCheckpointStore>> stores_;
 };
 
-std::shared_ptr<PyBlockPool> as_block_pool(py::handle obj, const char* name);
+// A pool given from Python that is not a statecache.BlockPool: the store's
+// units come from its num_free, reserve_units, release_units and
+// rekey_units (docs/paged.md, "Pool protocol"), each read when the store
+// needs it. Its errors propagate; what it returns is checked before the
+// store uses it. While its code runs it holds `gate`, so another thread's
+// call on the store or coordinator waits (call_gate.h); this thread's own
+// calls back (an on_evict handler unindexing) pass.
+class PyUnitPool : public PageUnitProvider {
+ public:
+  explicit PyUnitPool(py::object pool) : pool(std::move(pool)) {}
+  int64_t num_free() override;
+  bool reserve_units(int64_t count, int64_t owner, std::vector<int64_t>& out) override;
+  void release_units(const std::vector<int64_t>& units, int64_t owner) override;
+  void rekey_units(const std::vector<int64_t>& units, int64_t old_owner, int64_t new_owner) override;
+
+  py::object pool;    // None once the collector cleared the store
+  OwnerTable owners;  // transfer and adopted owners named to this pool
+  CallGate gate{};
+
+ private:
+  py::object live() const;
+};
+
+// A store's `pool` argument: a statecache.BlockPool (the C++ path) or any
+// other object but None (`foreign`, called through Python).
+struct UnitPoolArg {
+  std::shared_ptr<PyBlockPool> native;
+  std::shared_ptr<PyUnitPool> foreign;
+};
+UnitPoolArg as_unit_pool(py::handle obj, const char* name);
 
 // The store Python sees: the core store plus the Python objects it uses, so
-// that they take part in garbage collection. `pool_obj` is the BlockPool
-// wrapper (kept alive, so a C++ pool has exactly one wrapper, which alone
+// that they take part in garbage collection. `pool_obj` is the pool object
+// given (kept alive, so a C++ pool has exactly one wrapper, which alone
 // reports its on_evict to the collector); `clock` is use_clock's callable.
 class PyStore : public PageUnitCheckpointStore {
  public:
   PyStore(py::object pool_obj, std::shared_ptr<PyBlockPool> pool, PagedStateCheckpointSpec spec, bool sink);
+  PyStore(py::object pool_obj, std::shared_ptr<PyUnitPool> pool, PagedStateCheckpointSpec spec, bool sink);
   py::object pool_obj;
   py::object clock = py::none();
   void use_clock(py::object fn);
+  // The BlockPool, or null for another pool.
   std::shared_ptr<PyBlockPool> py_pool() const { return std::static_pointer_cast<PyBlockPool>(pool_ptr()); }
+  // The other pool's adapter, or null for a BlockPool.
+  PyUnitPool* foreign() const { return static_cast<PyUnitPool*>(provider_ptr().get()); }
+  // Where owners named to this store's pool are interned.
+  OwnerTable& owners() const { return foreign() ? foreign()->owners : py_pool()->owners; }
+
+ private:
+  void install_clock();
 };
+
+// A new PyStore on `pool` (registered with a BlockPool, which then refuses
+// Python's releases of its images' units).
+std::shared_ptr<PyStore> make_py_store(py::handle pool_obj, const UnitPoolArg& pool, PagedStateCheckpointSpec spec,
+                                       bool sink);
 
 // Reports a callback's exception through sys.unraisablehook (the caller's
 // call completes); `where` names the callback.

@@ -37,7 +37,9 @@ StateTransfer transfer_arg(py::handle obj) {
 template <class Pool>
 int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, py::handle hashes,
                           py::handle assume_obj) {
-  SeqArg seq_arg(seq.ptr(), "seq", fast::kHasCache | fast::kNumTokens);
+  // has_per_req_cache only when enabled, num_tokens only for a scan (as the reference reads them).
+  SeqArg seq_arg(seq.ptr(), "seq", pool.enabled() ? fast::kHasCache : 0);
+  if (pool.applies(seq_arg.get()) && !pool.transfer().replays()) seq_arg.read(fast::kNumTokens);
   const Sequence& s = seq_arg.get();
   const int64_t hit = as_int(hit_obj, "hit");
   const bool assume = as_bool(assume_obj, "assume_checkpointed");
@@ -450,7 +452,10 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       "Raises ValueError for ``count < 0``.");
   fast::def<Pool>(
       cls, "applies",
-      [](Pool& p, PyObject** a) { return to_py(p.applies(SeqArg(a[0], "seq", fast::kHasCache).get())); }, {"seq"}, 1,
+      [](Pool& p, PyObject** a) {
+        return to_py(p.applies(SeqArg(a[0], "seq", p.enabled() ? fast::kHasCache : 0).get()));
+      },
+      {"seq"}, 1,
       "Returns whether this pool gates or checkpoints anything for ``seq``. Raises TypeError "
       "for an object without the sequence attributes.");
   fast::def<Pool>(
@@ -650,9 +655,15 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
   fast::def<P>(
       cls, "checkpoint",
       [](P& p, PyObject** a, PyObject* self) {
-        SeqArg s(a[0], "seq", fast::kHasCache | fast::kStateSlot | fast::kAnchors);
+        SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0);
         const int64_t blocks = int_arg(a[1], "boundary_blocks");
         const int64_t h = as_hash(a[2], "h", p.hash_form());
+        // The rest only where the reference reads it: the slot of a forking
+        // sequence, then (a fork that happens) its anchors.
+        if (p.applies(s.get()) && p.transfer().forks()) {
+          s.read(fast::kStateSlot);
+          if (s.get().state_slot() >= 0 && p.has_free()) s.read(fast::kAnchors | fast::if_present(fast::kForkSrc));
+        }
         if (s.native()) {
           p.checkpoint(s.get(), blocks, h);
           return fast::none();
@@ -670,7 +681,8 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
       cls, "checkpoint_many",
       [](P& p, PyObject** a, PyObject* self) {
         const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
-        SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kStateSlot | fast::kForkSrc | fast::kAnchors);
+        SeqBatch seqs(a[0], "seqs",
+                      fast::kHasCache | fast::kStateSlot | fast::kAnchors | fast::if_present(fast::kForkSrc));
         if (seqs.all_native()) {
           p.checkpoint_many(seqs.seqs(), seqs.keys(), blocks.span(), hashes.span());
           return fast::none();
@@ -695,7 +707,7 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
   cls.def(
          "reserve_midstep",
          [](StateSlotPool& p, py::handle seq, py::handle positions) {
-           SeqArg seq_arg(seq.ptr(), "seq", fast::kHasCache);
+           SeqArg seq_arg(seq.ptr(), "seq", p.enabled() ? fast::kHasCache : 0);
            const Sequence& s = seq_arg.get();
            std::vector<std::pair<int64_t, int64_t>> pos;
            for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs", p.hash_form()))
@@ -850,9 +862,16 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   fast::def<G>(
       cls, "checkpoint",
       [](G& p, PyObject** a, PyObject* self) {
-        SeqArg s(a[0], "seq", fast::kHasCache | fast::kGroup | fast::kPending, &p.hash_form());
+        SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0, &p.hash_form());
         const int64_t blocks = int_arg(a[1], "boundary_blocks");
         const int64_t h = as_hash(a[2], "h", p.hash_form());
+        // The group of a sequence it applies to, then pending_checkpoint only
+        // under copy (as the reference reads them).
+        if (p.applies(s.get())) {
+          s.read(fast::kGroup);
+          if (s.get().per_req_cache_group >= 0)
+            s.read(p.transfer().copies() ? fast::kPending : fast::if_present(fast::kForkSrc));
+        }
         if (s.native()) {
           // A copy intent writes h into the Sequence: it reads back in the pool's form.
           if (p.transfer().copies()) s.get().hash_form.note("h", h, p.hash_form().kind());
@@ -872,7 +891,10 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       cls, "checkpoint_many",
       [](G& p, PyObject** a, PyObject* self) {
         const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
-        SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kGroup | fast::kPending | fast::kForkSrc, &p.hash_form());
+        SeqBatch seqs(a[0], "seqs",
+                      fast::kHasCache | fast::kGroup |
+                          (p.transfer().copies() ? fast::kPending : fast::if_present(fast::kForkSrc)),
+                      &p.hash_form());
         const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
         note_forms(p, seqs, hs);
         if (seqs.all_native()) {
@@ -894,7 +916,9 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   fast::def<G>(
       cls, "forget_pending_many",
       [](G& p, PyObject** a, PyObject* self) {
-        SeqBatch seqs(a[0], "seqs", fast::kPending, &p.hash_form());
+        // pending_checkpoint is written, never read (as in the reference):
+        // read only to restore it should a later write fail.
+        SeqBatch seqs(a[0], "seqs", fast::if_present(fast::kPending), &p.hash_form());
         // Generic objects first (a failing setter restores what was written,
         // nothing else changed), then the statecache.Sequence fields.
         std::vector<SeqBatch::Writes> writes;
@@ -919,8 +943,8 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   fast::def<G>(
       cls, "forget_pending",
       [](G& p, PyObject** a, PyObject* self) {
-        // Reads the field first: an object without it is a TypeError, as elsewhere.
-        SeqArg s(a[0], "seq", fast::kPending, &p.hash_form());
+        // Writes the field without reading it, as the reference does.
+        SeqArg s(a[0], "seq", 0, &p.hash_form());
         if (s.native()) {
           p.forget_pending(s.get());
           return fast::none();

@@ -85,30 +85,41 @@ void PagedStateCheckpointCoordinator::cancel_midstep(const std::vector<MidstepRe
   for (const auto& r : reservations) release_scratch(std::get<0>(r));
 }
 
-void PagedStateCheckpointCoordinator::take_scratch_stores(int64_t budget, std::vector<CheckpointStoreOp>& stores) {
+void PagedStateCheckpointCoordinator::take_scratch_stores(int64_t budget, std::vector<CheckpointStoreOp>& stores,
+                                                          std::vector<int64_t>& begun) {
   std::vector<std::pair<int64_t, int64_t>> queued;
   queued.swap(scratch_queued_);
-  for (size_t i = 0; i < queued.size(); ++i) {
-    if (budget <= 0) {
-      // Over this batch's descriptor budget: the rest waits, still holding
-      // its scratch slots.
-      scratch_queued_.assign(queued.begin() + static_cast<ptrdiff_t>(i), queued.end());
-      return;
+  size_t i = 0;
+  // What is not begun waits, still holding its scratch slots, ahead of what
+  // a pool's call back queued meanwhile.
+  auto requeue_rest = [&] {
+    std::vector<std::pair<int64_t, int64_t>> rest(queued.begin() + static_cast<ptrdiff_t>(i), queued.end());
+    rest.insert(rest.end(), scratch_queued_.begin(), scratch_queued_.end());
+    scratch_queued_.swap(rest);
+  };
+  try {
+    // Past this batch's descriptor budget the rest waits.
+    for (; i < queued.size() && budget > 0; ++i) {
+      const auto [h, slot] = queued[i];
+      std::optional<CheckpointStoreOp> op;
+      if (!store_->contains_or_pending(h)) op = store_->begin_store(h, slot);
+      if (!op) {
+        // Nothing will read this scratch, and its forward has completed.
+        release_scratch(slot);
+        ++dropped_;
+        continue;
+      }
+      stores.push_back(std::move(*op));
+      begun.push_back(h);
+      scratch_issued_.push_back(slot);
+      ++kept_;
+      --budget;
     }
-    const auto [h, slot] = queued[i];
-    std::optional<CheckpointStoreOp> op;
-    if (!store_->contains_or_pending(h)) op = store_->begin_store(h, slot);
-    if (!op) {
-      // Nothing will read this scratch, and its forward has completed.
-      release_scratch(slot);
-      ++dropped_;
-      continue;
-    }
-    stores.push_back(std::move(*op));
-    scratch_issued_.push_back(slot);
-    ++kept_;
-    --budget;
+  } catch (...) {
+    requeue_rest();
+    throw;
   }
+  requeue_rest();
 }
 
 // -------------------------------------------------------------- admission --
@@ -190,25 +201,58 @@ PagedStateCheckpointCoordinator::take_checkpoint_ops() {
   pending_index_.clear();
   pending_hashes_.clear();
   std::vector<CheckpointStoreOp> stores;
+  std::vector<int64_t> begun;  // the stores' hashes, should the drain fail
   stores.reserve(pending.size());
-  for (Pending& p : pending) {
-    if (!p.live) continue;
-    // The slot holds the state as of this boundary and no other (supersede).
-    const int64_t src_slot = p.seq->state_slot();
-    if (src_slot < 0 || store_->contains_or_pending(p.prefix_hash)) continue;
-    auto op = store_->begin_store(p.prefix_hash, src_slot, p.boundary_blocks);
-    if (!op) {
-      ++dropped_;
-      continue;
+  size_t next = 0;
+  try {
+    for (; next < pending.size(); ++next) {
+      Pending& p = pending[next];
+      if (!p.live) continue;
+      // The slot holds the state as of this boundary and no other (supersede).
+      const int64_t src_slot = p.seq->state_slot();
+      if (src_slot < 0 || store_->contains_or_pending(p.prefix_hash)) continue;
+      auto op = store_->begin_store(p.prefix_hash, src_slot, p.boundary_blocks);
+      if (!op) {
+        ++dropped_;
+        continue;
+      }
+      stores.push_back(std::move(*op));
+      begun.push_back(p.prefix_hash);
+      ++kept_;
     }
-    stores.push_back(std::move(*op));
-    ++kept_;
+    if (!scratch_queued_.empty())
+      take_scratch_stores(max_ops_per_batch_ - static_cast<int64_t>(stores.size()) - store_->num_queued_restores(),
+                          stores, begun);
+  } catch (...) {
+    abandon_drain(begun, pending, next);
+    throw;
   }
+  // Restores are taken last: nothing after them can fail.
   std::vector<CheckpointRestoreOp> restores = store_->take_restore_ops();
-  if (!scratch_queued_.empty())
-    take_scratch_stores(
-        max_ops_per_batch_ - static_cast<int64_t>(stores.size()) - static_cast<int64_t>(restores.size()), stores);
   return {std::move(stores), std::move(restores)};
+}
+
+void PagedStateCheckpointCoordinator::abandon_drain(const std::vector<int64_t>& begun, std::vector<Pending>& pending,
+                                                    size_t next) {
+  // Nothing was handed out: the stores begun are dropped (still in flight,
+  // so their units come back at the next complete_previous_batch) ...
+  for (int64_t h : begun) store_->unindex(h);
+  kept_ -= static_cast<int64_t>(begun.size());
+  // ... and the boundaries not begun wait for the next drain, ahead of any
+  // filed meanwhile (which supersede theirs).
+  std::vector<Pending> kept;
+  for (size_t i = next; i < pending.size(); ++i)
+    if (pending[i].live && !pending_index_.contains(key_of(pending[i].seq.get())))
+      kept.push_back(std::move(pending[i]));
+  for (Pending& p : pending_)
+    if (p.live) kept.push_back(std::move(p));
+  pending_.swap(kept);
+  pending_index_.clear();
+  pending_hashes_.clear();
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    pending_index_[key_of(pending_[i].seq.get())] = static_cast<int64_t>(i);
+    ++pending_hashes_[pending_[i].prefix_hash];
+  }
 }
 
 void PagedStateCheckpointCoordinator::complete_previous_batch() {
@@ -231,7 +275,12 @@ std::optional<UnitIds> PagedStateCheckpointCoordinator::reserve_transfer_units(i
   const int64_t n = store_->units_per_checkpoint();
   if (!store_->ensure_free_units(n)) return std::nullopt;
   UnitIds units;
-  if (!store_->pool().reserve_units(n, owner, units)) return std::nullopt;
+  if (!store_->reserve_pool_units(n, owner, units)) return std::nullopt;
+  if (transfer_units_.count(owner) != 0) {
+    // Reserved for this owner meanwhile, by a call back from the pool.
+    store_->release_pool_units(units, owner);
+    return std::nullopt;
+  }
   return transfer_units_.emplace(owner, std::move(units)).first->second;
 }
 
@@ -240,16 +289,18 @@ void PagedStateCheckpointCoordinator::release_transfer_units(int64_t owner) {
   if (it == transfer_units_.end()) return;
   UnitIds units = std::move(it->second);
   transfer_units_.erase(it);
-  store_->pool().release_units(units, owner);
+  store_->release_pool_units(units, owner);
 }
 
 bool PagedStateCheckpointCoordinator::adopt_transfer_units(int64_t owner, int64_t prefix_hash) {
   if (prefix_hash == -1) bad_argument("prefix_hash", prefix_hash, "-1 means no hash");
   auto it = transfer_units_.find(owner);
   if (it == transfer_units_.end()) return false;
-  const bool adopted = store_->adopt_units(it->second, owner, prefix_hash);
+  const UnitIds units = it->second;  // the pool may call back and change the map
+  const bool adopted = store_->adopt_units(units, owner, prefix_hash);
   // Only now: had adoption thrown, the units would stay reachable for release.
-  transfer_units_.erase(owner);
+  auto now = transfer_units_.find(owner);
+  if (now != transfer_units_.end() && now->second == units) transfer_units_.erase(now);
   return adopted;
 }
 
@@ -281,9 +332,12 @@ void PagedStateCheckpointCoordinator::unindex(int64_t prefix_hash) {
     return true;
   });
   stale = stale || !slots.empty();
-  const bool removed = store_->unindex(prefix_hash);
+  bool removed = true;  // a pool that throws has been given the image's units back
+  FirstError error;
+  error.run([&] { removed = store_->unindex(prefix_hash); });
   if (stale || removed) ++orphaned_;
   for (int64_t slot : slots) release_scratch(slot);  // last: may call into Python
+  error.rethrow();
 }
 
 void PagedStateCheckpointCoordinator::check_consistency() const {
@@ -304,8 +358,9 @@ void PagedStateCheckpointCoordinator::check_consistency() const {
   for (const auto& [owner, units] : transfer_units_) {
     check_invariant(static_cast<int64_t>(units.size()) == store_->units_per_checkpoint(),
                     "coordinator: a transfer holds the wrong number of units");
-    for (int64_t u : units)
-      check_invariant(store_->pool().owner_of(u) == owner, "coordinator: a transfer unit is not its own");
+    if (store_->pool_ptr())  // a foreign pool's ownership is its own business
+      for (int64_t u : units)
+        check_invariant(store_->pool_ptr()->owner_of(u) == owner, "coordinator: a transfer unit is not its own");
   }
   for (const auto& [h, slot] : scratch_queued_)
     check_invariant(h != -1, "coordinator: a scratch store queued under -1");

@@ -129,7 +129,11 @@ class PagedStateCheckpointCoordinator {
   static int64_t key_of(const Sequence* seq) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(seq)); }
   void supersede(const Sequence* seq);
   void drop_pending_of(const Sequence* seq);
-  void take_scratch_stores(int64_t budget, std::vector<CheckpointStoreOp>& stores);
+  // Appends each store begun to `stores` and its hash to `begun`.
+  void take_scratch_stores(int64_t budget, std::vector<CheckpointStoreOp>& stores, std::vector<int64_t>& begun);
+  // A drain that threw hands nothing out: drops the stores it began and
+  // files pending[next..] again.
+  void abandon_drain(const std::vector<int64_t>& begun, std::vector<Pending>& pending, size_t next);
   void check_reservations(const std::vector<MidstepReservation>& reservations) const;
   void forget_reservations(const std::vector<MidstepReservation>& reservations);
   void release_scratch(int64_t slot) {

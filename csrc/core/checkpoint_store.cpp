@@ -17,6 +17,12 @@ PageUnitCheckpointStore::PageUnitCheckpointStore(std::shared_ptr<BlockPool> pool
   if (!pool_) throw std::invalid_argument("pool: a PageUnitCheckpointStore needs a BlockPool");
 }
 
+PageUnitCheckpointStore::PageUnitCheckpointStore(std::shared_ptr<PageUnitProvider> units, PagedStateCheckpointSpec spec,
+                                                 bool offload_sink)
+    : provider_(std::move(units)), spec_(std::move(spec)), offload_sink_(offload_sink), clock_(monotonic_seconds) {
+  if (!provider_) throw std::invalid_argument("pool: a PageUnitCheckpointStore needs a unit pool");
+}
+
 void PageUnitCheckpointStore::set_clock(Clock clock) { clock_ = clock ? std::move(clock) : Clock(monotonic_seconds); }
 
 double PageUnitCheckpointStore::monotonic_seconds() {
@@ -163,8 +169,9 @@ int32_t PageUnitCheckpointStore::next_victim(int64_t protected_id) const {
 
 bool PageUnitCheckpointStore::has_available_units(int64_t count, std::optional<int64_t> protected_hash) const {
   if (count < 0) bad_argument("count", count, "must be >= 0");
-  const int64_t free = pool_->num_free();
-  if (count <= free) return true;
+  if (count <= pool_num_free()) return true;
+  // Read again, as the reference reads it (a foreign pool's count may move).
+  const int64_t free = pool_num_free();
   // The eligible set either reaches the shortfall or it does not; which
   // checkpoints make it up is the policy's business and cannot change that.
   int64_t reachable = evictable_units_;
@@ -179,7 +186,7 @@ bool PageUnitCheckpointStore::has_available_units(int64_t count, std::optional<i
 bool PageUnitCheckpointStore::ensure_free_units(int64_t count) {
   if (count < 0) bad_argument("count", count, "must be >= 0");
   if (!has_available_units(count)) return false;
-  while (pool_->num_free() < count) {
+  while (pool_num_free() < count) {
     const int32_t victim = next_victim();
     if (victim < 0) return false;
     evict(victim);
@@ -201,19 +208,28 @@ std::optional<CheckpointStoreOp> PageUnitCheckpointStore::begin_store(int64_t pr
   // returning; the units are ours by then.
   UnitIds units;
   units.swap(reserve_buf_);  // a reentrant call would find it empty, and allocate
+  units.clear();             // its capacity, not the last call's ids
   bool reserved;
   ++filing_;
   try {
-    reserved = pool_->reserve_units(needed, checkpoint_owner(checkpoint_id), units);
+    reserved = reserve_pool_units(needed, checkpoint_owner(checkpoint_id), units);
     --filing_;
   } catch (...) {
     --filing_;
     // An eviction handler threw after the units were taken: nobody would
     // ever learn of them, so they go straight back.
-    if (static_cast<int64_t>(units.size()) == needed) pool_->release_units(units, checkpoint_owner(checkpoint_id));
+    if (static_cast<int64_t>(units.size()) == needed) release_pool_units(units, checkpoint_owner(checkpoint_id));
     units.clear();
     reserve_buf_.swap(units);
     throw;
+  }
+  if (reserved && contains_or_pending(prefix_hash)) {
+    // Filed meanwhile by a call back from the pool: these units go back.
+    UnitIds spare(units);
+    units.clear();
+    reserve_buf_.swap(units);
+    release_pool_units(spare, checkpoint_owner(checkpoint_id));
+    return std::nullopt;
   }
   int32_t idx = -1;
   if (reserved) {
@@ -278,21 +294,19 @@ void PageUnitCheckpointStore::cancel_queued_restore(int64_t dst_slot) {
   std::vector<std::pair<int64_t, CheckpointRestoreOp>> kept;
   std::vector<std::pair<int64_t, CheckpointRestoreOp>> queued;
   queued.swap(queued_restores_);
-  // Pins are released in queue order; a failure leaves the rest queued.
-  for (size_t i = 0; i < queued.size(); ++i) {
-    if (queued[i].second.dst_slot != dst_slot) {
-      kept.push_back(std::move(queued[i]));
-      continue;
-    }
-    try {
-      release_offload_pin(queued[i].first, "checkpoint restore pin underflow");
-    } catch (...) {
-      for (size_t j = i; j < queued.size(); ++j) kept.push_back(std::move(queued[j]));
-      queued_restores_.swap(kept);
-      throw;
-    }
+  std::vector<int64_t> cancelled;
+  for (auto& q : queued) {
+    if (q.second.dst_slot == dst_slot)
+      cancelled.push_back(q.first);
+    else
+      kept.push_back(std::move(q));
   }
   queued_restores_.swap(kept);
+  // Pins go once the queue is consistent (a release may call into a pool).
+  FirstError error;
+  for (int64_t checkpoint_id : cancelled)
+    error.run([&] { release_offload_pin(checkpoint_id, "checkpoint restore pin underflow"); });
+  error.rethrow();
 }
 
 std::optional<SuspendedCheckpointRestore> PageUnitCheckpointStore::suspend_queued_restore(int64_t dst_slot) {
@@ -352,20 +366,21 @@ void PageUnitCheckpointStore::complete_inflight() {
       hash_to_checkpoint_.prefetch(s->rec.prefix_hash);  // published below
     }
   }
+  FirstError error;
   for (int64_t checkpoint_id : stores) {
     Slot* s = find(checkpoint_id);
     if (s == nullptr) continue;
     const int64_t h = s->rec.prefix_hash;
     erase_if_names(pending_by_hash_, h, static_cast<int32_t>(s - slab_.data()));
     if (s->rec.state == CheckpointState::kEvicting) {
-      release_record(checkpoint_id);
+      error.run([&] { release_record(checkpoint_id); });
       continue;
     }
     if (s->rec.state != CheckpointState::kCopying) continue;
     // Published only once the scatter has ridden a batch; a twin that made
     // it first wins.
     if (lookup(h) >= 0) {
-      release_record(checkpoint_id);
+      error.run([&] { release_record(checkpoint_id); });
       continue;
     }
     index_ready(*s);
@@ -374,7 +389,9 @@ void PageUnitCheckpointStore::complete_inflight() {
   }
   std::vector<int64_t> restores;
   restores.swap(inflight_restores_);
-  for (int64_t checkpoint_id : restores) release_offload_pin(checkpoint_id, "checkpoint restore pin underflow");
+  for (int64_t checkpoint_id : restores)
+    error.run([&] { release_offload_pin(checkpoint_id, "checkpoint restore pin underflow"); });
+  error.rethrow();
 }
 
 bool PageUnitCheckpointStore::adopt_units(const UnitIds& unit_ids, int64_t owner, int64_t prefix_hash) {
@@ -384,11 +401,17 @@ bool PageUnitCheckpointStore::adopt_units(const UnitIds& unit_ids, int64_t owner
         ("units given; an image needs units_per_checkpoint=" + std::to_string(units_per_checkpoint())).c_str());
   if (prefix_hash == -1) bad_argument("prefix_hash", prefix_hash, "-1 means no hash");
   if (contains_or_pending(prefix_hash)) {
-    pool_->release_units(unit_ids, owner);
+    release_pool_units(unit_ids, owner);
     return false;
   }
   const int64_t checkpoint_id = new_identity();
-  pool_->rekey_units(unit_ids, owner, checkpoint_owner(checkpoint_id));
+  rekey_pool_units(unit_ids, owner, checkpoint_owner(checkpoint_id));
+  if (contains_or_pending(prefix_hash)) {
+    // Filed meanwhile by a call back from the pool: the units are ours now,
+    // and go back.
+    release_pool_units(unit_ids, checkpoint_owner(checkpoint_id));
+    return false;
+  }
   const int32_t idx = new_slot(checkpoint_id, prefix_hash, unit_ids, CheckpointState::kCopying);
   eviction_.set_position(idx, 0);  // a transfer's image: where it resumes is not known here
   Slot& s = slab_[idx];
@@ -446,11 +469,14 @@ void PageUnitCheckpointStore::clear() {
   }
   lru_head_ = lru_tail_ = -1;
   eviction_.clear();
+  FirstError error;
   for (int64_t checkpoint_id : record_ids()) {
-    Slot& s = *find(checkpoint_id);
-    set_state(s, CheckpointState::kEvicting);
-    if (!s.store_inflight && s.rec.pin_count == 0) release_record(checkpoint_id);
+    Slot* s = find(checkpoint_id);
+    if (s == nullptr) continue;  // released by a pool's call back meanwhile
+    set_state(*s, CheckpointState::kEvicting);
+    if (!s->store_inflight && s->rec.pin_count == 0) error.run([&] { release_record(checkpoint_id); });
   }
+  error.rethrow();
 }
 
 void PageUnitCheckpointStore::evict(int32_t idx) {
@@ -464,7 +490,7 @@ void PageUnitCheckpointStore::evict(int32_t idx) {
   if (s.next >= 0) __builtin_prefetch(&slab_[s.next]);
   note_change(s.rec.prefix_hash);
   erase_if_names(hash_to_checkpoint_, s.rec.prefix_hash, idx);
-  pool_->prefetch_units(s.rec.unit_ids);
+  if (pool_) pool_->prefetch_units(s.rec.unit_ids);
   set_state(s, CheckpointState::kEvicting);
   lru_unlink(idx);
   release_slot(idx);
@@ -488,6 +514,11 @@ void PageUnitCheckpointStore::release_slot(int32_t idx) {
   set_state(s, CheckpointState::kEvicting);
   UnitIds units = std::move(s.rec.unit_ids);
   free_slot(idx);
+  if (!pool_) {
+    // A foreign pool may call back and take this slot for a new record.
+    provider_->release_units(units, checkpoint_owner(checkpoint_id));
+    return;
+  }
   pool_->release_units(units, checkpoint_owner(checkpoint_id));
   units.clear();
   slab_[idx].rec.unit_ids = std::move(units);  // keep the capacity for reuse
@@ -577,9 +608,11 @@ int64_t PageUnitCheckpointStore::reclaim_stale_offload_pins(double timeout_s) {
   for (const auto& [op, pin] : offload_pins_)
     if (pin.timeout_reclaimable && pin.pinned_at <= cutoff) stale.emplace_back(pin.seq, op);
   std::sort(stale.begin(), stale.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  FirstError error;
   for (const auto& entry : stale) {
     const StateStoreOperationId op = entry.second;
     auto it = offload_pins_.find(op);
+    if (it == offload_pins_.end()) continue;  // settled by a pool's call back meanwhile
     const OffloadPin pin = it->second;
     offload_pins_.erase(it);
     if (--pins_per_hash_[op.prefix_hash] == 0) pins_per_hash_.erase(op.prefix_hash);
@@ -588,13 +621,14 @@ int64_t PageUnitCheckpointStore::reclaim_stale_offload_pins(double timeout_s) {
     if (pin.source_released) continue;
     // The reader may still be in the gather: take the units back, and never
     // trust what that store writes.
-    release_offload_pin(pin.checkpoint_id, "checkpoint offload pin underflow");
     if (reclaimed_set_.insert(op).second) reclaimed_order_.push_back(op);
     while (reclaimed_order_.size() > kReclaimedMemory) {
       reclaimed_set_.erase(reclaimed_order_.front());
       reclaimed_order_.pop_front();
     }
+    error.run([&] { release_offload_pin(pin.checkpoint_id, "checkpoint offload pin underflow"); });
   }
+  error.rethrow();
   return static_cast<int64_t>(stale.size());
 }
 
@@ -664,8 +698,9 @@ void PageUnitCheckpointStore::check_consistency() const {
     check_invariant(static_cast<int64_t>(s.rec.unit_ids.size()) == units_per_checkpoint(),
                     "store: a record does not hold units_per_checkpoint units");
     if (is_evictable(s, -1)) evictable += static_cast<int64_t>(s.rec.unit_ids.size());
-    for (int64_t u : s.rec.unit_ids)
-      check_invariant(pool_->owner_of(u) == checkpoint_owner(checkpoint_id), "store: a record's unit is not its own");
+    if (pool_)  // a foreign pool's ownership is its own business
+      for (int64_t u : s.rec.unit_ids)
+        check_invariant(pool_->owner_of(u) == checkpoint_owner(checkpoint_id), "store: a record's unit is not its own");
   });
   check_invariant(!hash_to_checkpoint_.contains(-1) && !pending_by_hash_.contains(-1), "store: -1 is indexed");
   pending_by_hash_.for_each([&](int64_t h, int32_t idx) {
@@ -695,7 +730,7 @@ void PageUnitCheckpointStore::check_consistency() const {
   int64_t pins = 0;
   for (const auto& kv : pins_per_hash_) pins += kv.second;
   check_invariant(pins == static_cast<int64_t>(offload_pins_.size()), "store: per-hash pin counts drifted");
-  pool_->check_consistency();  // units conserved: free + reserved + KV-held == num_blocks
+  if (pool_) pool_->check_consistency();  // units conserved: free + reserved + KV-held == num_blocks
 }
 
 }  // namespace statecache

@@ -22,6 +22,7 @@
 #include "core/flat_map.h"
 #include "core/hash_form.h"
 #include "core/paged_types.h"
+#include "core/unit_provider.h"
 
 namespace statecache {
 
@@ -31,9 +32,31 @@ class PageUnitCheckpointStore {
   using Source = std::pair<StateStoreOperationId, UnitIds>;
 
   PageUnitCheckpointStore(std::shared_ptr<BlockPool> pool, PagedStateCheckpointSpec spec, bool offload_sink = false);
+  // Units from any other pool (core/unit_provider.h).
+  PageUnitCheckpointStore(std::shared_ptr<PageUnitProvider> units, PagedStateCheckpointSpec spec,
+                          bool offload_sink = false);
 
-  BlockPool& pool() const { return *pool_; }
+  // The BlockPool the units come from, or null for a foreign provider.
   const std::shared_ptr<BlockPool>& pool_ptr() const { return pool_; }
+  const std::shared_ptr<PageUnitProvider>& provider_ptr() const { return provider_; }
+  // The pool's unit calls, on a BlockPool directly (the fast path) or through
+  // the provider. The coordinator's transfer units go through these too.
+  int64_t pool_num_free() const { return pool_ ? pool_->num_free() : provider_->num_free(); }
+  bool reserve_pool_units(int64_t count, int64_t owner, std::vector<int64_t>& out) {
+    return pool_ ? pool_->reserve_units(count, owner, out) : provider_->reserve_units(count, owner, out);
+  }
+  void release_pool_units(const std::vector<int64_t>& units, int64_t owner) {
+    if (pool_)
+      pool_->release_units(units, owner);
+    else
+      provider_->release_units(units, owner);
+  }
+  void rekey_pool_units(const std::vector<int64_t>& units, int64_t old_owner, int64_t new_owner) {
+    if (pool_)
+      pool_->rekey_units(units, old_owner, new_owner);
+    else
+      provider_->rekey_units(units, old_owner, new_owner);
+  }
   const PagedStateCheckpointSpec& spec() const { return spec_; }
   int64_t units_per_checkpoint() const { return spec_.units_per_checkpoint(); }
   int64_t generation() const { return generation_; }
@@ -79,6 +102,7 @@ class PageUnitCheckpointStore {
   // begin_restore without handing out a copy of the op: whether one was queued.
   bool queue_restore(int64_t prefix_hash, int64_t dst_slot);
   std::vector<CheckpointRestoreOp> take_restore_ops();
+  int64_t num_queued_restores() const { return static_cast<int64_t>(queued_restores_.size()); }
   void cancel_queued_restore(int64_t dst_slot);
   std::optional<SuspendedCheckpointRestore> suspend_queued_restore(int64_t dst_slot);
   // Each takes back a restore suspend_queued_restore handed out, once:
@@ -203,7 +227,8 @@ class PageUnitCheckpointStore {
   void release_record(int64_t checkpoint_id) { release_slot(slot_index(checkpoint_id)); }
   int64_t new_identity() { return next_checkpoint_id_++; }
 
-  std::shared_ptr<BlockPool> pool_;
+  std::shared_ptr<BlockPool> pool_;             // exactly one of these two is set
+  std::shared_ptr<PageUnitProvider> provider_;  // (a provider's calls may run foreign code)
   PagedStateCheckpointSpec spec_;
   bool offload_sink_;
   Clock clock_;

@@ -4,8 +4,10 @@
 //   std::out_of_range     -> IndexError      (an index outside its range)
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace statecache {
 
@@ -28,5 +30,26 @@ inline void check_index(const char* name, long long value, long long limit) {
 inline void check_invariant(bool ok, const char* what) {
   if (!ok) throw InvariantError(what);
 }
+
+// For a loop whose steps call a pool that may throw (core/unit_provider.h):
+// a step that throws does not stop the rest, so the loop still leaves its
+// object consistent; the first exception is rethrown once all have run.
+class FirstError {
+ public:
+  template <class Step>
+  void run(Step&& step) {
+    try {
+      step();
+    } catch (...) {
+      if (!first_) first_ = std::current_exception();
+    }
+  }
+  void rethrow() {
+    if (first_) std::rethrow_exception(std::exchange(first_, nullptr));
+  }
+
+ private:
+  std::exception_ptr first_;
+};
 
 }  // namespace statecache

@@ -92,3 +92,111 @@ class FakeScratch:
     def release(self, slot: int) -> None:
         assert 0 <= slot < self.n and slot not in self.free, slot
         self.free.append(slot)
+
+
+class PoolThroughPython:
+    """A statecache.BlockPool behind the reference's pool protocol in Python:
+    a store or coordinator on it takes every unit call (num_free,
+    reserve_units, release_units, rekey_units) through the generic path
+    (docs/paged.md, "Pool protocol"); the KV side and checks go straight to
+    the BlockPool. `calls` counts the protocol calls."""
+
+    def __init__(self, inner: sc.BlockPool) -> None:
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "calls", {})
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    @property
+    def num_free(self) -> int:
+        self._count("num_free")
+        return self._inner.num_free
+
+    def reserve_units(self, count, owner):
+        self._count("reserve_units")
+        return self._inner.reserve_units(count, owner)
+
+    def release_units(self, unit_ids, owner):
+        self._count("release_units")
+        self._inner.release_units(unit_ids, owner)
+
+    def rekey_units(self, unit_ids, old_owner, new_owner):
+        self._count("rekey_units")
+        self._inner.rekey_units(unit_ids, old_owner, new_owner)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._inner, name, value)
+
+
+_NO_OWNER = object()
+
+
+class ListPool:
+    """Page units in plain Python: the reference's pool protocol and nothing
+    of statecache. Free units are handed out lowest id first; a release or
+    rekey by an owner that does not hold every listed unit raises ValueError,
+    changing nothing."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))  # a stack, lowest id on top
+        self._owner: dict = {}
+        self.on_evict = None
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_reserved(self) -> int:
+        return len(self._owner)
+
+    num_kv_blocks = 0
+
+    def reserve_units(self, count, owner):
+        if count < 0:
+            raise ValueError(f"count={count} must be >= 0")
+        hash(owner)
+        if count > len(self._free):
+            return None
+        units = [self._free.pop() for _ in range(count)]
+        for u in units:
+            self._owner[u] = owner
+        return units
+
+    def _check(self, unit_ids, owner) -> list:
+        ids = list(unit_ids)
+        if len(set(ids)) != len(ids) or any(self._owner.get(u, _NO_OWNER) != owner for u in ids):
+            raise ValueError(f"unit_ids {ids} are not all held by {owner!r}")
+        return ids
+
+    def release_units(self, unit_ids, owner):
+        for u in self._check(unit_ids, owner):
+            del self._owner[u]
+            self._free.append(u)
+
+    def rekey_units(self, unit_ids, old_owner, new_owner):
+        for u in self._check(unit_ids, old_owner):
+            self._owner[u] = new_owner
+
+    def owner_of(self, unit):
+        return self._owner.get(unit)
+
+    def check_consistency(self) -> None:
+        assert len(set(self._free)) == len(self._free)
+        assert not set(self._free) & set(self._owner)
+        assert len(self._free) + len(self._owner) == self.num_blocks
+
+
+def make_pool(kind: str, num_blocks: int):
+    """'block': a statecache.BlockPool; 'python': one behind PoolThroughPython;
+    'list': a ListPool."""
+    if kind == "block":
+        return sc.BlockPool(num_blocks)
+    if kind == "python":
+        return PoolThroughPython(sc.BlockPool(num_blocks))
+    return ListPool(num_blocks)

@@ -1,9 +1,11 @@
 """statecache's PAGE store and coordinator against the reference, step by step.
 
 Both sides receive the same seeded random operation sequence, each on its own
-statecache.BlockPool (whose on_evict unindexes that side's store); every
-return value and public attribute is compared after every step, and page
-units are checked conserved (docs/contract.md, "Invariants").
+pool (whose on_evict unindexes that side's store); every return value and
+public attribute is compared after every step, and page units are checked
+conserved (docs/contract.md, "Invariants"). The pools are statecache.BlockPools,
+or (docs/paged.md, "Pool protocol") statecache's side takes its units from a
+BlockPool through Python, or both sides from a plain-Python ListPool.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import random
 import pytest
 
 import statecache as sc
-from paged_harness import FakeClock, FakeScratch, call, check_conservation, norm, store_state
+from paged_harness import FakeClock, FakeScratch, call, check_conservation, make_pool, norm, store_state
 from reference import load
 
 ref = load("paged_checkpoint")
@@ -37,11 +39,12 @@ def clock(monkeypatch):
 class StoreRun:
     """One statecache store and one reference store driven in lockstep."""
 
-    def __init__(self, rng: random.Random, clock: FakeClock, num_blocks: int, spec: dict, sink: bool):
+    def __init__(self, rng: random.Random, clock: FakeClock, num_blocks: int, spec: dict, sink: bool, pools=None):
         self.rng = rng
         self.clock = clock
-        self.ours_pool = sc.BlockPool(num_blocks)
-        self.ref_pool = sc.BlockPool(num_blocks)
+        ours_kind, ref_kind = pools or ("block", "block")
+        self.ours_pool = make_pool(ours_kind, num_blocks)
+        self.ref_pool = make_pool(ref_kind, num_blocks)
         self.ours = sc.PageUnitCheckpointStore(self.ours_pool, sc.PagedStateCheckpointSpec(**spec), offload_sink=sink)
         self.theirs = ref.PageUnitCheckpointStore(
             self.ref_pool, ref.PagedStateCheckpointSpec(**spec), offload_sink=sink
@@ -204,7 +207,7 @@ class StoreRun:
             self.both("reclaim_stale_offload_pins", r.choice([0, -1, 0.25, 1.0, 5.0, 3600]))
             for op in self.ops[-4:]:
                 self.both("was_reclaimed", op)
-        elif kind == "kv_alloc":
+        elif kind == "kv_alloc" and hasattr(self.ours_pool, "allocate"):
             (_, a), _ = self.both("allocate", r.choice([1, 2, 5]), target="pool")
             if a is not None:
                 for b in a:
@@ -216,13 +219,21 @@ class StoreRun:
         self.check()
 
 
-@pytest.mark.parametrize("seed", range(32))
-def test_store_matches_reference(seed, clock):
+# (statecache's pool, the reference's pool) kinds, seeds (paged_harness.make_pool).
+POOL_RUNS = [(("block", "block"), s) for s in range(32)] + [
+    (pools, s) for pools in (("python", "block"), ("list", "list")) for s in range(16)
+]
+
+
+@pytest.mark.parametrize("pools, seed", POOL_RUNS)
+def test_store_matches_reference(pools, seed, clock):
     rng = random.Random(seed)
     spec = SPECS[seed % len(SPECS)]
-    run = StoreRun(rng, clock, num_blocks=rng.choice([12, 24, 40, 64]), spec=spec, sink=seed % 4 != 3)
+    run = StoreRun(rng, clock, num_blocks=rng.choice([12, 24, 40, 64]), spec=spec, sink=seed % 4 != 3, pools=pools)
     for _ in range(400):
         run.step()
+    if pools[0] == "python":  # the units really went through Python
+        assert min(run.ours_pool.calls.get(m, 0) for m in ("num_free", "reserve_units", "release_units")) > 0
 
 
 def test_a_reference_spec_is_accepted_and_validated():
@@ -253,11 +264,12 @@ def _unindex_dropping_queued_midstep(ref_c):
 class CoordinatorRun(StoreRun):
     """One statecache coordinator and one reference coordinator in lockstep."""
 
-    def __init__(self, rng, clock, num_blocks, spec, enabled, readable, tier):
+    def __init__(self, rng, clock, num_blocks, spec, enabled, readable, tier, pools=None):
         self.rng = rng
         self.clock = clock
-        self.ours_pool = sc.BlockPool(num_blocks)
-        self.ref_pool = sc.BlockPool(num_blocks)
+        ours_kind, ref_kind = pools or ("block", "block")
+        self.ours_pool = make_pool(ours_kind, num_blocks)
+        self.ref_pool = make_pool(ref_kind, num_blocks)
         self.tiers = (sc.StateOffloadIndex(capacity=6), sc.StateOffloadIndex(capacity=6)) if tier else (None, None)
         self.ours_c = sc.PagedStateCheckpointCoordinator(
             self.ours_pool,
@@ -452,7 +464,7 @@ class CoordinatorRun(StoreRun):
             m = r.choice(["resume_suspended_restore", "release_suspended_restore"])
             ra, rb = call(self.ours_c, m, a), call(self.ref_c, m, b)
             assert ra[0] == rb[0] and (ra[0] == "ok" or ra[1] == rb[1])
-        elif kind == "kv_alloc":
+        elif kind == "kv_alloc" and hasattr(self.ours_pool, "allocate"):
             (_, a), _ = self.both("allocate", r.choice([1, 3]), target="pool")
             if a is not None:
                 for blk in a:
@@ -475,8 +487,8 @@ class CoordinatorRun(StoreRun):
             self.ref_c.attach_offload(tiers[1], sink=sink)
 
 
-@pytest.mark.parametrize("seed", range(32))
-def test_coordinator_matches_reference(seed, clock):
+@pytest.mark.parametrize("pools, seed", POOL_RUNS)
+def test_coordinator_matches_reference(pools, seed, clock):
     rng = random.Random(1000 + seed)
     run = CoordinatorRun(
         rng,
@@ -486,6 +498,9 @@ def test_coordinator_matches_reference(seed, clock):
         enabled=seed % 8 != 7,
         readable=seed % 3 != 0,
         tier=seed % 2 == 0,
+        pools=pools,
     )
     for _ in range(350):
         run.step()
+    if pools[0] == "python":
+        assert min(run.ours_pool.calls.get(m, 0) for m in ("num_free", "reserve_units", "release_units")) > 0

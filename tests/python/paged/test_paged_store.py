@@ -315,7 +315,7 @@ def test_backlog_cap_drops_oldest_nominations():
         (lambda s: s.reclaim_stale_offload_pins("soon"), TypeError),
         (lambda s: s.was_reclaimed([1, 2]), TypeError),
         (lambda s: sc.PageUnitCheckpointStore(s.pool, "spec"), TypeError),
-        (lambda s: sc.PageUnitCheckpointStore(object(), SPEC), TypeError),
+        (lambda s: sc.PageUnitCheckpointStore(None, SPEC), TypeError),  # any other pool is read lazily
     ],
 )
 def test_bad_input_raises_before_anything_changes(call, exc):

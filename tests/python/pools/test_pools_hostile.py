@@ -777,12 +777,23 @@ def test_take_copies_that_raises_leaves_every_pending_checkpoint():
     pool._check_invariants()
 
 
-def test_forget_pending_of_an_object_without_the_field_is_a_type_error():
+def test_forget_pending_writes_the_field_without_reading_it():
+    """As the reference: pending_checkpoint is set to -1, never read, so an
+    engine object need not carry it; one that cannot take it raises the
+    setter's AttributeError, and a batch restores what it wrote."""
     pool = sc.StateGroupPool(4, sc.StateTransfer.copy())
-    with pytest.raises(TypeError, match="pending_checkpoint"):
+
+    class Bare:
+        pass
+
+    a, b = Bare(), Bare()
+    pool.forget_pending(a)
+    assert a.pending_checkpoint == -1
+    with pytest.raises(AttributeError, match="pending_checkpoint"):
         pool.forget_pending(object())
-    with pytest.raises(TypeError, match="pending_checkpoint"):
-        pool.forget_pending_many([object()])
+    with pytest.raises(AttributeError, match="pending_checkpoint"):
+        pool.forget_pending_many([b, object()])
+    assert not hasattr(b, "pending_checkpoint")  # written, then deleted again
 
 
 def _heap_in_use() -> int:
