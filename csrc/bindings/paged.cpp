@@ -709,7 +709,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
             return make_py_store(pool, p, sp, offload_sink);
           }),
           py::arg("pool"), py::arg("spec"), py::arg("offload_sink") = false,
-          "Raises TypeError for a pool or spec of the wrong type.")
+          "Raises TypeError for a pool of None or a spec of the wrong type.")
       .def_property_readonly("pool", [](const PyStore& s) { return pool_object(s); })
       .def_property_readonly("spec", [](const PyStore& s) { return s.spec(); })
       .def_property_readonly("units_per_checkpoint", &Store::units_per_checkpoint)

@@ -411,7 +411,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             return std::make_shared<PyCoordinator>(pool, p, std::move(sp), on, std::move(offload), readable);
           }),
           py::arg("pool"), py::arg("spec"), py::arg("enabled"), py::arg("offload") = py::none(),
-          py::arg("readable_midstep") = false, "Raises TypeError for a pool or spec of the wrong type.")
+          py::arg("readable_midstep") = false, "Raises TypeError for a pool of None or a spec of the wrong type.")
       .def_property_readonly("enabled", &Coordinator::enabled)
       .def_property_readonly("readable_midstep", &Coordinator::readable_midstep)
       .def_property_readonly("store", [](const PyCoordinator& c) { return c.store_object(); })

@@ -61,6 +61,28 @@ class _SequenceLike(Protocol):
     checkpoint_end_pos: int
 
 _Seqish: TypeAlias = Sequence | _SequenceLike
+
+class _UnitPool(Protocol):
+    """An engine's own KV block pool, as the PAGE store and coordinator take
+    it when it is not a ``BlockPool`` (docs/paged.md, "Pool protocol"): the
+    four members the reference calls on its pool, each read only when a call
+    needs it and called positionally. Owners are hashable values compared by
+    equality (``("state-checkpoint", id)``, ``("state-transfer", owner)`` or
+    one given to ``adopt_units``)."""
+
+    @property
+    def num_free(self) -> int:
+        """Units a reservation could take now (an int)."""
+    def reserve_units(self, count: int, owner: Hashable, /) -> Iterable[SupportsIndex] | None:
+        """``count`` distinct unit ids now held by ``owner``, or None (nothing taken)."""
+    def release_units(self, unit_ids: tuple[int, ...], owner: Hashable, /) -> object:
+        """Frees units ``owner`` holds; the result is ignored."""
+    def rekey_units(self, unit_ids: tuple[int, ...], old_owner: Hashable, new_owner: Hashable, /) -> object:
+        """Moves units from ``old_owner`` to ``new_owner`` (only ``adopt_units`` and
+        ``adopt_transfer_units`` call it); the result is ignored."""
+
+#: what the store and coordinator take as their pool
+_AnyPool: TypeAlias = BlockPool | _UnitPool
 #: a batch's sequences (list or tuple), one entry per sequence
 _Seqs: TypeAlias = _Seq[_Seqish]
 #: a batch's hash lists, one per sequence (or a 2-D int64 array, a row per
@@ -934,12 +956,12 @@ class PageUnitCheckpointStore:
     Offload: READY checkpoints are nominated to a tier (``offload_sink``), handed out pinned by
     ``take_offload_stores`` and unpinned in two phases."""
 
-    def __init__(self, pool: BlockPool, spec: PagedStateCheckpointSpec, offload_sink: bool = False) -> None:
+    def __init__(self, pool: _AnyPool, spec: PagedStateCheckpointSpec, offload_sink: bool = False) -> None:
         """Raises TypeError for a pool or spec of the wrong type."""
     def __reduce__(self) -> NoReturn:
         """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     @property
-    def pool(self) -> BlockPool: ...
+    def pool(self) -> _AnyPool: ...
     @property
     def spec(self) -> PagedStateCheckpointSpec: ...
     @property
@@ -1140,7 +1162,7 @@ class PagedStateCheckpointCoordinator:
 
     def __init__(
         self,
-        pool: BlockPool,
+        pool: _AnyPool,
         spec: PagedStateCheckpointSpec,
         enabled: bool,
         offload: StateOffloadIndex | None = None,
