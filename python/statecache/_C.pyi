@@ -1418,6 +1418,21 @@ class HostArena:
     def contains(self, key: bytes | str) -> bool:
         """Returns whether a sealed value is filed under ``key``. Raises only for a bad
         argument (docs/contract.md, "Errors")."""
+    def contains_many(
+        self, keys: list[bytes] | list[str] | tuple[bytes | str, ...], touch: bool = False
+    ) -> list[bool]:
+        """Returns, for each key of the list ``keys``, whether a sealed value is filed
+        under it (one call for a whole chain); ``touch``: each one found counts as a use,
+        as ``lookup(key, True)``. Raises TypeError for a key that is not bytes or str."""
+    def refile_many(self, keys: list[bytes] | list[str] | tuple[bytes | str, ...], positions: _Seq[_Int]) -> int:
+        """Refiles each sealed value of ``keys`` at its position (as ``refile``, in
+        order); returns how many were there. Raises ValueError, nothing changed, for a
+        negative position or lengths that differ; TypeError for a key that is not bytes
+        or str."""
+    @property
+    def generation(self) -> int:
+        """A counter bumped whenever what ``contains`` answers may have changed (a seal,
+        a remove, an eviction): an answer derived from it holds while it is unchanged."""
     def __contains__(self, key: object, /) -> bool: ...
     def __len__(self) -> int: ...
     def lookup(self, key: bytes | str, touch: bool = True) -> tuple[list[int], int, bytes, int] | None:
