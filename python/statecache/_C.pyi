@@ -1418,9 +1418,7 @@ class HostArena:
     def contains(self, key: bytes | str) -> bool:
         """Returns whether a sealed value is filed under ``key``. Raises only for a bad
         argument (docs/contract.md, "Errors")."""
-    def contains_many(
-        self, keys: list[bytes] | list[str] | tuple[bytes | str, ...], touch: bool = False
-    ) -> list[bool]:
+    def contains_many(self, keys: list[bytes] | list[str] | tuple[bytes | str, ...], touch: bool = False) -> list[bool]:
         """Returns, for each key of the list ``keys``, whether a sealed value is filed
         under it (one call for a whole chain); ``touch``: each one found counts as a use,
         as ``lookup(key, True)``. Raises TypeError for a key that is not bytes or str."""

@@ -543,8 +543,9 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         ):
             orig = getattr(c, name)
             log = hook_log.setdefault(name, [])
+            cpu_acc = cpu_log.setdefault(name, [0.0])
 
-            def wrapped(*a, _orig=orig, _log=log, _cpu=cpu_log.setdefault(name, [0.0]), **k):
+            def wrapped(*a, _orig=orig, _log=log, _cpu=cpu_acc, **k):
                 inside[0] += 1
                 t, cpu = time.perf_counter(), time.thread_time()
                 try:
@@ -558,8 +559,9 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         # the same steps in thread CPU time (no preemption, no waits): vLLM's side
         for name in ("schedule", "update_from_output"):
             orig = getattr(sched, name)
+            cpu_acc = cpu_log.setdefault(name, [0.0])
 
-            def cpu_timed(*a, _orig=orig, _cpu=cpu_log.setdefault(name, [0.0]), **k):
+            def cpu_timed(*a, _orig=orig, _cpu=cpu_acc, **k):
                 cpu = time.thread_time()
                 try:
                     return _orig(*a, **k)
