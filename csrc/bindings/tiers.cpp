@@ -16,6 +16,27 @@ std::string as_key(py::handle obj, const char* name) {
   raise_type(name, "bytes or str", obj);
 }
 
+// A list or tuple of keys (each bytes or str), read whole before anything
+// changes; errors name the item ("keys[3]"). Runs no Python code.
+std::vector<std::string> as_keys(py::handle obj, const char* name) {
+  PyObject* p = obj.ptr();
+  if (!PyList_Check(p) && !PyTuple_Check(p)) raise_type(name, "a list of bytes or str", obj);
+  const Py_ssize_t n = PyList_Check(p) ? PyList_GET_SIZE(p) : PyTuple_GET_SIZE(p);
+  std::vector<std::string> out;
+  out.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* it = PyList_Check(p) ? PyList_GET_ITEM(p, i) : PyTuple_GET_ITEM(p, i);
+    if (PyBytes_Check(it)) {
+      out.emplace_back(PyBytes_AS_STRING(it), static_cast<size_t>(PyBytes_GET_SIZE(it)));
+      continue;
+    }
+    const std::string item = std::string(name) + "[" + std::to_string(i) + "]";
+    if (!PyUnicode_Check(it)) raise_type(item.c_str(), "bytes or str", py::handle(it));
+    out.push_back(as_text(py::handle(it), item.c_str()));
+  }
+  return out;
+}
+
 int as_class(const HostArena& a, py::handle obj) {
   const int64_t k = as_int(obj, "klass");
   if (k < 0 || k >= a.num_classes())
@@ -162,6 +183,33 @@ evicted.)doc");
           "contains", [](const HostArena& a, py::handle key) { return a.contains(as_key(key, "key")); }, py::arg("key"),
           "Returns whether a sealed value is filed under ``key``. Raises only for a bad argument "
           "(docs/contract.md, \"Errors\").")
+      .def(
+          "contains_many",
+          [](HostArena& a, py::handle keys, bool touch) {
+            const std::vector<bool> got = a.contains_many(as_keys(keys, "keys"), touch);
+            py::list out(got.size());
+            for (size_t i = 0; i < got.size(); ++i) out[i] = py::bool_(got[i]);
+            return out;
+          },
+          py::arg("keys"), py::arg("touch") = false,
+          "Returns, for each key of the list ``keys``, whether a sealed value is filed under it "
+          "(one call for a whole chain); ``touch``: each one found counts as a use, as "
+          "``lookup(key, True)``. Raises TypeError for a key that is not bytes or str.")
+      .def(
+          "refile_many",
+          [](HostArena& a, py::handle keys, py::handle positions) {
+            std::vector<std::string> k = as_keys(keys, "keys");
+            std::vector<int64_t> pos;
+            append_ints(positions, "positions", pos);
+            return a.refile_many(k, pos);
+          },
+          py::arg("keys"), py::arg("positions"),
+          "Refiles each sealed value of ``keys`` at its position (as ``refile``, in order); returns "
+          "how many were there. Raises ValueError, nothing changed, for a negative position or "
+          "lengths that differ; TypeError for a key that is not bytes or str.")
+      .def_property_readonly("generation", &HostArena::generation,
+                             "A counter bumped whenever what ``contains`` answers may have changed (a seal, "
+                             "a remove, an eviction): an answer derived from it holds while it is unchanged.")
       .def("__contains__",
            [](const HostArena& a, py::handle key) {
              return PyBytes_Check(key.ptr()) || PyUnicode_Check(key.ptr()) ? a.contains(as_key(key, "key")) : false;

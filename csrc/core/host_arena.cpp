@@ -148,6 +148,7 @@ std::optional<std::vector<int32_t>> HostArena::allocate(const std::string& key, 
   for (const std::string& victim : *plan) {
     const int32_t idx = index_.at(victim);
     ++c.evictions;
+    ++generation_;
     if (evicted != nullptr) evicted->push_back(victim);
     unrank(idx);
     release(idx);
@@ -184,6 +185,7 @@ void HostArena::seal(const std::string& key, std::string meta) {
   if (s == nullptr || s->doomed) bad_argument("key", key, "was not allocated");
   if (s->sealed) bad_argument("key", key, "is already sealed");
   s->sealed = true;
+  ++generation_;
   s->v.meta = std::move(meta);
   rank(index_.at(key));
 }
@@ -216,6 +218,7 @@ bool HostArena::remove(const std::string& key) {
   if (it == index_.end() || slab_[static_cast<size_t>(it->second)].doomed) return false;
   const int32_t idx = it->second;
   Slot& s = slab_[static_cast<size_t>(idx)];
+  ++generation_;
   unrank(idx);
   if (s.pins > 0) {
     s.doomed = true;
@@ -228,6 +231,22 @@ bool HostArena::remove(const std::string& key) {
 bool HostArena::contains(const std::string& key) const {
   const Slot* s = find(key);
   return s != nullptr && s->sealed && !s->doomed;
+}
+
+std::vector<bool> HostArena::contains_many(const std::vector<std::string>& keys, bool touch) {
+  std::vector<bool> out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) out[i] = touch ? lookup(keys[i], true) != nullptr : contains(keys[i]);
+  return out;
+}
+
+int64_t HostArena::refile_many(const std::vector<std::string>& keys, const std::vector<int64_t>& positions) {
+  if (positions.size() != keys.size())
+    bad_argument("positions", static_cast<int64_t>(positions.size()), "must have one position per key");
+  for (int64_t p : positions)
+    if (p < 0) bad_argument("positions", p, "must be >= 0");
+  int64_t n = 0;
+  for (size_t i = 0; i < keys.size(); ++i) n += refile(keys[i], positions[i]);
+  return n;
 }
 
 const HostArena::Value* HostArena::lookup(const std::string& key, bool touch) {

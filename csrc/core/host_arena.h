@@ -99,6 +99,16 @@ class HostArena {
   bool remove(const std::string& key);
 
   bool contains(const std::string& key) const;  // sealed and not removed
+  // contains() of each key, in one call (a resume checks a whole chain);
+  // `touch`: each one found counts as a use, as lookup(key, true).
+  std::vector<bool> contains_many(const std::vector<std::string>& keys, bool touch = false);
+  // refile() of each key at its position (the positions are checked first:
+  // nothing changes on a bad one); how many were there.
+  int64_t refile_many(const std::vector<std::string>& keys, const std::vector<int64_t>& positions);
+  // Bumped whenever what contains() answers may have changed (a seal, a
+  // remove, an eviction), so an answer derived from it holds while this is
+  // unchanged.
+  uint64_t generation() const { return generation_; }
   // A sealed value, refreshed as used; nullptr when absent.
   const Value* lookup(const std::string& key, bool touch = true);
   void pin(const std::string& key);
@@ -129,6 +139,7 @@ class HostArena {
   int64_t entry_bytes_, num_entries_;
   EvictionCostModel model_;
   double kv_bytes_per_position_ = 0.0;
+  uint64_t generation_ = 0;
   std::vector<ClassStats> classes_;
   std::vector<int32_t> free_;
   std::vector<Slot> slab_;

@@ -957,7 +957,7 @@ class PageUnitCheckpointStore:
     ``take_offload_stores`` and unpinned in two phases."""
 
     def __init__(self, pool: _AnyPool, spec: PagedStateCheckpointSpec, offload_sink: bool = False) -> None:
-        """Raises TypeError for a pool or spec of the wrong type."""
+        """Raises TypeError for a pool of None or a spec of the wrong type."""
     def __reduce__(self) -> NoReturn:
         """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     @property
@@ -1168,7 +1168,7 @@ class PagedStateCheckpointCoordinator:
         offload: StateOffloadIndex | None = None,
         readable_midstep: bool = False,
     ) -> None:
-        """Raises TypeError for a pool or spec of the wrong type."""
+        """Raises TypeError for a pool of None or a spec of the wrong type."""
     def __reduce__(self) -> NoReturn:
         """Raises TypeError: a live object, not a value; it does not pickle or copy."""
     successor_room: ClassVar[float]
@@ -1498,6 +1498,18 @@ class HostArena:
     def contains(self, key: bytes | str) -> bool:
         """Returns whether a sealed value is filed under ``key``. Raises only for a bad argument
         (docs/contract.md, "Errors")."""
+    def contains_many(self, keys: list[bytes] | list[str] | tuple[bytes | str, ...], touch: bool = False) -> list[bool]:
+        """Returns, for each key of the list ``keys``, whether a sealed value is filed under it (one
+        call for a whole chain); ``touch``: each one found counts as a use, as ``lookup(key,
+        True)``. Raises TypeError for a key that is not bytes or str."""
+    def refile_many(self, keys: list[bytes] | list[str] | tuple[bytes | str, ...], positions: _Seq[_Int]) -> int:
+        """Refiles each sealed value of ``keys`` at its position (as ``refile``, in order); returns how
+        many were there. Raises ValueError, nothing changed, for a negative position or lengths that
+        differ; TypeError for a key that is not bytes or str."""
+    @property
+    def generation(self) -> int:
+        """A counter bumped whenever what ``contains`` answers may have changed (a seal, a remove, an
+        eviction): an answer derived from it holds while it is unchanged."""
     def __contains__(self, key: object, /) -> bool: ...
     def __len__(self) -> int: ...
     def lookup(self, key: bytes | str, touch: bool = True) -> tuple[list[int], int, bytes, int] | None:

@@ -217,3 +217,85 @@ TEST(HostArena, AnUncappedClassTakesRoomFromWhateverRanksLowest) {
   EXPECT_EQ(*a.victims(1, 5), (std::vector<std::string>{"s", "k1", "k2", "k3", "k4"}));
   EXPECT_EQ(*a.victims(1, 1), std::vector<std::string>{"s"});
 }
+
+TEST(HostArena, BatchedContainsAndRefileAgreeWithOneByOne) {
+  EvictionCostModel m = HostArena::cost_model();
+  m.weight = 4;
+  HostArena a(10, 50, {HostArena::kShared}, m), b(10, 50, {HostArena::kShared}, m);
+  std::vector<std::string> ev;
+  for (HostArena* x : {&a, &b})
+    for (const char* k : {"a", "b", "c", "d"}) {
+      x->allocate(k, 0, 1, 10, 1, &ev);
+      x->seal(k, "");
+    }
+  for (HostArena* x : {&a, &b}) x->allocate("open", 0, 1, 10, 1, &ev);  // allocated, not sealed: not findable
+  const std::vector<std::string> ks = {"a", "zz", "c", "open"};
+  EXPECT_EQ(a.contains_many(ks), (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(a.refile_many({"a", "zz", "c"}, {64, 5, 32}), 2);
+  b.refile("a", 64);
+  b.refile("c", 32);
+  EXPECT_EQ(*a.victims(0, 3), *b.victims(0, 3));
+  EXPECT_EQ(a.contains_many({"b", "zz"}, true), (std::vector<bool>{true, false}));  // b: a use
+  b.lookup("b", true);
+  EXPECT_EQ(*a.victims(0, 4), *b.victims(0, 4));
+  const auto before = *a.victims(0, 4);
+  EXPECT_THROW(a.refile_many({"b", "d"}, {64, -1}), std::invalid_argument);  // checked first
+  EXPECT_THROW(a.refile_many({"b"}, {}), std::invalid_argument);
+  EXPECT_EQ(*a.victims(0, 4), before);
+  a.check_consistency();
+}
+
+// What an answer derived from contains() may rely on: while generation() is
+// unchanged, contains() answers as it did for every key.
+TEST(HostArena, UnchangedGenerationMeansUnchangedContains) {
+  HostArena a(8, 8 * 16, {HostArena::kShared});
+  std::mt19937 rng(11);
+  std::vector<std::string> keys, pinned;
+  for (int i = 0; i < 30; ++i) keys.push_back("k" + std::to_string(i));
+  uint64_t gen = a.generation();
+  std::vector<bool> seen = a.contains_many(keys);
+  int unchanged = 0;
+  for (int i = 0; i < 5000; ++i) {
+    const std::string& key = keys[rng() % keys.size()];
+    std::vector<std::string> ev;
+    switch (rng() % 7) {
+      case 0:
+      case 1:
+        if (a.pins(key) == 0 && !a.contains(key)) {
+          a.remove(key);
+          const int64_t n = 1 + static_cast<int64_t>(rng() % 4);
+          if (a.allocate(key, 0, n, n * 8, rng() % 50, &ev) && rng() % 4 != 0) a.seal(key, "");
+        }
+        break;
+      case 2:
+        a.remove(key);
+        break;
+      case 3:
+        if (a.contains(key)) {
+          a.pin(key);
+          pinned.push_back(key);
+        }
+        break;
+      case 4:
+        if (!pinned.empty()) {
+          a.unpin(pinned.back());
+          pinned.pop_back();
+        }
+        break;
+      case 5:
+        a.refile(key, rng() % 50);
+        break;
+      default:
+        a.lookup(key, true);
+    }
+    if (a.generation() == gen) {
+      ++unchanged;
+      EXPECT_EQ(a.contains_many(keys), seen) << "step " << i;
+    } else {
+      gen = a.generation();
+      seen = a.contains_many(keys);
+    }
+  }
+  EXPECT_GT(unchanged, 1000);  // the check ran often
+  a.check_consistency();
+}

@@ -520,10 +520,87 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
             setattr(c, name, wrapped)
         return True
 
-    def profile_report(n=40):
+    hook_log: dict[str, list[float]] = {}
+    cpu_log: dict[str, list[float]] = {}
+    gc_log: dict[str, float] = {}
+
+    def time_hooks():
+        """Diagnosis hook: every later call of the connector's scheduler-side
+        hooks is timed on its own, the hooks and vLLM's ``schedule`` /
+        ``update_from_output`` in thread CPU time too (what preemption by
+        other processes does not inflate), and the garbage collector's pauses
+        in and out of the hooks; ``hook_times`` summarizes."""
+        import gc
+
+        c = connector()
+        inside = [0]
+        for name in (
+            "get_num_new_matched_tokens",
+            "update_state_after_alloc",
+            "build_connector_meta",
+            "update_connector_output",
+            "request_finished_all_groups",
+        ):
+            orig = getattr(c, name)
+            log = hook_log.setdefault(name, [])
+            cpu_acc = cpu_log.setdefault(name, [0.0])
+
+            def wrapped(*a, _orig=orig, _log=log, _cpu=cpu_acc, **k):
+                inside[0] += 1
+                t, cpu = time.perf_counter(), time.thread_time()
+                try:
+                    return _orig(*a, **k)
+                finally:
+                    _log.append(time.perf_counter() - t)
+                    _cpu[0] += time.thread_time() - cpu
+                    inside[0] -= 1
+
+            setattr(c, name, wrapped)
+        # the same steps in thread CPU time (no preemption, no waits): vLLM's side
+        for name in ("schedule", "update_from_output"):
+            orig = getattr(sched, name)
+            cpu_acc = cpu_log.setdefault(name, [0.0])
+
+            def cpu_timed(*a, _orig=orig, _cpu=cpu_acc, **k):
+                cpu = time.thread_time()
+                try:
+                    return _orig(*a, **k)
+                finally:
+                    _cpu[0] += time.thread_time() - cpu
+
+            setattr(sched, name, cpu_timed)
+        began = [0.0]
+
+        def on_gc(phase, info):
+            if phase == "start":
+                began[0] = time.perf_counter()
+                return
+            where = "in_hooks" if inside[0] else "elsewhere"
+            key = f"gen{info['generation']}_{where}"
+            gc_log[key + "_s"] = gc_log.get(key + "_s", 0.0) + time.perf_counter() - began[0]
+            gc_log[key + "_n"] = gc_log.get(key + "_n", 0) + 1
+
+        gc.callbacks.append(on_gc)
+        return True
+
+    def hook_times():
+        out = {}
+        for name, xs in hook_log.items():
+            ys = sorted(xs)
+            if ys:
+                out[name] = dict(
+                    n=len(ys), sum=sum(ys), p50=ys[len(ys) // 2], p99=ys[int(0.99 * (len(ys) - 1))], max=ys[-1]
+                )
+        return dict(hooks=out, gc=dict(gc_log), cpu_s={k: v[0] for k, v in cpu_log.items()})
+
+    def profile_report(n=40, path=None):
+        """The profile's top ``n`` functions by own time (``path``: the raw
+        stats are written there too, for ``pstats``)."""
         import io
         import pstats
 
+        if path:
+            profile[0].dump_stats(path)
         buf = io.StringIO()
         pstats.Stats(profile[0], stream=buf).sort_stats("tottime").print_stats(n)
         return buf.getvalue()
@@ -532,6 +609,8 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         "generate": generate,
         "profile_hooks": profile_hooks,
         "profile_report": profile_report,
+        "time_hooks": time_hooks,
+        "hook_times": hook_times,
         "funnel": funnel,
         "reset_prefix_cache": lambda: bool(llm.reset_prefix_cache()),
         "corrupt_loads": corrupt_loads,

@@ -98,6 +98,11 @@ class PrefixChains:
         rec = self._known.get(h)
         return rec[_LEAD] if rec is not None else 0
 
+    def leads(self, hashes: Sequence[int]) -> list[int]:
+        """``lead`` of each of ``hashes``."""
+        known = self._known
+        return [rec[_LEAD] if (rec := known.get(h)) is not None else 0 for h in hashes]
+
     def chain(self, h: int) -> list[int]:
         """``h`` and its known ancestors, tail first (stops at the first one
         not known)."""
@@ -178,11 +183,14 @@ class TierPlacement:
         self._refile_chain(self.chains.chain(h))
 
     def _refile_chain(self, chain: list[int]) -> None:
-        arena, key_of, lead = self.arena, self.key_of, self.chains.lead
-        for a in chain:
-            key = key_of("kv", a)
-            if key is not None:
-                arena.refile(key, lead(a))
+        # one arena call for the whole chain: a long prefix refiles dozens of blocks
+        keys = [self.key_of("kv", a) for a in chain]
+        leads = self.chains.leads(chain)
+        if None in keys:
+            leads = [p for k, p in zip(keys, leads) if k is not None]
+            keys = [k for k in keys if k is not None]
+        if keys:
+            self.arena.refile_many(keys, leads)
 
 
 def blocks_to_load(gpu_hit: int, present: Sequence[bool], resumable: Callable[[int], int]) -> int:

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from statecache.engine.deployment_key import deployment_key
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -131,7 +133,10 @@ class ConnectorConfig:
                 "set kv_connector_extra_config['secret'] or STATECACHE_SECRET (keep it secret: whoever knows it "
                 "can name your prefixes)"
             )
-        secret = hashlib.blake2b(raw.encode(), digest_size=32).digest() if raw is not None else os.urandom(32)
+        # unset: the process's random key, the one the engine draws (engine/deployment_key.py)
+        key = deployment_key(salt=raw)
+        salt = key.salt.encode() if isinstance(key.salt, str) else key.salt or b""
+        secret = hashlib.blake2b(salt, digest_size=32).digest()
         model_id = d.get("model_id")
         if model_id is not None and (not isinstance(model_id, str) or not model_id):
             raise ValueError(f"kv_connector_extra_config['model_id']={model_id!r} must be a non-empty str")
@@ -146,7 +151,7 @@ class ConnectorConfig:
             entry_bytes=entry,
             shared=shared,
             secret=secret,
-            secret_configured=raw is not None,
+            secret_configured=key.configured,
             model_id=model_id,
             save_decode=save_decode,
             shared_timeout_s=_positive_number(d, "shared_timeout_s", 5.0),

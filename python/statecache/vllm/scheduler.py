@@ -81,6 +81,8 @@ COUNTERS = (
 
 
 def pack_headers(headers: list[bytes]) -> bytes:
+    if len(headers) == 1:  # one rank: no join
+        return len(headers[0]).to_bytes(2, "little") + headers[0]
     return b"".join(len(h).to_bytes(2, "little") + h for h in headers)
 
 
@@ -121,6 +123,7 @@ class HostPlacement:
         self.chains = PrefixChains()
         self.tier = TierPlacement(self.arena, self.chains, self._key_of)
         self._filing: dict[str, int] = {}  # state / tail keys allocated, not sealed yet
+        self._sizes = {k: (geometry.value_entries(k), geometry.value_bytes(k)) for k in (KV, STATE, TAIL)}
         if ranking == "cost":
             per_token, per_context = model_flops
             self.arena.set_eviction_policy(
@@ -145,9 +148,9 @@ class HostPlacement:
         ``prefix_key`` is that of the boundary it starts from."""
         h = _h(prefix_key)
         position = self.chains.position(h) + 1 if kind == TAIL else self.tier.position(kind, h)
-        g = self.geometry
+        entries, nbytes = self._sizes[kind]
         try:
-            got = self.arena.allocate(key, 0, g.value_entries(kind), g.value_bytes(kind), position)
+            got = self.arena.allocate(key, 0, entries, nbytes, position)
         except ValueError as e:
             if "already in the arena" in str(e):
                 return None
@@ -156,7 +159,7 @@ class HostPlacement:
             return None
         if kind != KV:
             self._filing[key] = h
-        return list(got[0])
+        return got[0]  # a new list
 
     def sealed(self, key: str) -> None:
         """The value under ``key`` became findable: a state (or tail) makes
@@ -201,8 +204,11 @@ class _Plan:
 class _Req:
     request: Any
     keys: list[bytes] = field(default_factory=list)  # prefix key per boundary (index i: boundary i + 1)
-    hexes: list[str] = field(default_factory=list)  # the same in hex: the arena's names are built from it each step
+    kv_names: list[str] = field(default_factory=list)  # the arena's name of each boundary's KV value
+    state_names: list[str] = field(default_factory=list)  # ... and of its state
     plan: _Plan | None = None
+    # the last full match: (what it read, plan, answer); answered again while none of it changed
+    matched: tuple[tuple[int, ...], _Plan, int] | None = None
     shared: dict[tuple[str, int], bool] = field(default_factory=dict)
     shared_local: int = -1  # the local hit ``shared`` was looked up for
     failures: int = 0  # loads of this request that failed
@@ -229,8 +235,10 @@ class ConnectorScheduler:
             b"statecache-vllm-v1\0" + config.secret + geometry.identity.encode(), digest_size=32
         ).digest()
         self._reqs: dict[str, _Req] = {}
-        # tail lengths filed under the key of the boundary they start from
-        self._tails: OrderedDict[bytes, set[int]] = OrderedDict()
+        # (tail length, its first token) filed under the key of the boundary it
+        # starts from; the token only spares computing keys that cannot match
+        self._tails: OrderedDict[bytes, set[tuple[int, int]]] = OrderedDict()
+        self._tails_changes = 0  # a kept match is answered again only while this is unchanged
         self._finished_saves: list[str] = []
         self._loads: list[Load] = []
         self._saves: list[Value] = []
@@ -277,6 +285,8 @@ class ConnectorScheduler:
         """Prefix keys of boundaries 1..upto (fewer when vLLM has not hashed
         that far yet)."""
         keys = r.keys
+        if len(keys) >= upto:
+            return keys
         hashes = r.request.block_hashes
         upto = min(upto, len(hashes) // self.hash_ratio)
         if len(keys) >= upto:
@@ -294,7 +304,8 @@ class ConnectorScheduler:
         new = [packed[16 * i : 16 * i + 16] for i in range(len(words))]
         hexes = [k.hex() for k in new]
         keys.extend(new)
-        r.hexes.extend(hexes)
+        r.kv_names.extend([arena_key_hex(KV, h) for h in hexes])
+        r.state_names.extend([arena_key_hex(STATE, h) for h in hexes])
         self.placement.note(new, hexes, first, parent)
         return keys
 
@@ -311,7 +322,7 @@ class ConnectorScheduler:
     def _tail_key(self, parent: bytes, tokens: list[int]) -> bytes:
         """The prefix key of a prefix that ends ``len(tokens)`` past the
         boundary named ``parent`` (a marker first: never a block's key)."""
-        toks = np.asarray([-7, *tokens], dtype=np.int64)
+        toks = [-7, *tokens]
         return bytes(_C.chain_block_keys(toks, len(toks), parent, 0, self._salt)[1])
 
     def _find_tail(self, r: _Req, first: int, run: int) -> tuple[int, int, bytes] | None:
@@ -322,14 +333,16 @@ class ConnectorScheduler:
         req = r.request
         toks = req.all_token_ids
         bs = self.bs
+        last = req.num_tokens - 1
         for b in range(run, max(first, 1) - 1, -1):
-            lens = self._tails.get(r.keys[b - 1])
-            if not lens:
+            tails = self._tails.get(r.keys[b - 1])
+            if not tails or b * bs >= last:
                 continue
-            for n in sorted(lens, reverse=True):
-                if b * bs + n > req.num_tokens - 1:
+            start = toks[b * bs]
+            for n, t0 in sorted(tails, reverse=True):
+                if b * bs + n > last or t0 != start:
                     continue
-                key = self._tail_key(r.keys[b - 1], list(toks[b * bs : b * bs + n]))
+                key = self._tail_key(r.keys[b - 1], toks[b * bs : b * bs + n])
                 if self.arena.contains(arena_key(TAIL, key)):
                     return b, n, key
         return None
@@ -343,12 +356,15 @@ class ConnectorScheduler:
             return
         r.shared_local = local_blocks
         r.shared = {}
+        r.matched = None  # it read the old answers
+        held = self.arena.contains_many(r.kv_names[local_blocks:max_k] + r.state_names[local_blocks:max_k])
+        n = max_k - local_blocks
         ask: list[tuple[str, int]] = []
-        for i in range(local_blocks, max_k):
-            if not self.arena.contains(arena_key_hex(KV, r.hexes[i])):
-                ask.append((KV, i))
-            if self.state_groups and not self.arena.contains(arena_key_hex(STATE, r.hexes[i])):
-                ask.append((STATE, i))
+        for j in range(n):
+            if not held[j]:
+                ask.append((KV, local_blocks + j))
+            if self.state_groups and not held[n + j]:
+                ask.append((STATE, local_blocks + j))
         if not ask:
             return
         names = [k for kind, i in ask for k in self.tier_keys(kind, r.keys[i])]
@@ -369,13 +385,6 @@ class ConnectorScheduler:
                 lambda ks: [answer[k] for k in ks], kind, self.layout_ids[kind], self.tp_size, [r.keys[i] for i in idx]
             )
             r.shared.update(((kind, i), h) for i, h in zip(idx, held))
-
-    def _where(self, r: _Req, kind: str, i: int) -> str | None:
-        if self.arena.contains(arena_key_hex(kind, r.hexes[i])):
-            return HOST
-        if r.shared.get((kind, i)):
-            return SHARED
-        return None
 
     def match(self, request: Any, local: int) -> int:
         """Tokens past ``local`` (block aligned) that statecache can resume:
@@ -404,19 +413,35 @@ class ConnectorScheduler:
         keys = self._keys(r, max_k)
         max_k = min(max_k, len(keys))
         self._shared_has(r, first, max_k)
+        # A request vLLM cannot admit yet is matched again every step: while
+        # nothing it read changed (the host tier's generation counts every
+        # seal, remove and eviction), the answer is the same.
+        read = (local, request.num_tokens, max_k, self.arena.generation, self._tails_changes)
+        m = r.matched
+        if m is not None and m[0] == read:
+            r.plan = m[1]
+            return m[2]
+        n = max_k - first
+        states = self.state_groups
+        names = r.kv_names[first:max_k]
+        held = self.arena.contains_many(names + r.state_names[first:max_k] if states else names)
+        shared = r.shared
         kv_sources = []
-        run = first
-        while run < max_k:
-            src = self._where(r, KV, run)
-            if src is None:
+        for j in range(n):
+            if held[j]:
+                kv_sources.append(HOST)
+            elif shared and shared.get((KV, first + j)):
+                kv_sources.append(SHARED)
+            else:
                 break
-            kv_sources.append(src)
-            run += 1
+        run = first + len(kv_sources)
         best, state_src = 0, None
         for k in range(run, first, -1):
-            src = self._where(r, STATE, k - 1) if self.state_groups else HOST
-            if src is not None:
-                best, state_src = k, src
+            if not states or held[n + k - 1 - first]:
+                best, state_src = k, HOST
+                break
+            if shared and shared.get((STATE, k - 1)):
+                best, state_src = k, SHARED
                 break
         plan = _Plan(local, best, run - first, kv_sources, state_src)
         tail = self._find_tail(r, first, run)
@@ -435,8 +460,11 @@ class ConnectorScheduler:
                 plan.tail and (plan.boundary, plan.tail[0]),
             )
         if plan.tail is not None:
-            return plan.boundary * bs + plan.tail[0] - local
-        return best * bs - local if best else 0
+            answer = plan.boundary * bs + plan.tail[0] - local
+        else:
+            answer = best * bs - local if best else 0
+        r.matched = (read, plan, answer)
+        return answer
 
     # ------------------------------------------------------------- loading --
 
@@ -547,12 +575,9 @@ class ConnectorScheduler:
 
     # ------------------------------------------------------------- saving --
 
-    def _save(self, r: _Req, kind: str, i: int, blocks: list[int]) -> None:
-        """Queues value ``kind`` of boundary ``i + 1`` from ``blocks``."""
-        key = arena_key_hex(kind, r.hexes[i])
-        if self.arena.contains(key):
-            self.arena.lookup(key, True)  # a use: keeps the chain warm
-            return
+    def _save(self, r: _Req, kind: str, i: int, key: str, blocks: list[int]) -> None:
+        """Queues value ``kind`` of boundary ``i + 1`` (``key``, not in the
+        host tier) from ``blocks``."""
         if any(b <= 0 for b in blocks):
             return
         entries = self.placement.allocate(key, kind, r.keys[i])
@@ -587,14 +612,21 @@ class ConnectorScheduler:
         if len(keys) < hi:
             self.counters["saves_skipped_unnamed"] += hi - len(keys)
             hi = len(keys)
+        named = [k for k in states if k <= len(keys)]
+        if len(named) < len(states):
+            self.counters["saves_skipped_unnamed"] += len(states) - len(named)
+        kv = r.kv_names[lo:hi]
+        names = kv + [r.state_names[k - 1] for k in named]
+        held = self.arena.contains_many(names, True)  # those held: a use, keeps the chain warm
+        if all(held):
+            return
         ids = self.kv_cache_manager.get_block_ids(req_id)
-        for i in range(lo, hi):
-            self._save(r, KV, i, [ids[g][i] for g in self.kv_groups])
-        for k in states:
-            if k > len(keys):
-                self.counters["saves_skipped_unnamed"] += 1
-                continue
-            self._save(r, STATE, k - 1, [ids[g][k - 1] for g in self.state_groups])
+        for j, i in enumerate(range(lo, hi)):
+            if not held[j]:
+                self._save(r, KV, i, names[j], [ids[g][i] for g in self.kv_groups])
+        for j, k in enumerate(named, len(kv)):
+            if not held[j]:
+                self._save(r, STATE, k - 1, names[j], [ids[g][k - 1] for g in self.state_groups])
 
     def build_meta(self, so: Any) -> StateCacheMeta:
         self.counters["steps"] += 1
@@ -607,8 +639,8 @@ class ConnectorScheduler:
         bs = self.bs
         for req_id, c in zip(cached.req_ids, cached.num_computed_tokens):
             n = nsched.get(req_id, 0)
-            # the common decode step fills no block: nothing to plan
-            if n and ((c + n) // bs != c // bs or (c + n) % bs == 0):
+            # the common decode step crosses no boundary: nothing to plan
+            if n and (c + n) // bs != c // bs:
                 self._plan_saves(req_id, c, c + n, False)
         meta = StateCacheMeta(
             self._saves, self._loads, shared_writes=self.shared is not None, finished_saves=self._finished_saves
@@ -619,7 +651,8 @@ class ConnectorScheduler:
     # -------------------------------------------------------------- results --
 
     def _seal(self, key: str, per_rank: dict[int, bytes]) -> None:
-        self.arena.seal(key, pack_headers([per_rank[r] for r in range(self.tp_size)]))
+        n = self.tp_size
+        self.arena.seal(key, pack_headers([per_rank[r] for r in range(n)] if n > 1 else [per_rank[0]]))
         self.placement.sealed(key)
 
     def update(self, output: Any) -> None:
@@ -718,7 +751,8 @@ class ConnectorScheduler:
         blocks = [block_ids[g][b] for g in self.kv_groups] + [block_ids[g][b] for g in self.state_groups]
         if any(x <= 0 for x in blocks):
             return False
-        key = self._tail_key(r.keys[b - 1], list(request.all_token_ids[b * bs : done]))
+        tail = request.all_token_ids[b * bs : done]  # a new list
+        key = self._tail_key(r.keys[b - 1], tail)
         akey = arena_key(TAIL, key)
         if self.arena.contains(akey):
             self.arena.lookup(akey, True)
@@ -730,8 +764,8 @@ class ConnectorScheduler:
         self._acc_saved[akey] = {}
         self._saves.append(Value(TAIL, key, entries, blocks))
         self._finished_saves.append(request.request_id)
-        lens = self._tails.setdefault(r.keys[b - 1], set())
-        lens.add(n)
+        self._tails_changes += 1
+        self._tails.setdefault(r.keys[b - 1], set()).add((n, tail[0]))
         self._tails.move_to_end(r.keys[b - 1])
         while len(self._tails) > 1 << 18:
             self._tails.popitem(last=False)

@@ -5,6 +5,9 @@ integrity, the shared tier on a real Mooncake Store."""
 
 from __future__ import annotations
 
+import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -165,8 +168,14 @@ def test_keys_are_keyed_by_the_secret_and_the_model():
     assert ka != kc and ka != kd
     assert a.sched.tier_keys("state", ka[0]) == b.sched.tier_keys("state", ka[0])
     assert a.sched.layout_ids != d.sched.layout_ids
-    # no secret: random per process, so two engines never share names
-    assert Rig().sched._keys(Rig().sched._req(req), 3) != Rig().sched._keys(Rig().sched._req(req), 3)
+    # no secret: the process's random key (the engine's, engine/deployment_key.py),
+    # so engines in two processes never share names
+    unset = ConnectorConfig.from_extra({})
+    assert not unset.secret_configured and unset.secret == ConnectorConfig.from_extra({}).secret
+    assert Rig().sched._keys(Rig().sched._req(req), 3) != ka
+    code = "from statecache.vllm.config import ConnectorConfig; print(ConnectorConfig.from_extra({}).secret.hex())"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert len(other.stdout.strip()) == 64 and other.stdout.strip() != unset.secret.hex()
 
 
 def test_config_is_checked_before_anything_starts():
@@ -309,6 +318,65 @@ def test_a_value_evicted_between_match_and_allocation_fails_the_load_and_leaks_n
     assert s.funnel()["loads_failed"] == 1
     assert all(s.arena.pins(k) == 0 for k in s.arena.keys())
     s.arena.check_consistency()
+
+
+class CountingArena:
+    """The host arena, counting the batched lookups a match makes."""
+
+    def __init__(self, arena):
+        self.arena, self.lookups = arena, 0
+
+    def contains_many(self, *args, **kwargs):
+        self.lookups += 1
+        return self.arena.contains_many(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.arena, name)
+
+
+def test_a_request_matched_again_is_answered_from_what_the_host_holds_now():
+    """vLLM matches a request it cannot admit yet again every step. The
+    answer of the last match is given again only while the host tier is
+    unchanged; it never claims a value the host no longer holds (removed,
+    evicted), and a value sealed since is found."""
+    rig = Rig()
+    t = tokens(5 * BS + 3)
+    prefill_a(rig, t)
+    s = rig.sched
+    a_keys = list(s._reqs["A"].keys)
+    b = FakeRequest("B", t + tokens(20, 2), len(t) + 20)
+    assert s.match(b, 0) == 5 * BS
+    plan = s._reqs["B"].plan
+    s.arena = counting = CountingArena(s.arena)
+    assert s.match(b, 0) == 5 * BS and s._reqs["B"].plan is plan
+    assert counting.lookups == 0  # unchanged: answered at once
+    assert s.arena.remove(arena_key("state", a_keys[4]))
+    assert s.match(b, 0) == 3 * BS and counting.lookups == 1
+    assert s.match(b, 0) == 3 * BS and counting.lookups == 1
+    assert s.arena.remove(arena_key("kv", a_keys[1]))  # the chain breaks below the state at 3
+    assert s.match(b, 0) == 0
+    assert s.match(b, 2 * BS) == BS  # another local hit, past the break: matched afresh
+    for k in s.arena.keys():  # everything gone, then saved again: found again
+        s.arena.remove(k)
+    assert s.match(b, 0) == 0
+    prefill_a(rig, t)
+    assert s.match(b, 0) == 5 * BS
+    # an eviction (room taken for another value) is a change too
+    assert s.arena.allocate("room", 0, s.arena.num_entries, 0, 0) is not None
+    assert s.match(b, 0) == 0
+    s.arena.remove("room")
+    # and whatever happens, a kept answer equals a fresh match
+    rng = random.Random(5)
+    for _ in range(40):
+        held = s.arena.keys()
+        if held and rng.random() < 0.7:
+            s.arena.remove(rng.choice(held))
+        elif not held:
+            prefill_a(rig, t)
+        got = s.match(b, rng.choice((0, 0, 2 * BS)))
+        local = s._reqs["B"].plan.local
+        s._reqs["B"].matched = None
+        assert s.match(b, local) == got
 
 
 def test_the_state_a_finished_request_ends_with_resumes_the_next_turn():
