@@ -192,6 +192,7 @@ def main() -> None:
                 table[workload].append(row)
     # every multi-turn answer against prefix caching off, on the prompts that engine saw
     noise = None
+    off_rule: dict[str, list[str]] = {}  # the answers outside the rule, per row: where and by how much
     ref = vs.Engine("ref", vs.base_llm_kwargs(model, enable_prefix_caching=False, **base), log_dir) if runs else None
     for row in table.get("multi-turn", []):
         if row["row"] not in runs or row.get("rep"):
@@ -202,6 +203,7 @@ def main() -> None:
             noise = vs.noise(want, got)  # row 1: vLLM's own prefix-caching noise
         bad = vs.violations(want, got, noise)
         row["matching"] = f"{sum(map(len, got)) - len(bad)}/{sum(map(len, got))}"
+        off_rule[row["row"]] = bad
         row["deviation"] = vs.noise(want, got)
     if ref is not None:
         ref.close()
@@ -245,6 +247,9 @@ def main() -> None:
             if r.get("hook_share"):
                 parts = ", ".join(f"{k} {100 * v:.2f}%" for k, v in sorted(r["hook_share"].items()))
                 print(f"{workload}, {r['row']}: connector hooks as a share of vLLM's scheduler time: {parts}")
+    for name, bad in off_rule.items():
+        for line in bad:
+            print(f"multi-turn, {name}: outside the rule: {line}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(raw, f, indent=1)
