@@ -283,11 +283,14 @@ class _Generator:
                 if name not in t.CLASSES:
                     self.error(f"{name}: a class the table does not type (add CLASSES[{name!r}])")
                     continue
-                classes.append(self.klass(name, value, t.CLASSES[name]))
-                if name in t.GPU_ONLY and "\n".join(classes[-1]) != t.GPU_ONLY[name].strip("\n"):
+                block = self.klass(name, value, t.CLASSES[name])
+                if name not in t.GPU_ONLY:
+                    classes.append(block)
+                elif "\n".join(block) != t.GPU_ONLY[name].strip("\n"):
+                    # written where the CPU build puts it (last), so both builds give one file
                     self.error(
                         f"{name}: GPU_ONLY[{name!r}] in .ci/stub_types.py is not what this build generates:\n"
-                        + "\n".join(classes[-1])
+                        + "\n".join(block)
                     )
             elif callable(value):
                 if name.startswith("_") and name not in t.FUNCTIONS:
@@ -308,7 +311,7 @@ class _Generator:
                     self.error(f"{name}: a {what} typed in .ci/stub_types.py but not in the module")
         if self.errors:
             raise StubError("\n".join(self.errors))
-        gpu = [t.GPU_ONLY[n].strip("\n").splitlines() for n in t.GPU_ONLY if n not in names]
+        gpu = [t.GPU_ONLY[n].strip("\n").splitlines() for n in t.GPU_ONLY]
         blocks = [t.PRELUDE.strip("\n").splitlines(), consts + [""] + data] + funcs + classes + gpu
         return "\n\n".join("\n".join(b) for b in blocks) + "\n"
 
