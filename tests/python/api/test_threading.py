@@ -249,13 +249,13 @@ def test_a_batch_is_checked_after_its_ops_convert_even_across_threads():
     pages = torch.zeros(32, 64, dtype=torch.uint8)
     ex = sc.StateCopyExecutor(sc.StateLayout([slots]), sc.PageLayout([pages], unit_dim=0), max_num_seqs=4)
     lid, n = ex.layout_id, ex.spec.image_bytes
-    inside = threading.Event()
+    inside, replaced = threading.Event(), threading.Event()
     old_storage = []
 
     class SlowUnit:
         def __index__(self):
             inside.set()
-            time.sleep(WINDOW_S)
+            replaced.wait(10)  # B touches no executor, so A can wait for it (no timing window)
             return 3
 
     class DuckStore:  # an op of the engine's own type, read attribute by attribute
@@ -276,6 +276,7 @@ def test_a_batch_is_checked_after_its_ops_convert_even_across_threads():
         inside.wait(10)
         old_storage.append(torch.zeros(0, dtype=torch.uint8).set_(pages.untyped_storage()))
         pages.set_(torch.zeros(32, 64, dtype=torch.uint8).untyped_storage(), 0, (32, 64))
+        replaced.set()
 
     assert _run(a, b) == []
     assert raised and "storage was replaced" in raised[0]
