@@ -160,17 +160,30 @@ def admission(mod):
     return one_pass
 
 
-def warm_coordinator(mod):
+class EngineSeq:
+    """An engine's own request object: plain attributes, the two the
+    coordinator reads (what the reference reads on a sequence)."""
+
+    def __init__(self, slot: int):
+        self.state_slot = slot
+        self.has_per_req_cache = True
+
+
+def warm_coordinator(mod, engine_owned: bool = False):
     """A coordinator whose store holds every 8th boundary of 512 prompts, its
-    64 running sequences, and 64 passes' draws as a scheduler keeps them: per
-    request, its hash list and (the benchmark's) salt."""
+    64 running sequences (``statecache.Sequence``, or the engine's own
+    objects), and 64 passes' draws as a scheduler keeps them: per request,
+    its hash list and (the benchmark's) salt."""
     pool = sc.BlockPool(UNITS)
     c = with_eviction(mod, mod.PagedStateCheckpointCoordinator(pool, mod.PagedStateCheckpointSpec(**SPEC), True))
     rng = random.Random(5)
     seqs = []
     for i in range(64):
-        s = sc.Sequence(seq_id=i)
-        s.state_slots = [i]
+        if engine_owned:
+            s = EngineSeq(i)
+        else:
+            s = sc.Sequence(seq_id=i)
+            s.state_slots = [i]
         seqs.append(s)
     prompts = [[rng.getrandbits(62) for _ in range(64)] for _ in range(512)]
     for p in prompts:
@@ -183,8 +196,8 @@ def warm_coordinator(mod):
     return c, seqs, batches
 
 
-def coordinator(mod):
-    c, seqs, batches = warm_coordinator(mod)
+def coordinator(mod, engine_owned: bool = False):
+    c, seqs, batches = warm_coordinator(mod, engine_owned)
     turn = [0]
 
     def one_pass():
@@ -203,13 +216,13 @@ def coordinator(mod):
     return one_pass
 
 
-def coordinator_batched(mod):
+def coordinator_batched(mod, engine_owned: bool = False):
     """The coordinator pass written with the batched calls (statecache):
     one ``resumable_hits``, one ``begin_restores``, one ``checkpoint_many``;
     the reference side runs the per-sequence pass."""
     if mod is not sc:
-        return coordinator(mod)
-    c, seqs, batches = warm_coordinator(mod)
+        return coordinator(mod, engine_owned)
+    c, seqs, batches = warm_coordinator(mod, engine_owned)
     caps = [63] * len(seqs)  # the batch's hit caps and slots, as a scheduler keeps them
     slots = [s.state_slot for s in seqs]
     turn = [0]
@@ -276,6 +289,8 @@ def main() -> None:
         ("admission", admission),
         ("coordinator", coordinator),
         ("coordinator, batched calls", coordinator_batched),
+        ("coordinator, engine-owned objects", lambda mod: coordinator(mod, True)),
+        ("coordinator, batched calls, engine-owned objects", lambda mod: coordinator_batched(mod, True)),
     )
     for name, build in workloads:
         ours, theirs = time_side_by_side(build(sc), build(ref), args.passes, args.repeats)
