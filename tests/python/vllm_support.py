@@ -25,6 +25,16 @@ _MAGIC = "@@statecache-engine@@ "
 BLOCK = 256  # vLLM's block with an fp32 SSM cache on this model
 
 
+# the connector's scheduler-side hooks the diagnosis hooks wrap
+SCHEDULER_HOOKS = (
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "build_connector_meta",
+    "update_connector_output",
+    "request_finished_all_groups",
+)
+
+
 def base_llm_kwargs(model: str, **over: Any) -> dict[str, Any]:
     """The tiny model as VLLM.md runs it: fp32 SSM state and lm_head."""
     kw = dict(
@@ -501,13 +511,7 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         prof = cProfile.Profile()
         profile.append(prof)
         c = connector()
-        for name in (
-            "get_num_new_matched_tokens",
-            "update_state_after_alloc",
-            "build_connector_meta",
-            "update_connector_output",
-            "request_finished_all_groups",
-        ):
+        for name in SCHEDULER_HOOKS:
             orig = getattr(c, name)
 
             def wrapped(*a, _orig=orig, **k):
@@ -534,13 +538,7 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
 
         c = connector()
         inside = [0]
-        for name in (
-            "get_num_new_matched_tokens",
-            "update_state_after_alloc",
-            "build_connector_meta",
-            "update_connector_output",
-            "request_finished_all_groups",
-        ):
+        for name in SCHEDULER_HOOKS:
             orig = getattr(c, name)
             log = hook_log.setdefault(name, [])
             cpu_acc = cpu_log.setdefault(name, [0.0])
