@@ -10,7 +10,8 @@ The batched variants do the same work with one `resumable_hits`, one
 `checkpoint_many` and one `release_many` + `pop_many` per pass ("NumPy": the
 hash lists as one [256, 64] int64 array and the boundary hashes as its column;
 "own seqs": the engine's own plain-Python request objects instead of
-statecache.Sequence).
+statecache.Sequence; "attribute traffic only": the reads and writes of
+those objects that pass needs, alone, its floor).
 
     python benchmarks/bench_pools.py [--passes 40] [--repeats 15]
 
@@ -29,9 +30,12 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
+import operator
 import statistics
 import sys
 import time
+from collections import deque
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +134,33 @@ class BatchedWorkload(Workload):
         self.pass_no += 1
 
 
+class AttributeTraffic:
+    """The floor of the "own seqs" pass: only the attribute reads and writes
+    any binding must make on the engine's objects in it, made from C loops
+    (``operator.attrgetter``, ``map(setattr, ...)``), with no pool work.
+    ``resumable_hits`` reads has_per_req_cache and num_tokens; a fork
+    ``checkpoint_many`` reads has_per_req_cache, state_slot (a property
+    here, as in the reference's engine), the two anchors and state_fork_src,
+    and writes state_slot and state_fork_src."""
+
+    def __init__(self):
+        self.seqs = [PySeq(num_tokens=BLOCKS * HBS + 2 * HBS) for _ in range(RUNNING)]
+        self.read_hits = operator.attrgetter("has_per_req_cache", "num_tokens")
+        self.read_checkpoint = operator.attrgetter(
+            "has_per_req_cache", "state_slot", "checkpoint_end_pos", "midstep_anchor_pos", "state_fork_src"
+        )
+        self.slots = list(range(RUNNING))
+        self.pass_no = 0
+
+    def run_pass(self):
+        seqs = self.seqs
+        deque(map(self.read_hits, seqs), 0)
+        deque(map(self.read_checkpoint, seqs), 0)
+        deque(map(setattr, seqs, repeat("state_slot"), self.slots), 0)
+        deque(map(setattr, seqs, repeat("state_fork_src"), self.slots), 0)
+        self.pass_no += 1
+
+
 def timed(work, passes, clock):
     t0 = clock()
     for _ in range(passes):
@@ -166,6 +197,7 @@ def main(argv=None):
         variants["statecache, batched, own seqs"] = lambda: BatchedWorkload(
             sc.StateSlotPool(NUM_SLOTS, transfer, hash_block_size=HBS), PySeq
         )
+        variants["own seqs: attribute traffic only"] = AttributeTraffic
     if hasattr(sc.StateSlotPool, "set_eviction_policy"):
         from statecache.engine.adaptive import CostModel
         from statecache.sim.geometry import preset
@@ -220,6 +252,15 @@ def main(argv=None):
         med = statistics.median(xs)
         speedup = f"{ref / med:>17.1f}x" if ref else f"{'-':>18}"
         print(f"| {name:<32} | {med:>10.1f} | {min(xs):>10.1f} | {med / base:>12.2f}x | {speedup} |")
+    if "own seqs: attribute traffic only" in samples:
+        native = statistics.median(samples["statecache, batched calls"])
+        own = statistics.median(samples["statecache, batched, own seqs"])
+        traffic = statistics.median(samples["own seqs: attribute traffic only"])
+        print(
+            f"\nengine-owned objects, batched pass: {own / native:.2f}x the statecache.Sequence pass; "
+            f"floor (that pass + the attribute traffic alone) {(native + traffic) / native:.2f}x; "
+            f"beyond the floor {own - native - traffic:.1f} µs / pass"
+        )
     pool = works["statecache"].pool
     print(f"\nstatecache pool after the run: {pool.checkpoint_fates()} {pool.occupancy()}")
 
