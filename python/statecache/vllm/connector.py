@@ -51,7 +51,8 @@ def model_identity(vllm_config: VllmConfig, model_id: str | None) -> str:
     mc, cc = vllm_config.model_config, vllm_config.cache_config
     try:
         hf = json.dumps(mc.hf_config.to_dict(), sort_keys=True, default=str)
-    except Exception:
+    except (TypeError, ValueError, AttributeError) as e:  # a config that will not serialize: its repr names it
+        log.info("statecache connector: model config not JSON-serializable (%s); keyed by its repr", e)
         hf = repr(mc.hf_config)
     parts = [
         model_id or str(mc.model),

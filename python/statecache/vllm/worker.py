@@ -221,7 +221,8 @@ class ConnectorWorker:
         assert self.shared is not None
         try:
             return bool(self.shared.put_many([key], [segs])[0])
-        except Exception:  # a tier failure is a missed write, never an engine failure
+        except Exception as e:  # a tier failure is a missed write (counted), never an engine failure
+            log.warning("statecache: shared-tier write of %s raised %s: %s", key, type(e).__name__, e)
             return False
 
     # --------------------------------------------------------------- loads --
@@ -260,7 +261,8 @@ class ConnectorWorker:
         assert self.shared is not None
         try:
             return int(self.shared.get_many_into([key], [dests])[0])
-        except Exception:
+        except Exception as e:  # a failed read (counted) is recomputed, never an engine failure
+            log.warning("statecache: shared-tier read of %s raised %s: %s", key, type(e).__name__, e)
             return -3
 
     def poll(self) -> None:
