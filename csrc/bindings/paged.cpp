@@ -782,7 +782,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
   fast::def<PyStore>(
       cls, "lookup",
       [](PyStore& s, PyObject** a) { return to_py(s.lookup(as_hash(a[0], "prefix_hash", s.hash_form()))); },
-      {"prefix_hash"}, 1,
+      {"prefix_hash"},
       "Returns the READY checkpoint id filed under ``prefix_hash``, or -1. Raises only for a bad "
       "argument (docs/contract.md, \"Errors\").");
   fast::def<PyStore>(
@@ -790,7 +790,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
       [](PyStore& s, PyObject** a) {
         return to_py(s.contains_or_pending(as_hash(a[0], "prefix_hash", s.hash_form())));
       },
-      {"prefix_hash"}, 1,
+      {"prefix_hash"},
       "Returns whether an image of ``prefix_hash`` is READY or a store of it is on its way. Raises "
       "only for a bad argument (docs/contract.md, \"Errors\").");
   fast::def<PyStore>(
@@ -802,7 +802,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
         auto op = s.begin_store(prefix_hash, as_int(a[1], "src_slot"), position);
         return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
       },
-      {"prefix_hash", "src_slot", "position=0"}, 2,
+      {"prefix_hash", "src_slot", "position=0"},
       "Returns the op filing a COPYING image of ``src_slot`` taken at ``position`` (evicting "
       "unpinned READY images if needed), or None when the units cannot be had or the hash is "
       "already kept. Raises ValueError for ``position < 0`` or ``prefix_hash == -1``.");
@@ -813,7 +813,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
         auto op = s.begin_restore(prefix_hash, as_int(a[1], "dst_slot"));
         return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
       },
-      {"prefix_hash", "dst_slot"}, 2,
+      {"prefix_hash", "dst_slot"},
       "Returns an op reading the READY image of ``prefix_hash`` into ``dst_slot`` (the image "
       "stays pinned until the batch completes), or None when no READY image is filed under the "
       "hash. Raises only for a bad argument (docs/contract.md, \"Errors\").");

@@ -577,22 +577,22 @@ accepts boundaries the attached tier ``could_serve``.)doc");
   def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
   fast::def<PyCoordinator>(
       cls, "resumable_hit", [](PyCoordinator& c, PyObject** a) { return coord_resumable_hit(c, a); },
-      {"seq", "hit", "block_hashes", "assume_checkpointed=False"}, 3,
+      {"seq", "hit", "block_hashes", "assume_checkpointed=False"},
       "Returns the longest prefix <= ``hit`` whose boundary is READY here or servable by the "
       "attached tier; 0 is always valid. Raises ValueError for ``hit < 0``, IndexError for "
       "``hit > len(block_hashes)``.");
   fast::def<PyCoordinator>(
       cls, "resumable_hits", [](PyCoordinator& c, PyObject** a) { return coord_resumable_hits(c, a); },
-      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2, kResumableHitsDoc);
+      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, kResumableHitsDoc);
   fast::def<PyCoordinator>(
       cls, "checkpoint", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint(c, a); },
-      {"seq", "boundary_blocks", "h"}, 3,
+      {"seq", "boundary_blocks", "h"},
       "Files the boundary for the next ``take_checkpoint_ops`` (a newer one of the same "
       "sequence supersedes it); returns None. Raises ValueError for ``boundary_blocks < 0`` or "
       "``h == -1``, TypeError for an object without the sequence attributes.");
   fast::def<PyCoordinator>(
       cls, "checkpoint_many", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint_many(c, a); },
-      {"seqs", "boundary_blocks", "hashes"}, 3,
+      {"seqs", "boundary_blocks", "hashes"},
       "Batched ``checkpoint``: the same filed boundaries (and so the same store ops at the "
       "next drain) as ``checkpoint(seqs[i], boundary_blocks[i], hashes[i])`` for each i in "
       "order. Returns None. The batch is checked as a whole first; raises ValueError when the "
@@ -600,18 +600,17 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       "TypeError for an item that is not a sequence; a refused batch changes nothing.");
   fast::def<PyCoordinator>(
       cls, "forget_pending_many", [](PyCoordinator& c, PyObject** a) { return coord_forget_pending_many(c, a); },
-      {"seqs"}, 1,
+      {"seqs"},
       "Batched ``forget_pending`` (finished or preempted requests): drops each sequence's "
       "filed boundary and a restore queued into its slot. Returns None. Raises TypeError for "
       "an item that is not a sequence, before anything changes.");
   fast::def<PyCoordinator>(
       cls, "begin_restore", [](PyCoordinator& c, PyObject** a) { return coord_begin_restore(c, a); }, {"h", "dst_slot"},
-      2,
       "Queues a restore of the READY image filed under ``h`` into ``dst_slot``; returns False "
       "when there is none. Raises only for a bad argument (docs/contract.md, \"Errors\").");
   fast::def<PyCoordinator>(
       cls, "begin_restores", [](PyCoordinator& c, PyObject** a) { return coord_begin_restores(c, a); },
-      {"hashes", "dst_slots"}, 2,
+      {"hashes", "dst_slots"},
       "Batched ``begin_restore``: returns the list ``[begin_restore(hashes[i], dst_slots[i]) for "
       "i ...]`` (True where a restore was queued), computed in one call, in order. ``hashes``, "
       "``dst_slots``: lists or NumPy int64 arrays. The batch is checked as a whole first; raises "

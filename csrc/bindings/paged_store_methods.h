@@ -66,7 +66,7 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
         PageUnitCheckpointStore& s = StoreOf{}(self);
         return fast::to_py(s.contains(as_hash(a[0], "prefix_hash", s.hash_form())));
       },
-      {"prefix_hash"}, 1,
+      {"prefix_hash"},
       "Returns whether a READY image is filed under ``prefix_hash``. Raises only for a bad argument "
       "(docs/contract.md, \"Errors\").");
   fast::def<T>(
@@ -77,7 +77,7 @@ void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
         if (a[1] != nullptr && a[1] != Py_None) protected_hash = as_hash(a[1], "protected_hash", s.hash_form());
         return fast::to_py(s.has_available_units(as_int(a[0], "count"), protected_hash));
       },
-      {"count", "protected_hash=None"}, 1,
+      {"count", "protected_hash=None"},
       "Returns whether ``count`` units could be had, evicting unpinned READY images if it came to "
       "that (never the one filed under ``protected_hash``). Raises ValueError for ``count < 0``.");
   def_eviction_methods(cls, [store_of](T& self) -> Store& { return store_of(self); });

@@ -392,6 +392,11 @@ constexpr const char* kIndexKind = std::is_same_v<Pool, StateSlotPool> ? "slot" 
 template <class Pool>
 constexpr const char* kIndexKinds = std::is_same_v<Pool, StateSlotPool> ? "slots" : "groups";
 
+template <class Pool>
+void release_many_arg(Pool& p, py::handle slots) {
+  p.release_many(slots_arg(slots.ptr(), kIndexKinds<Pool>));
+}
+
 inline int64_t int_arg(PyObject* o, const char* name) { return as_int(py::handle(o), name); }
 inline bool bool_arg(PyObject* o, const char* name, bool fallback) {
   return o ? as_bool(py::handle(o), name) : fallback;
@@ -405,57 +410,35 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   using fast::to_py;
   fast::refuse_copy(cls);
   def_eviction_methods(cls, [](Pool& p) -> StateFreeList& { return p; });
-  fast::def<Pool>(
-      cls, "num_free", [](Pool& p, PyObject**) { return to_py(p.num_free()); }, {}, 0,
-      "Returns how many indices are free (vacant or checkpointed). Raises nothing.");
-  fast::def<Pool>(
-      cls, "is_free", [](Pool& p, PyObject** a) { return to_py(p.is_free(int_arg(a[0], U))); }, {U}, 1,
-      "Returns whether the index is on the free list. Raises IndexError for an index out of "
-      "range.");
-  fast::def<Pool>(
-      cls, "holds_checkpoint", [](Pool& p, PyObject** a) { return to_py(p.holds_checkpoint(int_arg(a[0], U))); }, {U},
-      1,
+  fast::method<&Pool::num_free>(cls, "num_free", {},
+                                "Returns how many indices are free (vacant or checkpointed). Raises nothing.");
+  fast::method<&Pool::is_free>(cls, "is_free", {U},
+                               "Returns whether the index is on the free list. Raises IndexError for an index out of "
+                               "range.");
+  fast::method<&Pool::holds_checkpoint>(
+      cls, "holds_checkpoint", {U},
       "Returns whether the index is free and still carries a checkpoint. Raises IndexError for "
       "an index out of range.");
-  fast::def<Pool>(
-      cls, "pop", [](Pool& p, PyObject**) { return to_py(p.pop()); }, {}, 0,
-      "Returns an index now owned by the caller: vacant lowest first, else the least recently "
-      "used checkpoint (counted evicted). Raises IndexError, changing nothing, when nothing is "
-      "free.");
-  fast::def<Pool>(
-      cls, "claim",
-      [](Pool& p, PyObject** a) {
-        p.claim(int_arg(a[0], U));
-        return fast::none();
-      },
-      {U}, 1,
-      "Takes one specific free index off the free list, checkpoint and all; returns None. "
-      "Raises ValueError for an index that is not free, IndexError for one out of range.");
-  fast::def<Pool>(
-      cls, "release",
-      [](Pool& p, PyObject** a) {
-        p.release(int_arg(a[0], U));
-        return fast::none();
-      },
-      {U}, 1,
-      "Hands an owned index back: to the LRU tail (the head if speculative) when it carries a "
-      "checkpoint, else to the vacant ones. Returns None. Raises ValueError for an index that "
-      "is already free, IndexError for one out of range.");
-  fast::def<Pool>(
-      cls, "extend",
-      [](Pool& p, PyObject** a) {
-        p.extend(int_arg(a[0], "count"));
-        return fast::none();
-      },
-      {"count"}, 1,
-      "Adds ``count`` indices at the top (the caller made room for their bytes); returns None. "
-      "Raises ValueError for ``count < 0``.");
+  fast::method<&Pool::pop>(cls, "pop", {},
+                           "Returns an index now owned by the caller: vacant lowest first, else the least recently "
+                           "used checkpoint (counted evicted). Raises IndexError, changing nothing, when nothing is "
+                           "free.");
+  fast::method<&Pool::claim>(cls, "claim", {U},
+                             "Takes one specific free index off the free list, checkpoint and all; returns None. "
+                             "Raises ValueError for an index that is not free, IndexError for one out of range.");
+  fast::method<&Pool::release>(cls, "release", {U},
+                               "Hands an owned index back: to the LRU tail (the head if speculative) when it carries a "
+                               "checkpoint, else to the vacant ones. Returns None. Raises ValueError for an index that "
+                               "is already free, IndexError for one out of range.");
+  fast::method<&Pool::extend>(cls, "extend", {"count"},
+                              "Adds ``count`` indices at the top (the caller made room for their bytes); returns None. "
+                              "Raises ValueError for ``count < 0``.");
   fast::def<Pool>(
       cls, "applies",
       [](Pool& p, PyObject** a) {
         return to_py(p.applies(SeqArg(a[0], "seq", p.enabled() ? fast::kHasCache : 0).get()));
       },
-      {"seq"}, 1,
+      {"seq"},
       "Returns whether this pool gates or checkpoints anything for ``seq``. Raises TypeError "
       "for an object without the sequence attributes.");
   fast::def<Pool>(
@@ -463,7 +446,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       [](Pool& p, PyObject** a) {
         return to_py(resumable_hit_arg(p, a[0], a[1], a[2], a[3] ? py::handle(a[3]) : py::handle(Py_False)));
       },
-      {"seq", "hit", "block_hashes", "assume_checkpointed=False"}, 3,
+      {"seq", "hit", "block_hashes", "assume_checkpointed=False"},
       "Returns the largest L <= ``hit`` whose boundary is checkpointed here and leaves the "
       "resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a list, "
       "tuple or NumPy integer array. Raises ValueError for ``hit < 0``, IndexError for ``hit > "
@@ -473,14 +456,9 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       [](Pool& p, PyObject** a) {
         return resumable_hits_arg(p, a[0], a[1], a[2], a[3], fast::kHasCache | fast::kNumTokens).release().ptr();
       },
-      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2, kResumableHitsDoc);
-  fast::def<Pool>(
-      cls, "release_many",
-      [](Pool& p, PyObject** a) {
-        p.release_many(slots_arg(a[0], kIndexKinds<Pool>));
-        return fast::none();
-      },
-      {kIndexKinds<Pool>}, 1,
+      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, kResumableHitsDoc);
+  fast::method<&release_many_arg<Pool>>(
+      cls, "release_many", {kIndexKinds<Pool>},
       std::is_same_v<Pool, StateSlotPool>
           ? "Hands back a request's slots; -1 entries, None and an empty list are skipped. Returns None. "
             "Raises as ``release`` for any bad entry, and ValueError for a slot listed twice, before "
@@ -488,63 +466,33 @@ void bind_free_list_api(py::classh<Pool>& cls) {
           : "Hands back several groups (``release`` of each); -1 entries, None and an empty list are "
             "skipped. Returns None. Raises as ``release`` for any bad entry, and ValueError for a group "
             "listed twice, before releasing any.");
-  fast::def<Pool>(
-      cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(as_hash(a[0], "h", p.hash_form()))); }, {"h"}, 1,
-      "Returns the index holding the checkpoint filed under ``h``, or -1. Raises only for a "
-      "bad argument (docs/contract.md, \"Errors\").");
-  fast::def<Pool>(
-      cls, "invalidate",
-      [](Pool& p, PyObject** a) {
-        p.invalidate(int_arg(a[0], U));
-        return fast::none();
-      },
-      {U}, 1,
+  fast::method<&Pool::lookup>(cls, "lookup", {fast::hash_arg("h")},
+                              "Returns the index holding the checkpoint filed under ``h``, or -1. Raises only for a "
+                              "bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&Pool::invalidate>(
+      cls, "invalidate", {U},
       "Drops the index's checkpoint (no-op when it has none or the pool is disabled); returns "
       "None. Raises IndexError for an index out of range.");
-  fast::def<Pool>(
-      cls, "pin",
-      [](Pool& p, PyObject** a) {
-        p.pin(int_arg(a[0], U), bool_arg(a[1], "reader_is_next_batch", false));
-        return fast::none();
-      },
-      {U, "reader_is_next_batch=False"}, 1,
-      "Keeps an owned index out of circulation until its reading forward was issued "
-      "(``reader_is_next_batch``, keyword only: one pass longer); returns None. Raises "
-      "ValueError for a free index (claim it first), IndexError for one out of range.",
-      /*positional=*/1);
-  fast::def<Pool>(
-      cls, "is_pinned", [](Pool& p, PyObject** a) { return to_py(p.is_pinned(int_arg(a[0], U))); }, {U}, 1,
+  fast::method<&Pool::pin>(cls, "pin", {U, "*", "reader_is_next_batch=False"},
+                           "Keeps an owned index out of circulation until its reading forward was issued "
+                           "(``reader_is_next_batch``, keyword only: one pass longer); returns None. Raises "
+                           "ValueError for a free index (claim it first), IndexError for one out of range.");
+  fast::method<&Pool::is_pinned>(
+      cls, "is_pinned", {U},
       "Returns whether a forward still has to read the index. Raises IndexError for an index "
       "out of range.");
-  fast::def<Pool>(
-      cls, "pin_count", [](Pool& p, PyObject** a) { return to_py(p.pin_count(int_arg(a[0], U))); }, {U}, 1,
+  fast::method<&Pool::pin_count>(
+      cls, "pin_count", {U},
       "Returns how many readers hold the index pinned. Raises IndexError for an index out of "
       "range.");
-  fast::def<Pool>(
-      cls, "unpin",
-      [](Pool& p, PyObject** a) {
-        p.unpin(int_arg(a[0], U));
-        return fast::none();
-      },
-      {U}, 1,
-      "Drops one pin without freeing (the caller took the index over; no-op without a pin); "
-      "returns None. Raises IndexError for an index out of range.");
-  fast::def<Pool>(
-      cls, "drop_reader",
-      [](Pool& p, PyObject** a) {
-        p.drop_reader(int_arg(a[0], U));
-        return fast::none();
-      },
-      {U}, 1,
-      "A reader left before it read: unpins, and frees the index on its last pin; returns "
-      "None. Raises IndexError for an index out of range.");
-  fast::def<Pool>(
-      cls, "release_pins",
-      [](Pool& p, PyObject**) {
-        p.release_pins();
-        return fast::none();
-      },
-      {}, 0,
+  fast::method<&Pool::unpin>(cls, "unpin", {U},
+                             "Drops one pin without freeing (the caller took the index over; no-op without a pin); "
+                             "returns None. Raises IndexError for an index out of range.");
+  fast::method<&Pool::drop_reader>(cls, "drop_reader", {U},
+                                   "A reader left before it read: unpins, and frees the index on its last pin; returns "
+                                   "None. Raises IndexError for an index out of range.");
+  fast::method<&Pool::release_pins>(
+      cls, "release_pins", {},
       "Top of pass: frees every pinned index whose reading forward was issued; returns None. "
       "Raises nothing.");
 
@@ -601,6 +549,10 @@ void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* ha
   });
 }
 
+// The slot pool's unindex returns None, as the reference's does (the core
+// also says which slot it freed).
+void unindex_slot(StateSlotPool& p, int64_t h) { p.unindex(h); }
+
 void bind_slot_pool(py::module_& m) {
   py::classh<StateSlotPool> cls(m, "StateSlotPool", py::is_final(), STATECACHE_GUARDED(StateSlotPool), R"doc(
 Hands out per-need state slots and keeps fork checkpoints.
@@ -624,34 +576,19 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
   using fast::to_py;
   using P = StateSlotPool;
   fast::def_readonly<P>(cls, "num_slots", [](const P& p) { return to_py(p.size()); });
-  fast::def<P>(
-      cls, "has_free", [](P& p, PyObject** a) { return to_py(p.has_free(a[0] ? int_arg(a[0], "count") : 1)); },
-      {"count=1"}, 0,
-      "Returns whether ``count`` slots can be handed out now (checkpointed slots count: pop "
-      "spends them). Raises ValueError for ``count < 0``.");
-  fast::def<P>(
-      cls, "pop_many", [](P& p, PyObject** a) { return to_list(p.pop_many(int_arg(a[0], "count"))).release().ptr(); },
-      {"count"}, 1,
-      "Returns ``count`` slots for one request, element 0 first. Raises IndexError, taking "
-      "nothing, when fewer are free; ValueError for ``count < 0``.");
-  fast::def<P>(
-      cls, "mark_speculative",
-      [](P& p, PyObject** a) {
-        p.mark_speculative(int_arg(a[0], "slot"));
-        return fast::none();
-      },
-      {"slot"}, 1,
+  fast::method<&P::has_free>(cls, "has_free", {"count=1"},
+                             "Returns whether ``count`` slots can be handed out now (checkpointed slots count: pop "
+                             "spends them). Raises ValueError for ``count < 0``.");
+  fast::method<&P::pop_many>(cls, "pop_many", {"count"},
+                             "Returns ``count`` slots for one request, element 0 first. Raises IndexError, taking "
+                             "nothing, when fewer are free; ValueError for ``count < 0``.");
+  fast::method<&P::mark_speculative>(
+      cls, "mark_speculative", {"slot"},
       "Files this slot's checkpoint at the LRU head when it is released (spent first); returns "
       "None. Raises IndexError for a slot out of range.");
-  fast::def<P>(
-      cls, "promote",
-      [](P& p, PyObject** a) {
-        p.promote(int_arg(a[0], "slot"));
-        return fast::none();
-      },
-      {"slot"}, 1,
-      "A guess paid off: the slot's checkpoint is no longer spent first (to the LRU tail if "
-      "free); returns None. Raises IndexError for a slot out of range.");
+  fast::method<&P::promote>(cls, "promote", {"slot"},
+                            "A guess paid off: the slot's checkpoint is no longer spent first (to the LRU tail if "
+                            "free); returns None. Raises IndexError for a slot out of range.");
   fast::def<P>(
       cls, "checkpoint",
       [](P& p, PyObject** a, PyObject* self) {
@@ -672,7 +609,7 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
         checkpoint_generic(p, s, blocks, h);
         return fast::none();
       },
-      {"seq", "boundary_blocks", "h"}, 3,
+      {"seq", "boundary_blocks", "h"},
       "Fork checkpoint: ``seq`` moves to a fresh slot and its old slot is filed under ``h``, "
       "pinned through the next pass; under none/replay or with nothing free nothing is kept "
       "(counted dropped). Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks "
@@ -694,16 +631,10 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
             [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
         return fast::none();
       },
-      {"seqs", "boundary_blocks", "hashes"}, 3, kPoolCheckpointManyDoc);
-  fast::def<P>(
-      cls, "unindex",
-      [](P& p, PyObject** a) {
-        p.unindex(as_hash(a[0], "h", p.hash_form()));
-        return fast::none();
-      },
-      {"h"}, 1,
-      "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
-      "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
+      {"seqs", "boundary_blocks", "hashes"}, kPoolCheckpointManyDoc);
+  fast::method<&unindex_slot>(cls, "unindex", {fast::hash_arg("h")},
+                              "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
+                              "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
   cls.def(
          "reserve_midstep",
          [](StateSlotPool& p, py::handle seq, py::handle positions) {
@@ -822,6 +753,8 @@ void checkpoint_generic(PyGroupPool& p, fast::SeqArg& s, int64_t blocks, int64_t
   if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
 }
 
+bool group_has_free(const PyGroupPool& p) { return p.num_free() > 0; }
+
 int traverse_group_pool(PyGroupPool& p, visitproc visit, void* arg) {
   for (const py::object& o : p.pending_seqs) Py_VISIT(o.ptr());
   return 0;
@@ -856,9 +789,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   using fast::to_py;
   using G = PyGroupPool;
   fast::def_readonly<G>(cls, "num_groups", [](const G& p) { return to_py(p.size()); });
-  fast::def<G>(
-      cls, "has_free", [](G& p, PyObject**) { return to_py(p.num_free() > 0); }, {}, 0,
-      "Returns whether a group can be handed out now. Raises nothing.");
+  fast::method<&group_has_free>(cls, "has_free", {}, "Returns whether a group can be handed out now. Raises nothing.");
   fast::def<G>(
       cls, "checkpoint",
       [](G& p, PyObject** a, PyObject* self) {
@@ -882,7 +813,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         checkpoint_generic(p, s, blocks, h);
         return fast::none();
       },
-      {"seq", "boundary_blocks", "h"}, 3,
+      {"seq", "boundary_blocks", "h"},
       "fork: ``seq`` moves to a fresh group and the old one is filed under ``h`` and pinned; "
       "copy: the intent is recorded for ``take_copies``; none and replay: nothing changes at "
       "all. Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks < 0``; "
@@ -912,7 +843,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
             [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
         return fast::none();
       },
-      {"seqs", "boundary_blocks", "hashes"}, 3, kPoolCheckpointManyDoc);
+      {"seqs", "boundary_blocks", "hashes"}, kPoolCheckpointManyDoc);
   fast::def<G>(
       cls, "forget_pending_many",
       [](G& p, PyObject** a, PyObject* self) {
@@ -937,7 +868,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         p.forget_pending_many(native);
         return fast::none();
       },
-      {"seqs"}, 1,
+      {"seqs"},
       "Batched ``forget_pending`` (finished or preempted requests). Returns None. Raises "
       "TypeError for an item that is not a sequence, before anything changes.");
   fast::def<G>(
@@ -953,22 +884,15 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         s.write_back({{fast::kPending, -1}});
         return fast::none();
       },
-      {"seq"}, 1,
+      {"seq"},
       "Drops ``seq``'s uncommitted copy checkpoint (its group is being released); returns "
       "None. Raises TypeError for an object without the sequence attributes.");
-  fast::def<G>(
-      cls, "record_copy",
-      [](G& p, PyObject** a) {
-        p.record_copy(int_arg(a[0], "src"), int_arg(a[1], "dst"));
-        return fast::none();
-      },
-      {"src", "dst"}, 2,
-      "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
-      "IndexError for a group out of range.");
-  fast::def<G>(
-      cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(as_hash(a[0], "h", p.hash_form()))); }, {"h"}, 1,
-      "Drops the checkpoint filed under ``h``; returns the group freed, or -1. Raises only for "
-      "a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&G::record_copy>(cls, "record_copy", {"src", "dst"},
+                                "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
+                                "IndexError for a group out of range.");
+  fast::method<&G::unindex>(cls, "unindex", {fast::hash_arg("h")},
+                            "Drops the checkpoint filed under ``h``; returns the group freed, or -1. Raises only for "
+                            "a bad argument (docs/contract.md, \"Errors\").");
   fast::def<G>(
       cls, "take_copies",
       [](G& p, PyObject**, PyObject* self) {
@@ -1019,7 +943,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         for (size_t i = 0; i < pairs.size(); ++i) out[i] = pair_tuple(pairs[i]);
         return out.release().ptr();
       },
-      {}, 0,
+      {},
       "Files last pass's copy intents and returns every (src, dst) pair the batch being built "
       "must copy before its forward. Raises what a generic sequence's getter or setter raised, "
       "or RuntimeError when a setter changed the pool, committing nothing and leaving every "
