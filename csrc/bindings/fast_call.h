@@ -46,9 +46,9 @@ struct Params {
   std::vector<const char*> cnames;  // names[i].c_str(), filled once names is complete
   int required = 0;                 // leading parameters without a default
   int positional = 0;               // how many may be given positionally (rest keyword-only)
-  // Table methods (fast::method) only: per parameter, whether it is a hash
-  // (read in the instance's HashForm) and the default its text gives.
-  std::array<bool, kMaxParams> hash{};
+  // Table methods (fast::method) only: per parameter, its Arg::Kind and the
+  // default its text gives.
+  std::array<uint8_t, kMaxParams> kind{};
   std::array<int64_t, kMaxParams> defaults{};
 };
 
@@ -56,12 +56,16 @@ struct Params {
 // text signature shows it: an int, True, False or None), or "*" (the rest are
 // keyword-only).
 struct Arg {
+  enum Kind : uint8_t { kPlain, kHash, kNonNeg };
   const char* text;
-  bool hash = false;                         // an int read as a hash, in the instance's HashForm (as_hash)
+  // kHash: an int read as a hash, in the instance's HashForm (as_hash);
+  // kNonNeg: an int >= 0 (as_nonneg_int).
+  Kind kind = kPlain;
   constexpr Arg(const char* t) : text(t) {}  // NOLINT: a name is an Arg
-  constexpr Arg(const char* t, bool h) : text(t), hash(h) {}
+  constexpr Arg(const char* t, Kind k) : text(t), kind(k) {}
 };
-constexpr Arg hash_arg(const char* text) { return Arg(text, true); }
+constexpr Arg hash_arg(const char* text) { return Arg(text, Arg::kHash); }
+constexpr Arg nonneg_arg(const char* text) { return Arg(text, Arg::kNonNeg); }
 
 // Raises the Python exception for the C++ exception being handled.
 inline void set_error_from_current() {
@@ -744,7 +748,7 @@ inline void install(py::handle cls, const char* name, FastMethod meth, Params& p
     sig += ", " + n;
     const size_t eq = n.find('=');
     p.names.push_back(n.substr(0, eq));
-    p.hash[static_cast<size_t>(i)] = a.hash;
+    p.kind[static_cast<size_t>(i)] = a.kind;
     if (eq == std::string::npos) {
       p.required = i + 1;
     } else {
@@ -820,13 +824,29 @@ struct Conv<int64_t> {
   template <class T>
   static int64_t get(PyObject* o, const Params& p, size_t i, T& self) {
     if (!o) return p.defaults[i];
-    if (p.hash[i]) {
+    if (p.kind[i] == Arg::kHash) {
       if constexpr (requires { self.hash_form(); })
         return as_hash(py::handle(o), p.cnames[i], self.hash_form());
       else
         throw std::logic_error("a hash parameter on a class without a hash form");
     }
+    if (p.kind[i] == Arg::kNonNeg) return as_nonneg_int(py::handle(o), p.cnames[i]);
     return as_int(py::handle(o), p.cnames[i]);
+  }
+};
+
+// A list, tuple or other iterable of ints (as_int_list; of hashes for a hash_arg).
+template <>
+struct Conv<std::vector<int64_t>> {
+  template <class T>
+  static std::vector<int64_t> get(PyObject* o, const Params& p, size_t i, T& self) {
+    if (p.kind[i] == Arg::kHash) {
+      if constexpr (requires { self.hash_form(); })
+        return as_hash_list(py::handle(o), p.cnames[i], self.hash_form());
+      else
+        throw std::logic_error("a hash parameter on a class without a hash form");
+    }
+    return as_int_list(py::handle(o), p.cnames[i]);
   }
 };
 
@@ -858,6 +878,11 @@ struct Conv<py::handle> {
 };
 
 template <class R>
+inline constexpr bool is_optional = false;
+template <class R>
+inline constexpr bool is_optional<std::optional<R>> = true;
+
+template <class R>
 PyObject* to_result(R&& r) {
   using D = std::decay_t<R>;
   if constexpr (std::is_same_v<D, bool>)
@@ -870,6 +895,8 @@ PyObject* to_result(R&& r) {
     return py::object(std::forward<R>(r)).release().ptr();
   else if constexpr (std::is_same_v<D, std::vector<int64_t>>)
     return to_list(r).release().ptr();
+  else if constexpr (is_optional<D>)
+    return r ? to_result(std::move(*r)) : none();
   else
     return py::cast(std::forward<R>(r)).release().ptr();
 }
@@ -911,7 +938,7 @@ decltype(auto) invoke(T& self, Tuple& args) {
       args);
 }
 
-template <class T, auto F, size_t... I>
+template <auto F, class T, size_t... I>
 PyObject* call_method(T& self, PyObject** a, const Params& p, std::index_sequence<I...>) {
   using Sig = Signature<decltype(F)>;
   // Braced: the arguments convert left to right, so the first bad one is named.
@@ -924,7 +951,16 @@ PyObject* call_method(T& self, PyObject** a, const Params& p, std::index_sequenc
   }
 }
 
-template <class T, auto F>
+// The object a table method calls: the instance itself, or what a stateless
+// `Of{}(instance)` gives (a coordinator's store, say).
+struct Itself {
+  template <class T>
+  T& operator()(T& t) const {
+    return t;
+  }
+};
+
+template <class T, auto F, class Of>
 PyObject* method_trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   PyObject* a[kMaxParams] = {};
   const Params& p = method_params<T, F>;
@@ -932,7 +968,7 @@ PyObject* method_trampoline(PyObject* self, PyObject* const* args, Py_ssize_t na
   try {
     enter<T>(self);
     constexpr size_t n = std::tuple_size_v<typename Signature<decltype(F)>::Args>;
-    return call_method<T, F>(self_of<T>(self), a, p, std::make_index_sequence<n>{});
+    return call_method<F>(Of{}(self_of<T>(self)), a, p, std::make_index_sequence<n>{});
   } catch (...) {
     set_error_from_current();
     return nullptr;
@@ -940,14 +976,15 @@ PyObject* method_trampoline(PyObject* self, PyObject* const* args, Py_ssize_t na
 }
 
 // Binds `F` (a member function of T or of a base, or a plain function whose
-// first parameter is the instance) as method `name` of `cls`, the class of T.
-template <auto F, class T>
+// first parameter is the instance; of Of{}(instance) when `Of` is given) as
+// method `name` of `cls`, the class of T.
+template <auto F, class Of = Itself, class T>
 void method(py::classh<T>& cls, const char* name, std::initializer_list<Arg> args, const char* doc) {
   constexpr size_t n = std::tuple_size_v<typename Signature<decltype(F)>::Args>;
   size_t named = 0;
   for (const Arg& a : args) named += std::string_view(a.text) != "*";
   if (named != n) throw std::logic_error(std::string("fast method ") + name + ": parameter names do not match");
-  install(cls, name, &method_trampoline<T, F>, method_params<T, F>, args, doc, /*strict=*/true);
+  install(cls, name, &method_trampoline<T, F, Of>, method_params<T, F>, args, doc, /*strict=*/true);
 }
 
 template <class T, class F>
