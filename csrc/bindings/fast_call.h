@@ -604,6 +604,26 @@ class SeqArg {
   void write_back(std::initializer_list<std::pair<SeqField, int64_t>> values) {
     write_back(std::span<const std::pair<SeqField, int64_t>>(values.begin(), values.size()));
   }
+  // write_back, then the plan decided again (docs/contract.md, "Batched
+  // calls"): when `still_holds()` no longer holds (or throws: a setter of
+  // ours released what the call works on), the fields written get their
+  // values as read back and the call raises, the pool untouched.
+  template <class StillHolds>
+  void write_back_checked(std::initializer_list<std::pair<SeqField, int64_t>> values, StillHolds&& still_holds) {
+    write_back(values);
+    if (native_) return;
+    const std::span<const std::pair<SeqField, int64_t>> fields(values.begin(), values.size());
+    bool holds = false;
+    try {
+      holds = still_holds();
+    } catch (...) {
+      restore(fields);
+      throw;
+    }
+    if (holds) return;
+    restore(fields);
+    throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
+  }
   // Gives the fields named in `values` their values as read back, deleting
   // those that were absent (best effort: a setter that raises now is
   // ignored; a field never read is left as written). Generic path only.

@@ -778,19 +778,12 @@ nominated to a tier (``offload_sink``), handed out pinned by
            "Checks the store's internal invariants (for tests); returns None. Raises AssertionError "
            "when one is broken.");
   def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
-  using fast::to_py;
-  fast::def<PyStore>(
-      cls, "lookup",
-      [](PyStore& s, PyObject** a) { return to_py(s.lookup(as_hash(a[0], "prefix_hash", s.hash_form()))); },
-      {"prefix_hash"},
+  fast::method<&Store::lookup>(
+      cls, "lookup", {fast::hash_arg("prefix_hash")},
       "Returns the READY checkpoint id filed under ``prefix_hash``, or -1. Raises only for a bad "
       "argument (docs/contract.md, \"Errors\").");
-  fast::def<PyStore>(
-      cls, "contains_or_pending",
-      [](PyStore& s, PyObject** a) {
-        return to_py(s.contains_or_pending(as_hash(a[0], "prefix_hash", s.hash_form())));
-      },
-      {"prefix_hash"},
+  fast::method<&Store::contains_or_pending>(
+      cls, "contains_or_pending", {fast::hash_arg("prefix_hash")},
       "Returns whether an image of ``prefix_hash`` is READY or a store of it is on its way. Raises "
       "only for a bad argument (docs/contract.md, \"Errors\").");
   fast::def<PyStore>(
@@ -806,14 +799,8 @@ nominated to a tier (``offload_sink``), handed out pinned by
       "Returns the op filing a COPYING image of ``src_slot`` taken at ``position`` (evicting "
       "unpinned READY images if needed), or None when the units cannot be had or the hash is "
       "already kept. Raises ValueError for ``position < 0`` or ``prefix_hash == -1``.");
-  fast::def<PyStore>(
-      cls, "begin_restore",
-      [](PyStore& s, PyObject** a) -> PyObject* {
-        const int64_t prefix_hash = as_hash(a[0], "prefix_hash", s.hash_form());
-        auto op = s.begin_restore(prefix_hash, as_int(a[1], "dst_slot"));
-        return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
-      },
-      {"prefix_hash", "dst_slot"},
+  fast::method<&Store::begin_restore>(
+      cls, "begin_restore", {fast::hash_arg("prefix_hash"), "dst_slot"},
       "Returns an op reading the READY image of ``prefix_hash`` into ``dst_slot`` (the image "
       "stays pinned until the batch completes), or None when no READY image is filed under the "
       "hash. Raises only for a bad argument (docs/contract.md, \"Errors\").");

@@ -97,31 +97,12 @@ std::vector<int64_t> slots_arg(PyObject* obj, const char* name = "slots") {
 // thread's call waits instead of changing the pool under it; what changes it
 // is this thread's own setter, which is refused.
 
-// After a write-back: `still_holds()` decides again; when it no longer
-// holds (or throws: a setter of ours released what the call works on), the
-// `written` fields get their values as read back and the call raises.
-template <class StillHolds>
-void recheck(fast::SeqArg& s, std::initializer_list<std::pair<fast::SeqField, int64_t>> written,
-             StillHolds&& still_holds) {
-  const std::span<const std::pair<fast::SeqField, int64_t>> fields(written.begin(), written.size());
-  bool holds = false;
-  try {
-    holds = still_holds();
-  } catch (...) {
-    s.restore(fields);
-    throw;
-  }
-  if (holds) return;
-  s.restore(fields);
-  throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
-}
-
 // StateSlotPool.checkpoint of a generic sequence.
 void checkpoint_generic(StateSlotPool& p, fast::SeqArg& s, int64_t blocks, int64_t h) {
   const ForkPlan plan = p.plan_checkpoint(s.get(), h);
   if (plan.forks) {
-    s.write_back({{fast::kStateSlot, plan.fresh}, {fast::kForkSrc, plan.old}});
-    recheck(s, {{fast::kStateSlot, 0}, {fast::kForkSrc, 0}}, [&] { return p.plan_checkpoint(s.get(), h) == plan; });
+    s.write_back_checked({{fast::kStateSlot, plan.fresh}, {fast::kForkSrc, plan.old}},
+                         [&] { return p.plan_checkpoint(s.get(), h) == plan; });
   }
   p.apply_checkpoint(s.get(), plan, blocks, h);
 }
@@ -174,7 +155,31 @@ std::vector<MidstepReservation> reservations_arg(py::handle obj, HashForm& form)
 
 py::tuple pair_tuple(const std::pair<int64_t, int64_t>& p) { return py::make_tuple(p.first, p.second); }
 
-py::dict fates_dict(const CheckpointFates& f) {
+// (src, dst) pairs as a list of tuples.
+py::list pair_list(const std::vector<std::pair<int64_t, int64_t>>& pairs) {
+  py::list out(pairs.size());
+  for (size_t i = 0; i < pairs.size(); ++i) out[i] = pair_tuple(pairs[i]);
+  return out;
+}
+
+void cancel_midstep(StateSlotPool& p, py::handle reservations) {
+  p.cancel_midstep(reservations_arg(reservations, p.hash_form()));
+}
+
+py::dict occupancy_dict(const StateSlotPool& p) {
+  const Occupancy o = p.occupancy();
+  py::dict d;
+  d["slots_total"] = o.total;
+  d["slots_used"] = o.used;
+  d["slots_held"] = o.held;
+  d["slots_vacant"] = o.vacant;
+  return d;
+}
+
+py::tuple take_relocations(StateSlotPool& p) { return py::tuple(pair_list(p.take_relocations())); }
+
+py::dict fates_dict(const StateFreeList& p) {
+  const CheckpointFates& f = p.fates();
   py::dict d;
   d["checkpoints_kept"] = f.kept;
   d["checkpoints_dropped"] = f.dropped;
@@ -506,21 +511,15 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   fast::def_readonly<Pool>(cls, "checkpoints_evicted", [](const Pool& p) { return to_py(p.fates().evicted); });
   fast::def_readonly<Pool>(cls, "checkpoints_orphaned", [](const Pool& p) { return to_py(p.fates().orphaned); });
 
-  cls.def(
-         "retire_top",
-         [](Pool& p) -> py::object {
-           std::optional<Retire> r = p.retire_top();
-           if (!r) return py::none();
-           return py::cast(*r);
-         },
-         "Removes the top index; returns what the runner must relocate (an owned top moves to a "
-         "free index), or None when the top cannot go this pass or the pool is empty. Raises "
-         "nothing.")
-      .def(
-          "checkpoint_fates", [](const Pool& p) { return fates_dict(p.fates()); },
-          "Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted, "
-          "checkpoints_orphaned. Raises nothing.")
-      .def_property_readonly("transfer", [](const Pool& p) { return p.transfer(); })
+  fast::method<&Pool::retire_top>(
+      cls, "retire_top", {},
+      "Removes the top index; returns what the runner must relocate (an owned top moves to a "
+      "free index), or None when the top cannot go this pass or the pool is empty. Raises "
+      "nothing.");
+  fast::method<&fates_dict>(cls, "checkpoint_fates", {},
+                            "Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted, "
+                            "checkpoints_orphaned. Raises nothing.");
+  cls.def_property_readonly("transfer", [](const Pool& p) { return p.transfer(); })
       // Introspection for tests: the private containers of the reference.
       .def("_check_invariants", [](const Pool& p) { p.check_invariants(); })
       .def("_index_is_exact", [](const Pool& p) { return p.index_is_exact(); })
@@ -663,53 +662,23 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
           },
           py::arg("reservations"), py::arg("seq") = py::none(),
           "Files each reserved slot under its hash once the forward wrote it; returns None. Raises "
-          "ValueError for a reservation this pool did not hand out.")
-      .def(
-          "cancel_midstep",
-          [](StateSlotPool& p, py::handle reservations) {
-            p.cancel_midstep(reservations_arg(reservations, p.hash_form()));
-          },
-          py::arg("reservations"),
-          "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
-          "reservation this pool did not hand out.")
-      .def(
-          "occupancy",
-          [](const StateSlotPool& p) {
-            const Occupancy o = p.occupancy();
-            py::dict d;
-            d["slots_total"] = o.total;
-            d["slots_used"] = o.used;
-            d["slots_held"] = o.held;
-            d["slots_vacant"] = o.vacant;
-            return d;
-          },
-          "Returns a new dict: slots_total, slots_used, slots_held, slots_vacant. Raises nothing.")
-      .def(
-          "record_relocation",
-          [](StateSlotPool& p, py::handle src, py::handle dst) {
-            p.record_relocation(as_int(src, "src"), as_int(dst, "dst"));
-          },
-          py::arg("src"), py::arg("dst"),
-          "Schedules a slot copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
-          "IndexError for a slot out of range.")
-      .def(
-          "take_relocations",
-          [](StateSlotPool& p) {
-            const auto moves = p.take_relocations();
-            py::tuple out(moves.size());
-            for (size_t i = 0; i < moves.size(); ++i) out[i] = pair_tuple(moves[i]);
-            return out;
-          },
-          "Returns and clears the (src, dst) slot copies the next batch must run first. Raises "
-          "nothing.")
-      .def(
-          "clear_index", [](StateSlotPool& p) { p.clear_index(); },
-          "Drops every checkpoint (slots stay where they are); returns None. Raises nothing.");
-  cls.def("_debug_relocations", [](const StateSlotPool& p) {
-    py::list out;
-    for (const auto& r : p.pending_relocations()) out.append(pair_tuple(r));
-    return out;
-  });
+          "ValueError for a reservation this pool did not hand out.");
+  fast::method<&cancel_midstep>(
+      cls, "cancel_midstep", {"reservations"},
+      "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
+      "reservation this pool did not hand out.");
+  fast::method<&occupancy_dict>(
+      cls, "occupancy", {}, "Returns a new dict: slots_total, slots_used, slots_held, slots_vacant. Raises nothing.");
+  fast::method<&P::record_relocation>(
+      cls, "record_relocation", {"src", "dst"},
+      "Schedules a slot copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
+      "IndexError for a slot out of range.");
+  fast::method<&take_relocations>(cls, "take_relocations", {},
+                                  "Returns and clears the (src, dst) slot copies the next batch must run first. Raises "
+                                  "nothing.");
+  fast::method<&P::clear_index>(cls, "clear_index", {},
+                                "Drops every checkpoint (slots stay where they are); returns None. Raises nothing.");
+  cls.def("_debug_relocations", [](const StateSlotPool& p) { return pair_list(p.pending_relocations()); });
 }
 
 // The group pool as Python sees it: the core plus the sequences behind its
@@ -744,11 +713,10 @@ struct PyGroupPool : StateGroupPool {
 void checkpoint_generic(PyGroupPool& p, fast::SeqArg& s, int64_t blocks, int64_t h) {
   const ForkPlan plan = p.plan_checkpoint(s.get(), h);
   if (plan.forks) {
-    s.write_back({{fast::kGroup, plan.fresh}, {fast::kForkSrc, plan.old}});
-    recheck(s, {{fast::kGroup, 0}, {fast::kForkSrc, 0}}, [&] { return p.plan_checkpoint(s.get(), h) == plan; });
+    s.write_back_checked({{fast::kGroup, plan.fresh}, {fast::kForkSrc, plan.old}},
+                         [&] { return p.plan_checkpoint(s.get(), h) == plan; });
   } else if (p.plan_intent(s.get(), h)) {
-    s.write_back({{fast::kPending, h}});
-    recheck(s, {{fast::kPending, 0}}, [&] { return p.plan_intent(s.get(), h); });
+    s.write_back_checked({{fast::kPending, h}}, [&] { return p.plan_intent(s.get(), h); });
   }
   if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
 }
@@ -939,21 +907,14 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         const auto pairs = p.take_copies(state);
         std::vector<py::object> done;
         done.swap(p.pending_seqs);  // released once the pool is consistent
-        py::list out(pairs.size());
-        for (size_t i = 0; i < pairs.size(); ++i) out[i] = pair_tuple(pairs[i]);
-        return out.release().ptr();
+        return pair_list(pairs).release().ptr();
       },
       {},
       "Files last pass's copy intents and returns every (src, dst) pair the batch being built "
       "must copy before its forward. Raises what a generic sequence's getter or setter raised, "
       "or RuntimeError when a setter changed the pool, committing nothing and leaving every "
       "pending_checkpoint as it was.");
-  cls.def("_debug_copies", [](py::handle self) {
-    const G& p = fast::self_of<G>(self.ptr());
-    py::list out;
-    for (const auto& r : p.pending_copies()) out.append(pair_tuple(r));
-    return out;
-  });
+  cls.def("_debug_copies", [](py::handle self) { return pair_list(fast::self_of<G>(self.ptr()).pending_copies()); });
   cls.def("_debug_pending", [](py::handle self) {
     const G& p = fast::self_of<G>(self.ptr());
     py::list out;
