@@ -897,6 +897,14 @@ struct Conv<py::handle> {
   }
 };
 
+template <>
+struct Conv<py::object> {
+  template <class T>
+  static py::object get(PyObject* o, const Params&, size_t, T&) {
+    return py::reinterpret_borrow<py::object>(o ? o : Py_None);
+  }
+};
+
 template <class R>
 inline constexpr bool is_optional = false;
 template <class R>
