@@ -14,6 +14,7 @@
 #include "bindings/convert.h"
 #include "bindings/eviction.h"
 #include "bindings/fast_call.h"
+#include "bindings/value_type.h"
 #include "core/group_pool.h"
 #include "core/slot_pool.h"
 
@@ -363,29 +364,10 @@ void bind_retirement(py::module_& m, const char* name, const char* doc) {
           py::arg("retired"), py::arg("relocated_to"), py::arg("held_checkpoint"))
       .def_property_readonly("retired", [](const R& r) { return r.retired; })
       .def_property_readonly("relocated_to", [](const R& r) { return r.relocated_to; })
-      .def_property_readonly("held_checkpoint", [](const R& r) { return r.held_checkpoint; })
-      .def("__eq__",
-           [](const R& a, py::handle b) -> py::object {
-             if (!py::isinstance<R>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
-             return py::bool_(a == b.cast<const R&>());
-           })
-      .def("__ne__",
-           [](const R& a, py::handle b) -> py::object {
-             if (!py::isinstance<R>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
-             return py::bool_(!(a == b.cast<const R&>()));
-           })
-      .def("__hash__",
-           [](const R& r) { return py::hash(py::make_tuple(r.retired, r.relocated_to, r.held_checkpoint)); })
-      .def("__repr__",
-           [name](const R& r) {
-             return std::string(name) + "(retired=" + std::to_string(r.retired) +
-                    ", relocated_to=" + std::to_string(r.relocated_to) +
-                    ", held_checkpoint=" + (r.held_checkpoint ? "True" : "False") + ")";
-           })
-      .def("__reduce__", [](py::handle self) {
-        const R& r = fast::self_of<R>(self.ptr());
-        return py::make_tuple(py::type::of(self), py::make_tuple(r.retired, r.relocated_to, r.held_checkpoint));
-      });
+      .def_property_readonly("held_checkpoint", [](const R& r) { return r.held_checkpoint; });
+  def_value(
+      cls, [](const R& r) { return py::make_tuple(r.retired, r.relocated_to, r.held_checkpoint); },
+      {"retired", "relocated_to", "held_checkpoint"}, /*frozen=*/true);
   cls.attr("__match_args__") = py::make_tuple("retired", "relocated_to", "held_checkpoint");
 }
 
