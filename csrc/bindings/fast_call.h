@@ -839,17 +839,21 @@ void def(py::handle cls, const char* name, F, std::initializer_list<Arg> args, c
 template <class A>
 struct Conv;  // by the C++ parameter type (decayed)
 
+// The form a hash_arg is read in: the called object's.
+template <class T>
+HashForm& form_of(T& self) {
+  if constexpr (requires { self.hash_form(); })
+    return self.hash_form();
+  else
+    throw std::logic_error("a hash parameter on a class without a hash form");
+}
+
 template <>
 struct Conv<int64_t> {
   template <class T>
   static int64_t get(PyObject* o, const Params& p, size_t i, T& self) {
     if (!o) return p.defaults[i];
-    if (p.kind[i] == Arg::kHash) {
-      if constexpr (requires { self.hash_form(); })
-        return as_hash(py::handle(o), p.cnames[i], self.hash_form());
-      else
-        throw std::logic_error("a hash parameter on a class without a hash form");
-    }
+    if (p.kind[i] == Arg::kHash) return as_hash(py::handle(o), p.cnames[i], form_of(self));
     if (p.kind[i] == Arg::kNonNeg) return as_nonneg_int(py::handle(o), p.cnames[i]);
     return as_int(py::handle(o), p.cnames[i]);
   }
@@ -860,12 +864,7 @@ template <>
 struct Conv<std::vector<int64_t>> {
   template <class T>
   static std::vector<int64_t> get(PyObject* o, const Params& p, size_t i, T& self) {
-    if (p.kind[i] == Arg::kHash) {
-      if constexpr (requires { self.hash_form(); })
-        return as_hash_list(py::handle(o), p.cnames[i], self.hash_form());
-      else
-        throw std::logic_error("a hash parameter on a class without a hash form");
-    }
+    if (p.kind[i] == Arg::kHash) return as_hash_list(py::handle(o), p.cnames[i], form_of(self));
     return as_int_list(py::handle(o), p.cnames[i]);
   }
 };
@@ -930,26 +929,19 @@ PyObject* to_result(R&& r) {
 }
 
 // What a member or function pointer takes and gives.
-template <class F>
-struct Signature;
-template <class R, class C, class... A>
-struct Signature<R (C::*)(A...)> {
+template <class R, class... A>
+struct Sig {
   using Result = R;
   using Args = std::tuple<std::decay_t<A>...>;
 };
 template <class R, class C, class... A>
-struct Signature<R (C::*)(A...) const> : Signature<R (C::*)(A...)> {};
+Sig<R, A...> sig_of(R (C::*)(A...));
 template <class R, class C, class... A>
-struct Signature<R (C::*)(A...) noexcept> : Signature<R (C::*)(A...)> {};
-template <class R, class C, class... A>
-struct Signature<R (C::*)(A...) const noexcept> : Signature<R (C::*)(A...)> {};
+Sig<R, A...> sig_of(R (C::*)(A...) const);
 template <class R, class S, class... A>
-struct Signature<R (*)(S&, A...)> {
-  using Result = R;
-  using Args = std::tuple<std::decay_t<A>...>;
-};
-template <class R, class S, class... A>
-struct Signature<R (*)(S&, A...) noexcept> : Signature<R (*)(S&, A...)> {};
+Sig<R, A...> sig_of(R (*)(S&, A...));
+template <auto F>
+using Signature = decltype(sig_of(F));
 
 template <class T, auto F>
 inline Params method_params;
@@ -968,10 +960,10 @@ decltype(auto) invoke(T& self, Tuple& args) {
 
 template <auto F, class T, size_t... I>
 PyObject* call_method(T& self, PyObject** a, const Params& p, std::index_sequence<I...>) {
-  using Sig = Signature<decltype(F)>;
+  using S = Signature<F>;
   // Braced: the arguments convert left to right, so the first bad one is named.
-  typename Sig::Args args{Conv<std::tuple_element_t<I, typename Sig::Args>>::get(a[I], p, I, self)...};
-  if constexpr (std::is_void_v<typename Sig::Result>) {
+  typename S::Args args{Conv<std::tuple_element_t<I, typename S::Args>>::get(a[I], p, I, self)...};
+  if constexpr (std::is_void_v<typename S::Result>) {
     invoke<F>(self, args);
     return none();
   } else {
@@ -995,7 +987,7 @@ PyObject* method_trampoline(PyObject* self, PyObject* const* args, Py_ssize_t na
   if (!parse(p, args, nargs, kwnames, a)) return nullptr;
   try {
     enter<T>(self);
-    constexpr size_t n = std::tuple_size_v<typename Signature<decltype(F)>::Args>;
+    constexpr size_t n = std::tuple_size_v<typename Signature<F>::Args>;
     return call_method<F>(Of{}(self_of<T>(self)), a, p, std::make_index_sequence<n>{});
   } catch (...) {
     set_error_from_current();
@@ -1008,7 +1000,7 @@ PyObject* method_trampoline(PyObject* self, PyObject* const* args, Py_ssize_t na
 // method `name` of `cls`, the class of T.
 template <auto F, class Of = Itself, class T>
 void method(py::classh<T>& cls, const char* name, std::initializer_list<Arg> args, const char* doc) {
-  constexpr size_t n = std::tuple_size_v<typename Signature<decltype(F)>::Args>;
+  constexpr size_t n = std::tuple_size_v<typename Signature<F>::Args>;
   size_t named = 0;
   for (const Arg& a : args) named += std::string_view(a.text) != "*";
   if (named != n) throw std::logic_error(std::string("fast method ") + name + ": parameter names do not match");

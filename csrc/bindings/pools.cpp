@@ -385,9 +385,6 @@ void release_many_arg(Pool& p, py::handle slots) {
 }
 
 inline int64_t int_arg(PyObject* o, const char* name) { return as_int(py::handle(o), name); }
-inline bool bool_arg(PyObject* o, const char* name, bool fallback) {
-  return o ? as_bool(py::handle(o), name) : fallback;
-}
 
 // Binds the methods and attributes the two pools share. The per-call hot ones
 // go through fast::def (see fast_call.h); the rest through pybind11.
