@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdlib>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <new>
@@ -416,6 +417,23 @@ py::custom_type_setup gc_setup() {
       return 0;
     };
   });
+}
+
+// gc_setup for a live view, whose one reference is `owner`, the object it
+// reads (a cycle through the view is collectable).
+template <class V>
+int traverse_owner(V& v, visitproc visit, void* arg) {
+  Py_VISIT(v.owner.ptr());
+  return 0;
+}
+template <class V>
+void clear_owner(V& v) {
+  py::object old = std::move(v.owner);  // released after the view is consistent
+  v.owner = py::none();
+}
+template <class V>
+py::custom_type_setup owner_gc_setup() {
+  return gc_setup<V, &traverse_owner<V>, &clear_owner<V>>();
 }
 
 // `obj` must be an instance of T's class (method descriptors and getsets
@@ -971,15 +989,6 @@ PyObject* call_method(T& self, PyObject** a, const Params& p, std::index_sequenc
   }
 }
 
-// The object a table method calls: the instance itself, or what a stateless
-// `Of{}(instance)` gives (a coordinator's store, say).
-struct Itself {
-  template <class T>
-  T& operator()(T& t) const {
-    return t;
-  }
-};
-
 template <class T, auto F, class Of>
 PyObject* method_trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   PyObject* a[kMaxParams] = {};
@@ -998,7 +1007,9 @@ PyObject* method_trampoline(PyObject* self, PyObject* const* args, Py_ssize_t na
 // Binds `F` (a member function of T or of a base, or a plain function whose
 // first parameter is the instance; of Of{}(instance) when `Of` is given) as
 // method `name` of `cls`, the class of T.
-template <auto F, class Of = Itself, class T>
+// `Of`: a stateless function from the instance to the object called (a
+// coordinator's store, say).
+template <auto F, class Of = std::identity, class T>
 void method(py::classh<T>& cls, const char* name, std::initializer_list<Arg> args, const char* doc) {
   constexpr size_t n = std::tuple_size_v<typename Signature<F>::Args>;
   size_t named = 0;

@@ -489,17 +489,6 @@ struct HashIndexView : StoreView {};
 struct BacklogView : StoreView {};
 
 template <class View>
-int traverse_view(View& v, visitproc visit, void* arg) {
-  Py_VISIT(v.owner.ptr());
-  return 0;
-}
-template <class View>
-void clear_view(View& v) {
-  py::object old = std::move(v.owner);
-  v.owner = py::none();
-}
-
-template <class View>
 py::object make_view(py::handle store_obj) {
   View v;
   v.owner = py::reinterpret_borrow<py::object>(store_obj);
@@ -589,18 +578,16 @@ int64_t num_indexed(const Store& s) { return s.hash_index_size(); }
 
 void bind_store_views(py::module_& m) {
   py::classh<RecordsView> records(
-      m, "CheckpointRecordsView", py::metaclass(fast::guarded_metaclass()),
-      fast::gc_setup<RecordsView, &traverse_view<RecordsView>, &clear_view<RecordsView>>(),
+      m, "CheckpointRecordsView", py::metaclass(fast::guarded_metaclass()), fast::owner_gc_setup<RecordsView>(),
       "Live read-only mapping checkpoint id -> CheckpointRecord (live, read-only), oldest first.");
   def_mapping(records, &record_or_none, &record_keys, &records_dict, &num_records);
   py::classh<HashIndexView> index(
-      m, "CheckpointHashIndexView", py::metaclass(fast::guarded_metaclass()),
-      fast::gc_setup<HashIndexView, &traverse_view<HashIndexView>, &clear_view<HashIndexView>>(),
+      m, "CheckpointHashIndexView", py::metaclass(fast::guarded_metaclass()), fast::owner_gc_setup<HashIndexView>(),
       "Live read-only mapping hash -> READY checkpoint id, in the order they became READY.");
   def_mapping(index, &index_or_none, &index_keys, &index_dict, &num_indexed);
 
   py::classh<BacklogView> backlog(m, "OffloadBacklogView", py::metaclass(fast::guarded_metaclass()),
-                                  fast::gc_setup<BacklogView, &traverse_view<BacklogView>, &clear_view<BacklogView>>(),
+                                  fast::owner_gc_setup<BacklogView>(),
                                   "Live view of the checkpoint ids nominated for offload, oldest first.");
   fast::refuse_copy(backlog);
   backlog.def("__len__", [](const BacklogView& v) { return v.store->store_backlog().size(); })

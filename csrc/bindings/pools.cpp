@@ -227,22 +227,18 @@ struct IndexHashView {
   }
 };
 
-template <class View>
-int traverse_view(View& v, visitproc visit, void* arg) {
-  Py_VISIT(v.owner.ptr());
-  return 0;
-}
-template <class View>
-void clear_view(View& v) {
-  py::object old = std::move(v.owner);
-  v.owner = py::none();
+// The views' __ne__: the negation of their __eq__ (NotImplemented as is).
+py::object ne_by_eq(py::handle self, py::handle other) {
+  py::object eq = self.attr("__eq__")(other);
+  if (eq.is(py::reinterpret_borrow<py::object>(Py_NotImplemented))) return eq;
+  return py::bool_(!eq.cast<bool>());
 }
 
 void bind_views(py::module_& m) {
-  py::classh<CheckpointIndexView> index_view(
-      m, "CheckpointIndexView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
-      fast::gc_setup<CheckpointIndexView, &traverse_view<CheckpointIndexView>, &clear_view<CheckpointIndexView>>(),
-      "Read-only live mapping: prefix hash -> index holding its checkpoint.");
+  py::classh<CheckpointIndexView> index_view(m, "CheckpointIndexView", py::is_final(),
+                                             py::metaclass(fast::guarded_metaclass()),
+                                             fast::owner_gc_setup<CheckpointIndexView>(),
+                                             "Read-only live mapping: prefix hash -> index holding its checkpoint.");
   fast::refuse_copy(index_view);
   index_view.def("__len__", [](const CheckpointIndexView& s) { return s.pool->index().size(); })
       .def("__contains__", [](const CheckpointIndexView& s, py::handle k) { return s.find(k) != nullptr; })
@@ -284,19 +280,13 @@ void bind_views(py::module_& m) {
                return py::reinterpret_borrow<py::object>(Py_NotImplemented);
              return py::bool_(s.snapshot().equal(py::dict(py::reinterpret_borrow<py::object>(other))));
            })
-      .def("__ne__",
-           [](py::handle self, py::handle other) -> py::object {
-             py::object eq = self.attr("__eq__")(other);
-             if (eq.is(py::reinterpret_borrow<py::object>(Py_NotImplemented))) return eq;
-             return py::bool_(!eq.cast<bool>());
-           })
+      .def("__ne__", &ne_by_eq)
       .def("__repr__", [](const CheckpointIndexView& s) { return py_repr(s.snapshot()); });
   m.attr("CheckpointIndexView").attr("__hash__") = py::none();
 
-  py::classh<IndexHashView> hash_view(
-      m, "IndexHashView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
-      fast::gc_setup<IndexHashView, &traverse_view<IndexHashView>, &clear_view<IndexHashView>>(),
-      "Read-only live sequence: the prefix hash each index carries, -1 for none.");
+  py::classh<IndexHashView> hash_view(m, "IndexHashView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
+                                      fast::owner_gc_setup<IndexHashView>(),
+                                      "Read-only live sequence: the prefix hash each index carries, -1 for none.");
   fast::refuse_copy(hash_view);
   hash_view.def("__len__", [](const IndexHashView& s) { return s.size(); })
       .def("__getitem__",
@@ -325,12 +315,7 @@ void bind_views(py::module_& m) {
              if (!PyList_Check(other.ptr())) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
              return py::bool_(s.list().equal(other));
            })
-      .def("__ne__",
-           [](py::handle self, py::handle other) -> py::object {
-             py::object eq = self.attr("__eq__")(other);
-             if (eq.is(py::reinterpret_borrow<py::object>(Py_NotImplemented))) return eq;
-             return py::bool_(!eq.cast<bool>());
-           })
+      .def("__ne__", &ne_by_eq)
       .def("__repr__", [](const IndexHashView& s) { return py_repr(s.list()); });
   m.attr("IndexHashView").attr("__hash__") = py::none();
 
