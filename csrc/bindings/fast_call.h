@@ -15,6 +15,8 @@
 #include <pybind11/pybind11.h>
 
 #include <array>
+#include <cstdlib>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <new>
@@ -22,6 +24,8 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -43,7 +47,26 @@ struct Params {
   std::vector<const char*> cnames;  // names[i].c_str(), filled once names is complete
   int required = 0;                 // leading parameters without a default
   int positional = 0;               // how many may be given positionally (rest keyword-only)
+  // Table methods (fast::method) only: per parameter, its Arg::Kind and the
+  // default its text gives.
+  std::array<uint8_t, kMaxParams> kind{};
+  std::array<int64_t, kMaxParams> defaults{};
 };
+
+// A parameter of a table method: "name", "name=default" (the default as the
+// text signature shows it: an int, True, False or None), or "*" (the rest are
+// keyword-only).
+struct Arg {
+  enum Kind : uint8_t { kPlain, kHash, kNonNeg };
+  const char* text;
+  // kHash: an int read as a hash, in the instance's HashForm (as_hash);
+  // kNonNeg: an int >= 0 (as_nonneg_int).
+  Kind kind = kPlain;
+  constexpr Arg(const char* t) : text(t) {}  // NOLINT: a name is an Arg
+  constexpr Arg(const char* t, Kind k) : text(t), kind(k) {}
+};
+constexpr Arg hash_arg(const char* text) { return Arg(text, Arg::kHash); }
+constexpr Arg nonneg_arg(const char* text) { return Arg(text, Arg::kNonNeg); }
 
 // Raises the Python exception for the C++ exception being handled.
 inline void set_error_from_current() {
@@ -396,6 +419,23 @@ py::custom_type_setup gc_setup() {
   });
 }
 
+// gc_setup for a live view, whose one reference is `owner`, the object it
+// reads (a cycle through the view is collectable).
+template <class V>
+int traverse_owner(V& v, visitproc visit, void* arg) {
+  Py_VISIT(v.owner.ptr());
+  return 0;
+}
+template <class V>
+void clear_owner(V& v) {
+  py::object old = std::move(v.owner);  // released after the view is consistent
+  v.owner = py::none();
+}
+template <class V>
+py::custom_type_setup owner_gc_setup() {
+  return gc_setup<V, &traverse_owner<V>, &clear_owner<V>>();
+}
+
 // `obj` must be an instance of T's class (method descriptors and getsets
 // check that before calling us).
 template <class T>
@@ -582,6 +622,26 @@ class SeqArg {
   void write_back(std::initializer_list<std::pair<SeqField, int64_t>> values) {
     write_back(std::span<const std::pair<SeqField, int64_t>>(values.begin(), values.size()));
   }
+  // write_back, then the plan decided again (docs/contract.md, "Batched
+  // calls"): when `still_holds()` no longer holds (or throws: a setter of
+  // ours released what the call works on), the fields written get their
+  // values as read back and the call raises, the pool untouched.
+  template <class StillHolds>
+  void write_back_checked(std::initializer_list<std::pair<SeqField, int64_t>> values, StillHolds&& still_holds) {
+    write_back(values);
+    if (native_) return;
+    const std::span<const std::pair<SeqField, int64_t>> fields(values.begin(), values.size());
+    bool holds = false;
+    try {
+      holds = still_holds();
+    } catch (...) {
+      restore(fields);
+      throw;
+    }
+    if (holds) return;
+    restore(fields);
+    throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
+  }
   // Gives the fields named in `values` their values as read back, deleting
   // those that were absent (best effort: a setter that raises now is
   // ignored; a field never read is left as written). Generic path only.
@@ -705,6 +765,55 @@ inline PyObject* none() { return Py_NewRef(Py_None); }
 template <class F>
 inline Params params_of;
 
+// Fills `p` from the parameter list and installs method `name` on `cls`
+// calling `meth`, its text signature built from the same list.
+using FastMethod = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t, PyObject*);
+
+inline void install(py::handle cls, const char* name, FastMethod meth, Params& p, std::initializer_list<Arg> args,
+                    const char* doc, bool strict) {
+  if (!p.func.empty()) throw std::logic_error(std::string("fast method bound twice: ") + name);
+  p.func = name;
+  std::string sig = std::string(name) + "($self";
+  int i = 0;
+  for (const Arg& a : args) {
+    std::string n(a.text);
+    if (n == "*") {
+      p.positional = i;
+      sig += ", *";
+      continue;
+    }
+    if (i >= kMaxParams) throw std::logic_error(std::string("too many parameters for fast method ") + name);
+    sig += ", " + n;
+    const size_t eq = n.find('=');
+    p.names.push_back(n.substr(0, eq));
+    p.kind[static_cast<size_t>(i)] = a.kind;
+    if (eq == std::string::npos) {
+      p.required = i + 1;
+    } else {
+      // Only table methods read it (def's functions apply their own).
+      const std::string d = n.substr(eq + 1);
+      char* end = nullptr;
+      const long long v = std::strtoll(d.c_str(), &end, 10);
+      p.defaults[static_cast<size_t>(i)] = d == "True" ? 1 : (d == "False" || d == "None") ? 0 : v;
+      if (strict && d != "True" && d != "False" && d != "None" && (end == d.c_str() || *end != '\0'))
+        throw std::logic_error(std::string("fast method ") + name + ": a default it cannot read: " + d);
+    }
+    ++i;
+  }
+  if (p.positional == 0 && sig.find(", *") == std::string::npos) p.positional = i;
+  for (const std::string& n : p.names) p.cnames.push_back(n.c_str());
+  sig += ")\n--\n\n";
+  // Method definitions and their docs live as long as the type: never freed.
+  const std::string d(doc ? doc : "");
+  auto* text = new std::string(d.find("\n--\n\n") == std::string::npos ? sig + d : d);
+  auto* md = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(meth)),
+                             METH_FASTCALL | METH_KEYWORDS, text->c_str()};
+  py::object descr =
+      py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), md));
+  if (!descr) throw py::error_already_set();
+  py::setattr(cls, name, descr);
+}
+
 template <class T, class F>
 PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   PyObject* a[kMaxParams] = {};
@@ -729,39 +838,184 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
 
 // Registers `F` (a captureless lambda PyObject*(T&, PyObject** args) giving a
 // new reference, or py::object(T&, PyObject** args); either may take the
-// Python `self` as a third parameter) as method `name` of
-// class `cls`. `names` are the parameter names; the first
-// `required` have no default, and only the first `positional` may be passed
-// positionally (-1: all of them).
+// Python `self` as a third parameter) as method `name` of class `cls`: for a
+// method whose work is more than converting its arguments (fast::method is
+// for those that only convert). `args` as for fast::method; `F` converts
+// them itself (a[i] is nullptr for an optional one not given).
 template <class T, class F>
-void def(py::handle cls, const char* name, F, std::initializer_list<const char*> names, int required, const char* doc,
-         int positional = -1) {
-  Params& p = params_of<F>;
-  p.func = name;
-  p.required = required;
-  p.positional = positional < 0 ? static_cast<int>(names.size()) : positional;
-  if (names.size() > kMaxParams) throw std::logic_error("too many parameters for a fast method");
-  // A name may carry its default ("flag=False") for the text signature.
-  std::string sig = std::string(name) + "($self";
-  int i = 0;
-  for (const char* raw : names) {
-    std::string n(raw);
-    if (i == p.positional) sig += ", *";
-    sig += ", " + n;
-    p.names.push_back(n.substr(0, n.find('=')));
-    ++i;
+void def(py::handle cls, const char* name, F, std::initializer_list<Arg> args, const char* doc) {
+  install(cls, name, &trampoline<T, F>, params_of<F>, args, doc, /*strict=*/false);
+}
+
+// ---- table methods: the conversions deduced from the C++ signature ----------
+//
+// fast::method<&Core::member>(cls, "name", {"a", "b=0"}, doc) binds a member
+// (or a plain function taking the instance first) whose parameters and
+// result convert by their C++ types: each argument as its parameter type
+// (Conv below, errors naming the parameter), the result as to_result does.
+
+template <class A>
+struct Conv;  // by the C++ parameter type (decayed)
+
+// The form a hash_arg is read in: the called object's.
+template <class T>
+HashForm& form_of(T& self) {
+  if constexpr (requires { self.hash_form(); })
+    return self.hash_form();
+  else
+    throw std::logic_error("a hash parameter on a class without a hash form");
+}
+
+template <>
+struct Conv<int64_t> {
+  template <class T>
+  static int64_t get(PyObject* o, const Params& p, size_t i, T& self) {
+    if (!o) return p.defaults[i];
+    if (p.kind[i] == Arg::kHash) return as_hash(py::handle(o), p.cnames[i], form_of(self));
+    if (p.kind[i] == Arg::kNonNeg) return as_nonneg_int(py::handle(o), p.cnames[i]);
+    return as_int(py::handle(o), p.cnames[i]);
   }
-  for (const std::string& n : p.names) p.cnames.push_back(n.c_str());
-  sig += ")\n--\n\n";
-  // Method definitions and their docs live as long as the type: never freed.
-  const std::string d(doc ? doc : "");
-  auto* text = new std::string(d.find("\n--\n\n") == std::string::npos ? sig + d : d);
-  auto* md = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&trampoline<T, F>)),
-                             METH_FASTCALL | METH_KEYWORDS, text->c_str()};
-  py::object descr =
-      py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), md));
-  if (!descr) throw py::error_already_set();
-  py::setattr(cls, name, descr);
+};
+
+// A list, tuple or other iterable of ints (as_int_list; of hashes for a hash_arg).
+template <>
+struct Conv<std::vector<int64_t>> {
+  template <class T>
+  static std::vector<int64_t> get(PyObject* o, const Params& p, size_t i, T& self) {
+    if (p.kind[i] == Arg::kHash) return as_hash_list(py::handle(o), p.cnames[i], form_of(self));
+    return as_int_list(py::handle(o), p.cnames[i]);
+  }
+};
+
+template <>
+struct Conv<bool> {
+  template <class T>
+  static bool get(PyObject* o, const Params& p, size_t i, T&) {
+    return o ? as_bool(py::handle(o), p.cnames[i]) : p.defaults[i] != 0;
+  }
+};
+
+// None (or not given, its default being None) is nullopt.
+template <>
+struct Conv<std::optional<int64_t>> {
+  template <class T>
+  static std::optional<int64_t> get(PyObject* o, const Params& p, size_t i, T& self) {
+    if (!o || o == Py_None) return std::nullopt;
+    return Conv<int64_t>::get(o, p, i, self);
+  }
+};
+
+// The object as given (None when an optional one is not).
+template <>
+struct Conv<py::handle> {
+  template <class T>
+  static py::handle get(PyObject* o, const Params&, size_t, T&) {
+    return py::handle(o ? o : Py_None);
+  }
+};
+
+template <>
+struct Conv<py::object> {
+  template <class T>
+  static py::object get(PyObject* o, const Params&, size_t, T&) {
+    return py::reinterpret_borrow<py::object>(o ? o : Py_None);
+  }
+};
+
+template <class R>
+inline constexpr bool is_optional = false;
+template <class R>
+inline constexpr bool is_optional<std::optional<R>> = true;
+
+template <class R>
+PyObject* to_result(R&& r) {
+  using D = std::decay_t<R>;
+  if constexpr (std::is_same_v<D, bool>)
+    return to_py(static_cast<bool>(r));
+  else if constexpr (std::is_integral_v<D>)
+    return PyLong_FromLongLong(static_cast<long long>(r));
+  else if constexpr (std::is_floating_point_v<D>)
+    return PyFloat_FromDouble(static_cast<double>(r));
+  else if constexpr (std::is_base_of_v<py::handle, D>)
+    return py::object(std::forward<R>(r)).release().ptr();
+  else if constexpr (std::is_same_v<D, std::vector<int64_t>>)
+    return to_list(r).release().ptr();
+  else if constexpr (is_optional<D>)
+    return r ? to_result(std::move(*r)) : none();
+  else
+    return py::cast(std::forward<R>(r)).release().ptr();
+}
+
+// What a member or function pointer takes and gives.
+template <class R, class... A>
+struct Sig {
+  using Result = R;
+  using Args = std::tuple<std::decay_t<A>...>;
+};
+template <class R, class C, class... A>
+Sig<R, A...> sig_of(R (C::*)(A...));
+template <class R, class C, class... A>
+Sig<R, A...> sig_of(R (C::*)(A...) const);
+template <class R, class S, class... A>
+Sig<R, A...> sig_of(R (*)(S&, A...));
+template <auto F>
+using Signature = decltype(sig_of(F));
+
+template <class T, auto F>
+inline Params method_params;
+
+template <auto F, class T, class Tuple>
+decltype(auto) invoke(T& self, Tuple& args) {
+  return std::apply(
+      [&](auto&... x) -> decltype(auto) {
+        if constexpr (std::is_member_function_pointer_v<decltype(F)>)
+          return (self.*F)(x...);
+        else
+          return F(self, x...);
+      },
+      args);
+}
+
+template <auto F, class T, size_t... I>
+PyObject* call_method(T& self, PyObject** a, const Params& p, std::index_sequence<I...>) {
+  using S = Signature<F>;
+  // Braced: the arguments convert left to right, so the first bad one is named.
+  typename S::Args args{Conv<std::tuple_element_t<I, typename S::Args>>::get(a[I], p, I, self)...};
+  if constexpr (std::is_void_v<typename S::Result>) {
+    invoke<F>(self, args);
+    return none();
+  } else {
+    return to_result(invoke<F>(self, args));
+  }
+}
+
+template <class T, auto F, class Of>
+PyObject* method_trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  PyObject* a[kMaxParams] = {};
+  const Params& p = method_params<T, F>;
+  if (!parse(p, args, nargs, kwnames, a)) return nullptr;
+  try {
+    enter<T>(self);
+    constexpr size_t n = std::tuple_size_v<typename Signature<F>::Args>;
+    return call_method<F>(Of{}(self_of<T>(self)), a, p, std::make_index_sequence<n>{});
+  } catch (...) {
+    set_error_from_current();
+    return nullptr;
+  }
+}
+
+// Binds `F` (a member function of T or of a base, or a plain function whose
+// first parameter is the instance; of Of{}(instance) when `Of` is given) as
+// method `name` of `cls`, the class of T.
+// `Of`: a stateless function from the instance to the object called (a
+// coordinator's store, say).
+template <auto F, class Of = std::identity, class T>
+void method(py::classh<T>& cls, const char* name, std::initializer_list<Arg> args, const char* doc) {
+  constexpr size_t n = std::tuple_size_v<typename Signature<F>::Args>;
+  size_t named = 0;
+  for (const Arg& a : args) named += std::string_view(a.text) != "*";
+  if (named != n) throw std::logic_error(std::string("fast method ") + name + ": parameter names do not match");
+  install(cls, name, &method_trampoline<T, F, Of>, method_params<T, F>, args, doc, /*strict=*/true);
 }
 
 template <class T, class F>

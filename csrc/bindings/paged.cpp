@@ -336,6 +336,9 @@ void clear_pool(PyBlockPool& p) {
   p.owners.clear();
 }
 
+py::object block_owner(const PyBlockPool& p, int64_t unit) { return p.owners.owner(p.owner_of(unit)); }
+py::object block_hash(const PyBlockPool& p, int64_t block) { return hash_object(p.block_hash(block), p.hash_form()); }
+
 void bind_block_pool(py::module_& m) {
   py::classh<PyBlockPool> cls(m, "BlockPool", py::metaclass(fast::guarded_metaclass()),
                               fast::gc_setup<PyBlockPool, &traverse_pool, &clear_pool>(), R"doc(
@@ -423,66 +426,54 @@ that evicted completes normally.)doc");
           py::arg("unit_ids"), py::arg("old_owner"), py::arg("new_owner"),
           "Moves units from ``old_owner`` to ``new_owner``; returns None. Raises ValueError, "
           "changing nothing, if any unit is not held by ``old_owner`` or belongs to a store's "
-          "image.")
-      .def(
-          "owner_of",
-          [](const PyBlockPool& p, py::handle unit) { return p.owners.owner(p.owner_of(as_int(unit, "unit"))); },
-          py::arg("unit"),
-          "Returns the owner holding ``unit`` (equal to the one given), or None for a free block "
-          "or one the KV cache holds. Raises IndexError for a unit out of range.")
-      .def(
-          "allocate",
-          [](PyBlockPool& p, py::handle count) {
-            std::vector<int64_t> blocks;
-            const bool ok = p.allocate(as_nonneg_int(count, "count"), blocks);
-            return list_or_none(ok, blocks);
-          },
-          py::arg("count"),
-          "Returns ``count`` blocks for the KV cache (one reference each), never-hashed first, "
-          "then least recently freed; None (nothing taken) when fewer are free. Raises ValueError "
-          "for ``count < 0``.")
-      .def(
-          "free", [](PyBlockPool& p, py::handle ids) { p.free(as_int_list(ids, "block_ids")); }, py::arg("block_ids"),
-          "Drops one reference per listed block; at zero a hashed block stays findable until it is "
-          "reused. Returns None. Raises ValueError, changing nothing, for a block the KV cache "
-          "does not hold.")
-      .def(
-          "incref", [](PyBlockPool& p, py::handle ids) { p.incref(as_int_list(ids, "block_ids")); },
-          py::arg("block_ids"),
-          "Takes one more reference per listed block (a prefix hit; a cached free block is taken "
-          "back). Returns None. Raises ValueError, changing nothing, for a block neither held nor "
-          "cached.")
-      .def(
-          "lookup", [](const PyBlockPool& p, py::handle h) { return p.lookup(as_hash(h, "hash", p.hash_form())); },
-          py::arg("hash"),
-          "Returns the block indexed under ``hash``, or -1. Raises only for a bad argument "
-          "(docs/contract.md, \"Errors\").")
-      .def(
-          "publish",
-          [](PyBlockPool& p, py::handle block, py::handle h) {
-            const int64_t b = as_int(block, "block");
-            return p.publish(b, as_hash(h, "hash", p.hash_form()));
-          },
-          py::arg("block"), py::arg("hash"),
-          "Indexes a full KV block under ``hash``; returns False when another block already holds "
-          "that hash. Raises ValueError for a block the KV cache does not hold or ``hash == -1``.")
-      .def(
-          "block_hash",
-          [](const PyBlockPool& p, py::handle b) {
-            return hash_object(p.block_hash(as_int(b, "block")), p.hash_form());
-          },
-          py::arg("block"),
-          "Returns the hash ``block`` is indexed under, or -1. Raises IndexError for a block out "
-          "of range.")
-      .def(
-          "ref_count", [](const PyBlockPool& p, py::handle b) { return p.ref_count(as_int(b, "block")); },
-          py::arg("block"), "Returns ``block``'s KV reference count. Raises IndexError for a block out of range.")
-      .def("reset_prefix_cache", &BlockPool::reset_prefix_cache,
-           "Drops every cached free block from the index (on_evict fires for each); returns how "
-           "many. Raises nothing (an on_evict handler's exception goes to sys.unraisablehook).")
-      .def("check_consistency", &BlockPool::check_consistency,
-           "Checks the pool's internal invariants (for tests); returns None. Raises AssertionError "
-           "when one is broken.");
+          "image.");
+  using fast::hash_arg;
+  fast::method<&block_owner>(cls, "owner_of", {"unit"},
+                             "Returns the owner holding ``unit`` (equal to the one given), or None for a free block "
+                             "or one the KV cache holds. Raises IndexError for a unit out of range.");
+  // pybind11's own (tests/python/api/test_stubs.py reads its function object).
+  cls.def(
+      "allocate",
+      [](PyBlockPool& p, py::handle count) {
+        std::vector<int64_t> blocks;
+        const bool ok = p.allocate(as_nonneg_int(count, "count"), blocks);
+        return list_or_none(ok, blocks);
+      },
+      py::arg("count"),
+      "Returns ``count`` blocks for the KV cache (one reference each), never-hashed first, "
+      "then least recently freed; None (nothing taken) when fewer are free. Raises ValueError "
+      "for ``count < 0``.");
+  fast::method<&BlockPool::free>(
+      cls, "free", {"block_ids"},
+      "Drops one reference per listed block; at zero a hashed block stays findable until it is "
+      "reused. Returns None. Raises ValueError, changing nothing, for a block the KV cache "
+      "does not hold.");
+  fast::method<&BlockPool::incref>(
+      cls, "incref", {"block_ids"},
+      "Takes one more reference per listed block (a prefix hit; a cached free block is taken "
+      "back). Returns None. Raises ValueError, changing nothing, for a block neither held nor "
+      "cached.");
+  fast::method<&BlockPool::lookup>(cls, "lookup", {hash_arg("hash")},
+                                   "Returns the block indexed under ``hash``, or -1. Raises only for a bad argument "
+                                   "(docs/contract.md, \"Errors\").");
+  fast::method<&BlockPool::publish>(
+      cls, "publish", {"block", hash_arg("hash")},
+      "Indexes a full KV block under ``hash``; returns False when another block already holds "
+      "that hash. Raises ValueError for a block the KV cache does not hold or ``hash == -1``.");
+  fast::method<&block_hash>(cls, "block_hash", {"block"},
+                            "Returns the hash ``block`` is indexed under, or -1. Raises IndexError for a block out "
+                            "of range.");
+  fast::method<&BlockPool::ref_count>(
+      cls, "ref_count", {"block"},
+      "Returns ``block``'s KV reference count. Raises IndexError for a block out of range.");
+  fast::method<&BlockPool::reset_prefix_cache>(
+      cls, "reset_prefix_cache", {},
+      "Drops every cached free block from the index (on_evict fires for each); returns how "
+      "many. Raises nothing (an on_evict handler's exception goes to sys.unraisablehook).");
+  fast::method<&BlockPool::check_consistency>(
+      cls, "check_consistency", {},
+      "Checks the pool's internal invariants (for tests); returns None. Raises AssertionError "
+      "when one is broken.");
 }
 
 // ------------------------------------------------------------ store views --
@@ -496,17 +487,6 @@ struct StoreView {
 struct RecordsView : StoreView {};
 struct HashIndexView : StoreView {};
 struct BacklogView : StoreView {};
-
-template <class View>
-int traverse_view(View& v, visitproc visit, void* arg) {
-  Py_VISIT(v.owner.ptr());
-  return 0;
-}
-template <class View>
-void clear_view(View& v) {
-  py::object old = std::move(v.owner);
-  v.owner = py::none();
-}
 
 template <class View>
 py::object make_view(py::handle store_obj) {
@@ -598,18 +578,16 @@ int64_t num_indexed(const Store& s) { return s.hash_index_size(); }
 
 void bind_store_views(py::module_& m) {
   py::classh<RecordsView> records(
-      m, "CheckpointRecordsView", py::metaclass(fast::guarded_metaclass()),
-      fast::gc_setup<RecordsView, &traverse_view<RecordsView>, &clear_view<RecordsView>>(),
+      m, "CheckpointRecordsView", py::metaclass(fast::guarded_metaclass()), fast::owner_gc_setup<RecordsView>(),
       "Live read-only mapping checkpoint id -> CheckpointRecord (live, read-only), oldest first.");
   def_mapping(records, &record_or_none, &record_keys, &records_dict, &num_records);
   py::classh<HashIndexView> index(
-      m, "CheckpointHashIndexView", py::metaclass(fast::guarded_metaclass()),
-      fast::gc_setup<HashIndexView, &traverse_view<HashIndexView>, &clear_view<HashIndexView>>(),
+      m, "CheckpointHashIndexView", py::metaclass(fast::guarded_metaclass()), fast::owner_gc_setup<HashIndexView>(),
       "Live read-only mapping hash -> READY checkpoint id, in the order they became READY.");
   def_mapping(index, &index_or_none, &index_keys, &index_dict, &num_indexed);
 
   py::classh<BacklogView> backlog(m, "OffloadBacklogView", py::metaclass(fast::guarded_metaclass()),
-                                  fast::gc_setup<BacklogView, &traverse_view<BacklogView>, &clear_view<BacklogView>>(),
+                                  fast::owner_gc_setup<BacklogView>(),
                                   "Live view of the checkpoint ids nominated for offload, oldest first.");
   fast::refuse_copy(backlog);
   backlog.def("__len__", [](const BacklogView& v) { return v.store->store_backlog().size(); })
@@ -685,6 +663,8 @@ void clear_store(PyStore& s) {
   }
 }
 
+py::tuple take_restore_ops(PyStore& s) { return to_py_tuple(s.take_restore_ops()); }
+
 void bind_store(py::module_& m) {
   py::classh<PyStore> cls(m, "PageUnitCheckpointStore", py::metaclass(fast::guarded_metaclass()),
                           fast::gc_setup<PyStore, &traverse_store, &clear_store>(), R"doc(
@@ -721,76 +701,67 @@ nominated to a tier (``offload_sink``), handed out pinned by
       .def_property_readonly("hash_to_checkpoint", [](py::handle self) { return make_view<HashIndexView>(self); })
       .def_property_readonly(
           "store_backlog", [](py::handle self) { return make_view<BacklogView>(self); },
-          "Checkpoint ids nominated for the offload tier, oldest first.")
-      .def(
-          "take_restore_ops", [](PyStore& s) { return to_py_tuple(s.take_restore_ops()); },
-          "Returns and clears this batch's queued restores, oldest first. Raises nothing.")
-      .def(
-          "cancel_queued_restore",
-          [](PyStore& s, py::handle slot) { s.cancel_queued_restore(as_int(slot, "dst_slot")); }, py::arg("dst_slot"),
-          "Drops the restore queued into ``dst_slot`` and its pin (no-op without one); returns "
-          "None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
-      .def(
-          "changed_since", [](const PyStore& s, py::handle g) { return changed_since_py(s, g); }, py::arg("generation"),
-          "Returns the set of hashes whose READY standing may differ from what it was at "
-          "``generation``, or None when the log no longer reaches back that far (at least 4,000 "
-          "bumps are kept). Raises only for a bad argument (docs/contract.md, \"Errors\").")
-      .def(
-          "adopt_units",
-          [](PyStore& s, py::handle unit_ids, py::handle owner, py::handle h) {
-            std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
-            const int64_t prefix_hash = as_hash(h, "prefix_hash", s.hash_form());
-            OwnerTable& owners = s.owners();
-            const int64_t token = owners.token(owner, s.pool_ptr().get());
-            owners.retain(token);  // named to the pool while the call runs
-            try {
-              const bool adopted = s.adopt_units(units, token, prefix_hash);
-              owners.unretain(token);
-              return adopted;
-            } catch (...) {
-              owners.unretain(token);
-              throw;
-            }
-          },
-          py::arg("unit_ids"), py::arg("owner"), py::arg("prefix_hash"),
-          "Files units ``owner`` holds as a READY image under ``prefix_hash``; returns False "
-          "(units left with the owner) when the hash is already kept. Raises ValueError, changing "
-          "nothing, for a wrong unit count, units the owner does not hold, or ``prefix_hash == "
-          "-1``.")
-      .def("complete_inflight", &Store::complete_inflight,
-           "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
-           "Raises nothing.")
-      .def(
-          "unindex", [](PyStore& s, py::handle h) { return s.unindex(as_hash(h, "prefix_hash", s.hash_form())); },
-          py::arg("prefix_hash"),
-          "Drops the unpinned image filed under ``prefix_hash``; returns whether one was dropped. "
-          "Raises only for a bad argument (docs/contract.md, \"Errors\").")
-
-      .def("clear", &Store::clear,
-           "Drops every unpinned image and returns its units to the pool; returns None. Raises "
-           "nothing (an on_evict handler's exception goes to sys.unraisablehook).")
-      .def(
-          "use_clock", [](PyStore& s, py::object clock) { s.use_clock(std::move(clock)); }, py::arg("clock"),
-          "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores "
-          "it (for tests). Returns None. Raises TypeError for an object that is not callable or "
-          "None.")
-      .def("check_consistency", &Store::check_consistency,
-           "Checks the store's internal invariants (for tests); returns None. Raises AssertionError "
-           "when one is broken.");
+          "Checkpoint ids nominated for the offload tier, oldest first.");
+  fast::method<&take_restore_ops>(cls, "take_restore_ops", {},
+                                  "Returns and clears this batch's queued restores, oldest first. Raises nothing.");
+  fast::method<&Store::cancel_queued_restore>(
+      cls, "cancel_queued_restore", {"dst_slot"},
+      "Drops the restore queued into ``dst_slot`` and its pin (no-op without one); returns "
+      "None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&changed_since_py>(
+      cls, "changed_since", {"generation"},
+      "Returns the set of hashes whose READY standing may differ from what it was at "
+      "``generation``, or None when the log no longer reaches back that far (at least 4,000 "
+      "bumps are kept). Raises only for a bad argument (docs/contract.md, \"Errors\").");
+  cls.def(
+      "adopt_units",
+      [](PyStore& s, py::handle unit_ids, py::handle owner, py::handle h) {
+        std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
+        const int64_t prefix_hash = as_hash(h, "prefix_hash", s.hash_form());
+        OwnerTable& owners = s.owners();
+        const int64_t token = owners.token(owner, s.pool_ptr().get());
+        owners.retain(token);  // named to the pool while the call runs
+        try {
+          const bool adopted = s.adopt_units(units, token, prefix_hash);
+          owners.unretain(token);
+          return adopted;
+        } catch (...) {
+          owners.unretain(token);
+          throw;
+        }
+      },
+      py::arg("unit_ids"), py::arg("owner"), py::arg("prefix_hash"),
+      "Files units ``owner`` holds as a READY image under ``prefix_hash``; returns False "
+      "(units left with the owner) when the hash is already kept. Raises ValueError, changing "
+      "nothing, for a wrong unit count, units the owner does not hold, or ``prefix_hash == "
+      "-1``.");
+  fast::method<&Store::complete_inflight>(
+      cls, "complete_inflight", {},
+      "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
+      "Raises nothing.");
+  fast::method<&Store::unindex>(
+      cls, "unindex", {fast::hash_arg("prefix_hash")},
+      "Drops the unpinned image filed under ``prefix_hash``; returns whether one was dropped. "
+      "Raises only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&Store::clear>(cls, "clear", {},
+                              "Drops every unpinned image and returns its units to the pool; returns None. Raises "
+                              "nothing (an on_evict handler's exception goes to sys.unraisablehook).");
+  fast::method<&PyStore::use_clock>(
+      cls, "use_clock", {"clock"},
+      "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores "
+      "it (for tests). Returns None. Raises TypeError for an object that is not callable or "
+      "None.");
+  fast::method<&Store::check_consistency>(
+      cls, "check_consistency", {},
+      "Checks the store's internal invariants (for tests); returns None. Raises AssertionError "
+      "when one is broken.");
   def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
-  using fast::to_py;
-  fast::def<PyStore>(
-      cls, "lookup",
-      [](PyStore& s, PyObject** a) { return to_py(s.lookup(as_hash(a[0], "prefix_hash", s.hash_form()))); },
-      {"prefix_hash"}, 1,
+  fast::method<&Store::lookup>(
+      cls, "lookup", {fast::hash_arg("prefix_hash")},
       "Returns the READY checkpoint id filed under ``prefix_hash``, or -1. Raises only for a bad "
       "argument (docs/contract.md, \"Errors\").");
-  fast::def<PyStore>(
-      cls, "contains_or_pending",
-      [](PyStore& s, PyObject** a) {
-        return to_py(s.contains_or_pending(as_hash(a[0], "prefix_hash", s.hash_form())));
-      },
-      {"prefix_hash"}, 1,
+  fast::method<&Store::contains_or_pending>(
+      cls, "contains_or_pending", {fast::hash_arg("prefix_hash")},
       "Returns whether an image of ``prefix_hash`` is READY or a store of it is on its way. Raises "
       "only for a bad argument (docs/contract.md, \"Errors\").");
   fast::def<PyStore>(
@@ -802,18 +773,12 @@ nominated to a tier (``offload_sink``), handed out pinned by
         auto op = s.begin_store(prefix_hash, as_int(a[1], "src_slot"), position);
         return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
       },
-      {"prefix_hash", "src_slot", "position=0"}, 2,
+      {"prefix_hash", "src_slot", "position=0"},
       "Returns the op filing a COPYING image of ``src_slot`` taken at ``position`` (evicting "
       "unpinned READY images if needed), or None when the units cannot be had or the hash is "
       "already kept. Raises ValueError for ``position < 0`` or ``prefix_hash == -1``.");
-  fast::def<PyStore>(
-      cls, "begin_restore",
-      [](PyStore& s, PyObject** a) -> PyObject* {
-        const int64_t prefix_hash = as_hash(a[0], "prefix_hash", s.hash_form());
-        auto op = s.begin_restore(prefix_hash, as_int(a[1], "dst_slot"));
-        return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
-      },
-      {"prefix_hash", "dst_slot"}, 2,
+  fast::method<&Store::begin_restore>(
+      cls, "begin_restore", {fast::hash_arg("prefix_hash"), "dst_slot"},
       "Returns an op reading the READY image of ``prefix_hash`` into ``dst_slot`` (the image "
       "stays pinned until the batch completes), or None when no READY image is filed under the "
       "hash. Raises only for a bad argument (docs/contract.md, \"Errors\").");

@@ -427,30 +427,26 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           py::arg("seq"),
           "Returns whether this coordinator checkpoints anything for ``seq`` (enabled and the "
           "sequence has a per-request cache). Raises TypeError for an object without the sequence "
-          "attributes.")
-      .def(
-          "attach_midstep_scratch",
-          [](PyCoordinator& c, py::object pool, py::handle max_ops) {
-            c.set_scratch(std::move(pool), as_nonneg_int(max_ops, "max_ops_per_batch"));
-          },
-          py::arg("slot_pool"), py::arg("max_ops_per_batch"),
-          "Borrows midstep scratch slots from ``slot_pool`` (a StateSlotPool), at most "
-          "``max_ops_per_batch`` copies a batch; returns None. Raises TypeError for another pool "
-          "type, ValueError for a negative count.")
-      .def(
-          "reserve_midstep",
-          [](PyCoordinator& c, py::handle seq, py::handle positions) {
-            const bool asks = c.readable_midstep() && c.enabled();  // the reference's order
-            auto res = c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", asks ? fast::kHasCache : 0).get(),
-                                         as_positions(positions, c.hash_form()));
-            py::list out;
-            for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, hash_object(h, c.hash_form())));
-            return out;
-          },
-          py::arg("seq"), py::arg("positions"),
-          "Reserves a scratch slot per interior (position, hash) boundary of the next forward; "
-          "returns the (slot, position, hash) reservations, stopping at the first shortage (empty "
-          "without scratch). Raises ValueError for a hash of -1, TypeError for malformed positions.")
+          "attributes.");
+  fast::method<&PyCoordinator::set_scratch>(
+      cls, "attach_midstep_scratch", {"slot_pool", fast::nonneg_arg("max_ops_per_batch")},
+      "Borrows midstep scratch slots from ``slot_pool`` (a StateSlotPool), at most "
+      "``max_ops_per_batch`` copies a batch; returns None. Raises TypeError for another pool "
+      "type, ValueError for a negative count.");
+  cls.def(
+         "reserve_midstep",
+         [](PyCoordinator& c, py::handle seq, py::handle positions) {
+           const bool asks = c.readable_midstep() && c.enabled();  // the reference's order
+           auto res = c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", asks ? fast::kHasCache : 0).get(),
+                                        as_positions(positions, c.hash_form()));
+           py::list out;
+           for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, hash_object(h, c.hash_form())));
+           return out;
+         },
+         py::arg("seq"), py::arg("positions"),
+         "Reserves a scratch slot per interior (position, hash) boundary of the next forward; "
+         "returns the (slot, position, hash) reservations, stopping at the first shortage (empty "
+         "without scratch). Raises ValueError for a hash of -1, TypeError for malformed positions.")
       .def(
           "publish_midstep",
           [](PyCoordinator& c, py::handle reservations, py::handle) {
@@ -488,32 +484,33 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           "Begins the filed stores and returns this batch's (stores, restores) tuples. Raises "
           "RuntimeError when called from inside itself (an eviction handler), and what an engine "
           "object's state_slot getter raised, before anything changes; an on_evict handler's "
-          "exception goes to sys.unraisablehook.")
-      .def("complete_previous_batch", &Coordinator::complete_previous_batch,
-           "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
-           "Raises RuntimeError when called from inside take_checkpoint_ops.")
-      .def(
-          "reserve_transfer_units",
-          [](PyCoordinator& c, py::handle owner) -> py::object {
-            const int64_t token = c.transfer_owner(owner);
-            c.owners().retain(token);  // interned while the pool's code may run
-            std::optional<UnitIds> units;
-            try {
-              units = c.reserve_transfer_units(token);
-            } catch (...) {
-              c.owners().unretain(token);
-              throw;
-            }
-            if (!units) {
-              c.owners().unretain(token);
-              return py::none();
-            }
-            return to_tuple(*units);
-          },
-          py::arg("owner"),
-          "Reserves one image's units under (\"state-transfer\", owner) for an external load; "
-          "returns their ids, or None when they cannot be had. Raises ValueError for owner None, "
-          "TypeError for an unhashable owner.")
+          "exception goes to sys.unraisablehook.");
+  fast::method<&Coordinator::complete_previous_batch>(
+      cls, "complete_previous_batch", {},
+      "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
+      "Raises RuntimeError when called from inside take_checkpoint_ops.");
+  cls.def(
+         "reserve_transfer_units",
+         [](PyCoordinator& c, py::handle owner) -> py::object {
+           const int64_t token = c.transfer_owner(owner);
+           c.owners().retain(token);  // interned while the pool's code may run
+           std::optional<UnitIds> units;
+           try {
+             units = c.reserve_transfer_units(token);
+           } catch (...) {
+             c.owners().unretain(token);
+             throw;
+           }
+           if (!units) {
+             c.owners().unretain(token);
+             return py::none();
+           }
+           return to_tuple(*units);
+         },
+         py::arg("owner"),
+         "Reserves one image's units under (\"state-transfer\", owner) for an external load; "
+         "returns their ids, or None when they cannot be had. Raises ValueError for owner None, "
+         "TypeError for an unhashable owner.")
       .def(
           "release_transfer_units",
           [](PyCoordinator& c, py::handle owner) {
@@ -543,56 +540,53 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           py::arg("owner"), py::arg("prefix_hash"),
           "Files the loaded units as a READY image under ``prefix_hash``; returns False when "
           "``owner`` holds no reservation or the hash is already kept (the units then go back). "
-          "Raises ValueError for ``prefix_hash == -1``.")
-      .def(
-          "attach_offload",
-          [](PyCoordinator& c, py::object index, py::handle sink) {
-            c.set_offload(std::move(index), as_bool(sink, "sink"));
-          },
-          py::arg("index"), py::kw_only(), py::arg("sink") = true,
-          "Attaches a tier (its vote in ``resumable_hit``, and a sink for offload nominations "
-          "unless ``sink=False``), or detaches with None; returns None. Raises only for a bad "
-          "argument (docs/contract.md, \"Errors\").")
-      .def(
-          "unindex",
-          [](PyCoordinator& c, py::handle h) {
-            const int64_t prefix_hash = as_hash(h, "h", c.hash_form());
-            const int64_t pending = c.num_pending();
-            c.unindex(prefix_hash);
-            if (c.num_pending() != pending) c.prune_generic();
-          },
-          py::arg("h"),
-          "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
-          "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
+          "Raises ValueError for ``prefix_hash == -1``.");
+  fast::method<&PyCoordinator::set_offload>(
+      cls, "attach_offload", {"index", "*", "sink=True"},
+      "Attaches a tier (its vote in ``resumable_hit``, and a sink for offload nominations "
+      "unless ``sink=False``), or detaches with None; returns None. Raises only for a bad "
+      "argument (docs/contract.md, \"Errors\").");
+  cls.def(
+         "unindex",
+         [](PyCoordinator& c, py::handle h) {
+           const int64_t prefix_hash = as_hash(h, "h", c.hash_form());
+           const int64_t pending = c.num_pending();
+           c.unindex(prefix_hash);
+           if (c.num_pending() != pending) c.prune_generic();
+         },
+         py::arg("h"),
+         "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
+         "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
       .def(
           "clear_index", [](PyCoordinator& c) { then_prune(c, [&] { c.clear_index(); }); },
           "Drops every unpinned checkpoint; returns None. Raises nothing (an on_evict handler's "
-          "exception goes to sys.unraisablehook).")
-      .def("check_consistency", &Coordinator::check_consistency,
-           "Checks the invariants of the coordinator, its store and its pool (for tests); returns "
-           "None. Raises AssertionError when one is broken.")
-      .def("checkpoint_fates", &fates,
-           "Returns a new dict of the fates (kept, dropped, evicted, orphaned, reclaimed pins) and, "
-           "with a tier attached, the tier's stats under ``state_offload_*``. Raises nothing.");
+          "exception goes to sys.unraisablehook).");
+  fast::method<&Coordinator::check_consistency>(
+      cls, "check_consistency", {},
+      "Checks the invariants of the coordinator, its store and its pool (for tests); returns "
+      "None. Raises AssertionError when one is broken.");
+  fast::method<&fates>(cls, "checkpoint_fates", {},
+                       "Returns a new dict of the fates (kept, dropped, evicted, orphaned, reclaimed pins) and, "
+                       "with a tier attached, the tier's stats under ``state_offload_*``. Raises nothing.");
   def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
   fast::def<PyCoordinator>(
       cls, "resumable_hit", [](PyCoordinator& c, PyObject** a) { return coord_resumable_hit(c, a); },
-      {"seq", "hit", "block_hashes", "assume_checkpointed=False"}, 3,
+      {"seq", "hit", "block_hashes", "assume_checkpointed=False"},
       "Returns the longest prefix <= ``hit`` whose boundary is READY here or servable by the "
       "attached tier; 0 is always valid. Raises ValueError for ``hit < 0``, IndexError for "
       "``hit > len(block_hashes)``.");
   fast::def<PyCoordinator>(
       cls, "resumable_hits", [](PyCoordinator& c, PyObject** a) { return coord_resumable_hits(c, a); },
-      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2, kResumableHitsDoc);
+      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, kResumableHitsDoc);
   fast::def<PyCoordinator>(
       cls, "checkpoint", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint(c, a); },
-      {"seq", "boundary_blocks", "h"}, 3,
+      {"seq", "boundary_blocks", "h"},
       "Files the boundary for the next ``take_checkpoint_ops`` (a newer one of the same "
       "sequence supersedes it); returns None. Raises ValueError for ``boundary_blocks < 0`` or "
       "``h == -1``, TypeError for an object without the sequence attributes.");
   fast::def<PyCoordinator>(
       cls, "checkpoint_many", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint_many(c, a); },
-      {"seqs", "boundary_blocks", "hashes"}, 3,
+      {"seqs", "boundary_blocks", "hashes"},
       "Batched ``checkpoint``: the same filed boundaries (and so the same store ops at the "
       "next drain) as ``checkpoint(seqs[i], boundary_blocks[i], hashes[i])`` for each i in "
       "order. Returns None. The batch is checked as a whole first; raises ValueError when the "
@@ -600,18 +594,17 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       "TypeError for an item that is not a sequence; a refused batch changes nothing.");
   fast::def<PyCoordinator>(
       cls, "forget_pending_many", [](PyCoordinator& c, PyObject** a) { return coord_forget_pending_many(c, a); },
-      {"seqs"}, 1,
+      {"seqs"},
       "Batched ``forget_pending`` (finished or preempted requests): drops each sequence's "
       "filed boundary and a restore queued into its slot. Returns None. Raises TypeError for "
       "an item that is not a sequence, before anything changes.");
   fast::def<PyCoordinator>(
       cls, "begin_restore", [](PyCoordinator& c, PyObject** a) { return coord_begin_restore(c, a); }, {"h", "dst_slot"},
-      2,
       "Queues a restore of the READY image filed under ``h`` into ``dst_slot``; returns False "
       "when there is none. Raises only for a bad argument (docs/contract.md, \"Errors\").");
   fast::def<PyCoordinator>(
       cls, "begin_restores", [](PyCoordinator& c, PyObject** a) { return coord_begin_restores(c, a); },
-      {"hashes", "dst_slots"}, 2,
+      {"hashes", "dst_slots"},
       "Batched ``begin_restore``: returns the list ``[begin_restore(hashes[i], dst_slots[i]) for "
       "i ...]`` (True where a restore was queued), computed in one call, in order. ``hashes``, "
       "``dst_slots``: lists or NumPy int64 arrays. The batch is checked as a whole first; raises "

@@ -55,131 +55,100 @@ inline py::list sources(const std::vector<PageUnitCheckpointStore::Source>& srcs
   return out;
 }
 
+// What the table below binds that is more than a member of the store.
+inline py::list take_offload_stores(PageUnitCheckpointStore& s, int64_t max_inflight) {
+  return sources(s.take_offload_stores(max_inflight), s.hash_form());
+}
+inline py::object acquire_checkpoint_source(PageUnitCheckpointStore& s, int64_t prefix_hash,
+                                            std::optional<int64_t> max_inflight) {
+  return source_or_none(s.acquire_checkpoint_source(prefix_hash, max_inflight), s.hash_form());
+}
+inline void release_offload_store_source(PageUnitCheckpointStore& s, py::handle op) {
+  if (auto id = as_operation_id(op, s.hash_form())) s.release_offload_store_source(*id);
+}
+inline void settle_offload_store(PageUnitCheckpointStore& s, py::handle op) {
+  if (auto id = as_operation_id(op, s.hash_form())) s.settle_offload_store(*id);
+}
+inline int64_t reclaim_stale_offload_pins(PageUnitCheckpointStore& s, py::handle timeout) {
+  return s.reclaim_stale_offload_pins(as_seconds(timeout, "timeout_s"));
+}
+inline bool was_reclaimed(PageUnitCheckpointStore& s, py::handle op) {
+  auto id = as_operation_id(op, s.hash_form());
+  return id.has_value() && s.was_reclaimed(*id);
+}
+
 // `StoreOf{}(self)` gives the PageUnitCheckpointStore& behind `self` (a
 // stateless lambda, so the fast methods can name it).
 template <class T, class StoreOf>
 void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
   using Store = PageUnitCheckpointStore;
-  fast::def<T>(
-      cls, "contains",
-      [](T& self, PyObject** a) {
-        PageUnitCheckpointStore& s = StoreOf{}(self);
-        return fast::to_py(s.contains(as_hash(a[0], "prefix_hash", s.hash_form())));
-      },
-      {"prefix_hash"}, 1,
+  using fast::hash_arg;
+  fast::method<&Store::contains, StoreOf>(
+      cls, "contains", {hash_arg("prefix_hash")},
       "Returns whether a READY image is filed under ``prefix_hash``. Raises only for a bad argument "
       "(docs/contract.md, \"Errors\").");
-  fast::def<T>(
-      cls, "has_available_units",
-      [](T& self, PyObject** a) {
-        PageUnitCheckpointStore& s = StoreOf{}(self);
-        std::optional<int64_t> protected_hash;
-        if (a[1] != nullptr && a[1] != Py_None) protected_hash = as_hash(a[1], "protected_hash", s.hash_form());
-        return fast::to_py(s.has_available_units(as_int(a[0], "count"), protected_hash));
-      },
-      {"count", "protected_hash=None"}, 1,
+  fast::method<&Store::has_available_units, StoreOf>(
+      cls, "has_available_units", {"count", hash_arg("protected_hash=None")},
       "Returns whether ``count`` units could be had, evicting unpinned READY images if it came to "
       "that (never the one filed under ``protected_hash``). Raises ValueError for ``count < 0``.");
   def_eviction_methods(cls, [store_of](T& self) -> Store& { return store_of(self); });
+  fast::method<&Store::ensure_free_units, StoreOf>(
+      cls, "ensure_free_units", {"count"},
+      "Evicts unpinned READY images until ``count`` units are free; returns whether they are "
+      "(an unreachable count is refused before evicting anything). Raises ValueError for "
+      "``count < 0``.");
+  fast::method<&Store::restore_queued_for, StoreOf>(
+      cls, "restore_queued_for", {"dst_slot"},
+      "Returns whether a restore into ``dst_slot`` is queued. Raises only for a bad argument "
+      "(docs/contract.md, \"Errors\").");
+  fast::method<&Store::suspend_queued_restore, StoreOf>(
+      cls, "suspend_queued_restore", {"dst_slot"},
+      "Takes the restore queued into ``dst_slot`` out of the batch, keeping its pin; returns "
+      "it, or None when none is queued. Raises AssertionError, changing nothing, when two "
+      "restores are queued for the slot.");
+  // pybind11's: the restore converts through its caster.
   cls.def(
-         "ensure_free_units",
-         [store_of](T& self, py::handle count) { return store_of(self).ensure_free_units(as_int(count, "count")); },
-         py::arg("count"),
-         "Evicts unpinned READY images until ``count`` units are free; returns whether they are "
-         "(an unreachable count is refused before evicting anything). Raises ValueError for "
-         "``count < 0``.")
-      .def(
-          "restore_queued_for",
-          [store_of](T& self, py::handle slot) { return store_of(self).restore_queued_for(as_int(slot, "dst_slot")); },
-          py::arg("dst_slot"),
-          "Returns whether a restore into ``dst_slot`` is queued. Raises only for a bad argument "
-          "(docs/contract.md, \"Errors\").")
-      .def(
-          "suspend_queued_restore",
-          [store_of](T& self, py::handle slot) -> py::object {
-            auto r = store_of(self).suspend_queued_restore(as_int(slot, "dst_slot"));
-            return r ? py::cast(std::move(*r)) : py::none();
-          },
-          py::arg("dst_slot"),
-          "Takes the restore queued into ``dst_slot`` out of the batch, keeping its pin; returns "
-          "it, or None when none is queued. Raises AssertionError, changing nothing, when two "
-          "restores are queued for the slot.")
-      .def(
-          "resume_suspended_restore",
-          [store_of](T& self, const SuspendedCheckpointRestore& r) { store_of(self).resume_suspended_restore(r); },
-          py::arg("restore"),
-          "Queues a suspended restore again; returns None. Raises ValueError for a restore this "
-          "store did not suspend (or already resumed or released), AssertionError when its image "
-          "lost its pin.")
+         "resume_suspended_restore",
+         [store_of](T& self, const SuspendedCheckpointRestore& r) { store_of(self).resume_suspended_restore(r); },
+         py::arg("restore"),
+         "Queues a suspended restore again; returns None. Raises ValueError for a restore this "
+         "store did not suspend (or already resumed or released), AssertionError when its image "
+         "lost its pin.")
       .def(
           "release_suspended_restore",
           [store_of](T& self, const SuspendedCheckpointRestore& r) { store_of(self).release_suspended_restore(r); },
           py::arg("restore"),
           "Drops a suspended restore and its pin; returns None. Raises ValueError for a restore "
-          "this store did not suspend (or already resumed or released).")
-      .def(
-          "take_offload_stores",
-          [store_of](T& self, py::handle max_inflight) {
-            Store& s = store_of(self);
-            return sources(s.take_offload_stores(as_int(max_inflight, "max_inflight")), s.hash_form());
-          },
-          py::arg("max_inflight"),
-          "Returns up to ``max_inflight`` (operation, unit ids) pairs to hand the tier now, each "
-          "source pinned (none when ``max_inflight`` are already out). Raises only for a bad "
-          "argument (docs/contract.md, \"Errors\").")
-      .def(
-          "acquire_checkpoint_source",
-          [store_of](T& self, py::handle h, py::handle max_inflight) {
-            Store& s = store_of(self);
-            const int64_t prefix_hash = as_hash(h, "prefix_hash", s.hash_form());
-            return source_or_none(s.acquire_checkpoint_source(prefix_hash, optional_int(max_inflight, "max_inflight")),
-                                  s.hash_form());
-          },
-          py::arg("prefix_hash"), py::kw_only(), py::arg("max_inflight") = py::none(),
-          "Pins a READY image for an external transfer (never reclaimed by time); returns "
-          "(operation id, unit ids), or None when there is no such image or ``max_inflight`` are "
-          "out. Raises only for a bad argument (docs/contract.md, \"Errors\").")
-      .def(
-          "release_offload_store_source",
-          [store_of](T& self, py::handle op) {
-            Store& s = store_of(self);
-            if (auto id = as_operation_id(op, s.hash_form())) s.release_offload_store_source(*id);
-          },
-          py::arg("op"),
-          "Phase one: the units were read out, so the source's pin goes; the operation stays "
-          "dispatched. Returns None. Raises TypeError for an unhashable op.")
-      .def(
-          "settle_offload_store",
-          [store_of](T& self, py::handle op) {
-            Store& s = store_of(self);
-            if (auto id = as_operation_id(op, s.hash_form())) s.settle_offload_store(*id);
-          },
-          py::arg("op"),
-          "Phase two: the tier write completed; the operation is retired. Returns None. Raises "
-          "TypeError for an unhashable op.")
-      .def(
-          "has_offload_pins", [store_of](T& self) { return store_of(self).has_offload_pins(); },
-          "Returns whether any offload pin is held. Raises nothing.")
-      .def(
-          "reclaim_stale_offload_pins",
-          [store_of](T& self, py::handle timeout) {
-            return store_of(self).reclaim_stale_offload_pins(as_seconds(timeout, "timeout_s"));
-          },
-          py::arg("timeout_s"),
-          "Takes back offload pins older than ``timeout_s`` seconds (monotonic clock); returns how "
-          "many. ``timeout_s <= 0`` reclaims nothing. Raises TypeError for a value that is not a "
-          "number of seconds.")
-      .def(
-          "was_reclaimed",
-          [store_of](T& self, py::handle op) {
-            Store& s = store_of(self);
-            auto id = as_operation_id(op, s.hash_form());
-            return id.has_value() && s.was_reclaimed(*id);
-          },
-          py::arg("op"),
-          "Returns whether a stale-pin reclamation took the operation's pin. Raises TypeError for "
-          "an unhashable op.");
-  (void)sizeof(Store);
+          "this store did not suspend (or already resumed or released).");
+  fast::method<&take_offload_stores, StoreOf>(
+      cls, "take_offload_stores", {"max_inflight"},
+      "Returns up to ``max_inflight`` (operation, unit ids) pairs to hand the tier now, each "
+      "source pinned (none when ``max_inflight`` are already out). Raises only for a bad "
+      "argument (docs/contract.md, \"Errors\").");
+  fast::method<&acquire_checkpoint_source, StoreOf>(
+      cls, "acquire_checkpoint_source", {hash_arg("prefix_hash"), "*", "max_inflight=None"},
+      "Pins a READY image for an external transfer (never reclaimed by time); returns "
+      "(operation id, unit ids), or None when there is no such image or ``max_inflight`` are "
+      "out. Raises only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&release_offload_store_source, StoreOf>(
+      cls, "release_offload_store_source", {"op"},
+      "Phase one: the units were read out, so the source's pin goes; the operation stays "
+      "dispatched. Returns None. Raises TypeError for an unhashable op.");
+  fast::method<&settle_offload_store, StoreOf>(
+      cls, "settle_offload_store", {"op"},
+      "Phase two: the tier write completed; the operation is retired. Returns None. Raises "
+      "TypeError for an unhashable op.");
+  fast::method<&Store::has_offload_pins, StoreOf>(cls, "has_offload_pins", {},
+                                                  "Returns whether any offload pin is held. Raises nothing.");
+  fast::method<&reclaim_stale_offload_pins, StoreOf>(
+      cls, "reclaim_stale_offload_pins", {"timeout_s"},
+      "Takes back offload pins older than ``timeout_s`` seconds (monotonic clock); returns how "
+      "many. ``timeout_s <= 0`` reclaims nothing. Raises TypeError for a value that is not a "
+      "number of seconds.");
+  fast::method<&was_reclaimed, StoreOf>(
+      cls, "was_reclaimed", {"op"},
+      "Returns whether a stale-pin reclamation took the operation's pin. Raises TypeError for "
+      "an unhashable op.");
 }
 
 }  // namespace statecache::bindings

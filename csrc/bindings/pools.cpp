@@ -14,6 +14,7 @@
 #include "bindings/convert.h"
 #include "bindings/eviction.h"
 #include "bindings/fast_call.h"
+#include "bindings/value_type.h"
 #include "core/group_pool.h"
 #include "core/slot_pool.h"
 
@@ -97,31 +98,12 @@ std::vector<int64_t> slots_arg(PyObject* obj, const char* name = "slots") {
 // thread's call waits instead of changing the pool under it; what changes it
 // is this thread's own setter, which is refused.
 
-// After a write-back: `still_holds()` decides again; when it no longer
-// holds (or throws: a setter of ours released what the call works on), the
-// `written` fields get their values as read back and the call raises.
-template <class StillHolds>
-void recheck(fast::SeqArg& s, std::initializer_list<std::pair<fast::SeqField, int64_t>> written,
-             StillHolds&& still_holds) {
-  const std::span<const std::pair<fast::SeqField, int64_t>> fields(written.begin(), written.size());
-  bool holds = false;
-  try {
-    holds = still_holds();
-  } catch (...) {
-    s.restore(fields);
-    throw;
-  }
-  if (holds) return;
-  s.restore(fields);
-  throw std::runtime_error("the pool changed while seq's fields were written back; nothing was filed");
-}
-
 // StateSlotPool.checkpoint of a generic sequence.
 void checkpoint_generic(StateSlotPool& p, fast::SeqArg& s, int64_t blocks, int64_t h) {
   const ForkPlan plan = p.plan_checkpoint(s.get(), h);
   if (plan.forks) {
-    s.write_back({{fast::kStateSlot, plan.fresh}, {fast::kForkSrc, plan.old}});
-    recheck(s, {{fast::kStateSlot, 0}, {fast::kForkSrc, 0}}, [&] { return p.plan_checkpoint(s.get(), h) == plan; });
+    s.write_back_checked({{fast::kStateSlot, plan.fresh}, {fast::kForkSrc, plan.old}},
+                         [&] { return p.plan_checkpoint(s.get(), h) == plan; });
   }
   p.apply_checkpoint(s.get(), plan, blocks, h);
 }
@@ -174,7 +156,31 @@ std::vector<MidstepReservation> reservations_arg(py::handle obj, HashForm& form)
 
 py::tuple pair_tuple(const std::pair<int64_t, int64_t>& p) { return py::make_tuple(p.first, p.second); }
 
-py::dict fates_dict(const CheckpointFates& f) {
+// (src, dst) pairs as a list of tuples.
+py::list pair_list(const std::vector<std::pair<int64_t, int64_t>>& pairs) {
+  py::list out(pairs.size());
+  for (size_t i = 0; i < pairs.size(); ++i) out[i] = pair_tuple(pairs[i]);
+  return out;
+}
+
+void cancel_midstep(StateSlotPool& p, py::handle reservations) {
+  p.cancel_midstep(reservations_arg(reservations, p.hash_form()));
+}
+
+py::dict occupancy_dict(const StateSlotPool& p) {
+  const Occupancy o = p.occupancy();
+  py::dict d;
+  d["slots_total"] = o.total;
+  d["slots_used"] = o.used;
+  d["slots_held"] = o.held;
+  d["slots_vacant"] = o.vacant;
+  return d;
+}
+
+py::tuple take_relocations(StateSlotPool& p) { return py::tuple(pair_list(p.take_relocations())); }
+
+py::dict fates_dict(const StateFreeList& p) {
+  const CheckpointFates& f = p.fates();
   py::dict d;
   d["checkpoints_kept"] = f.kept;
   d["checkpoints_dropped"] = f.dropped;
@@ -221,22 +227,18 @@ struct IndexHashView {
   }
 };
 
-template <class View>
-int traverse_view(View& v, visitproc visit, void* arg) {
-  Py_VISIT(v.owner.ptr());
-  return 0;
-}
-template <class View>
-void clear_view(View& v) {
-  py::object old = std::move(v.owner);
-  v.owner = py::none();
+// The views' __ne__: the negation of their __eq__ (NotImplemented as is).
+py::object ne_by_eq(py::handle self, py::handle other) {
+  py::object eq = self.attr("__eq__")(other);
+  if (eq.is(py::reinterpret_borrow<py::object>(Py_NotImplemented))) return eq;
+  return py::bool_(!eq.cast<bool>());
 }
 
 void bind_views(py::module_& m) {
-  py::classh<CheckpointIndexView> index_view(
-      m, "CheckpointIndexView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
-      fast::gc_setup<CheckpointIndexView, &traverse_view<CheckpointIndexView>, &clear_view<CheckpointIndexView>>(),
-      "Read-only live mapping: prefix hash -> index holding its checkpoint.");
+  py::classh<CheckpointIndexView> index_view(m, "CheckpointIndexView", py::is_final(),
+                                             py::metaclass(fast::guarded_metaclass()),
+                                             fast::owner_gc_setup<CheckpointIndexView>(),
+                                             "Read-only live mapping: prefix hash -> index holding its checkpoint.");
   fast::refuse_copy(index_view);
   index_view.def("__len__", [](const CheckpointIndexView& s) { return s.pool->index().size(); })
       .def("__contains__", [](const CheckpointIndexView& s, py::handle k) { return s.find(k) != nullptr; })
@@ -278,19 +280,13 @@ void bind_views(py::module_& m) {
                return py::reinterpret_borrow<py::object>(Py_NotImplemented);
              return py::bool_(s.snapshot().equal(py::dict(py::reinterpret_borrow<py::object>(other))));
            })
-      .def("__ne__",
-           [](py::handle self, py::handle other) -> py::object {
-             py::object eq = self.attr("__eq__")(other);
-             if (eq.is(py::reinterpret_borrow<py::object>(Py_NotImplemented))) return eq;
-             return py::bool_(!eq.cast<bool>());
-           })
+      .def("__ne__", &ne_by_eq)
       .def("__repr__", [](const CheckpointIndexView& s) { return py_repr(s.snapshot()); });
   m.attr("CheckpointIndexView").attr("__hash__") = py::none();
 
-  py::classh<IndexHashView> hash_view(
-      m, "IndexHashView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
-      fast::gc_setup<IndexHashView, &traverse_view<IndexHashView>, &clear_view<IndexHashView>>(),
-      "Read-only live sequence: the prefix hash each index carries, -1 for none.");
+  py::classh<IndexHashView> hash_view(m, "IndexHashView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
+                                      fast::owner_gc_setup<IndexHashView>(),
+                                      "Read-only live sequence: the prefix hash each index carries, -1 for none.");
   fast::refuse_copy(hash_view);
   hash_view.def("__len__", [](const IndexHashView& s) { return s.size(); })
       .def("__getitem__",
@@ -319,12 +315,7 @@ void bind_views(py::module_& m) {
              if (!PyList_Check(other.ptr())) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
              return py::bool_(s.list().equal(other));
            })
-      .def("__ne__",
-           [](py::handle self, py::handle other) -> py::object {
-             py::object eq = self.attr("__eq__")(other);
-             if (eq.is(py::reinterpret_borrow<py::object>(Py_NotImplemented))) return eq;
-             return py::bool_(!eq.cast<bool>());
-           })
+      .def("__ne__", &ne_by_eq)
       .def("__repr__", [](const IndexHashView& s) { return py_repr(s.list()); });
   m.attr("IndexHashView").attr("__hash__") = py::none();
 
@@ -358,29 +349,10 @@ void bind_retirement(py::module_& m, const char* name, const char* doc) {
           py::arg("retired"), py::arg("relocated_to"), py::arg("held_checkpoint"))
       .def_property_readonly("retired", [](const R& r) { return r.retired; })
       .def_property_readonly("relocated_to", [](const R& r) { return r.relocated_to; })
-      .def_property_readonly("held_checkpoint", [](const R& r) { return r.held_checkpoint; })
-      .def("__eq__",
-           [](const R& a, py::handle b) -> py::object {
-             if (!py::isinstance<R>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
-             return py::bool_(a == b.cast<const R&>());
-           })
-      .def("__ne__",
-           [](const R& a, py::handle b) -> py::object {
-             if (!py::isinstance<R>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
-             return py::bool_(!(a == b.cast<const R&>()));
-           })
-      .def("__hash__",
-           [](const R& r) { return py::hash(py::make_tuple(r.retired, r.relocated_to, r.held_checkpoint)); })
-      .def("__repr__",
-           [name](const R& r) {
-             return std::string(name) + "(retired=" + std::to_string(r.retired) +
-                    ", relocated_to=" + std::to_string(r.relocated_to) +
-                    ", held_checkpoint=" + (r.held_checkpoint ? "True" : "False") + ")";
-           })
-      .def("__reduce__", [](py::handle self) {
-        const R& r = fast::self_of<R>(self.ptr());
-        return py::make_tuple(py::type::of(self), py::make_tuple(r.retired, r.relocated_to, r.held_checkpoint));
-      });
+      .def_property_readonly("held_checkpoint", [](const R& r) { return r.held_checkpoint; });
+  def_value(
+      cls, [](const R& r) { return py::make_tuple(r.retired, r.relocated_to, r.held_checkpoint); },
+      {"retired", "relocated_to", "held_checkpoint"}, /*frozen=*/true);
   cls.attr("__match_args__") = py::make_tuple("retired", "relocated_to", "held_checkpoint");
 }
 
@@ -392,10 +364,12 @@ constexpr const char* kIndexKind = std::is_same_v<Pool, StateSlotPool> ? "slot" 
 template <class Pool>
 constexpr const char* kIndexKinds = std::is_same_v<Pool, StateSlotPool> ? "slots" : "groups";
 
-inline int64_t int_arg(PyObject* o, const char* name) { return as_int(py::handle(o), name); }
-inline bool bool_arg(PyObject* o, const char* name, bool fallback) {
-  return o ? as_bool(py::handle(o), name) : fallback;
+template <class Pool>
+void release_many_arg(Pool& p, py::handle slots) {
+  p.release_many(slots_arg(slots.ptr(), kIndexKinds<Pool>));
 }
+
+inline int64_t int_arg(PyObject* o, const char* name) { return as_int(py::handle(o), name); }
 
 // Binds the methods and attributes the two pools share. The per-call hot ones
 // go through fast::def (see fast_call.h); the rest through pybind11.
@@ -405,57 +379,35 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   using fast::to_py;
   fast::refuse_copy(cls);
   def_eviction_methods(cls, [](Pool& p) -> StateFreeList& { return p; });
-  fast::def<Pool>(
-      cls, "num_free", [](Pool& p, PyObject**) { return to_py(p.num_free()); }, {}, 0,
-      "Returns how many indices are free (vacant or checkpointed). Raises nothing.");
-  fast::def<Pool>(
-      cls, "is_free", [](Pool& p, PyObject** a) { return to_py(p.is_free(int_arg(a[0], U))); }, {U}, 1,
-      "Returns whether the index is on the free list. Raises IndexError for an index out of "
-      "range.");
-  fast::def<Pool>(
-      cls, "holds_checkpoint", [](Pool& p, PyObject** a) { return to_py(p.holds_checkpoint(int_arg(a[0], U))); }, {U},
-      1,
+  fast::method<&Pool::num_free>(cls, "num_free", {},
+                                "Returns how many indices are free (vacant or checkpointed). Raises nothing.");
+  fast::method<&Pool::is_free>(cls, "is_free", {U},
+                               "Returns whether the index is on the free list. Raises IndexError for an index out of "
+                               "range.");
+  fast::method<&Pool::holds_checkpoint>(
+      cls, "holds_checkpoint", {U},
       "Returns whether the index is free and still carries a checkpoint. Raises IndexError for "
       "an index out of range.");
-  fast::def<Pool>(
-      cls, "pop", [](Pool& p, PyObject**) { return to_py(p.pop()); }, {}, 0,
-      "Returns an index now owned by the caller: vacant lowest first, else the least recently "
-      "used checkpoint (counted evicted). Raises IndexError, changing nothing, when nothing is "
-      "free.");
-  fast::def<Pool>(
-      cls, "claim",
-      [](Pool& p, PyObject** a) {
-        p.claim(int_arg(a[0], U));
-        return fast::none();
-      },
-      {U}, 1,
-      "Takes one specific free index off the free list, checkpoint and all; returns None. "
-      "Raises ValueError for an index that is not free, IndexError for one out of range.");
-  fast::def<Pool>(
-      cls, "release",
-      [](Pool& p, PyObject** a) {
-        p.release(int_arg(a[0], U));
-        return fast::none();
-      },
-      {U}, 1,
-      "Hands an owned index back: to the LRU tail (the head if speculative) when it carries a "
-      "checkpoint, else to the vacant ones. Returns None. Raises ValueError for an index that "
-      "is already free, IndexError for one out of range.");
-  fast::def<Pool>(
-      cls, "extend",
-      [](Pool& p, PyObject** a) {
-        p.extend(int_arg(a[0], "count"));
-        return fast::none();
-      },
-      {"count"}, 1,
-      "Adds ``count`` indices at the top (the caller made room for their bytes); returns None. "
-      "Raises ValueError for ``count < 0``.");
+  fast::method<&Pool::pop>(cls, "pop", {},
+                           "Returns an index now owned by the caller: vacant lowest first, else the least recently "
+                           "used checkpoint (counted evicted). Raises IndexError, changing nothing, when nothing is "
+                           "free.");
+  fast::method<&Pool::claim>(cls, "claim", {U},
+                             "Takes one specific free index off the free list, checkpoint and all; returns None. "
+                             "Raises ValueError for an index that is not free, IndexError for one out of range.");
+  fast::method<&Pool::release>(cls, "release", {U},
+                               "Hands an owned index back: to the LRU tail (the head if speculative) when it carries a "
+                               "checkpoint, else to the vacant ones. Returns None. Raises ValueError for an index that "
+                               "is already free, IndexError for one out of range.");
+  fast::method<&Pool::extend>(cls, "extend", {"count"},
+                              "Adds ``count`` indices at the top (the caller made room for their bytes); returns None. "
+                              "Raises ValueError for ``count < 0``.");
   fast::def<Pool>(
       cls, "applies",
       [](Pool& p, PyObject** a) {
         return to_py(p.applies(SeqArg(a[0], "seq", p.enabled() ? fast::kHasCache : 0).get()));
       },
-      {"seq"}, 1,
+      {"seq"},
       "Returns whether this pool gates or checkpoints anything for ``seq``. Raises TypeError "
       "for an object without the sequence attributes.");
   fast::def<Pool>(
@@ -463,7 +415,7 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       [](Pool& p, PyObject** a) {
         return to_py(resumable_hit_arg(p, a[0], a[1], a[2], a[3] ? py::handle(a[3]) : py::handle(Py_False)));
       },
-      {"seq", "hit", "block_hashes", "assume_checkpointed=False"}, 3,
+      {"seq", "hit", "block_hashes", "assume_checkpointed=False"},
       "Returns the largest L <= ``hit`` whose boundary is checkpointed here and leaves the "
       "resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a list, "
       "tuple or NumPy integer array. Raises ValueError for ``hit < 0``, IndexError for ``hit > "
@@ -473,14 +425,9 @@ void bind_free_list_api(py::classh<Pool>& cls) {
       [](Pool& p, PyObject** a) {
         return resumable_hits_arg(p, a[0], a[1], a[2], a[3], fast::kHasCache | fast::kNumTokens).release().ptr();
       },
-      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, 2, kResumableHitsDoc);
-  fast::def<Pool>(
-      cls, "release_many",
-      [](Pool& p, PyObject** a) {
-        p.release_many(slots_arg(a[0], kIndexKinds<Pool>));
-        return fast::none();
-      },
-      {kIndexKinds<Pool>}, 1,
+      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, kResumableHitsDoc);
+  fast::method<&release_many_arg<Pool>>(
+      cls, "release_many", {kIndexKinds<Pool>},
       std::is_same_v<Pool, StateSlotPool>
           ? "Hands back a request's slots; -1 entries, None and an empty list are skipped. Returns None. "
             "Raises as ``release`` for any bad entry, and ValueError for a slot listed twice, before "
@@ -488,63 +435,33 @@ void bind_free_list_api(py::classh<Pool>& cls) {
           : "Hands back several groups (``release`` of each); -1 entries, None and an empty list are "
             "skipped. Returns None. Raises as ``release`` for any bad entry, and ValueError for a group "
             "listed twice, before releasing any.");
-  fast::def<Pool>(
-      cls, "lookup", [](Pool& p, PyObject** a) { return to_py(p.lookup(as_hash(a[0], "h", p.hash_form()))); }, {"h"}, 1,
-      "Returns the index holding the checkpoint filed under ``h``, or -1. Raises only for a "
-      "bad argument (docs/contract.md, \"Errors\").");
-  fast::def<Pool>(
-      cls, "invalidate",
-      [](Pool& p, PyObject** a) {
-        p.invalidate(int_arg(a[0], U));
-        return fast::none();
-      },
-      {U}, 1,
+  fast::method<&Pool::lookup>(cls, "lookup", {fast::hash_arg("h")},
+                              "Returns the index holding the checkpoint filed under ``h``, or -1. Raises only for a "
+                              "bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&Pool::invalidate>(
+      cls, "invalidate", {U},
       "Drops the index's checkpoint (no-op when it has none or the pool is disabled); returns "
       "None. Raises IndexError for an index out of range.");
-  fast::def<Pool>(
-      cls, "pin",
-      [](Pool& p, PyObject** a) {
-        p.pin(int_arg(a[0], U), bool_arg(a[1], "reader_is_next_batch", false));
-        return fast::none();
-      },
-      {U, "reader_is_next_batch=False"}, 1,
-      "Keeps an owned index out of circulation until its reading forward was issued "
-      "(``reader_is_next_batch``, keyword only: one pass longer); returns None. Raises "
-      "ValueError for a free index (claim it first), IndexError for one out of range.",
-      /*positional=*/1);
-  fast::def<Pool>(
-      cls, "is_pinned", [](Pool& p, PyObject** a) { return to_py(p.is_pinned(int_arg(a[0], U))); }, {U}, 1,
+  fast::method<&Pool::pin>(cls, "pin", {U, "*", "reader_is_next_batch=False"},
+                           "Keeps an owned index out of circulation until its reading forward was issued "
+                           "(``reader_is_next_batch``, keyword only: one pass longer); returns None. Raises "
+                           "ValueError for a free index (claim it first), IndexError for one out of range.");
+  fast::method<&Pool::is_pinned>(
+      cls, "is_pinned", {U},
       "Returns whether a forward still has to read the index. Raises IndexError for an index "
       "out of range.");
-  fast::def<Pool>(
-      cls, "pin_count", [](Pool& p, PyObject** a) { return to_py(p.pin_count(int_arg(a[0], U))); }, {U}, 1,
+  fast::method<&Pool::pin_count>(
+      cls, "pin_count", {U},
       "Returns how many readers hold the index pinned. Raises IndexError for an index out of "
       "range.");
-  fast::def<Pool>(
-      cls, "unpin",
-      [](Pool& p, PyObject** a) {
-        p.unpin(int_arg(a[0], U));
-        return fast::none();
-      },
-      {U}, 1,
-      "Drops one pin without freeing (the caller took the index over; no-op without a pin); "
-      "returns None. Raises IndexError for an index out of range.");
-  fast::def<Pool>(
-      cls, "drop_reader",
-      [](Pool& p, PyObject** a) {
-        p.drop_reader(int_arg(a[0], U));
-        return fast::none();
-      },
-      {U}, 1,
-      "A reader left before it read: unpins, and frees the index on its last pin; returns "
-      "None. Raises IndexError for an index out of range.");
-  fast::def<Pool>(
-      cls, "release_pins",
-      [](Pool& p, PyObject**) {
-        p.release_pins();
-        return fast::none();
-      },
-      {}, 0,
+  fast::method<&Pool::unpin>(cls, "unpin", {U},
+                             "Drops one pin without freeing (the caller took the index over; no-op without a pin); "
+                             "returns None. Raises IndexError for an index out of range.");
+  fast::method<&Pool::drop_reader>(cls, "drop_reader", {U},
+                                   "A reader left before it read: unpins, and frees the index on its last pin; returns "
+                                   "None. Raises IndexError for an index out of range.");
+  fast::method<&Pool::release_pins>(
+      cls, "release_pins", {},
       "Top of pass: frees every pinned index whose reading forward was issued; returns None. "
       "Raises nothing.");
 
@@ -558,21 +475,15 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   fast::def_readonly<Pool>(cls, "checkpoints_evicted", [](const Pool& p) { return to_py(p.fates().evicted); });
   fast::def_readonly<Pool>(cls, "checkpoints_orphaned", [](const Pool& p) { return to_py(p.fates().orphaned); });
 
-  cls.def(
-         "retire_top",
-         [](Pool& p) -> py::object {
-           std::optional<Retire> r = p.retire_top();
-           if (!r) return py::none();
-           return py::cast(*r);
-         },
-         "Removes the top index; returns what the runner must relocate (an owned top moves to a "
-         "free index), or None when the top cannot go this pass or the pool is empty. Raises "
-         "nothing.")
-      .def(
-          "checkpoint_fates", [](const Pool& p) { return fates_dict(p.fates()); },
-          "Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted, "
-          "checkpoints_orphaned. Raises nothing.")
-      .def_property_readonly("transfer", [](const Pool& p) { return p.transfer(); })
+  fast::method<&Pool::retire_top>(
+      cls, "retire_top", {},
+      "Removes the top index; returns what the runner must relocate (an owned top moves to a "
+      "free index), or None when the top cannot go this pass or the pool is empty. Raises "
+      "nothing.");
+  fast::method<&fates_dict>(cls, "checkpoint_fates", {},
+                            "Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted, "
+                            "checkpoints_orphaned. Raises nothing.");
+  cls.def_property_readonly("transfer", [](const Pool& p) { return p.transfer(); })
       // Introspection for tests: the private containers of the reference.
       .def("_check_invariants", [](const Pool& p) { p.check_invariants(); })
       .def("_index_is_exact", [](const Pool& p) { return p.index_is_exact(); })
@@ -601,6 +512,10 @@ void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* ha
   });
 }
 
+// The slot pool's unindex returns None, as the reference's does (the core
+// also says which slot it freed).
+void unindex_slot(StateSlotPool& p, int64_t h) { p.unindex(h); }
+
 void bind_slot_pool(py::module_& m) {
   py::classh<StateSlotPool> cls(m, "StateSlotPool", py::is_final(), STATECACHE_GUARDED(StateSlotPool), R"doc(
 Hands out per-need state slots and keeps fork checkpoints.
@@ -624,34 +539,19 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
   using fast::to_py;
   using P = StateSlotPool;
   fast::def_readonly<P>(cls, "num_slots", [](const P& p) { return to_py(p.size()); });
-  fast::def<P>(
-      cls, "has_free", [](P& p, PyObject** a) { return to_py(p.has_free(a[0] ? int_arg(a[0], "count") : 1)); },
-      {"count=1"}, 0,
-      "Returns whether ``count`` slots can be handed out now (checkpointed slots count: pop "
-      "spends them). Raises ValueError for ``count < 0``.");
-  fast::def<P>(
-      cls, "pop_many", [](P& p, PyObject** a) { return to_list(p.pop_many(int_arg(a[0], "count"))).release().ptr(); },
-      {"count"}, 1,
-      "Returns ``count`` slots for one request, element 0 first. Raises IndexError, taking "
-      "nothing, when fewer are free; ValueError for ``count < 0``.");
-  fast::def<P>(
-      cls, "mark_speculative",
-      [](P& p, PyObject** a) {
-        p.mark_speculative(int_arg(a[0], "slot"));
-        return fast::none();
-      },
-      {"slot"}, 1,
+  fast::method<&P::has_free>(cls, "has_free", {"count=1"},
+                             "Returns whether ``count`` slots can be handed out now (checkpointed slots count: pop "
+                             "spends them). Raises ValueError for ``count < 0``.");
+  fast::method<&P::pop_many>(cls, "pop_many", {"count"},
+                             "Returns ``count`` slots for one request, element 0 first. Raises IndexError, taking "
+                             "nothing, when fewer are free; ValueError for ``count < 0``.");
+  fast::method<&P::mark_speculative>(
+      cls, "mark_speculative", {"slot"},
       "Files this slot's checkpoint at the LRU head when it is released (spent first); returns "
       "None. Raises IndexError for a slot out of range.");
-  fast::def<P>(
-      cls, "promote",
-      [](P& p, PyObject** a) {
-        p.promote(int_arg(a[0], "slot"));
-        return fast::none();
-      },
-      {"slot"}, 1,
-      "A guess paid off: the slot's checkpoint is no longer spent first (to the LRU tail if "
-      "free); returns None. Raises IndexError for a slot out of range.");
+  fast::method<&P::promote>(cls, "promote", {"slot"},
+                            "A guess paid off: the slot's checkpoint is no longer spent first (to the LRU tail if "
+                            "free); returns None. Raises IndexError for a slot out of range.");
   fast::def<P>(
       cls, "checkpoint",
       [](P& p, PyObject** a, PyObject* self) {
@@ -672,7 +572,7 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
         checkpoint_generic(p, s, blocks, h);
         return fast::none();
       },
-      {"seq", "boundary_blocks", "h"}, 3,
+      {"seq", "boundary_blocks", "h"},
       "Fork checkpoint: ``seq`` moves to a fresh slot and its old slot is filed under ``h``, "
       "pinned through the next pass; under none/replay or with nothing free nothing is kept "
       "(counted dropped). Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks "
@@ -694,16 +594,10 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
             [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
         return fast::none();
       },
-      {"seqs", "boundary_blocks", "hashes"}, 3, kPoolCheckpointManyDoc);
-  fast::def<P>(
-      cls, "unindex",
-      [](P& p, PyObject** a) {
-        p.unindex(as_hash(a[0], "h", p.hash_form()));
-        return fast::none();
-      },
-      {"h"}, 1,
-      "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
-      "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
+      {"seqs", "boundary_blocks", "hashes"}, kPoolCheckpointManyDoc);
+  fast::method<&unindex_slot>(cls, "unindex", {fast::hash_arg("h")},
+                              "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
+                              "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
   cls.def(
          "reserve_midstep",
          [](StateSlotPool& p, py::handle seq, py::handle positions) {
@@ -732,53 +626,23 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
           },
           py::arg("reservations"), py::arg("seq") = py::none(),
           "Files each reserved slot under its hash once the forward wrote it; returns None. Raises "
-          "ValueError for a reservation this pool did not hand out.")
-      .def(
-          "cancel_midstep",
-          [](StateSlotPool& p, py::handle reservations) {
-            p.cancel_midstep(reservations_arg(reservations, p.hash_form()));
-          },
-          py::arg("reservations"),
-          "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
-          "reservation this pool did not hand out.")
-      .def(
-          "occupancy",
-          [](const StateSlotPool& p) {
-            const Occupancy o = p.occupancy();
-            py::dict d;
-            d["slots_total"] = o.total;
-            d["slots_used"] = o.used;
-            d["slots_held"] = o.held;
-            d["slots_vacant"] = o.vacant;
-            return d;
-          },
-          "Returns a new dict: slots_total, slots_used, slots_held, slots_vacant. Raises nothing.")
-      .def(
-          "record_relocation",
-          [](StateSlotPool& p, py::handle src, py::handle dst) {
-            p.record_relocation(as_int(src, "src"), as_int(dst, "dst"));
-          },
-          py::arg("src"), py::arg("dst"),
-          "Schedules a slot copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
-          "IndexError for a slot out of range.")
-      .def(
-          "take_relocations",
-          [](StateSlotPool& p) {
-            const auto moves = p.take_relocations();
-            py::tuple out(moves.size());
-            for (size_t i = 0; i < moves.size(); ++i) out[i] = pair_tuple(moves[i]);
-            return out;
-          },
-          "Returns and clears the (src, dst) slot copies the next batch must run first. Raises "
-          "nothing.")
-      .def(
-          "clear_index", [](StateSlotPool& p) { p.clear_index(); },
-          "Drops every checkpoint (slots stay where they are); returns None. Raises nothing.");
-  cls.def("_debug_relocations", [](const StateSlotPool& p) {
-    py::list out;
-    for (const auto& r : p.pending_relocations()) out.append(pair_tuple(r));
-    return out;
-  });
+          "ValueError for a reservation this pool did not hand out.");
+  fast::method<&cancel_midstep>(
+      cls, "cancel_midstep", {"reservations"},
+      "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
+      "reservation this pool did not hand out.");
+  fast::method<&occupancy_dict>(
+      cls, "occupancy", {}, "Returns a new dict: slots_total, slots_used, slots_held, slots_vacant. Raises nothing.");
+  fast::method<&P::record_relocation>(
+      cls, "record_relocation", {"src", "dst"},
+      "Schedules a slot copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
+      "IndexError for a slot out of range.");
+  fast::method<&take_relocations>(cls, "take_relocations", {},
+                                  "Returns and clears the (src, dst) slot copies the next batch must run first. Raises "
+                                  "nothing.");
+  fast::method<&P::clear_index>(cls, "clear_index", {},
+                                "Drops every checkpoint (slots stay where they are); returns None. Raises nothing.");
+  cls.def("_debug_relocations", [](const StateSlotPool& p) { return pair_list(p.pending_relocations()); });
 }
 
 // The group pool as Python sees it: the core plus the sequences behind its
@@ -813,14 +677,15 @@ struct PyGroupPool : StateGroupPool {
 void checkpoint_generic(PyGroupPool& p, fast::SeqArg& s, int64_t blocks, int64_t h) {
   const ForkPlan plan = p.plan_checkpoint(s.get(), h);
   if (plan.forks) {
-    s.write_back({{fast::kGroup, plan.fresh}, {fast::kForkSrc, plan.old}});
-    recheck(s, {{fast::kGroup, 0}, {fast::kForkSrc, 0}}, [&] { return p.plan_checkpoint(s.get(), h) == plan; });
+    s.write_back_checked({{fast::kGroup, plan.fresh}, {fast::kForkSrc, plan.old}},
+                         [&] { return p.plan_checkpoint(s.get(), h) == plan; });
   } else if (p.plan_intent(s.get(), h)) {
-    s.write_back({{fast::kPending, h}});
-    recheck(s, {{fast::kPending, 0}}, [&] { return p.plan_intent(s.get(), h); });
+    s.write_back_checked({{fast::kPending, h}}, [&] { return p.plan_intent(s.get(), h); });
   }
   if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
 }
+
+bool group_has_free(const PyGroupPool& p) { return p.num_free() > 0; }
 
 int traverse_group_pool(PyGroupPool& p, visitproc visit, void* arg) {
   for (const py::object& o : p.pending_seqs) Py_VISIT(o.ptr());
@@ -856,9 +721,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
   using fast::to_py;
   using G = PyGroupPool;
   fast::def_readonly<G>(cls, "num_groups", [](const G& p) { return to_py(p.size()); });
-  fast::def<G>(
-      cls, "has_free", [](G& p, PyObject**) { return to_py(p.num_free() > 0); }, {}, 0,
-      "Returns whether a group can be handed out now. Raises nothing.");
+  fast::method<&group_has_free>(cls, "has_free", {}, "Returns whether a group can be handed out now. Raises nothing.");
   fast::def<G>(
       cls, "checkpoint",
       [](G& p, PyObject** a, PyObject* self) {
@@ -882,7 +745,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         checkpoint_generic(p, s, blocks, h);
         return fast::none();
       },
-      {"seq", "boundary_blocks", "h"}, 3,
+      {"seq", "boundary_blocks", "h"},
       "fork: ``seq`` moves to a fresh group and the old one is filed under ``h`` and pinned; "
       "copy: the intent is recorded for ``take_copies``; none and replay: nothing changes at "
       "all. Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks < 0``; "
@@ -912,7 +775,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
             [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
         return fast::none();
       },
-      {"seqs", "boundary_blocks", "hashes"}, 3, kPoolCheckpointManyDoc);
+      {"seqs", "boundary_blocks", "hashes"}, kPoolCheckpointManyDoc);
   fast::def<G>(
       cls, "forget_pending_many",
       [](G& p, PyObject** a, PyObject* self) {
@@ -937,7 +800,7 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         p.forget_pending_many(native);
         return fast::none();
       },
-      {"seqs"}, 1,
+      {"seqs"},
       "Batched ``forget_pending`` (finished or preempted requests). Returns None. Raises "
       "TypeError for an item that is not a sequence, before anything changes.");
   fast::def<G>(
@@ -953,22 +816,15 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         s.write_back({{fast::kPending, -1}});
         return fast::none();
       },
-      {"seq"}, 1,
+      {"seq"},
       "Drops ``seq``'s uncommitted copy checkpoint (its group is being released); returns "
       "None. Raises TypeError for an object without the sequence attributes.");
-  fast::def<G>(
-      cls, "record_copy",
-      [](G& p, PyObject** a) {
-        p.record_copy(int_arg(a[0], "src"), int_arg(a[1], "dst"));
-        return fast::none();
-      },
-      {"src", "dst"}, 2,
-      "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
-      "IndexError for a group out of range.");
-  fast::def<G>(
-      cls, "unindex", [](G& p, PyObject** a) { return to_py(p.unindex(as_hash(a[0], "h", p.hash_form()))); }, {"h"}, 1,
-      "Drops the checkpoint filed under ``h``; returns the group freed, or -1. Raises only for "
-      "a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&G::record_copy>(cls, "record_copy", {"src", "dst"},
+                                "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
+                                "IndexError for a group out of range.");
+  fast::method<&G::unindex>(cls, "unindex", {fast::hash_arg("h")},
+                            "Drops the checkpoint filed under ``h``; returns the group freed, or -1. Raises only for "
+                            "a bad argument (docs/contract.md, \"Errors\").");
   fast::def<G>(
       cls, "take_copies",
       [](G& p, PyObject**, PyObject* self) {
@@ -1015,21 +871,14 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         const auto pairs = p.take_copies(state);
         std::vector<py::object> done;
         done.swap(p.pending_seqs);  // released once the pool is consistent
-        py::list out(pairs.size());
-        for (size_t i = 0; i < pairs.size(); ++i) out[i] = pair_tuple(pairs[i]);
-        return out.release().ptr();
+        return pair_list(pairs).release().ptr();
       },
-      {}, 0,
+      {},
       "Files last pass's copy intents and returns every (src, dst) pair the batch being built "
       "must copy before its forward. Raises what a generic sequence's getter or setter raised, "
       "or RuntimeError when a setter changed the pool, committing nothing and leaving every "
       "pending_checkpoint as it was.");
-  cls.def("_debug_copies", [](py::handle self) {
-    const G& p = fast::self_of<G>(self.ptr());
-    py::list out;
-    for (const auto& r : p.pending_copies()) out.append(pair_tuple(r));
-    return out;
-  });
+  cls.def("_debug_copies", [](py::handle self) { return pair_list(fast::self_of<G>(self.ptr()).pending_copies()); });
   cls.def("_debug_pending", [](py::handle self) {
     const G& p = fast::self_of<G>(self.ptr());
     py::list out;
