@@ -170,11 +170,39 @@ evicted.)doc");
           "evicted keys), or None (nothing changed) when they cannot be had. Raises IndexError for "
           "an unknown class, ValueError for a bad count, nbytes or position or a key already present.")
       .def(
+          "allocate_many",
+          [](HostArena& a, py::handle keys, py::handle klass, py::handle counts, py::handle nbytes,
+             py::handle positions) {
+            std::vector<int64_t> c, nb, pos;
+            append_ints(counts, "counts", c);
+            append_ints(nbytes, "nbytes", nb);
+            append_ints(positions, "positions", pos);
+            const auto got = a.allocate_many(as_keys(keys, "keys"), as_class(a, klass), c, nb, pos, nullptr);
+            py::list out(got.size());
+            for (size_t i = 0; i < got.size(); ++i) out[i] = got[i] ? py::object(to_py_entries(*got[i])) : py::none();
+            return out;
+          },
+          py::arg("keys"), py::arg("klass"), py::arg("counts"), py::arg("nbytes"), py::arg("positions"),
+          "``allocate`` of each key of the list ``keys`` in order (one call for a step's saves), with "
+          "its count, nbytes and position; returns per key its entry ids, or None for a key already "
+          "present or one whose entries cannot be had (the rest go on). Raises, nothing changed, "
+          "IndexError for an unknown class, ValueError for a bad count, nbytes or position or lengths "
+          "that differ; TypeError for a key that is not bytes or str.")
+      .def(
           "seal",
           [](HostArena& a, py::handle key, py::bytes meta) { a.seal(as_key(key, "key"), meta.cast<std::string>()); },
           py::arg("key"), py::arg("meta"),
           "Makes the value under ``key`` findable, with ``meta``; returns None. Raises ValueError "
           "for a key not allocated or already sealed.")
+      .def(
+          "seal_many",
+          [](HostArena& a, py::handle keys, py::handle metas) {
+            a.seal_many(as_keys(keys, "keys"), as_keys(metas, "metas"));
+          },
+          py::arg("keys"), py::arg("metas"),
+          "``seal`` of each key of the list ``keys`` with its meta (bytes); returns None. Raises, "
+          "nothing changed, ValueError for a key not allocated, already sealed or given twice, or "
+          "lengths that differ; TypeError for a key or meta that is not bytes or str.")
       .def(
           "remove", [](HostArena& a, py::handle key) { return a.remove(as_key(key, "key")); }, py::arg("key"),
           "Drops the value under ``key``; returns whether one was there. Raises only for a bad "

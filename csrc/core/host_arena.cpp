@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 
 #include "core/errors.h"
 
@@ -188,6 +190,43 @@ void HostArena::seal(const std::string& key, std::string meta) {
   ++generation_;
   s->v.meta = std::move(meta);
   rank(index_.at(key));
+}
+
+std::vector<std::optional<std::vector<int32_t>>> HostArena::allocate_many(const std::vector<std::string>& keys,
+                                                                          int klass, const std::vector<int64_t>& counts,
+                                                                          const std::vector<int64_t>& nbytes,
+                                                                          const std::vector<int64_t>& positions,
+                                                                          std::vector<std::string>* evicted) {
+  check_class(klass);
+  const size_t n = keys.size();
+  if (counts.size() != n) bad_argument("counts", static_cast<int64_t>(counts.size()), "must have one count per key");
+  if (nbytes.size() != n) bad_argument("nbytes", static_cast<int64_t>(nbytes.size()), "must have one nbytes per key");
+  if (positions.size() != n)
+    bad_argument("positions", static_cast<int64_t>(positions.size()), "must have one position per key");
+  for (size_t i = 0; i < n; ++i) {  // allocate()'s checks, before anything changes
+    if (counts[i] <= 0) bad_argument("counts", counts[i], "must be > 0");
+    int64_t room = 0;
+    const bool huge = __builtin_mul_overflow(counts[i], entry_bytes_, &room);
+    if (nbytes[i] < 0 || (!huge && nbytes[i] > room))
+      bad_argument("nbytes", nbytes[i], "must be in [0, count * entry_bytes]");
+    if (positions[i] < 0) bad_argument("positions", positions[i], "must be >= 0");
+  }
+  std::vector<std::optional<std::vector<int32_t>>> out(n);
+  for (size_t i = 0; i < n; ++i)
+    if (index_.count(keys[i]) == 0) out[i] = allocate(keys[i], klass, counts[i], nbytes[i], positions[i], evicted);
+  return out;
+}
+
+void HostArena::seal_many(const std::vector<std::string>& keys, std::vector<std::string> metas) {
+  if (metas.size() != keys.size())
+    bad_argument("metas", static_cast<int64_t>(metas.size()), "must have one meta per key");
+  std::unordered_set<std::string_view> seen;
+  for (const std::string& key : keys) {
+    const Slot* s = find(key);
+    if (s == nullptr || s->doomed) bad_argument("key", key, "was not allocated");
+    if (s->sealed || !seen.insert(key).second) bad_argument("key", key, "is already sealed");
+  }
+  for (size_t i = 0; i < keys.size(); ++i) seal(keys[i], std::move(metas[i]));
 }
 
 bool HostArena::refile(const std::string& key, int64_t position) {

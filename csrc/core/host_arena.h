@@ -89,8 +89,20 @@ class HostArena {
   // changed, when it cannot.
   std::optional<std::vector<int32_t>> allocate(const std::string& key, int klass, int64_t count, int64_t nbytes,
                                                int64_t position, std::vector<std::string>* evicted);
+  // allocate() of each key in order (a step's saves, one call), each with its
+  // count, nbytes and position; a key already filed, or one whose entries
+  // cannot be had, gets nullopt and the rest go on. The arguments are checked
+  // first: nothing changes on a bad one.
+  std::vector<std::optional<std::vector<int32_t>>> allocate_many(const std::vector<std::string>& keys, int klass,
+                                                                 const std::vector<int64_t>& counts,
+                                                                 const std::vector<int64_t>& nbytes,
+                                                                 const std::vector<int64_t>& positions,
+                                                                 std::vector<std::string>* evicted);
   // A written value becomes findable.
   void seal(const std::string& key, std::string meta);
+  // seal() of each key with its meta, in one call; the keys are checked first
+  // (each allocated, not sealed, not twice): nothing changes on a bad one.
+  void seal_many(const std::vector<std::string>& keys, std::vector<std::string> metas);
   // Files a sealed value at a new position, as a use (newest in the ranking;
   // a pinned one ranks there at its last unpin). False when absent.
   bool refile(const std::string& key, int64_t position);

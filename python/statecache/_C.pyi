@@ -1489,9 +1489,30 @@ class HostArena:
         cap is reached); returns (entry ids, evicted keys), or None (nothing changed) when they
         cannot be had. Raises IndexError for an unknown class, ValueError for a bad count, nbytes or
         position or a key already present."""
+    def allocate_many(
+        self,
+        keys: list[bytes] | list[str] | tuple[bytes | str, ...],
+        klass: _Int,
+        counts: _Seq[_Int],
+        nbytes: _Seq[_Int],
+        positions: _Seq[_Int],
+    ) -> list[list[int] | None]:
+        """``allocate`` of each key of the list ``keys`` in order (one call for a step's saves), with
+        its count, nbytes and position; returns per key its entry ids, or None for a key already
+        present or one whose entries cannot be had (the rest go on). Raises, nothing changed,
+        IndexError for an unknown class, ValueError for a bad count, nbytes or position or lengths
+        that differ; TypeError for a key that is not bytes or str."""
     def seal(self, key: bytes | str, meta: bytes) -> None:
         """Makes the value under ``key`` findable, with ``meta``; returns None. Raises ValueError for a
         key not allocated or already sealed."""
+    def seal_many(
+        self,
+        keys: list[bytes] | list[str] | tuple[bytes | str, ...],
+        metas: list[bytes] | list[str] | tuple[bytes | str, ...],
+    ) -> None:
+        """``seal`` of each key of the list ``keys`` with its meta (bytes); returns None. Raises,
+        nothing changed, ValueError for a key not allocated, already sealed or given twice, or
+        lengths that differ; TypeError for a key or meta that is not bytes or str."""
     def remove(self, key: bytes | str) -> bool:
         """Drops the value under ``key``; returns whether one was there. Raises only for a bad argument
         (docs/contract.md, "Errors")."""

@@ -245,6 +245,47 @@ TEST(HostArena, BatchedContainsAndRefileAgreeWithOneByOne) {
   a.check_consistency();
 }
 
+TEST(HostArena, BatchedAllocateAndSealAgreeWithOneByOne) {
+  EvictionCostModel m = HostArena::cost_model();
+  m.weight = 4;
+  HostArena a(10, 50, {HostArena::kShared}, m), b(10, 50, {HostArena::kShared}, m);
+  std::vector<std::string> ev_a, ev_b;
+  for (HostArena* x : {&a, &b})
+    for (const char* k : {"a", "b", "c"}) {
+      x->allocate(k, 0, 1, 10, 1, x == &a ? &ev_a : &ev_b);
+      x->seal(k, "");
+    }
+  // "b" is filed already and "big" cannot fit: nullopt, the others go on, evicting as one by one would
+  auto got =
+      a.allocate_many({"d", "b", "big", "e", "f"}, 0, {1, 1, 9, 2, 1}, {10, 10, 90, 20, 10}, {5, 5, 5, 7, 2}, &ev_a);
+  ASSERT_EQ(got.size(), 5u);
+  ASSERT_TRUE(got[0] && !got[1] && !got[2] && got[3] && got[4]);
+  EXPECT_EQ(*got[0], *b.allocate("d", 0, 1, 10, 5, &ev_b));
+  EXPECT_FALSE(b.allocate("big", 0, 9, 90, 5, &ev_b));
+  EXPECT_EQ(*got[3], *b.allocate("e", 0, 2, 20, 7, &ev_b));
+  EXPECT_EQ(*got[4], *b.allocate("f", 0, 1, 10, 2, &ev_b));
+  EXPECT_EQ(ev_a, ev_b);
+  a.seal_many({"d", "e"}, {"md", "me"});
+  b.seal("d", "md");
+  b.seal("e", "me");
+  EXPECT_EQ(a.lookup("e", false)->meta, "me");
+  ASSERT_TRUE(a.victims(0, 4) && b.victims(0, 4));  // "f" is allocated, not sealed: never a victim
+  EXPECT_EQ(*a.victims(0, 4), *b.victims(0, 4));
+  const uint64_t gen = a.generation();
+  // checked first: a bad count, a sealed key, a key twice or one never allocated change nothing
+  EXPECT_THROW(a.allocate_many({"g", "h"}, 0, {1, 0}, {10, 10}, {1, 1}, &ev_a), std::invalid_argument);
+  EXPECT_THROW(a.allocate_many({"g"}, 0, {1}, {10}, {}, &ev_a), std::invalid_argument);
+  EXPECT_THROW(a.seal_many({"f", "d"}, {"", ""}), std::invalid_argument);
+  EXPECT_THROW(a.seal_many({"f", "f"}, {"", ""}), std::invalid_argument);
+  EXPECT_THROW(a.seal_many({"f", "zz"}, {"", ""}), std::invalid_argument);
+  EXPECT_THROW(a.seal_many({"f"}, {}), std::invalid_argument);
+  EXPECT_FALSE(a.contains("g") || a.contains("f"));
+  EXPECT_EQ(a.generation(), gen);
+  a.seal_many({"f"}, {""});
+  EXPECT_TRUE(a.contains("f"));
+  a.check_consistency();
+}
+
 // What an answer derived from contains() may rely on: while generation() is
 // unchanged, contains() answers as it did for every key.
 TEST(HostArena, UnchangedGenerationMeansUnchangedContains) {

@@ -128,6 +128,28 @@ class PrefixChains:
                 rec[_LEAD] = pos
         return chain
 
+    def walk(self, h: int, state: bool = False) -> tuple[list[Any], list[int]]:
+        """The payloads and leads of ``h``'s chain, tail first, in one pass
+        (``chain``, then ``payload`` and ``lead`` of each); ``state``: as
+        ``note_state`` first."""
+        payloads: list[Any] = []
+        leads: list[int] = []
+        known = self._known
+        rec = known.get(h)
+        if rec is None:
+            return payloads, leads
+        pos = rec[_POS] if state else 0
+        while True:
+            if rec[_LEAD] < pos:
+                rec[_LEAD] = pos
+            payloads.append(rec[_PAYLOAD])
+            leads.append(rec[_LEAD])
+            parent = rec[_PARENT]
+            up = known.get(parent) if parent is not None else None
+            if up is None or up[_POS] >= rec[_POS]:  # positions fall toward the root
+                return payloads, leads
+            rec = up
+
 
 class TierPlacement:
     """How one tier's ``HostArena`` ranks the values of ``chains``' prefixes.
@@ -138,10 +160,15 @@ class TierPlacement:
     object refiles what those change.
     """
 
-    def __init__(self, arena: Any, chains: PrefixChains, key_of: Callable[[str, int], Any]) -> None:
+    def __init__(
+        self, arena: Any, chains: PrefixChains, key_of: Callable[[str, int], Any], kv_payload: bool = False
+    ) -> None:
         self.arena = arena
         self.chains = chains
         self.key_of = key_of
+        # the chains' payload of a block is its "kv" key (None: unnamed): a
+        # chain's keys are read in its one walk, not by a key_of call per block
+        self.kv_payload = kv_payload
         self._model: dict[str, Any] | None = None
 
     def use_model(self, model: dict[str, Any], kv_bytes_per_position: float, gpu_bytes: int) -> None:
@@ -172,7 +199,10 @@ class TierPlacement:
     def state_stored(self, h: int) -> None:
         """A state image at ``h`` entered this tier: its chain's KV blocks
         here now lead to it (refiled, tail first)."""
-        self._refile_chain(self.chains.note_state(h))
+        if self.kv_payload:
+            self._refile_walk(*self.chains.walk(h, state=True))
+        else:
+            self._refile_chain(self.chains.note_state(h))
 
     def used(self, h: int) -> None:
         """A prefix ending at ``h`` was resumed (from any tier, the GPU
@@ -180,7 +210,17 @@ class TierPlacement:
         key = self.key_of("state", h)
         if key is not None:
             self.arena.refile(key, self.chains.position(h))
-        self._refile_chain(self.chains.chain(h))
+        if self.kv_payload:
+            self._refile_walk(*self.chains.walk(h))
+        else:
+            self._refile_chain(self.chains.chain(h))
+
+    def _refile_walk(self, keys: list[Any], leads: list[int]) -> None:
+        if None in keys:
+            leads = [p for k, p in zip(keys, leads) if k is not None]
+            keys = [k for k in keys if k is not None]
+        if keys:
+            self.arena.refile_many(keys, leads)
 
     def _refile_chain(self, chain: list[int]) -> None:
         # one arena call for the whole chain: a long prefix refiles dozens of blocks

@@ -95,6 +95,9 @@ def unpack_headers(meta: bytes) -> list[bytes]:
     return out
 
 
+_KV_PREFIX = len(arena_key_hex(KV, ""))
+
+
 def _h(prefix_key: bytes) -> int:
     """A prefix key as the placement's chains name a block (ranking only)."""
     return int.from_bytes(prefix_key, "little")
@@ -121,7 +124,7 @@ class HostPlacement:
         self.geometry = geometry
         self.arena = _C.HostArena(geometry.entry_bytes, capacity_bytes, [None], ranking)
         self.chains = PrefixChains()
-        self.tier = TierPlacement(self.arena, self.chains, self._key_of)
+        self.tier = TierPlacement(self.arena, self.chains, self._key_of, kv_payload=True)
         self._filing: dict[str, int] = {}  # state / tail keys allocated, not sealed yet
         self._sizes = {k: (geometry.value_entries(k), geometry.value_bytes(k)) for k in (KV, STATE, TAIL)}
         if ranking == "cost":
@@ -136,30 +139,50 @@ class HostPlacement:
             self.tier.use_model(self.arena.eviction_policy, float(geometry.value_bytes(KV)), gpu_bytes)
 
     def _key_of(self, kind: str, h: int) -> str | None:
-        hexkey = self.chains.payload(h)  # kept hex: refiling a chain names every block of it
-        return None if hexkey is None else arena_key_hex(kind, hexkey)
+        kv_name = self.chains.payload(h)  # a block's payload is its KV value's name
+        if kv_name is None or kind == KV:
+            return kv_name
+        return arena_key_hex(kind, kv_name[_KV_PREFIX:])
 
-    def note(self, keys: list[bytes], hexes: list[str], first: int, parent: bytes | None) -> None:
-        """Prefix keys (and their hex) of boundaries ``first + 1, ...`` of one request."""
-        self.chains.note([_h(k) for k in keys], first, None if parent is None else _h(parent), hexes)
+    def note(self, keys: list[bytes], kv_names: list[str], first: int, parent: bytes | None) -> None:
+        """Prefix keys (and their KV values' names) of boundaries ``first + 1, ...`` of one request."""
+        self.chains.note([_h(k) for k in keys], first, None if parent is None else _h(parent), kv_names)
 
     def allocate(self, key: str, kind: str, prefix_key: bytes) -> list[int] | None:
-        """Entries for a new value (evicting by rank), or None. A tail's
-        ``prefix_key`` is that of the boundary it starts from."""
-        h = _h(prefix_key)
-        position = self.chains.position(h) + 1 if kind == TAIL else self.tier.position(kind, h)
-        entries, nbytes = self._sizes[kind]
-        try:
-            got = self.arena.allocate(key, 0, entries, nbytes, position)
-        except ValueError as e:
-            if "already in the arena" in str(e):
-                return None
-            raise
-        if got is None:
-            return None
-        if kind != KV:
-            self._filing[key] = h
-        return got[0]  # a new list
+        """Entries for a new value (evicting by rank), or None (no room, or
+        ``key`` is there already). A tail's ``prefix_key`` is that of the
+        boundary it starts from."""
+        return self.allocate_many([key], [kind], [prefix_key])[0]
+
+    def allocate_many(self, keys: list[str], kinds: list[str], prefix_keys: list[bytes]) -> list[list[int] | None]:
+        """``allocate`` of each, in order, in one arena call (a step's saves)."""
+        chains, tier, sizes = self.chains, self.tier, self._sizes
+        hs = [_h(k) for k in prefix_keys]
+        positions = [chains.position(h) + 1 if kind == TAIL else tier.position(kind, h) for kind, h in zip(kinds, hs)]
+        got = self.arena.allocate_many(
+            keys, 0, [sizes[kind][0] for kind in kinds], [sizes[kind][1] for kind in kinds], positions
+        )
+        for key, kind, h, entries in zip(keys, kinds, hs, got):
+            if kind != KV and entries is not None:
+                self._filing[key] = h
+        return got
+
+    def seal_one_rank(self, saved: dict[str, dict[int, bytes]], pending: dict[str, dict[int, bytes]]) -> None:
+        """Seals each value of ``saved`` still ``pending`` (removed from it),
+        one rank and no shared tier: one arena call, no per-rank bookkeeping."""
+        keys = [key for key in saved if pending.pop(key, None) is not None]
+        filing = self._filing
+        start = 0
+        for i, key in enumerate(keys):
+            if key not in filing and i + 1 < len(keys):
+                continue
+            # up to each state, as one by one: its chain is refiled with what was sealed before it
+            run = keys[start : i + 1]
+            start = i + 1
+            self.arena.seal_many(run, [len(h).to_bytes(2, "little") + h for h in (saved[k][0] for k in run)])
+            h = filing.pop(key, None)
+            if h is not None:
+                self.tier.state_stored(h)
 
     def sealed(self, key: str) -> None:
         """The value under ``key`` became findable: a state (or tail) makes
@@ -240,6 +263,8 @@ class ConnectorScheduler:
         self._tails: OrderedDict[bytes, set[tuple[int, int]]] = OrderedDict()
         self._tails_changes = 0  # a kept match is answered again only while this is unchanged
         self._finished_saves: list[str] = []
+        # one metadata for every step with nothing to move (the workers only read it)
+        self._no_work = StateCacheMeta([], [], config.shared is not None, [])
         self._loads: list[Load] = []
         self._saves: list[Value] = []
         self._inflight: dict[str, list[tuple[str, str]]] = {}  # req -> [(value key, "pinned" | "staged")]
@@ -304,9 +329,10 @@ class ConnectorScheduler:
         new = [packed[16 * i : 16 * i + 16] for i in range(len(words))]
         hexes = [k.hex() for k in new]
         keys.extend(new)
-        r.kv_names.extend([arena_key_hex(KV, h) for h in hexes])
+        kv_names = [arena_key_hex(KV, h) for h in hexes]
+        r.kv_names.extend(kv_names)
         r.state_names.extend([arena_key_hex(STATE, h) for h in hexes])
-        self.placement.note(new, hexes, first, parent)
+        self.placement.note(new, kv_names, first, parent)
         return keys
 
     def _req(self, request: Any) -> _Req:
@@ -575,18 +601,21 @@ class ConnectorScheduler:
 
     # ------------------------------------------------------------- saving --
 
-    def _save(self, r: _Req, kind: str, i: int, key: str, blocks: list[int]) -> None:
-        """Queues value ``kind`` of boundary ``i + 1`` (``key``, not in the
-        host tier) from ``blocks``."""
-        if any(b <= 0 for b in blocks):
+    def _save_many(self, wanted: list[tuple[str, bytes, str, list[int]]]) -> None:
+        """Queues each (kind, prefix key, arena key, blocks) of values not in
+        the host tier, allocated in one arena call."""
+        wanted = [w for w in wanted if all(b > 0 for b in w[3])]
+        if not wanted:
             return
-        entries = self.placement.allocate(key, kind, r.keys[i])
-        if entries is None:
-            if not self.arena.contains(key) and key not in self._acc_saved:
-                self.counters["saves_dropped_host_full"] += 1
-            return
-        self._acc_saved[key] = {}
-        self._saves.append(Value(kind, r.keys[i], entries, blocks))
+        got = self.placement.allocate_many([w[2] for w in wanted], [w[0] for w in wanted], [w[1] for w in wanted])
+        acc, saves = self._acc_saved, self._saves
+        for (kind, pkey, key, blocks), entries in zip(wanted, got):
+            if entries is None:
+                if not self.arena.contains(key) and key not in acc:
+                    self.counters["saves_dropped_host_full"] += 1
+                continue
+            acc[key] = {}
+            saves.append(Value(kind, pkey, entries, blocks))
 
     def _plan_saves(self, req_id: str, start: int, end: int, admitted: bool) -> None:
         """Values completed by computing tokens ``[start, end)``: KV of every
@@ -621,12 +650,18 @@ class ConnectorScheduler:
         if all(held):
             return
         ids = self.kv_cache_manager.get_block_ids(req_id)
-        for j, i in enumerate(range(lo, hi)):
-            if not held[j]:
-                self._save(r, KV, i, names[j], [ids[g][i] for g in self.kv_groups])
-        for j, k in enumerate(named, len(kv)):
-            if not held[j]:
-                self._save(r, STATE, k - 1, names[j], [ids[g][k - 1] for g in self.state_groups])
+        keys = r.keys
+        wanted = [
+            (KV, keys[i], names[j], [ids[g][i] for g in self.kv_groups])
+            for j, i in enumerate(range(lo, hi))
+            if not held[j]
+        ]
+        wanted += [
+            (STATE, keys[k - 1], names[j], [ids[g][k - 1] for g in self.state_groups])
+            for j, k in enumerate(named, len(kv))
+            if not held[j]
+        ]
+        self._save_many(wanted)
 
     def build_meta(self, so: Any) -> StateCacheMeta:
         self.counters["steps"] += 1
@@ -642,9 +677,9 @@ class ConnectorScheduler:
             # the common decode step crosses no boundary: nothing to plan
             if n and (c + n) // bs != c // bs:
                 self._plan_saves(req_id, c, c + n, False)
-        meta = StateCacheMeta(
-            self._saves, self._loads, shared_writes=self.shared is not None, finished_saves=self._finished_saves
-        )
+        if not (self._saves or self._loads or self._finished_saves):
+            return self._no_work
+        meta = StateCacheMeta(self._saves, self._loads, self.shared is not None, self._finished_saves)
         self._saves, self._loads, self._finished_saves = [], [], []
         return meta
 
@@ -658,13 +693,18 @@ class ConnectorScheduler:
     def update(self, output: Any) -> None:
         """Reads the workers' report and the finished / failed loads."""
         rep = getattr(output, "kv_connector_worker_meta", None)
-        failed = getattr(output, "failed_recving", None) or set()
+        if type(rep) is not WorkerReport:  # not isinstance: an ABC's check costs more than the rest of a quiet step
+            rep = None
+        failed = getattr(output, "failed_recving", None)
         recv = getattr(output, "finished_recving", None)
-        if not recv and not failed and not isinstance(rep, WorkerReport):
+        if not recv and not failed and rep is None:
             return  # most decode steps: nothing saved, loaded or failed
+        failed = failed or set()
         n = self.tp_size
-        if isinstance(rep, WorkerReport):
-            for key, per_rank in rep.saved.items():
+        if rep is not None:
+            if n == 1 and self.shared is None:
+                self.placement.seal_one_rank(rep.saved, self._acc_saved)
+            for key, per_rank in rep.saved.items() if n > 1 or self.shared is not None else ():
                 acc = self._acc_saved.get(key)
                 if acc is None:
                     continue
@@ -754,12 +794,10 @@ class ConnectorScheduler:
         tail = request.all_token_ids[b * bs : done]  # a new list
         key = self._tail_key(r.keys[b - 1], tail)
         akey = arena_key(TAIL, key)
-        if self.arena.contains(akey):
-            self.arena.lookup(akey, True)
-            return False
-        entries = self.placement.allocate(akey, TAIL, r.keys[b - 1])
+        entries = self.placement.allocate(akey, TAIL, r.keys[b - 1])  # None where it is there already
         if entries is None:
-            self.counters["saves_dropped_host_full"] += 1
+            if self.arena.lookup(akey, True) is None:  # held: a use; else no room (or its save is pending)
+                self.counters["saves_dropped_host_full"] += 1
             return False
         self._acc_saved[akey] = {}
         self._saves.append(Value(TAIL, key, entries, blocks))

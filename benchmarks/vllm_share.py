@@ -1,0 +1,88 @@
+"""The connector row of bench_vllm.py alone: the share of the connector's
+scheduler-side hooks in vLLM's scheduler step (wall, as bench_vllm.py
+computes it) and, with ``--cpu``, in thread CPU time (the harness's
+``time_hooks``, which preemption by other processes does not inflate; it
+adds about 4.5 us to each hook's wall figure on a VM where
+``time.thread_time`` is a 4 us system call).
+
+    /opt/vllm-venv/bin/python benchmarks/vllm_share.py --cpu                 # the bench's 80 trace requests
+    /opt/vllm-venv/bin/python benchmarks/vllm_share.py --workload multi-turn --cpu
+    TREE=/other/checkout /opt/vllm-venv/bin/python benchmarks/vllm_share.py  # that tree's statecache
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TREE = os.environ.get("TREE") or str(Path(__file__).resolve().parents[1])
+for sub in ("python", "benchmarks", os.path.join("tests", "python")):
+    sys.path.insert(0, os.path.join(TREE, sub))
+
+import bench_vllm as bv  # noqa: E402
+import vllm_support as vs  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="trace", choices=("trace", "multi-turn"))
+    ap.add_argument("--cpu", action="store_true", help="also thread CPU time and per-call times (time_hooks)")
+    ap.add_argument("--conversations", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--tag", default="")
+    a = ap.parse_args()
+    log_dir = tempfile.mkdtemp(prefix="vllm-share-")
+    model = bv.vs_model(log_dir)
+    kw = vs.base_llm_kwargs(
+        model,
+        max_num_seqs=4,
+        num_gpu_blocks_override=48,
+        kv_transfer_config=vs.connector_config({"host_memory": int(0.5 * (1 << 30))}),
+    )
+    e = vs.Engine("sc", kw, log_dir)
+    if a.cpu:
+        e.call("time_hooks")
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    if a.workload == "trace":
+        prompts, outs, arrivals = bv.trace_requests(bv.TRACE, 80, 32, 4096, 16)
+        e.call("generate", prompts=prompts, max_tokens=outs, logprobs=0, arrivals=arrivals)
+    else:
+        vs.run_turns(e, vs.first_prompts(a.conversations, 0), a.turns, 64)
+    wall = time.perf_counter() - t0
+    tm, fu = e.call("timing"), e.call("funnel")
+    ht = e.call("hook_times") if a.cpu else None
+    e.close()
+    sched = tm["schedule_s"] + tm["update_s"]
+    conn = fu["scheduler_seconds"]
+    hooks = {k[len("scheduler_seconds_") :]: v for k, v in fu.items() if k.startswith("scheduler_seconds_")}
+    print(
+        f"[{a.tag}] {a.workload} wall {wall:.1f}s load {load0:.1f} steps {tm['steps']} sched {1e3 * sched:.1f}ms "
+        f"({1e3 * sched / tm['steps']:.3f} ms/step) conn {1e3 * conn:.2f}ms WALL SHARE {100 * conn / sched:.2f}% "
+        f"resumed host {fu.get('tokens_resumed_host')} tail {fu.get('tokens_resumed_tail')} "
+        f"saved {fu.get('values_saved')}"
+    )
+    print("  by hook: " + ", ".join(f"{k} {100 * v / sched:.2f}% ({1e6 * v:.0f}us)" for k, v in sorted(hooks.items())))
+    if ht:
+        for name, d in ht["hooks"].items():
+            print(
+                f"  {name:30} n {d['n']:5d} sum {1e3 * d['sum']:7.2f} ms p50 {1e6 * d['p50']:7.1f} us "
+                f"p99 {1e6 * d['p99']:7.1f}"
+            )
+        cpu = ht["cpu_s"]
+        vllm_cpu = cpu.get("schedule", 0) + cpu.get("update_from_output", 0)
+        hk = {k: v for k, v in cpu.items() if k in vs.SCHEDULER_HOOKS}
+        print(
+            f"  CPU: vLLM sched {1e3 * vllm_cpu:.1f} ms, hooks {1e3 * sum(hk.values()):.2f} ms, "
+            f"CPU SHARE {100 * sum(hk.values()) / vllm_cpu:.2f}%: "
+            + ", ".join(f"{k} {100 * v / vllm_cpu:.2f}%" for k, v in hk.items())
+        )
+        print("  gc:", {k: (round(v * 1e3, 2) if k.endswith("_s") else v) for k, v in sorted(ht["gc"].items())})
+
+
+if __name__ == "__main__":
+    main()
