@@ -240,6 +240,14 @@ def noise(ref_turns, got_turns) -> float:
     return worst
 
 
+# The rule's tolerance is NOISE_MARGIN x one run's ``noise``: one run's largest
+# deviation undershoots the noise's range (a request the connector resumed
+# nothing for, recomputed after a failed load, so vLLM's own batch-shape noise
+# alone, deviated 0.0930 against a sample of 0.0886 on one machine); a
+# corrupted state deviates far more (tie gaps 0.18 to inf).
+NOISE_MARGIN = 1.5
+
+
 def violations(ref_turns, got_turns, tol: float) -> list[str]:
     """The rule of test 7(a): each answer equals the reference's token for
     token, except that it may deviate by no more than ``tol`` (vLLM's own

@@ -5,8 +5,9 @@ a process of its own):
 (a) on a multi-turn workload whose answers cross block boundaries in decode,
     every answer with the connector matches vLLM with prefix caching off,
     within the noise vLLM's own prefix caching shows on the same workload
-    (``vllm_support.violations``); a corrupted restored state is caught by
-    the same comparison;
+    (``vllm_support.violations``, with a margin over that one sample: see
+    vllm_support.NOISE_MARGIN); a corrupted restored state is caught by the same
+    comparison;
 (b) at the same vLLM KV budget, more prompt tokens are resumed with the
     connector than without;
 (c) a second, fresh engine process resumes from Mooncake Store what the first
@@ -85,8 +86,9 @@ def alone(model, logs):
 @pytest.fixture(scope="module")
 def tol(ref, alone):
     """The rule's tolerance: the largest deviation vLLM's own prefix caching
-    shows against the run without caching, on the same prompts."""
-    return vs.noise(vs.reference(ref, alone, ANSWER), alone)
+    shows against the run without caching, on the same prompts, with
+    vs.NOISE_MARGIN for what one sample does not show."""
+    return vs.NOISE_MARGIN * vs.noise(vs.reference(ref, alone, ANSWER), alone)
 
 
 @pytest.fixture(scope="module")
