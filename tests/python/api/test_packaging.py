@@ -136,8 +136,23 @@ def test_pybind11_is_pinned():
     assert '"pybind11>=3.0,<3.2"' in text
 
 
+def _requirements_module():
+    """statecache/models/_requirements.py itself: importing it through the
+    package would run the package's own check, which raises on a machine
+    whose transformers is too old (the behaviour tested below)."""
+    import importlib.util
+
+    path = Path(statecache.__file__).parent / "models" / "_requirements.py"
+    spec = importlib.util.spec_from_file_location("statecache_models_requirements", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_too_old_transformers_names_the_version(tmp_path):
-    from statecache.models._requirements import MIN_TRANSFORMERS, require_transformers
+    req = _requirements_module()
+    MIN_TRANSFORMERS, require_transformers = req.MIN_TRANSFORMERS, req.require_transformers
 
     with pytest.raises(ImportError, match=r"transformers>=5\.24, found 4\.46\.0"):
         require_transformers("4.46.0")
