@@ -33,14 +33,16 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="also thread CPU time and per-call times (time_hooks)")
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--max-num-seqs", type=int, default=4, help="vLLM's batch (the bench's: 4)")
+    ap.add_argument("--blocks", type=int, default=48, help="vLLM's KV budget in blocks (the bench's: 48)")
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     log_dir = tempfile.mkdtemp(prefix="vllm-share-")
     model = bv.vs_model(log_dir)
     kw = vs.base_llm_kwargs(
         model,
-        max_num_seqs=4,
-        num_gpu_blocks_override=48,
+        max_num_seqs=a.max_num_seqs,
+        num_gpu_blocks_override=a.blocks,
         kv_transfer_config=vs.connector_config({"host_memory": int(0.5 * (1 << 30))}),
     )
     e = vs.Engine("sc", kw, log_dir)
@@ -61,7 +63,7 @@ def main() -> None:
     conn = fu["scheduler_seconds"]
     hooks = {k[len("scheduler_seconds_") :]: v for k, v in fu.items() if k.startswith("scheduler_seconds_")}
     print(
-        f"[{a.tag}] {a.workload} wall {wall:.1f}s load {load0:.1f} steps {tm['steps']} sched {1e3 * sched:.1f}ms "
+        f"[{a.tag}] {a.workload} seqs {a.max_num_seqs} wall {wall:.1f}s load {load0:.1f} steps {tm['steps']} sched {1e3 * sched:.1f}ms "
         f"({1e3 * sched / tm['steps']:.3f} ms/step) conn {1e3 * conn:.2f}ms WALL SHARE {100 * conn / sched:.2f}% "
         f"resumed host {fu.get('tokens_resumed_host')} tail {fu.get('tokens_resumed_tail')} "
         f"saved {fu.get('values_saved')}"

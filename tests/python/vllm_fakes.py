@@ -111,9 +111,14 @@ class FakeKVCacheManager:
     def __init__(self) -> None:
         self.ids: dict[str, tuple[list[int], ...]] = {}
         self.block_pool = SimpleNamespace(hash_block_size=BS)
+        self.coordinator = SimpleNamespace(get_blocks=self.get_blocks)
 
     def get_block_ids(self, req_id: str) -> tuple[list[int], ...]:
         return self.ids[req_id]
+
+    def get_blocks(self, req_id: str) -> tuple[list[SimpleNamespace], ...]:
+        """``KVCacheCoordinator.get_blocks``: each group's blocks."""
+        return tuple([SimpleNamespace(block_id=b) for b in g] for g in self.ids.get(req_id, ()))
 
 
 def scheduler_output(new=(), cached=()) -> SimpleNamespace:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,7 +33,16 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from statecache.vllm.config import ConnectorConfig
 from statecache.vllm.geometry import UnsupportedGeometry, build_geometry
 from statecache.vllm.metadata import StateCacheMeta
-from statecache.vllm.scheduler import HOST, SHARED, ConnectorScheduler
+from statecache.vllm.scheduler import (
+    AFTER_ALLOC,
+    BUILD_META,
+    FINISHED,
+    HOST,
+    MATCH,
+    SHARED,
+    UPDATE,
+    ConnectorScheduler,
+)
 from statecache.vllm.stats import StateCachePromMetrics, StateCacheStats
 from statecache.vllm.worker import ConnectorWorker
 
@@ -170,31 +179,27 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---------------------------------------------------------- scheduler --
 
-    def _timed(self, t0: float, what: str) -> None:
-        assert self.sched is not None
-        c = self.sched.counters
-        dt = time.perf_counter() - t0
-        c["scheduler_seconds"] += dt
-        c["scheduler_calls"] += 1
-        c[what] = c.get(what, 0.0) + dt
-
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
         assert self.sched is not None
         self.sched.bind(kv_cache_manager)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
-        assert self.sched is not None
-        t0 = time.perf_counter()
-        n = self.sched.match(request, num_computed_tokens)
-        self._timed(t0, "scheduler_seconds_match")
+        s = self.sched
+        assert s is not None
+        t0 = perf_counter()
+        n = s.match(request, num_computed_tokens)
+        s.hook_seconds[MATCH] += perf_counter() - t0  # list items, no dict: vLLM calls the hooks every step
+        s.hook_calls[MATCH] += 1
         return n, n > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        assert self.sched is not None
-        t0 = time.perf_counter()
-        self.sched.after_alloc(request, blocks, num_external_tokens)
-        self._timed(t0, "scheduler_seconds_after_alloc")
+        s = self.sched
+        assert s is not None
+        t0 = perf_counter()
+        s.after_alloc(request, blocks, num_external_tokens)
+        s.hook_seconds[AFTER_ALLOC] += perf_counter() - t0
+        s.hook_calls[AFTER_ALLOC] += 1
 
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict[CacheHitSource, int]:
         assert self.sched is not None
@@ -203,17 +208,21 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         return {k: v for k, v in out.items() if v}
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        assert self.sched is not None
-        t0 = time.perf_counter()
-        meta = self.sched.build_meta(scheduler_output)
-        self._timed(t0, "scheduler_seconds_build_meta")
+        s = self.sched
+        assert s is not None
+        t0 = perf_counter()
+        meta = s.build_meta(scheduler_output)
+        s.hook_seconds[BUILD_META] += perf_counter() - t0
+        s.hook_calls[BUILD_META] += 1
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
-        assert self.sched is not None
-        t0 = time.perf_counter()
-        self.sched.update(connector_output)
-        self._timed(t0, "scheduler_seconds_update")
+        s = self.sched
+        assert s is not None
+        t0 = perf_counter()
+        s.update(connector_output)
+        s.hook_seconds[UPDATE] += perf_counter() - t0
+        s.hook_calls[UPDATE] += 1
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self.sched is not None:
@@ -226,10 +235,12 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         # Values at boundaries were saved in the steps that computed them; the
         # state the request ends with, off a boundary, is saved from its blocks
         # in the next step, and vLLM keeps them until the worker says so.
-        assert self.sched is not None
-        t0 = time.perf_counter()
-        hold = self.sched.finished(request, block_ids)
-        self._timed(t0, "scheduler_seconds_finished")
+        s = self.sched
+        assert s is not None
+        t0 = perf_counter()
+        hold = s.finished(request, block_ids)
+        s.hook_seconds[FINISHED] += perf_counter() - t0
+        s.hook_calls[FINISHED] += 1
         return hold, None
 
     # ------------------------------------------------------------ metrics --

@@ -37,6 +37,9 @@ from statecache.vllm.shared import open_shared_tier
 log = logging.getLogger("statecache.vllm")
 
 HOST, SHARED = "host", "shared"
+# the scheduler-side hooks, in the order of ``ConnectorScheduler.hook_seconds``
+HOOKS = ("match", "after_alloc", "build_meta", "update", "finished")
+MATCH, AFTER_ALLOC, BUILD_META, UPDATE, FINISHED = range(len(HOOKS))
 MAX_LOAD_FAILURES = 3
 
 # cumulative counters (connector stats report their increase per interval)
@@ -276,6 +279,10 @@ class ConnectorScheduler:
         self._staged: set[str] = set()
         self._shared_pending: set[str] = set()
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
+        # the connector times each hook into these (a list item per call, no
+        # dict); folded into the counters when they are read
+        self.hook_seconds = [0.0] * len(HOOKS)
+        self.hook_calls = [0] * len(HOOKS)
         self._reported: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         self.kv_cache_manager: Any = None
         self.shared = None
@@ -317,16 +324,16 @@ class ConnectorScheduler:
         if len(keys) >= upto:
             return keys
         first = len(keys)
-        words = []
-        for k in range(first + 1, upto + 1):
-            h = bytes(hashes[k * self.hash_ratio - 1])
-            if len(h) % 8 or len(h) != 32:
-                h = hashlib.blake2b(h, digest_size=32).digest()
-            words.append(h)
-        tokens = np.frombuffer(b"".join(words), dtype=np.int64)
+        ratio = self.hash_ratio
+        # the hash of each boundary's last hash block (vLLM's are 32 bytes: joined as they are)
+        ends = hashes[first:upto] if ratio == 1 else hashes[(first + 1) * ratio - 1 : upto * ratio : ratio]
+        words = b"".join(ends)
+        if len(words) != 32 * len(ends):  # another hasher's width: each folded to 32 bytes
+            words = b"".join(hashlib.blake2b(bytes(h), digest_size=32).digest() for h in ends)
+        n = len(ends)
         parent = keys[-1] if keys else None
-        _hs, packed = _C.chain_block_keys(tokens, 4, parent, 0, self._salt)
-        new = [packed[16 * i : 16 * i + 16] for i in range(len(words))]
+        _hs, packed = _C.chain_block_keys(np.frombuffer(words, dtype=np.int64), 4, parent, 0, self._salt)
+        new = [packed[16 * i : 16 * i + 16] for i in range(n)]
         hexes = [k.hex() for k in new]
         keys.extend(new)
         kv_names = [arena_key_hex(KV, h) for h in hexes]
@@ -554,7 +561,7 @@ class ConnectorScheduler:
                 dst = [ids[g][i] for g in self.kv_groups] + [ids[g][i] for g in self.state_groups]
             else:
                 dst = [ids[g][i] for g in (self.kv_groups if kind == KV else self.state_groups)]
-            if any(b <= 0 for b in dst):
+            if min(dst) <= 0:
                 fail = True
                 break
             key = arena_key(kind, pkey)
@@ -649,22 +656,23 @@ class ConnectorScheduler:
         held = self.arena.contains_many(names, True)  # those held: a use, keeps the chain warm
         if all(held):
             return
-        ids = self.kv_cache_manager.get_block_ids(req_id)
+        # the request's blocks per group; only the few saved are read (not
+        # get_block_ids, which lists every block of every group)
+        blocks = self.kv_cache_manager.coordinator.get_blocks(req_id)
         keys = r.keys
         wanted = [
-            (KV, keys[i], names[j], [ids[g][i] for g in self.kv_groups])
+            (KV, keys[i], names[j], [blocks[g][i].block_id for g in self.kv_groups])
             for j, i in enumerate(range(lo, hi))
             if not held[j]
         ]
         wanted += [
-            (STATE, keys[k - 1], names[j], [ids[g][k - 1] for g in self.state_groups])
+            (STATE, keys[k - 1], names[j], [blocks[g][k - 1].block_id for g in self.state_groups])
             for j, k in enumerate(named, len(kv))
             if not held[j]
         ]
         self._save_many(wanted)
 
     def build_meta(self, so: Any) -> StateCacheMeta:
-        self.counters["steps"] += 1
         nsched = so.num_scheduled_tokens
         for nr in so.scheduled_new_reqs:
             n = nsched.get(nr.req_id, 0)
@@ -789,7 +797,7 @@ class ConnectorScheduler:
         if b < 1 or n == 0 or len(self._keys(r, b)) < b:
             return False
         blocks = [block_ids[g][b] for g in self.kv_groups] + [block_ids[g][b] for g in self.state_groups]
-        if any(x <= 0 for x in blocks):
+        if min(blocks) <= 0:
             return False
         tail = request.all_token_ids[b * bs : done]  # a new list
         key = self._tail_key(r.keys[b - 1], tail)
@@ -814,6 +822,7 @@ class ConnectorScheduler:
 
     def funnel(self) -> dict[str, float]:
         """Cumulative counters, plus the host tier's occupancy."""
+        self._fold_hook_times()
         d = dict(self.counters)
         d["resumed_tokens"] = d["tokens_resumed_local"] + d["tokens_resumed_host"] + d["tokens_resumed_shared"]
         st = self.arena.class_stats(0)
@@ -822,8 +831,17 @@ class ConnectorScheduler:
         d["host_evictions"] = st["evictions"]
         return d
 
+    def _fold_hook_times(self) -> None:
+        c = self.counters
+        c["scheduler_seconds"] = sum(self.hook_seconds)
+        c["scheduler_calls"] = sum(self.hook_calls)
+        c["steps"] = self.hook_calls[BUILD_META]  # one build_meta per step
+        for name, t in zip(HOOKS, self.hook_seconds):
+            c[f"scheduler_seconds_{name}"] = t
+
     def take_interval(self) -> dict[str, float]:
         """Counter increases since the last call (vLLM's connector stats)."""
+        self._fold_hook_times()
         out = {k: v - self._reported.get(k, 0) for k, v in self.counters.items()}
         self._reported = dict(self.counters)
         return {k: v for k, v in out.items() if v}
