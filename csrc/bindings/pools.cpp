@@ -178,6 +178,26 @@ py::dict occupancy_dict(const StateSlotPool& p) {
 }
 
 py::tuple take_relocations(StateSlotPool& p) { return py::tuple(pair_list(p.take_relocations())); }
+py::list debug_relocations(const StateSlotPool& p) { return pair_list(p.pending_relocations()); }
+
+py::list reserve_midstep(StateSlotPool& p, py::handle seq, py::handle positions) {
+  SeqArg seq_arg(seq.ptr(), "seq", p.enabled() ? fast::kHasCache : 0);
+  const Sequence& s = seq_arg.get();
+  std::vector<std::pair<int64_t, int64_t>> pos;
+  for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs", p.hash_form()))
+    pos.emplace_back(r[0], r[1]);
+  py::list out;
+  for (const auto& r : p.reserve_midstep(s, pos))
+    out.append(py::make_tuple(r.slot, r.position, hash_object(r.hash, p.hash_form())));
+  return out;
+}
+
+void publish_midstep(StateSlotPool& p, py::handle reservations, py::handle seq) {
+  const std::vector<MidstepReservation> res = reservations_arg(reservations, p.hash_form());
+  std::optional<SeqArg> s;
+  if (!seq.is_none()) s.emplace(seq.ptr(), "seq", fast::kAnchors);
+  p.publish_midstep(res, s ? &s->get() : nullptr);
+}
 
 py::dict fates_dict(const StateFreeList& p) {
   const CheckpointFates& f = p.fates();
@@ -373,6 +393,18 @@ inline int64_t int_arg(PyObject* o, const char* name) { return as_int(py::handle
 
 // Binds the methods and attributes the two pools share. The per-call hot ones
 // go through fast::def (see fast_call.h); the rest through pybind11.
+template <class Pool>
+py::dict debug_state(const Pool& p) {
+  py::dict d;
+  d["checkpointed"] = to_list(p.lru_order());
+  d["speculative"] = to_list(p.speculative_indices());
+  py::dict pins;
+  for (int64_t x : p.pinned_indices()) pins[py::int_(x)] = p.pin_count(x);
+  d["pinned"] = pins;
+  d["deferred"] = to_list(p.deferred_indices());
+  return d;
+}
+
 template <class Pool, class Retire>
 void bind_free_list_api(py::classh<Pool>& cls) {
   constexpr const char* U = kIndexKind<Pool>;
@@ -483,32 +515,27 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   fast::method<&fates_dict>(cls, "checkpoint_fates", {},
                             "Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted, "
                             "checkpoints_orphaned. Raises nothing.");
-  cls.def_property_readonly("transfer", [](const Pool& p) { return p.transfer(); })
-      // Introspection for tests: the private containers of the reference.
-      .def("_check_invariants", [](const Pool& p) { p.check_invariants(); })
-      .def("_index_is_exact", [](const Pool& p) { return p.index_is_exact(); })
-      .def("_debug_state", [](const Pool& p) {
-        py::dict d;
-        d["checkpointed"] = to_list(p.lru_order());
-        d["speculative"] = to_list(p.speculative_indices());
-        py::dict pins;
-        for (int64_t x : p.pinned_indices()) pins[py::int_(x)] = p.pin_count(x);
-        d["pinned"] = pins;
-        d["deferred"] = to_list(p.deferred_indices());
-        return d;
-      });
+  fast::def_readonly<Pool>(cls, "transfer", [](const Pool& p) { return py::cast(p.transfer()).release().ptr(); });
+  // Introspection for tests: the private containers of the reference.
+  fast::method<&Pool::check_invariants>(cls, "_check_invariants", {}, nullptr);
+  fast::method<&Pool::index_is_exact>(cls, "_index_is_exact", {}, nullptr);
+  fast::method<&debug_state<Pool>>(cls, "_debug_state", {}, nullptr);
 }
 
 template <class Pool>
 void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* hash_name) {
-  cls.def_property_readonly(index_name, [](py::handle self) {
-    std::shared_ptr<const StateFreeList> p = self.cast<std::shared_ptr<Pool>>();
+  fast::def_readonly<Pool>(cls, index_name, [](const Pool&, PyObject* self) {
+    std::shared_ptr<const StateFreeList> p = py::handle(self).cast<std::shared_ptr<Pool>>();
     return fast::cast_cached<CheckpointIndexView>(
-        CheckpointIndexView{std::move(p), py::reinterpret_borrow<py::object>(self)});
+               CheckpointIndexView{std::move(p), py::reinterpret_borrow<py::object>(self)})
+        .release()
+        .ptr();
   });
-  cls.def_property_readonly(hash_name, [](py::handle self) {
-    std::shared_ptr<const StateFreeList> p = self.cast<std::shared_ptr<Pool>>();
-    return fast::cast_cached<IndexHashView>(IndexHashView{std::move(p), py::reinterpret_borrow<py::object>(self)});
+  fast::def_readonly<Pool>(cls, hash_name, [](const Pool&, PyObject* self) {
+    std::shared_ptr<const StateFreeList> p = py::handle(self).cast<std::shared_ptr<Pool>>();
+    return fast::cast_cached<IndexHashView>(IndexHashView{std::move(p), py::reinterpret_borrow<py::object>(self)})
+        .release()
+        .ptr();
   });
 }
 
@@ -598,35 +625,16 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
   fast::method<&unindex_slot>(cls, "unindex", {fast::hash_arg("h")},
                               "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
                               "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  cls.def(
-         "reserve_midstep",
-         [](StateSlotPool& p, py::handle seq, py::handle positions) {
-           SeqArg seq_arg(seq.ptr(), "seq", p.enabled() ? fast::kHasCache : 0);
-           const Sequence& s = seq_arg.get();
-           std::vector<std::pair<int64_t, int64_t>> pos;
-           for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs", p.hash_form()))
-             pos.emplace_back(r[0], r[1]);
-           py::list out;
-           for (const auto& r : p.reserve_midstep(s, pos))
-             out.append(py::make_tuple(r.slot, r.position, hash_object(r.hash, p.hash_form())));
-           return out;
-         },
-         py::arg("seq"), py::arg("positions"),
-         "Reserves a destination slot per interior (position, hash) boundary before the forward; "
-         "returns (slot, position, hash) tuples, stopping at the first shortage (empty when the "
-         "backend cannot read midstep). Raises ValueError for a hash of -1, TypeError for "
-         "malformed positions.")
-      .def(
-          "publish_midstep",
-          [](StateSlotPool& p, py::handle reservations, py::handle seq) {
-            const std::vector<MidstepReservation> res = reservations_arg(reservations, p.hash_form());
-            std::optional<SeqArg> s;
-            if (!seq.is_none()) s.emplace(seq.ptr(), "seq", fast::kAnchors);
-            p.publish_midstep(res, s ? &s->get() : nullptr);
-          },
-          py::arg("reservations"), py::arg("seq") = py::none(),
-          "Files each reserved slot under its hash once the forward wrote it; returns None. Raises "
-          "ValueError for a reservation this pool did not hand out.");
+  fast::method<&reserve_midstep>(
+      cls, "reserve_midstep", {"seq", "positions"},
+      "Reserves a destination slot per interior (position, hash) boundary before the forward; "
+      "returns (slot, position, hash) tuples, stopping at the first shortage (empty when the "
+      "backend cannot read midstep). Raises ValueError for a hash of -1, TypeError for "
+      "malformed positions.");
+  fast::method<&publish_midstep>(
+      cls, "publish_midstep", {"reservations", "seq=None"},
+      "Files each reserved slot under its hash once the forward wrote it; returns None. Raises "
+      "ValueError for a reservation this pool did not hand out.");
   fast::method<&cancel_midstep>(
       cls, "cancel_midstep", {"reservations"},
       "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
@@ -642,7 +650,7 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
                                   "nothing.");
   fast::method<&P::clear_index>(cls, "clear_index", {},
                                 "Drops every checkpoint (slots stay where they are); returns None. Raises nothing.");
-  cls.def("_debug_relocations", [](const StateSlotPool& p) { return pair_list(p.pending_relocations()); });
+  fast::method<&debug_relocations>(cls, "_debug_relocations", {}, nullptr);
 }
 
 // The group pool as Python sees it: the core plus the sequences behind its
@@ -686,6 +694,12 @@ void checkpoint_generic(PyGroupPool& p, fast::SeqArg& s, int64_t blocks, int64_t
 }
 
 bool group_has_free(const PyGroupPool& p) { return p.num_free() > 0; }
+py::list debug_copies(const PyGroupPool& p) { return pair_list(p.pending_copies()); }
+py::list debug_pending(const PyGroupPool& p) {
+  py::list out;
+  for (const auto& s : p.pending_seqs) out.append(s);
+  return out;
+}
 
 int traverse_group_pool(PyGroupPool& p, visitproc visit, void* arg) {
   for (const py::object& o : p.pending_seqs) Py_VISIT(o.ptr());
@@ -878,13 +892,8 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
       "must copy before its forward. Raises what a generic sequence's getter or setter raised, "
       "or RuntimeError when a setter changed the pool, committing nothing and leaving every "
       "pending_checkpoint as it was.");
-  cls.def("_debug_copies", [](py::handle self) { return pair_list(fast::self_of<G>(self.ptr()).pending_copies()); });
-  cls.def("_debug_pending", [](py::handle self) {
-    const G& p = fast::self_of<G>(self.ptr());
-    py::list out;
-    for (const auto& s : p.pending_seqs) out.append(s);
-    return out;
-  });
+  fast::method<&debug_copies>(cls, "_debug_copies", {}, nullptr);
+  fast::method<&debug_pending>(cls, "_debug_pending", {}, nullptr);
 }
 
 }  // namespace
