@@ -339,6 +339,34 @@ void clear_pool(PyBlockPool& p) {
 py::object block_owner(const PyBlockPool& p, int64_t unit) { return p.owners.owner(p.owner_of(unit)); }
 py::object block_hash(const PyBlockPool& p, int64_t block) { return hash_object(p.block_hash(block), p.hash_form()); }
 
+py::object reserve_units_for(PyBlockPool& p, int64_t count, py::handle owner) {
+  const int64_t token = p.owners.token(owner, &p);
+  std::vector<int64_t> units;
+  const bool ok = p.reserve_units(count, token, units);
+  return list_or_none(ok, units);
+}
+
+void release_units_of(PyBlockPool& p, const std::vector<int64_t>& units, py::handle owner) {
+  const int64_t token = p.owners.token(owner, &p);
+  p.refuse_store_units(units, token);
+  p.release_units(units, token);
+}
+
+void rekey_units_of(PyBlockPool& p, const std::vector<int64_t>& units, py::handle old_owner, py::handle new_owner) {
+  const int64_t old_token = p.owners.token(old_owner, &p);
+  p.owners.retain(old_token);  // interning the new owner must not sweep the old
+  int64_t new_token;
+  try {
+    new_token = p.owners.token(new_owner, &p);
+  } catch (...) {
+    p.owners.unretain(old_token);
+    throw;
+  }
+  p.owners.unretain(old_token);
+  p.refuse_store_units(units, old_token);
+  p.rekey_units(units, old_token, new_token);
+}
+
 void bind_block_pool(py::module_& m) {
   py::classh<PyBlockPool> cls(m, "BlockPool", py::metaclass(fast::guarded_metaclass()),
                               fast::gc_setup<PyBlockPool, &traverse_pool, &clear_pool>(), R"doc(
@@ -368,65 +396,39 @@ that evicted completes normally.)doc");
             return pool;
           }),
           py::arg("num_blocks"), py::arg("on_evict") = py::none(),
-          "Raises ValueError for ``num_blocks < 0``; TypeError for a non-callable ``on_evict``.")
-      .def_property_readonly("num_blocks", &BlockPool::num_blocks)
-      .def_property_readonly("num_free", &BlockPool::num_free,
-                             "Blocks a reservation or allocation could take now (never-hashed + cached).")
-      .def_property_readonly("num_cached", &BlockPool::num_cached, "Free blocks still findable by hash.")
-      .def_property_readonly("num_kv_blocks", &BlockPool::num_kv_blocks, "Blocks held by the KV cache.")
-      .def_property_readonly("num_reserved", &BlockPool::num_reserved, "Blocks held as units by an owner.")
-      .def_property(
-          "on_evict", [](const PyBlockPool& p) { return p.on_evict; },
-          [](PyBlockPool& p, py::handle fn) {
-            if (!fn.is_none() && !PyCallable_Check(fn.ptr())) raise_type("on_evict", "a callable or None", fn);
-            py::object old = std::move(p.on_evict);  // released after the swap: its __del__ may use the pool
-            p.on_evict = py::reinterpret_borrow<py::object>(fn);
-          },
-          "Called with a hash when its block leaves the index (or None).")
-      .def(
-          "reserve_units",
-          [](PyBlockPool& p, py::handle count, py::handle owner) {
-            const int64_t n = as_nonneg_int(count, "count");
-            const int64_t token = p.owners.token(owner, &p);
-            std::vector<int64_t> units;
-            const bool ok = p.reserve_units(n, token, units);
-            return list_or_none(ok, units);
-          },
-          py::arg("count"), py::arg("owner"),
-          "Returns ``count`` free blocks now held by ``owner``, or None (nothing taken) when fewer "
-          "are free. Raises ValueError for ``count < 0``, TypeError for an unhashable owner.")
-      .def(
-          "release_units",
-          [](PyBlockPool& p, py::handle unit_ids, py::handle owner) {
-            std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
-            const int64_t token = p.owners.token(owner, &p);
-            p.refuse_store_units(units, token);
-            p.release_units(units, token);
-          },
-          py::arg("unit_ids"), py::arg("owner"),
-          "Frees units ``owner`` holds; returns None. Raises ValueError, changing nothing, if any "
-          "unit is not held by ``owner`` or belongs to a store's image.")
-      .def(
-          "rekey_units",
-          [](PyBlockPool& p, py::handle unit_ids, py::handle old_owner, py::handle new_owner) {
-            std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
-            const int64_t old_token = p.owners.token(old_owner, &p);
-            p.owners.retain(old_token);  // interning the new owner must not sweep the old
-            int64_t new_token;
-            try {
-              new_token = p.owners.token(new_owner, &p);
-            } catch (...) {
-              p.owners.unretain(old_token);
-              throw;
-            }
-            p.owners.unretain(old_token);
-            p.refuse_store_units(units, old_token);
-            p.rekey_units(units, old_token, new_token);
-          },
-          py::arg("unit_ids"), py::arg("old_owner"), py::arg("new_owner"),
-          "Moves units from ``old_owner`` to ``new_owner``; returns None. Raises ValueError, "
-          "changing nothing, if any unit is not held by ``old_owner`` or belongs to a store's "
-          "image.");
+          "Raises ValueError for ``num_blocks < 0``; TypeError for a non-callable ``on_evict``.");
+  using fast::to_py;
+  using P = PyBlockPool;
+  fast::def_readonly<P>(cls, "num_blocks", [](const P& p) { return to_py(p.num_blocks()); });
+  fast::def_readonly<P>(
+      cls, "num_free", [](const P& p) { return to_py(p.num_free()); },
+      "Blocks a reservation or allocation could take now (never-hashed + cached).");
+  fast::def_readonly<P>(
+      cls, "num_cached", [](const P& p) { return to_py(p.num_cached()); }, "Free blocks still findable by hash.");
+  fast::def_readonly<P>(
+      cls, "num_kv_blocks", [](const P& p) { return to_py(p.num_kv_blocks()); }, "Blocks held by the KV cache.");
+  fast::def_readonly<P>(
+      cls, "num_reserved", [](const P& p) { return to_py(p.num_reserved()); }, "Blocks held as units by an owner.");
+  fast::def_property<P>(
+      cls, "on_evict", [](const P& p) { return Py_NewRef(p.on_evict.ptr()); },
+      [](P& p, PyObject* fn, const char* name) {
+        if (fn != Py_None && !PyCallable_Check(fn)) raise_type(name, "a callable or None", py::handle(fn));
+        py::object old = std::move(p.on_evict);  // released after the swap: its __del__ may use the pool
+        p.on_evict = py::reinterpret_borrow<py::object>(fn);
+      },
+      "Called with a hash when its block leaves the index (or None).");
+  fast::method<&reserve_units_for>(
+      cls, "reserve_units", {fast::nonneg_arg("count"), "owner"},
+      "Returns ``count`` free blocks now held by ``owner``, or None (nothing taken) when fewer "
+      "are free. Raises ValueError for ``count < 0``, TypeError for an unhashable owner.");
+  fast::method<&release_units_of>(
+      cls, "release_units", {"unit_ids", "owner"},
+      "Frees units ``owner`` holds; returns None. Raises ValueError, changing nothing, if any "
+      "unit is not held by ``owner`` or belongs to a store's image.");
+  fast::method<&rekey_units_of>(cls, "rekey_units", {"unit_ids", "old_owner", "new_owner"},
+                                "Moves units from ``old_owner`` to ``new_owner``; returns None. Raises ValueError, "
+                                "changing nothing, if any unit is not held by ``old_owner`` or belongs to a store's "
+                                "image.");
   using fast::hash_arg;
   fast::method<&block_owner>(cls, "owner_of", {"unit"},
                              "Returns the owner holding ``unit`` (equal to the one given), or None for a free block "
@@ -665,6 +667,20 @@ void clear_store(PyStore& s) {
 
 py::tuple take_restore_ops(PyStore& s) { return to_py_tuple(s.take_restore_ops()); }
 
+bool adopt_units(PyStore& s, const std::vector<int64_t>& units, py::handle owner, int64_t prefix_hash) {
+  OwnerTable& owners = s.owners();
+  const int64_t token = owners.token(owner, s.pool_ptr().get());
+  owners.retain(token);  // named to the pool while the call runs
+  try {
+    const bool adopted = s.adopt_units(units, token, prefix_hash);
+    owners.unretain(token);
+    return adopted;
+  } catch (...) {
+    owners.unretain(token);
+    throw;
+  }
+}
+
 void bind_store(py::module_& m) {
   py::classh<PyStore> cls(m, "PageUnitCheckpointStore", py::metaclass(fast::guarded_metaclass()),
                           fast::gc_setup<PyStore, &traverse_store, &clear_store>(), R"doc(
@@ -689,19 +705,26 @@ nominated to a tier (``offload_sink``), handed out pinned by
             return make_py_store(pool, p, sp, offload_sink);
           }),
           py::arg("pool"), py::arg("spec"), py::arg("offload_sink") = false,
-          "Raises TypeError for a pool of None or a spec of the wrong type.")
-      .def_property_readonly("pool", [](const PyStore& s) { return pool_object(s); })
-      .def_property_readonly("spec", [](const PyStore& s) { return s.spec(); })
-      .def_property_readonly("units_per_checkpoint", &Store::units_per_checkpoint)
-      .def_property_readonly("generation", &Store::generation)
-      .def_property_readonly("evictions", &Store::evictions)
-      .def_property_readonly("offload_pins_reclaimed", &Store::offload_pins_reclaimed)
-      .def_property_readonly("offload_nominations_dropped", &Store::offload_nominations_dropped)
-      .def_property_readonly("records", [](py::handle self) { return make_view<RecordsView>(self); })
-      .def_property_readonly("hash_to_checkpoint", [](py::handle self) { return make_view<HashIndexView>(self); })
-      .def_property_readonly(
-          "store_backlog", [](py::handle self) { return make_view<BacklogView>(self); },
-          "Checkpoint ids nominated for the offload tier, oldest first.");
+          "Raises TypeError for a pool of None or a spec of the wrong type.");
+  using fast::to_py;
+  fast::def_readonly<PyStore>(cls, "pool", [](const PyStore& s) { return pool_object(s).release().ptr(); });
+  fast::def_readonly<PyStore>(cls, "spec", [](const PyStore& s) { return py::cast(s.spec()).release().ptr(); });
+  fast::def_readonly<PyStore>(cls, "units_per_checkpoint",
+                              [](const PyStore& s) { return to_py(s.units_per_checkpoint()); });
+  fast::def_readonly<PyStore>(cls, "generation", [](const PyStore& s) { return to_py(s.generation()); });
+  fast::def_readonly<PyStore>(cls, "evictions", [](const PyStore& s) { return to_py(s.evictions()); });
+  fast::def_readonly<PyStore>(cls, "offload_pins_reclaimed",
+                              [](const PyStore& s) { return to_py(s.offload_pins_reclaimed()); });
+  fast::def_readonly<PyStore>(cls, "offload_nominations_dropped",
+                              [](const PyStore& s) { return to_py(s.offload_nominations_dropped()); });
+  fast::def_readonly<PyStore>(
+      cls, "records", [](const PyStore&, PyObject* self) { return make_view<RecordsView>(self).release().ptr(); });
+  fast::def_readonly<PyStore>(cls, "hash_to_checkpoint", [](const PyStore&, PyObject* self) {
+    return make_view<HashIndexView>(self).release().ptr();
+  });
+  fast::def_readonly<PyStore>(
+      cls, "store_backlog", [](const PyStore&, PyObject* self) { return make_view<BacklogView>(self).release().ptr(); },
+      "Checkpoint ids nominated for the offload tier, oldest first.");
   fast::method<&take_restore_ops>(cls, "take_restore_ops", {},
                                   "Returns and clears this batch's queued restores, oldest first. Raises nothing.");
   fast::method<&Store::cancel_queued_restore>(
@@ -713,28 +736,11 @@ nominated to a tier (``offload_sink``), handed out pinned by
       "Returns the set of hashes whose READY standing may differ from what it was at "
       "``generation``, or None when the log no longer reaches back that far (at least 4,000 "
       "bumps are kept). Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  cls.def(
-      "adopt_units",
-      [](PyStore& s, py::handle unit_ids, py::handle owner, py::handle h) {
-        std::vector<int64_t> units = as_int_list(unit_ids, "unit_ids");
-        const int64_t prefix_hash = as_hash(h, "prefix_hash", s.hash_form());
-        OwnerTable& owners = s.owners();
-        const int64_t token = owners.token(owner, s.pool_ptr().get());
-        owners.retain(token);  // named to the pool while the call runs
-        try {
-          const bool adopted = s.adopt_units(units, token, prefix_hash);
-          owners.unretain(token);
-          return adopted;
-        } catch (...) {
-          owners.unretain(token);
-          throw;
-        }
-      },
-      py::arg("unit_ids"), py::arg("owner"), py::arg("prefix_hash"),
-      "Files units ``owner`` holds as a READY image under ``prefix_hash``; returns False "
-      "(units left with the owner) when the hash is already kept. Raises ValueError, changing "
-      "nothing, for a wrong unit count, units the owner does not hold, or ``prefix_hash == "
-      "-1``.");
+  fast::method<&adopt_units>(cls, "adopt_units", {"unit_ids", "owner", fast::hash_arg("prefix_hash")},
+                             "Files units ``owner`` holds as a READY image under ``prefix_hash``; returns False "
+                             "(units left with the owner) when the hash is already kept. Raises ValueError, changing "
+                             "nothing, for a wrong unit count, units the owner does not hold, or ``prefix_hash == "
+                             "-1``.");
   fast::method<&Store::complete_inflight>(
       cls, "complete_inflight", {},
       "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
