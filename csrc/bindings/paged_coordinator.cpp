@@ -379,6 +379,90 @@ py::dict fates(const PyCoordinator& c) {
   return d;
 }
 
+bool coord_applies(const PyCoordinator& c, py::handle seq) {
+  return c.applies(fast::SeqArg(seq.ptr(), "seq", c.enabled() ? fast::kHasCache : 0).get());
+}
+
+py::list coord_reserve_midstep(PyCoordinator& c, py::handle seq, py::handle positions) {
+  const bool asks = c.readable_midstep() && c.enabled();  // the reference's order
+  auto res = c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", asks ? fast::kHasCache : 0).get(),
+                               as_positions(positions, c.hash_form()));
+  py::list out;
+  for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, hash_object(h, c.hash_form())));
+  return out;
+}
+
+// `seq` is taken and ignored, as the reference's is.
+void coord_publish_midstep(PyCoordinator& c, py::handle reservations, py::handle) {
+  c.publish_midstep(as_reservations(reservations, c.hash_form()));
+}
+
+void coord_cancel_midstep(PyCoordinator& c, py::handle reservations) {
+  c.cancel_midstep(as_reservations(reservations, c.hash_form()));
+}
+
+void coord_forget_pending(PyCoordinator& c, py::handle seq) {
+  fast::SeqArg s(seq.ptr(), "seq", fast::kStateSlot);
+  then_prune(c, [&] { c.forget_pending(*forget_target(c, s.object(), s.get(), s.native())); });
+}
+
+py::tuple coord_take_checkpoint_ops(PyCoordinator& c) {
+  // The drain reads each filed sequence's state_slot; an engine object's is
+  // read here, before anything changes.
+  c.refresh_generic();
+  auto [stores, restores] = then_prune(c, [&] { return c.take_checkpoint_ops(); });
+  return py::make_tuple(to_py_tuple(std::move(stores)), to_py_tuple(std::move(restores)));
+}
+
+py::object coord_reserve_transfer_units(PyCoordinator& c, py::handle owner) {
+  const int64_t token = c.transfer_owner(owner);
+  c.owners().retain(token);  // interned while the pool's code may run
+  std::optional<UnitIds> units;
+  try {
+    units = c.reserve_transfer_units(token);
+  } catch (...) {
+    c.owners().unretain(token);
+    throw;
+  }
+  if (!units) {
+    c.owners().unretain(token);
+    return py::none();
+  }
+  return to_tuple(*units);
+}
+
+void coord_release_transfer_units(PyCoordinator& c, py::handle owner) {
+  const int64_t token = c.transfer_owner(owner);
+  const bool had = c.has_transfer(token);
+  try {
+    c.release_transfer_units(token);  // a pool's error comes after the reservation is gone
+  } catch (...) {
+    if (had && !c.has_transfer(token)) c.owners().unretain(token);
+    throw;
+  }
+  if (had && !c.has_transfer(token)) c.owners().unretain(token);
+}
+
+// The owner is read before the hash (an owner of None is the error named first).
+bool coord_adopt_transfer_units(PyCoordinator& c, py::handle owner, py::handle h) {
+  const int64_t token = c.transfer_owner(owner);
+  const int64_t prefix_hash = as_hash(h, "prefix_hash", c.hash_form());
+  const bool had = c.has_transfer(token);
+  const bool adopted = c.adopt_transfer_units(token, prefix_hash);  // a failure keeps the reservation
+  if (had && !c.has_transfer(token)) c.owners().unretain(token);
+  return adopted;
+}
+
+void coord_unindex(PyCoordinator& c, int64_t prefix_hash) {
+  const int64_t pending = c.num_pending();
+  c.unindex(prefix_hash);
+  if (c.num_pending() != pending) c.prune_generic();
+}
+
+void coord_clear_index(PyCoordinator& c) {
+  then_prune(c, [&] { c.clear_index(); });
+}
+
 void bind_coordinator(py::module_& m) {
   py::classh<PyCoordinator> cls(m, "PagedStateCheckpointCoordinator", py::metaclass(fast::guarded_metaclass()),
                                 fast::gc_setup<PyCoordinator, &traverse_coordinator, &clear_coordinator>(), R"doc(
@@ -411,156 +495,78 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             return std::make_shared<PyCoordinator>(pool, p, std::move(sp), on, std::move(offload), readable);
           }),
           py::arg("pool"), py::arg("spec"), py::arg("enabled"), py::arg("offload") = py::none(),
-          py::arg("readable_midstep") = false, "Raises TypeError for a pool of None or a spec of the wrong type.")
-      .def_property_readonly("enabled", &Coordinator::enabled)
-      .def_property_readonly("readable_midstep", &Coordinator::readable_midstep)
-      .def_property_readonly("store", [](const PyCoordinator& c) { return c.store_object(); })
-      .def_property_readonly("offload", [](const PyCoordinator& c) { return c.offload(); })
-      .def_property_readonly("checkpoints_kept", &Coordinator::checkpoints_kept)
-      .def_property_readonly("checkpoints_dropped", &Coordinator::checkpoints_dropped)
-      .def_property_readonly("checkpoints_orphaned", &Coordinator::checkpoints_orphaned)
-      .def(
-          "applies",
-          [](const PyCoordinator& c, py::handle seq) {
-            return c.applies(fast::SeqArg(seq.ptr(), "seq", c.enabled() ? fast::kHasCache : 0).get());
-          },
-          py::arg("seq"),
-          "Returns whether this coordinator checkpoints anything for ``seq`` (enabled and the "
-          "sequence has a per-request cache). Raises TypeError for an object without the sequence "
-          "attributes.");
+          py::arg("readable_midstep") = false, "Raises TypeError for a pool of None or a spec of the wrong type.");
+  using fast::to_py;
+  using C = PyCoordinator;
+  fast::def_readonly<C>(cls, "enabled", [](const C& c) { return to_py(c.enabled()); });
+  fast::def_readonly<C>(cls, "readable_midstep", [](const C& c) { return to_py(c.readable_midstep()); });
+  fast::def_readonly<C>(cls, "store", [](const C& c) { return c.store_object().release().ptr(); });
+  fast::def_readonly<C>(cls, "offload", [](const C& c) { return Py_NewRef(c.offload().ptr()); });
+  fast::def_readonly<C>(cls, "checkpoints_kept", [](const C& c) { return to_py(c.checkpoints_kept()); });
+  fast::def_readonly<C>(cls, "checkpoints_dropped", [](const C& c) { return to_py(c.checkpoints_dropped()); });
+  fast::def_readonly<C>(cls, "checkpoints_orphaned", [](const C& c) { return to_py(c.checkpoints_orphaned()); });
+  fast::method<&coord_applies>(cls, "applies", {"seq"},
+                               "Returns whether this coordinator checkpoints anything for ``seq`` (enabled and the "
+                               "sequence has a per-request cache). Raises TypeError for an object without the sequence "
+                               "attributes.");
   fast::method<&PyCoordinator::set_scratch>(
       cls, "attach_midstep_scratch", {"slot_pool", fast::nonneg_arg("max_ops_per_batch")},
       "Borrows midstep scratch slots from ``slot_pool`` (a StateSlotPool), at most "
       "``max_ops_per_batch`` copies a batch; returns None. Raises TypeError for another pool "
       "type, ValueError for a negative count.");
-  cls.def(
-         "reserve_midstep",
-         [](PyCoordinator& c, py::handle seq, py::handle positions) {
-           const bool asks = c.readable_midstep() && c.enabled();  // the reference's order
-           auto res = c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", asks ? fast::kHasCache : 0).get(),
-                                        as_positions(positions, c.hash_form()));
-           py::list out;
-           for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, hash_object(h, c.hash_form())));
-           return out;
-         },
-         py::arg("seq"), py::arg("positions"),
-         "Reserves a scratch slot per interior (position, hash) boundary of the next forward; "
-         "returns the (slot, position, hash) reservations, stopping at the first shortage (empty "
-         "without scratch). Raises ValueError for a hash of -1, TypeError for malformed positions.")
-      .def(
-          "publish_midstep",
-          [](PyCoordinator& c, py::handle reservations, py::handle) {
-            c.publish_midstep(as_reservations(reservations, c.hash_form()));
-          },
-          py::arg("reservations"), py::arg("seq") = py::none(),
-          "Files the reserved midstep states for the next ``take_checkpoint_ops``; returns None. "
-          "Raises ValueError for a reservation this coordinator did not hand out.")
-      .def(
-          "cancel_midstep",
-          [](PyCoordinator& c, py::handle reservations) {
-            c.cancel_midstep(as_reservations(reservations, c.hash_form()));
-          },
-          py::arg("reservations"),
-          "Returns reserved scratch slots unused (the forward never ran); returns None. Raises "
-          "ValueError for a reservation this coordinator did not hand out.")
-      .def(
-          "forget_pending",
-          [](PyCoordinator& c, py::handle seq) {
-            fast::SeqArg s(seq.ptr(), "seq", fast::kStateSlot);
-            then_prune(c, [&] { c.forget_pending(*forget_target(c, s.object(), s.get(), s.native())); });
-          },
-          py::arg("seq"),
-          "Drops ``seq``'s filed boundary that no batch has begun yet (and a restore queued into "
-          "its slot); returns None. Raises TypeError for an object without the sequence attributes.")
-      .def(
-          "take_checkpoint_ops",
-          [](PyCoordinator& c) {
-            // The drain reads each filed sequence's state_slot; an engine
-            // object's is read here, before anything changes.
-            c.refresh_generic();
-            auto [stores, restores] = then_prune(c, [&] { return c.take_checkpoint_ops(); });
-            return py::make_tuple(to_py_tuple(std::move(stores)), to_py_tuple(std::move(restores)));
-          },
-          "Begins the filed stores and returns this batch's (stores, restores) tuples. Raises "
-          "RuntimeError when called from inside itself (an eviction handler), and what an engine "
-          "object's state_slot getter raised, before anything changes; an on_evict handler's "
-          "exception goes to sys.unraisablehook.");
+  fast::method<&coord_reserve_midstep>(
+      cls, "reserve_midstep", {"seq", "positions"},
+      "Reserves a scratch slot per interior (position, hash) boundary of the next forward; "
+      "returns the (slot, position, hash) reservations, stopping at the first shortage (empty "
+      "without scratch). Raises ValueError for a hash of -1, TypeError for malformed positions.");
+  fast::method<&coord_publish_midstep>(
+      cls, "publish_midstep", {"reservations", "seq=None"},
+      "Files the reserved midstep states for the next ``take_checkpoint_ops``; returns None. "
+      "Raises ValueError for a reservation this coordinator did not hand out.");
+  fast::method<&coord_cancel_midstep>(
+      cls, "cancel_midstep", {"reservations"},
+      "Returns reserved scratch slots unused (the forward never ran); returns None. Raises "
+      "ValueError for a reservation this coordinator did not hand out.");
+  fast::method<&coord_forget_pending>(
+      cls, "forget_pending", {"seq"},
+      "Drops ``seq``'s filed boundary that no batch has begun yet (and a restore queued into "
+      "its slot); returns None. Raises TypeError for an object without the sequence attributes.");
+  fast::method<&coord_take_checkpoint_ops>(
+      cls, "take_checkpoint_ops", {},
+      "Begins the filed stores and returns this batch's (stores, restores) tuples. Raises "
+      "RuntimeError when called from inside itself (an eviction handler), and what an engine "
+      "object's state_slot getter raised, before anything changes; an on_evict handler's "
+      "exception goes to sys.unraisablehook.");
   fast::method<&Coordinator::complete_previous_batch>(
       cls, "complete_previous_batch", {},
       "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
       "Raises RuntimeError when called from inside take_checkpoint_ops.");
-  cls.def(
-         "reserve_transfer_units",
-         [](PyCoordinator& c, py::handle owner) -> py::object {
-           const int64_t token = c.transfer_owner(owner);
-           c.owners().retain(token);  // interned while the pool's code may run
-           std::optional<UnitIds> units;
-           try {
-             units = c.reserve_transfer_units(token);
-           } catch (...) {
-             c.owners().unretain(token);
-             throw;
-           }
-           if (!units) {
-             c.owners().unretain(token);
-             return py::none();
-           }
-           return to_tuple(*units);
-         },
-         py::arg("owner"),
-         "Reserves one image's units under (\"state-transfer\", owner) for an external load; "
-         "returns their ids, or None when they cannot be had. Raises ValueError for owner None, "
-         "TypeError for an unhashable owner.")
-      .def(
-          "release_transfer_units",
-          [](PyCoordinator& c, py::handle owner) {
-            const int64_t token = c.transfer_owner(owner);
-            const bool had = c.has_transfer(token);
-            try {
-              c.release_transfer_units(token);  // a pool's error comes after the reservation is gone
-            } catch (...) {
-              if (had && !c.has_transfer(token)) c.owners().unretain(token);
-              throw;
-            }
-            if (had && !c.has_transfer(token)) c.owners().unretain(token);
-          },
-          py::arg("owner"),
-          "Gives a transfer reservation's units back (no-op without one); returns None. Raises "
-          "TypeError for an unhashable owner.")
-      .def(
-          "adopt_transfer_units",
-          [](PyCoordinator& c, py::handle owner, py::handle h) {
-            const int64_t token = c.transfer_owner(owner);
-            const int64_t prefix_hash = as_hash(h, "prefix_hash", c.hash_form());
-            const bool had = c.has_transfer(token);
-            const bool adopted = c.adopt_transfer_units(token, prefix_hash);  // a failure keeps the reservation
-            if (had && !c.has_transfer(token)) c.owners().unretain(token);
-            return adopted;
-          },
-          py::arg("owner"), py::arg("prefix_hash"),
-          "Files the loaded units as a READY image under ``prefix_hash``; returns False when "
-          "``owner`` holds no reservation or the hash is already kept (the units then go back). "
-          "Raises ValueError for ``prefix_hash == -1``.");
+  fast::method<&coord_reserve_transfer_units>(
+      cls, "reserve_transfer_units", {"owner"},
+      "Reserves one image's units under (\"state-transfer\", owner) for an external load; "
+      "returns their ids, or None when they cannot be had. Raises ValueError for owner None, "
+      "TypeError for an unhashable owner.");
+  fast::method<&coord_release_transfer_units>(
+      cls, "release_transfer_units", {"owner"},
+      "Gives a transfer reservation's units back (no-op without one); returns None. Raises "
+      "TypeError for an unhashable owner.");
+  fast::method<&coord_adopt_transfer_units>(
+      cls, "adopt_transfer_units", {"owner", "prefix_hash"},
+      "Files the loaded units as a READY image under ``prefix_hash``; returns False when "
+      "``owner`` holds no reservation or the hash is already kept (the units then go back). "
+      "Raises ValueError for ``prefix_hash == -1``.");
   fast::method<&PyCoordinator::set_offload>(
       cls, "attach_offload", {"index", "*", "sink=True"},
       "Attaches a tier (its vote in ``resumable_hit``, and a sink for offload nominations "
       "unless ``sink=False``), or detaches with None; returns None. Raises only for a bad "
       "argument (docs/contract.md, \"Errors\").");
-  cls.def(
-         "unindex",
-         [](PyCoordinator& c, py::handle h) {
-           const int64_t prefix_hash = as_hash(h, "h", c.hash_form());
-           const int64_t pending = c.num_pending();
-           c.unindex(prefix_hash);
-           if (c.num_pending() != pending) c.prune_generic();
-         },
-         py::arg("h"),
-         "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
-         "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
-      .def(
-          "clear_index", [](PyCoordinator& c) { then_prune(c, [&] { c.clear_index(); }); },
-          "Drops every unpinned checkpoint; returns None. Raises nothing (an on_evict handler's "
-          "exception goes to sys.unraisablehook).");
+  fast::method<&coord_unindex>(
+      cls, "unindex", {fast::hash_arg("h")},
+      "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
+      "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&coord_clear_index>(cls, "clear_index", {},
+                                   "Drops every unpinned checkpoint; returns None. Raises nothing (an on_evict "
+                                   "handler's exception goes to sys.unraisablehook).");
   fast::method<&Coordinator::check_consistency>(
       cls, "check_consistency", {},
       "Checks the invariants of the coordinator, its store and its pool (for tests); returns "
