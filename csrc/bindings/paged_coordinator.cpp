@@ -624,6 +624,24 @@ struct OffloadHashesView {
   std::shared_ptr<StateOffloadIndex> index;
 };
 
+py::dict offload_stats(const StateOffloadIndex& i) {
+  const OffloadStats& s = i.stats();
+  py::dict d;
+  d["stores_attempted"] = s.stores_attempted;
+  d["stores_completed"] = s.stores_completed;
+  d["stores_failed"] = s.stores_failed;
+  d["stores_untrusted"] = s.stores_untrusted;
+  d["loads_attempted"] = s.loads_attempted;
+  d["loads_completed"] = s.loads_completed;
+  d["loads_failed"] = s.loads_failed;
+  d["loads_missing"] = s.loads_missing;
+  d["loads_abandoned"] = s.loads_abandoned;
+  d["loads_untrusted"] = s.loads_untrusted;
+  d["hashes"] = i.size();
+  d["evicted"] = s.evicted;
+  return d;
+}
+
 void bind_offload_index(py::module_& m) {
   py::class_<OffloadHashesView> hashes(m, "OffloadHashesView", STATECACHE_GUARDED(OffloadHashesView),
                                        "Hashes a tier holds, least recently used first.");
@@ -645,99 +663,59 @@ Which hashes a tier below GPU memory holds (a capped LRU), and its load
 bookkeeping. Membership is optimistic: a hash once stored counts until it is
 forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
   fast::refuse_copy(index);
-  index
-      .def(py::init([](py::handle can_store, py::handle can_load, py::handle capacity) {
-             std::optional<int64_t> cap;
-             if (!capacity.is_none()) cap = as_nonneg_int(capacity, "capacity");
-             return std::make_shared<StateOffloadIndex>(as_bool(can_store, "can_store"), as_bool(can_load, "can_load"),
-                                                        cap);
-           }),
-           py::arg("can_store") = true, py::arg("can_load") = true, py::arg("capacity") = py::none(),
-           "Raises ValueError for ``capacity < 0``.")
-      .def_property_readonly("can_store", &StateOffloadIndex::can_store)
-      .def_property_readonly("can_load", &StateOffloadIndex::can_load)
-      .def_property_readonly("capacity",
-                             [](const StateOffloadIndex& i) -> py::object {
-                               if (!i.capacity()) return py::none();
-                               return py::int_(*i.capacity());
-                             })
-      .def_property_readonly("hashes", [](const std::shared_ptr<StateOffloadIndex>& i) { return OffloadHashesView{i}; })
-      .def_property_readonly("loads_in_flight", &StateOffloadIndex::loads_in_flight)
-      .def(
-          "could_serve",
-          [](const StateOffloadIndex& i, py::handle h) { return i.could_serve(as_hash(h, "h", i.hash_form())); },
-          py::arg("h"),
-          "Returns ``can_load and h in hashes``. Raises only for a bad argument (docs/contract.md, "
-          "\"Errors\").")
-      .def(
-          "note_store_started",
-          [](StateOffloadIndex& i, py::handle h) { i.note_store_started(as_hash(h, "h", i.hash_form())); },
-          py::arg("h"),
-          "Counts a store attempt of ``h``; returns None. Raises only for a bad argument "
-          "(docs/contract.md, \"Errors\").")
-      .def(
-          "note_stored", [](StateOffloadIndex& i, py::handle h) { i.note_stored(as_hash(h, "h", i.hash_form())); },
-          py::arg("h"),
-          "Records that the tier now holds ``h`` (the least recently used hash is dropped past "
-          "capacity); returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
-      .def(
-          "note_store_failed",
-          [](StateOffloadIndex& i, py::handle h, py::handle untrusted) {
-            i.note_store_failed(as_hash(h, "h", i.hash_form()), as_bool(untrusted, "untrusted"));
-          },
-          py::arg("h"), py::arg("untrusted") = false,
-          "Counts a failed store of ``h`` (``untrusted``: it failed its integrity check); returns "
-          "None. Raises only for a bad argument (docs/contract.md, \"Errors\").")
-      .def(
-          "forget", [](StateOffloadIndex& i, py::handle h) { return i.forget(as_hash(h, "h", i.hash_form())); },
-          py::arg("h"),
-          "Drops ``h``; returns whether it was held. Raises only for a bad argument "
-          "(docs/contract.md, \"Errors\").")
-      .def(
-          "request_load",
-          [](StateOffloadIndex& i, py::handle h) { return i.request_load(as_hash(h, "h", i.hash_form())); },
-          py::arg("h"),
-          "Starts a load of ``h``; returns False (nothing started) when the tier cannot serve it. "
-          "Raises only for a bad argument (docs/contract.md, \"Errors\").")
-      .def(
-          "complete_load", [](StateOffloadIndex& i, py::handle h) { i.complete_load(as_hash(h, "h", i.hash_form())); },
-          py::arg("h"),
-          "Ends the load of ``h`` in flight; returns None. Raises ValueError when no load of ``h`` "
-          "is in flight.")
-      .def(
-          "fail_load",
-          [](StateOffloadIndex& i, py::handle h, py::handle missing, py::handle untrusted) {
-            i.fail_load(as_hash(h, "h", i.hash_form()), as_bool(missing, "missing"), as_bool(untrusted, "untrusted"));
-          },
-          py::arg("h"), py::kw_only(), py::arg("missing") = false, py::arg("untrusted") = false,
-          "Ends a failed load of ``h``, forgetting ``h`` when it was ``missing`` or ``untrusted``; "
-          "returns None. Raises ValueError when no load of ``h`` is in flight.")
-      .def(
-          "abandon_load", [](StateOffloadIndex& i, py::handle h) { i.abandon_load(as_hash(h, "h", i.hash_form())); },
-          py::arg("h"),
-          "Ends a load of ``h`` nobody waits for any more; returns None. Raises ValueError when no "
-          "load of ``h`` is in flight.")
-      .def(
-          "stats",
-          [](const StateOffloadIndex& i) {
-            const OffloadStats& s = i.stats();
-            py::dict d;
-            d["stores_attempted"] = s.stores_attempted;
-            d["stores_completed"] = s.stores_completed;
-            d["stores_failed"] = s.stores_failed;
-            d["stores_untrusted"] = s.stores_untrusted;
-            d["loads_attempted"] = s.loads_attempted;
-            d["loads_completed"] = s.loads_completed;
-            d["loads_failed"] = s.loads_failed;
-            d["loads_missing"] = s.loads_missing;
-            d["loads_abandoned"] = s.loads_abandoned;
-            d["loads_untrusted"] = s.loads_untrusted;
-            d["hashes"] = i.size();
-            d["evicted"] = s.evicted;
-            return d;
-          },
-          "Returns a new dict: stores and loads attempted, completed, failed, untrusted, missing "
-          "and abandoned, hashes held and evicted. Raises nothing.");
+  index.def(py::init([](py::handle can_store, py::handle can_load, py::handle capacity) {
+              std::optional<int64_t> cap;
+              if (!capacity.is_none()) cap = as_nonneg_int(capacity, "capacity");
+              return std::make_shared<StateOffloadIndex>(as_bool(can_store, "can_store"), as_bool(can_load, "can_load"),
+                                                         cap);
+            }),
+            py::arg("can_store") = true, py::arg("can_load") = true, py::arg("capacity") = py::none(),
+            "Raises ValueError for ``capacity < 0``.");
+  using fast::hash_arg;
+  using fast::to_py;
+  using I = StateOffloadIndex;
+  fast::def_readonly<I>(index, "can_store", [](const I& i) { return to_py(i.can_store()); });
+  fast::def_readonly<I>(index, "can_load", [](const I& i) { return to_py(i.can_load()); });
+  fast::def_readonly<I>(index, "capacity", [](const I& i) { return fast::to_result(i.capacity()); });
+  fast::def_readonly<I>(index, "hashes", [](const I&, PyObject* self) {
+    return fast::cast_cached<OffloadHashesView>(OffloadHashesView{py::handle(self).cast<std::shared_ptr<I>>()})
+        .release()
+        .ptr();
+  });
+  fast::def_readonly<I>(index, "loads_in_flight", [](const I& i) { return to_py(i.loads_in_flight()); });
+  fast::method<&I::could_serve>(index, "could_serve", {hash_arg("h")},
+                                "Returns ``can_load and h in hashes``. Raises only for a bad argument "
+                                "(docs/contract.md, \"Errors\").");
+  fast::method<&I::note_store_started>(index, "note_store_started", {hash_arg("h")},
+                                       "Counts a store attempt of ``h``; returns None. Raises only for a bad argument "
+                                       "(docs/contract.md, \"Errors\").");
+  fast::method<&I::note_stored>(
+      index, "note_stored", {hash_arg("h")},
+      "Records that the tier now holds ``h`` (the least recently used hash is dropped past "
+      "capacity); returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&I::note_store_failed>(
+      index, "note_store_failed", {hash_arg("h"), "untrusted=False"},
+      "Counts a failed store of ``h`` (``untrusted``: it failed its integrity check); returns "
+      "None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&I::forget>(index, "forget", {hash_arg("h")},
+                           "Drops ``h``; returns whether it was held. Raises only for a bad argument "
+                           "(docs/contract.md, \"Errors\").");
+  fast::method<&I::request_load>(
+      index, "request_load", {hash_arg("h")},
+      "Starts a load of ``h``; returns False (nothing started) when the tier cannot serve it. "
+      "Raises only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&I::complete_load>(index, "complete_load", {hash_arg("h")},
+                                  "Ends the load of ``h`` in flight; returns None. Raises ValueError when no load of "
+                                  "``h`` is in flight.");
+  fast::method<&I::fail_load>(index, "fail_load", {hash_arg("h"), "*", "missing=False", "untrusted=False"},
+                              "Ends a failed load of ``h``, forgetting ``h`` when it was ``missing`` or ``untrusted``; "
+                              "returns None. Raises ValueError when no load of ``h`` is in flight.");
+  fast::method<&I::abandon_load>(index, "abandon_load", {hash_arg("h")},
+                                 "Ends a load of ``h`` nobody waits for any more; returns None. Raises ValueError when "
+                                 "no load of ``h`` is in flight.");
+  fast::method<&offload_stats>(index, "stats", {},
+                               "Returns a new dict: stores and loads attempted, completed, failed, untrusted, missing "
+                               "and abandoned, hashes held and evicted. Raises nothing.");
 }
 
 }  // namespace
