@@ -105,6 +105,13 @@ MaintenanceBatch as_batch(py::handle relocations, py::handle copies, py::handle 
   return b;
 }
 
+// `restores` is read after the lists, as the reference reads them.
+CompiledBatch compile_paged_batch(const SpanPlanner& p, py::handle slots, py::handle unit_ids, py::handle restores) {
+  const IntSpan s(slots, "slots"), u(unit_ids, "unit_ids");
+  return p.compile_paged(s.span().data(), s.span().size(), u.span().data(), u.span().size(),
+                         as_bool(restores, "restores"));
+}
+
 }  // namespace
 
 void bind_copy(py::module_& m) {
@@ -191,55 +198,54 @@ void bind_copy(py::module_& m) {
       .def_property_readonly("num_paged_ops", [](const CompiledBatch& b) { return b.num_paged_ops; })
       .def_property_readonly("bytes", [](const CompiledBatch& b) { return b.bytes; });
 
-  py::class_<SpanPlanner>(m, "_SpanPlanner", STATECACHE_GUARDED(SpanPlanner), R"doc(
+  py::class_<SpanPlanner> planner(m, "_SpanPlanner", STATECACHE_GUARDED(SpanPlanner), R"doc(
 Validates and compiles batches of state maintenance ops over one layout.
 
 Segment tables are flat ``[base, stride, bytes, ...]`` int lists: item i of a
 segment (a slot or a page unit) sits at ``base + i * stride``. The templates
 (what one PAGE op and one slot copy move) are computed once here; ``compile``
-validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids).)doc")
-      .def(py::init([](py::handle image, py::handle slot, py::handle unit, py::handle num_slots, py::handle num_units,
-                       py::handle layout_id) {
-             if (!PyUnicode_Check(layout_id.ptr())) raise_type("layout_id", "a str", layout_id);
-             return std::make_unique<SpanPlanner>(as_segments(image, "image_segments"),
-                                                  as_segments(slot, "slot_segments"),
-                                                  as_segments(unit, "unit_segments"), as_int(num_slots, "num_slots"),
-                                                  as_int(num_units, "num_units"), as_text(layout_id, "layout_id"));
-           }),
-           py::arg("image_segments"), py::arg("slot_segments"), py::arg("unit_segments"), py::arg("num_slots"),
-           py::arg("num_units"), py::arg("layout_id"),
-           "Raises ValueError for overlapping or malformed segments, TypeError for a non-str layout_id.")
-      .def_property_readonly("num_slots", &SpanPlanner::num_slots)
-      .def_property_readonly("num_units", &SpanPlanner::num_units)
-      .def_property_readonly("image_bytes", &SpanPlanner::image_bytes)
-      .def_property_readonly("slot_bytes", &SpanPlanner::slot_bytes)
-      .def_property_readonly("unit_bytes", &SpanPlanner::unit_bytes)
-      .def_property_readonly("units_per_image", &SpanPlanner::units_per_image)
-      .def_property_readonly("layout_id", &SpanPlanner::layout_id)
-      .def_property_readonly("pieces_per_paged_op", [](const SpanPlanner& p) { return p.paged_template().size(); })
-      .def_property_readonly("pieces_per_slot_copy", [](const SpanPlanner& p) { return p.slot_template().size(); })
-      .def(
-          "compile",
-          [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores, py::handle restores) {
-            return p.compile(as_batch(relocations, copies, stores, restores));
-          },
-          py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(), py::arg("stores") = py::tuple(),
-          py::arg("restores") = py::tuple(),
-          "Returns the compiled batch. Raises ValueError naming the first bad op (layout id, "
-          "total_bytes, unit count, a slot or unit out of range, two writers of one destination, "
-          "an op reading what another writes), before compiling anything.")
-      .def(
-          "compile_paged",
-          [](const SpanPlanner& p, py::handle slots, py::handle unit_ids, py::handle restores) {
-            const IntSpan s(slots, "slots"), u(unit_ids, "unit_ids");
-            return p.compile_paged(s.span().data(), s.span().size(), u.span().data(), u.span().size(),
-                                   as_bool(restores, "restores"));
-          },
-          py::arg("slots"), py::arg("unit_ids"), py::arg("restores"),
-          "Returns the compiled batch of stores (``restores=False``) or restores: op i "
-          "moves slot ``slots[i]`` and units ``unit_ids[i * units_per_image:][:units_per_image]``. "
-          "Raises ValueError as ``compile`` does for the same ops, and for a unit count that is "
-          "not ``len(slots) * units_per_image``.")
+validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids).)doc");
+  planner.def(py::init([](py::handle image, py::handle slot, py::handle unit, py::handle num_slots,
+                          py::handle num_units, py::handle layout_id) {
+                if (!PyUnicode_Check(layout_id.ptr())) raise_type("layout_id", "a str", layout_id);
+                return std::make_unique<SpanPlanner>(as_segments(image, "image_segments"),
+                                                     as_segments(slot, "slot_segments"),
+                                                     as_segments(unit, "unit_segments"), as_int(num_slots, "num_slots"),
+                                                     as_int(num_units, "num_units"), as_text(layout_id, "layout_id"));
+              }),
+              py::arg("image_segments"), py::arg("slot_segments"), py::arg("unit_segments"), py::arg("num_slots"),
+              py::arg("num_units"), py::arg("layout_id"),
+              "Raises ValueError for overlapping or malformed segments, TypeError for a non-str layout_id.");
+  using P = SpanPlanner;
+  using fast::to_py;
+  fast::def_readonly<P>(planner, "num_slots", [](const P& p) { return to_py(p.num_slots()); });
+  fast::def_readonly<P>(planner, "num_units", [](const P& p) { return to_py(p.num_units()); });
+  fast::def_readonly<P>(planner, "image_bytes", [](const P& p) { return to_py(p.image_bytes()); });
+  fast::def_readonly<P>(planner, "slot_bytes", [](const P& p) { return to_py(p.slot_bytes()); });
+  fast::def_readonly<P>(planner, "unit_bytes", [](const P& p) { return to_py(p.unit_bytes()); });
+  fast::def_readonly<P>(planner, "units_per_image", [](const P& p) { return to_py(p.units_per_image()); });
+  fast::def_readonly<P>(planner, "layout_id", [](const P& p) { return py::str(p.layout_id()).release().ptr(); });
+  fast::def_readonly<P>(planner, "pieces_per_paged_op",
+                        [](const P& p) { return fast::to_result(p.paged_template().size()); });
+  fast::def_readonly<P>(planner, "pieces_per_slot_copy",
+                        [](const P& p) { return fast::to_result(p.slot_template().size()); });
+  planner.def(
+      "compile",
+      [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores, py::handle restores) {
+        return p.compile(as_batch(relocations, copies, stores, restores));
+      },
+      py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(), py::arg("stores") = py::tuple(),
+      py::arg("restores") = py::tuple(),
+      "Returns the compiled batch. Raises ValueError naming the first bad op (layout id, "
+      "total_bytes, unit count, a slot or unit out of range, two writers of one destination, "
+      "an op reading what another writes), before compiling anything.");
+  fast::method<&compile_paged_batch>(
+      planner, "compile_paged", {"slots", "unit_ids", "restores"},
+      "Returns the compiled batch of stores (``restores=False``) or restores: op i "
+      "moves slot ``slots[i]`` and units ``unit_ids[i * units_per_image:][:units_per_image]``. "
+      "Raises ValueError as ``compile`` does for the same ops, and for a unit count that is "
+      "not ``len(slots) * units_per_image``.");
+  planner
       .def(
           "validate",
           [](const SpanPlanner& p, py::handle relocations, py::handle copies, py::handle stores, py::handle restores) {

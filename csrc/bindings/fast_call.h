@@ -1009,8 +1009,8 @@ PyObject* method_trampoline(PyObject* self, PyObject* const* args, Py_ssize_t na
 // method `name` of `cls`, the class of T.
 // `Of`: a stateless function from the instance to the object called (a
 // coordinator's store, say).
-template <auto F, class Of = std::identity, class T>
-void method(py::classh<T>& cls, const char* name, std::initializer_list<Arg> args, const char* doc) {
+template <auto F, class Of = std::identity, class T, class... Options>
+void method(py::class_<T, Options...>& cls, const char* name, std::initializer_list<Arg> args, const char* doc) {
   constexpr size_t n = std::tuple_size_v<typename Signature<F>::Args>;
   size_t named = 0;
   for (const Arg& a : args) named += std::string_view(a.text) != "*";
