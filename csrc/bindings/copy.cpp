@@ -218,13 +218,13 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
               "Raises ValueError for overlapping or malformed segments, TypeError for a non-str layout_id.");
   using P = SpanPlanner;
   using fast::to_py;
-  fast::def_readonly<P>(planner, "num_slots", [](const P& p) { return to_py(p.num_slots()); });
-  fast::def_readonly<P>(planner, "num_units", [](const P& p) { return to_py(p.num_units()); });
-  fast::def_readonly<P>(planner, "image_bytes", [](const P& p) { return to_py(p.image_bytes()); });
-  fast::def_readonly<P>(planner, "slot_bytes", [](const P& p) { return to_py(p.slot_bytes()); });
-  fast::def_readonly<P>(planner, "unit_bytes", [](const P& p) { return to_py(p.unit_bytes()); });
-  fast::def_readonly<P>(planner, "units_per_image", [](const P& p) { return to_py(p.units_per_image()); });
-  fast::def_readonly<P>(planner, "layout_id", [](const P& p) { return py::str(p.layout_id()).release().ptr(); });
+  fast::attr<&P::num_slots>(planner, "num_slots");
+  fast::attr<&P::num_units>(planner, "num_units");
+  fast::attr<&P::image_bytes>(planner, "image_bytes");
+  fast::attr<&P::slot_bytes>(planner, "slot_bytes");
+  fast::attr<&P::unit_bytes>(planner, "unit_bytes");
+  fast::attr<&P::units_per_image>(planner, "units_per_image");
+  fast::attr<&P::layout_id>(planner, "layout_id");
   fast::def_readonly<P>(planner, "pieces_per_paged_op",
                         [](const P& p) { return fast::to_result(p.paged_template().size()); });
   fast::def_readonly<P>(planner, "pieces_per_slot_copy",

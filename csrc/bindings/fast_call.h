@@ -1065,6 +1065,24 @@ void def_readonly(py::handle cls, const char* name, F, const char* doc = nullptr
   add_getset(cls, new PyGetSetDef{name, &getter<T, F>, nullptr, doc, nullptr});
 }
 
+// A read-only attribute that is a member (or a function of the instance)
+// taking nothing, its result converted as a table method's is.
+template <auto F, class T>
+PyObject* member_getter(PyObject* self, void*) {
+  try {
+    enter<T>(self);
+    std::tuple<> none;
+    return to_result(invoke<F>(self_of<T>(self), none));
+  } catch (...) {
+    set_error_from_current();
+    return nullptr;
+  }
+}
+template <auto F, class T, class... Options>
+void attr(py::class_<T, Options...>& cls, const char* name, const char* doc = nullptr) {
+  add_getset(cls, new PyGetSetDef{name, &member_getter<F, T>, nullptr, doc, nullptr});
+}
+
 // A read-write attribute: `Get` as for def_readonly, `Set` captureless
 // void(T&, PyObject* value, const char* name), raising before it changes anything.
 template <class T, class Get, class Set>

@@ -399,16 +399,12 @@ that evicted completes normally.)doc");
           "Raises ValueError for ``num_blocks < 0``; TypeError for a non-callable ``on_evict``.");
   using fast::to_py;
   using P = PyBlockPool;
-  fast::def_readonly<P>(cls, "num_blocks", [](const P& p) { return to_py(p.num_blocks()); });
-  fast::def_readonly<P>(
-      cls, "num_free", [](const P& p) { return to_py(p.num_free()); },
-      "Blocks a reservation or allocation could take now (never-hashed + cached).");
-  fast::def_readonly<P>(
-      cls, "num_cached", [](const P& p) { return to_py(p.num_cached()); }, "Free blocks still findable by hash.");
-  fast::def_readonly<P>(
-      cls, "num_kv_blocks", [](const P& p) { return to_py(p.num_kv_blocks()); }, "Blocks held by the KV cache.");
-  fast::def_readonly<P>(
-      cls, "num_reserved", [](const P& p) { return to_py(p.num_reserved()); }, "Blocks held as units by an owner.");
+  fast::attr<&P::num_blocks>(cls, "num_blocks");
+  fast::attr<&P::num_free>(cls, "num_free",
+                           "Blocks a reservation or allocation could take now (never-hashed + cached).");
+  fast::attr<&P::num_cached>(cls, "num_cached", "Free blocks still findable by hash.");
+  fast::attr<&P::num_kv_blocks>(cls, "num_kv_blocks", "Blocks held by the KV cache.");
+  fast::attr<&P::num_reserved>(cls, "num_reserved", "Blocks held as units by an owner.");
   fast::def_property<P>(
       cls, "on_evict", [](const P& p) { return Py_NewRef(p.on_evict.ptr()); },
       [](P& p, PyObject* fn, const char* name) {
@@ -709,14 +705,11 @@ nominated to a tier (``offload_sink``), handed out pinned by
   using fast::to_py;
   fast::def_readonly<PyStore>(cls, "pool", [](const PyStore& s) { return pool_object(s).release().ptr(); });
   fast::def_readonly<PyStore>(cls, "spec", [](const PyStore& s) { return py::cast(s.spec()).release().ptr(); });
-  fast::def_readonly<PyStore>(cls, "units_per_checkpoint",
-                              [](const PyStore& s) { return to_py(s.units_per_checkpoint()); });
-  fast::def_readonly<PyStore>(cls, "generation", [](const PyStore& s) { return to_py(s.generation()); });
-  fast::def_readonly<PyStore>(cls, "evictions", [](const PyStore& s) { return to_py(s.evictions()); });
-  fast::def_readonly<PyStore>(cls, "offload_pins_reclaimed",
-                              [](const PyStore& s) { return to_py(s.offload_pins_reclaimed()); });
-  fast::def_readonly<PyStore>(cls, "offload_nominations_dropped",
-                              [](const PyStore& s) { return to_py(s.offload_nominations_dropped()); });
+  fast::attr<&PyStore::units_per_checkpoint>(cls, "units_per_checkpoint");
+  fast::attr<&PyStore::generation>(cls, "generation");
+  fast::attr<&PyStore::evictions>(cls, "evictions");
+  fast::attr<&PyStore::offload_pins_reclaimed>(cls, "offload_pins_reclaimed");
+  fast::attr<&PyStore::offload_nominations_dropped>(cls, "offload_nominations_dropped");
   fast::def_readonly<PyStore>(
       cls, "records", [](const PyStore&, PyObject* self) { return make_view<RecordsView>(self).release().ptr(); });
   fast::def_readonly<PyStore>(cls, "hash_to_checkpoint", [](const PyStore&, PyObject* self) {

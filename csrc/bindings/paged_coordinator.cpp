@@ -498,13 +498,13 @@ accepts boundaries the attached tier ``could_serve``.)doc");
           py::arg("readable_midstep") = false, "Raises TypeError for a pool of None or a spec of the wrong type.");
   using fast::to_py;
   using C = PyCoordinator;
-  fast::def_readonly<C>(cls, "enabled", [](const C& c) { return to_py(c.enabled()); });
-  fast::def_readonly<C>(cls, "readable_midstep", [](const C& c) { return to_py(c.readable_midstep()); });
+  fast::attr<&C::enabled>(cls, "enabled");
+  fast::attr<&C::readable_midstep>(cls, "readable_midstep");
   fast::def_readonly<C>(cls, "store", [](const C& c) { return c.store_object().release().ptr(); });
   fast::def_readonly<C>(cls, "offload", [](const C& c) { return Py_NewRef(c.offload().ptr()); });
-  fast::def_readonly<C>(cls, "checkpoints_kept", [](const C& c) { return to_py(c.checkpoints_kept()); });
-  fast::def_readonly<C>(cls, "checkpoints_dropped", [](const C& c) { return to_py(c.checkpoints_dropped()); });
-  fast::def_readonly<C>(cls, "checkpoints_orphaned", [](const C& c) { return to_py(c.checkpoints_orphaned()); });
+  fast::attr<&C::checkpoints_kept>(cls, "checkpoints_kept");
+  fast::attr<&C::checkpoints_dropped>(cls, "checkpoints_dropped");
+  fast::attr<&C::checkpoints_orphaned>(cls, "checkpoints_orphaned");
   fast::method<&coord_applies>(cls, "applies", {"seq"},
                                "Returns whether this coordinator checkpoints anything for ``seq`` (enabled and the "
                                "sequence has a per-request cache). Raises TypeError for an object without the sequence "
@@ -674,15 +674,15 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
   using fast::hash_arg;
   using fast::to_py;
   using I = StateOffloadIndex;
-  fast::def_readonly<I>(index, "can_store", [](const I& i) { return to_py(i.can_store()); });
-  fast::def_readonly<I>(index, "can_load", [](const I& i) { return to_py(i.can_load()); });
-  fast::def_readonly<I>(index, "capacity", [](const I& i) { return fast::to_result(i.capacity()); });
+  fast::attr<&I::can_store>(index, "can_store");
+  fast::attr<&I::can_load>(index, "can_load");
+  fast::attr<&I::capacity>(index, "capacity");
   fast::def_readonly<I>(index, "hashes", [](const I&, PyObject* self) {
     return fast::cast_cached<OffloadHashesView>(OffloadHashesView{py::handle(self).cast<std::shared_ptr<I>>()})
         .release()
         .ptr();
   });
-  fast::def_readonly<I>(index, "loads_in_flight", [](const I& i) { return to_py(i.loads_in_flight()); });
+  fast::attr<&I::loads_in_flight>(index, "loads_in_flight");
   fast::method<&I::could_serve>(index, "could_serve", {hash_arg("h")},
                                 "Returns ``can_load and h in hashes``. Raises only for a bad argument "
                                 "(docs/contract.md, \"Errors\").");
