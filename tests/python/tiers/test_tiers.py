@@ -32,6 +32,22 @@ def test_prefix_keys_chain_and_derive_scheduler_hashes():
     assert k2[:16] == keys[:16] and k2[16:32] != keys[16:32] and k2[32:] != keys[32:]
 
 
+def test_prefix_keys_are_the_same_either_side_of_the_gil_threshold():
+    """Token lists of 4096 or more hash with the GIL released, shorter ones
+    under it: one chain, whichever way each piece was hashed."""
+    toks = [(i * 2654435761) % 50021 for i in range(3 * 4096 + 32)]
+    for bs in (16, 4096):
+        whole_h, whole_k = statecache.chain_block_keys(toks, bs, None, 3, b"salt")
+        whole = statecache.chain_block_hashes(toks, bs)
+        assert len(whole) == len(toks) // bs
+        for cut in sorted({4095 // bs * bs, 4096, 4097 // bs * bs} - {0}):
+            head_h, head_k = statecache.chain_block_keys(toks[:cut], bs, None, 3, b"salt")
+            tail_h, tail_k = statecache.chain_block_keys(toks[cut:], bs, head_k[-16:], 3, b"salt")
+            assert (head_h + tail_h, head_k + tail_k) == (whole_h, whole_k)
+            head = statecache.chain_block_hashes(toks[:cut], bs)
+            assert head + statecache.chain_block_hashes(toks[cut:], bs, head[-1]) == whole
+
+
 def test_prefix_keys_bad_input():
     with pytest.raises(ValueError, match="block_size"):
         statecache.chain_block_keys([1, 2], 0)
