@@ -73,7 +73,118 @@ py::list to_py_keys(const std::vector<std::string>& keys) {
   return out;
 }
 
+// The arena's parameters, converted by the table methods (fast::Conv below).
+struct Key {  // bytes or str
+  std::string s;
+};
+struct Keys {  // a list or tuple of bytes or str
+  std::vector<std::string> v;
+};
+struct Meta {  // bytes
+  std::string s;
+};
+struct Klass {  // a class of the arena
+  int k;
+};
+
+// ---- the methods, as the table calls them ----------------------------------
+
+py::object ranking(const HostArena& a) {
+  return py::str(a.eviction_model().kind == EvictionCostModel::Kind::kLru ? "lru" : "cost");
+}
+
+py::object class_stats(const HostArena& a, Klass klass) {
+  const auto& c = a.class_stats(klass.k);
+  py::dict d;
+  d["budget_entries"] = c.budget_entries;
+  d["used_entries"] = c.used_entries;
+  d["values"] = c.values;
+  d["evictions"] = c.evictions;
+  d["refused"] = c.refused;
+  d["capped"] = a.capped(klass.k);
+  return d;
+}
+
+bool refile(HostArena& a, Key key, int64_t position) { return a.refile(key.s, position); }
+
+py::object victims(const HostArena& a, Klass klass, int64_t count) {
+  auto v = a.victims(klass.k, count);
+  return v ? py::object(to_py_keys(*v)) : py::none();
+}
+
+py::object allocate(HostArena& a, Key key, Klass klass, int64_t count, int64_t nbytes, int64_t position) {
+  std::vector<std::string> evicted;
+  auto e = a.allocate(key.s, klass.k, count, nbytes, position, &evicted);
+  return e ? py::object(py::make_tuple(to_py_entries(*e), to_py_keys(evicted))) : py::none();
+}
+
+py::object allocate_many(HostArena& a, Keys keys, Klass klass, std::vector<int64_t> counts, std::vector<int64_t> nbytes,
+                         std::vector<int64_t> positions) {
+  const auto got = a.allocate_many(keys.v, klass.k, counts, nbytes, positions, nullptr);
+  py::list out(got.size());
+  for (size_t i = 0; i < got.size(); ++i) out[i] = got[i] ? py::object(to_py_entries(*got[i])) : py::none();
+  return out;
+}
+
+void seal(HostArena& a, Key key, Meta meta) { a.seal(key.s, std::move(meta.s)); }
+void seal_many(HostArena& a, Keys keys, Keys metas) { a.seal_many(keys.v, std::move(metas.v)); }
+bool remove(HostArena& a, Key key) { return a.remove(key.s); }
+bool contains(const HostArena& a, Key key) { return a.contains(key.s); }
+
+py::object contains_many(HostArena& a, Keys keys, bool touch) {
+  const std::vector<bool> got = a.contains_many(keys.v, touch);
+  py::list out(got.size());
+  for (size_t i = 0; i < got.size(); ++i) out[i] = py::bool_(got[i]);
+  return out;
+}
+
+int64_t refile_many(HostArena& a, Keys keys, std::vector<int64_t> positions) {
+  return a.refile_many(keys.v, positions);
+}
+
+py::object lookup(HostArena& a, Key key, bool touch) {
+  const HostArena::Value* v = a.lookup(key.s, touch);
+  if (v == nullptr) return py::none();
+  return py::make_tuple(to_py_entries(v->entries), v->nbytes, py::bytes(v->meta), v->klass);
+}
+
+void pin(HostArena& a, Key key) { a.pin(key.s); }
+void unpin(HostArena& a, Key key) { a.unpin(key.s); }
+int64_t pins(const HostArena& a, Key key) { return a.pins(key.s); }
+py::object keys(const HostArena& a) { return to_py_keys(a.keys()); }
+
 }  // namespace
+
+namespace fast {
+
+template <>
+struct Conv<Key> {
+  template <class T>
+  static Key get(PyObject* o, const Params& p, size_t i, T&) {
+    return {as_key(py::handle(o), p.cnames[i])};
+  }
+};
+template <>
+struct Conv<Keys> {
+  template <class T>
+  static Keys get(PyObject* o, const Params& p, size_t i, T&) {
+    return {as_keys(py::handle(o), p.cnames[i])};
+  }
+};
+template <>
+struct Conv<Meta> {
+  template <class T>
+  static Meta get(PyObject* o, const Params& p, size_t i, T&) {
+    if (!PyBytes_Check(o)) raise_type(p.cnames[i], "bytes", py::handle(o));
+    return {std::string(PyBytes_AS_STRING(o), static_cast<size_t>(PyBytes_GET_SIZE(o)))};
+  }
+};
+template <>
+struct Conv<Klass> {
+  static Klass get(PyObject* o, const Params&, size_t, const HostArena& a) { return {as_class(a, py::handle(o))}; }
+};
+
+}  // namespace fast
 
 void bind_tiers(py::module_& m) {
   py::class_<HostArena> arena(m, "HostArena", STATECACHE_GUARDED(HostArena),
@@ -90,188 +201,101 @@ Eviction ranks every value together with the cost model of the GPU caches
 class for room under its cap; ``ranking`` picks the starting model: ``"cost"``
 (value = position) or ``"lru"`` (recency only). Pinned values are never
 evicted.)doc");
+  arena.def(py::init([](py::handle entry_bytes, py::handle capacity_bytes, py::handle budgets, py::handle ranking_obj) {
+              const std::string ranking = as_text(ranking_obj, "ranking");
+              EvictionCostModel m = HostArena::cost_model();
+              if (ranking == "lru")
+                m.kind = EvictionCostModel::Kind::kLru;
+              else if (ranking != "cost")
+                throw py::value_error("ranking=" + py_repr(py::str(ranking)) + " must be 'lru' or 'cost'");
+              return new HostArena(as_int(entry_bytes, "entry_bytes"), as_int(capacity_bytes, "capacity_bytes"),
+                                   as_budgets(budgets), m);
+            }),
+            py::arg("entry_bytes"), py::arg("capacity_bytes"), py::arg("class_budget_bytes"),
+            py::arg("ranking") = "cost", "Raises ValueError for a bad size, budget or ranking.");
+  fast::attr<&HostArena::entry_bytes>(arena, "entry_bytes");
+  fast::attr<&HostArena::num_entries>(arena, "num_entries");
+  fast::attr<&HostArena::num_free>(arena, "num_free");
+  fast::attr<&HostArena::num_classes>(arena, "num_classes");
+  fast::attr<&ranking>(arena, "ranking");
+  fast::method<&class_stats>(arena, "class_stats", {"klass"},
+                             "Returns a new dict of class ``klass``: budget_entries (its cap, or the arena's entries "
+                             "when it has none), used_entries, values, evictions, refused, capped. Raises IndexError "
+                             "for an unknown class.");
+  fast::attr<&HostArena::kv_bytes_per_position>(arena, "kv_bytes_per_position");
+  arena.def(
+      "set_kv_bytes_per_position", [](HostArena& a, double bytes) { a.set_kv_bytes_per_position(bytes); },
+      py::arg("bytes"),
+      "Ranks values per byte of their whole prefix: ``bytes`` of KV per position besides the "
+      "model's checkpoint_bytes (0: per checkpoint byte, as the GPU caches); kept across "
+      "set_eviction_policy; returns None. Raises ValueError for a negative or non-finite value.");
+  fast::method<&refile>(arena, "refile", {"key", "position"},
+                        "Files the sealed value under ``key`` at ``position``, as a use; returns whether it was "
+                        "there. Raises ValueError for a negative position.");
+  fast::method<&victims>(arena, "victims", {"klass", "count"},
+                         "Returns the keys ``allocate`` would evict to fit ``count`` entries in class ``klass``, "
+                         "in order; None when they cannot be made to fit. Raises IndexError for an unknown class, "
+                         "ValueError for ``count < 0``.");
+  fast::method<&allocate>(
+      arena, "allocate", {"key", "klass", "count", "nbytes", "position"},
+      "Reserves ``count`` entries for ``key`` (its prefix ends at ``position``, in the eviction model's position "
+      "unit), evicting the lowest-ranked unpinned values (of its class when its cap is reached); returns (entry ids, "
+      "evicted keys), or None (nothing changed) when they cannot be had. Raises IndexError for an unknown class, "
+      "ValueError for a bad count, nbytes or position or a key already present.");
+  fast::method<&allocate_many>(
+      arena, "allocate_many", {"keys", "klass", "counts", "nbytes", "positions"},
+      "``allocate`` of each key of the list ``keys`` in order (one call for a step's saves), with its count, nbytes "
+      "and position; returns per key its entry ids, or None for a key already present or one whose entries cannot "
+      "be had (the rest go on). Raises, nothing changed, IndexError for an unknown class, ValueError for a bad "
+      "count, nbytes or position or lengths that differ; TypeError for a key that is not bytes or str.");
+  fast::method<&seal>(arena, "seal", {"key", "meta"},
+                      "Makes the value under ``key`` findable, with ``meta``; returns None. Raises ValueError "
+                      "for a key not allocated or already sealed, TypeError for a meta that is not bytes.");
+  fast::method<&seal_many>(arena, "seal_many", {"keys", "metas"},
+                           "``seal`` of each key of the list ``keys`` with its meta (bytes); returns None. Raises, "
+                           "nothing changed, ValueError for a key not allocated, already sealed or given twice, or "
+                           "lengths that differ; TypeError for a key or meta that is not bytes or str.");
+  fast::method<&remove>(arena, "remove", {"key"},
+                        "Drops the value under ``key``; returns whether one was there. Raises only for a bad "
+                        "argument (docs/contract.md, \"Errors\").");
+  fast::method<&contains>(arena, "contains", {"key"},
+                          "Returns whether a sealed value is filed under ``key``. Raises only for a bad argument "
+                          "(docs/contract.md, \"Errors\").");
+  fast::method<&contains_many>(arena, "contains_many", {"keys", "touch=False"},
+                               "Returns, for each key of the list ``keys``, whether a sealed value is filed under it "
+                               "(one call for a whole chain); ``touch``: each one found counts as a use, as "
+                               "``lookup(key, True)``. Raises TypeError for a key that is not bytes or str.");
+  fast::method<&refile_many>(arena, "refile_many", {"keys", "positions"},
+                             "Refiles each sealed value of ``keys`` at its position (as ``refile``, in order); "
+                             "returns how many were there. Raises ValueError, nothing changed, for a negative "
+                             "position or lengths that differ; TypeError for a key that is not bytes or str.");
+  fast::attr<&HostArena::generation>(
+      arena, "generation",
+      "A counter bumped whenever what ``contains`` answers may have changed (a seal, a remove, an eviction): an "
+      "answer derived from it holds while it is unchanged.");
   arena
-      .def(py::init([](py::handle entry_bytes, py::handle capacity_bytes, py::handle budgets, py::handle ranking_obj) {
-             const std::string ranking = as_text(ranking_obj, "ranking");
-             EvictionCostModel m = HostArena::cost_model();
-             if (ranking == "lru")
-               m.kind = EvictionCostModel::Kind::kLru;
-             else if (ranking != "cost")
-               throw py::value_error("ranking=" + py_repr(py::str(ranking)) + " must be 'lru' or 'cost'");
-             return new HostArena(as_int(entry_bytes, "entry_bytes"), as_int(capacity_bytes, "capacity_bytes"),
-                                  as_budgets(budgets), m);
-           }),
-           py::arg("entry_bytes"), py::arg("capacity_bytes"), py::arg("class_budget_bytes"),
-           py::arg("ranking") = "cost", "Raises ValueError for a bad size, budget or ranking.")
-      .def_property_readonly("entry_bytes", &HostArena::entry_bytes)
-      .def_property_readonly("num_entries", &HostArena::num_entries)
-      .def_property_readonly("num_free", &HostArena::num_free)
-      .def_property_readonly("num_classes", &HostArena::num_classes)
-      .def_property_readonly(
-          "ranking",
-          [](const HostArena& a) { return a.eviction_model().kind == EvictionCostModel::Kind::kLru ? "lru" : "cost"; })
-      .def(
-          "class_stats",
-          [](const HostArena& a, py::handle klass) {
-            const auto& c = a.class_stats(as_class(a, klass));
-            py::dict d;
-            d["budget_entries"] = c.budget_entries;
-            d["used_entries"] = c.used_entries;
-            d["values"] = c.values;
-            d["evictions"] = c.evictions;
-            d["refused"] = c.refused;
-            d["capped"] = a.capped(as_class(a, klass));
-            return d;
-          },
-          py::arg("klass"),
-          "Returns a new dict of class ``klass``: budget_entries (its cap, or the arena's entries "
-          "when it has none), used_entries, values, evictions, refused, capped. Raises IndexError "
-          "for an unknown class.")
-      .def_property_readonly("kv_bytes_per_position", &HostArena::kv_bytes_per_position)
-      .def(
-          "set_kv_bytes_per_position", [](HostArena& a, double bytes) { a.set_kv_bytes_per_position(bytes); },
-          py::arg("bytes"),
-          "Ranks values per byte of their whole prefix: ``bytes`` of KV per position besides the "
-          "model's checkpoint_bytes (0: per checkpoint byte, as the GPU caches); kept across "
-          "set_eviction_policy; returns None. Raises ValueError for a negative or non-finite value.")
-      .def(
-          "refile",
-          [](HostArena& a, py::handle key, py::handle position) {
-            return a.refile(as_key(key, "key"), as_int(position, "position"));
-          },
-          py::arg("key"), py::arg("position"),
-          "Files the sealed value under ``key`` at ``position``, as a use; returns whether it was "
-          "there. Raises ValueError for a negative position.")
-      .def(
-          "victims",
-          [](const HostArena& a, py::handle klass, py::handle count) -> py::object {
-            auto v = a.victims(as_class(a, klass), as_int(count, "count"));
-            if (!v) return py::none();
-            return to_py_keys(*v);
-          },
-          py::arg("klass"), py::arg("count"),
-          "Returns the keys ``allocate`` would evict to fit ``count`` entries in class ``klass``, "
-          "in order; None when they cannot be made to fit. Raises IndexError for an unknown class, "
-          "ValueError for ``count < 0``.")
-      .def(
-          "allocate",
-          [](HostArena& a, py::handle key, py::handle klass, py::handle count, py::handle nbytes,
-             py::handle position) -> py::object {
-            std::vector<std::string> evicted;
-            auto e = a.allocate(as_key(key, "key"), as_class(a, klass), as_int(count, "count"),
-                                as_int(nbytes, "nbytes"), as_int(position, "position"), &evicted);
-            if (!e) return py::none();
-            return py::make_tuple(to_py_entries(*e), to_py_keys(evicted));
-          },
-          py::arg("key"), py::arg("klass"), py::arg("count"), py::arg("nbytes"), py::arg("position"),
-          "Reserves ``count`` entries for ``key`` (its prefix ends at ``position``, in the eviction "
-          "model's position unit), evicting the lowest-ranked unpinned values (of its class when "
-          "its cap is reached); returns (entry ids, "
-          "evicted keys), or None (nothing changed) when they cannot be had. Raises IndexError for "
-          "an unknown class, ValueError for a bad count, nbytes or position or a key already present.")
-      .def(
-          "allocate_many",
-          [](HostArena& a, py::handle keys, py::handle klass, py::handle counts, py::handle nbytes,
-             py::handle positions) {
-            std::vector<int64_t> c, nb, pos;
-            append_ints(counts, "counts", c);
-            append_ints(nbytes, "nbytes", nb);
-            append_ints(positions, "positions", pos);
-            const auto got = a.allocate_many(as_keys(keys, "keys"), as_class(a, klass), c, nb, pos, nullptr);
-            py::list out(got.size());
-            for (size_t i = 0; i < got.size(); ++i) out[i] = got[i] ? py::object(to_py_entries(*got[i])) : py::none();
-            return out;
-          },
-          py::arg("keys"), py::arg("klass"), py::arg("counts"), py::arg("nbytes"), py::arg("positions"),
-          "``allocate`` of each key of the list ``keys`` in order (one call for a step's saves), with "
-          "its count, nbytes and position; returns per key its entry ids, or None for a key already "
-          "present or one whose entries cannot be had (the rest go on). Raises, nothing changed, "
-          "IndexError for an unknown class, ValueError for a bad count, nbytes or position or lengths "
-          "that differ; TypeError for a key that is not bytes or str.")
-      .def(
-          "seal",
-          [](HostArena& a, py::handle key, py::bytes meta) { a.seal(as_key(key, "key"), meta.cast<std::string>()); },
-          py::arg("key"), py::arg("meta"),
-          "Makes the value under ``key`` findable, with ``meta``; returns None. Raises ValueError "
-          "for a key not allocated or already sealed.")
-      .def(
-          "seal_many",
-          [](HostArena& a, py::handle keys, py::handle metas) {
-            a.seal_many(as_keys(keys, "keys"), as_keys(metas, "metas"));
-          },
-          py::arg("keys"), py::arg("metas"),
-          "``seal`` of each key of the list ``keys`` with its meta (bytes); returns None. Raises, "
-          "nothing changed, ValueError for a key not allocated, already sealed or given twice, or "
-          "lengths that differ; TypeError for a key or meta that is not bytes or str.")
-      .def(
-          "remove", [](HostArena& a, py::handle key) { return a.remove(as_key(key, "key")); }, py::arg("key"),
-          "Drops the value under ``key``; returns whether one was there. Raises only for a bad "
-          "argument (docs/contract.md, \"Errors\").")
-      .def(
-          "contains", [](const HostArena& a, py::handle key) { return a.contains(as_key(key, "key")); }, py::arg("key"),
-          "Returns whether a sealed value is filed under ``key``. Raises only for a bad argument "
-          "(docs/contract.md, \"Errors\").")
-      .def(
-          "contains_many",
-          [](HostArena& a, py::handle keys, bool touch) {
-            const std::vector<bool> got = a.contains_many(as_keys(keys, "keys"), touch);
-            py::list out(got.size());
-            for (size_t i = 0; i < got.size(); ++i) out[i] = py::bool_(got[i]);
-            return out;
-          },
-          py::arg("keys"), py::arg("touch") = false,
-          "Returns, for each key of the list ``keys``, whether a sealed value is filed under it "
-          "(one call for a whole chain); ``touch``: each one found counts as a use, as "
-          "``lookup(key, True)``. Raises TypeError for a key that is not bytes or str.")
-      .def(
-          "refile_many",
-          [](HostArena& a, py::handle keys, py::handle positions) {
-            std::vector<std::string> k = as_keys(keys, "keys");
-            std::vector<int64_t> pos;
-            append_ints(positions, "positions", pos);
-            return a.refile_many(k, pos);
-          },
-          py::arg("keys"), py::arg("positions"),
-          "Refiles each sealed value of ``keys`` at its position (as ``refile``, in order); returns "
-          "how many were there. Raises ValueError, nothing changed, for a negative position or "
-          "lengths that differ; TypeError for a key that is not bytes or str.")
-      .def_property_readonly("generation", &HostArena::generation,
-                             "A counter bumped whenever what ``contains`` answers may have changed (a seal, "
-                             "a remove, an eviction): an answer derived from it holds while it is unchanged.")
       .def("__contains__",
            [](const HostArena& a, py::handle key) {
              return PyBytes_Check(key.ptr()) || PyUnicode_Check(key.ptr()) ? a.contains(as_key(key, "key")) : false;
            })
-      .def("__len__", [](const HostArena& a) { return a.keys().size(); })
-      .def(
-          "lookup",
-          [](HostArena& a, py::handle key, bool touch) -> py::object {
-            const HostArena::Value* v = a.lookup(as_key(key, "key"), touch);
-            if (v == nullptr) return py::none();
-            return py::make_tuple(to_py_entries(v->entries), v->nbytes, py::bytes(v->meta), v->klass);
-          },
-          py::arg("key"), py::arg("touch") = true,
-          "Returns (entry ids, nbytes, meta, klass) of the sealed value under ``key`` (``touch``: "
-          "counts as a use), or None. Raises only for a bad argument (docs/contract.md, "
-          "\"Errors\").")
-      .def(
-          "pin", [](HostArena& a, py::handle key) { a.pin(as_key(key, "key")); }, py::arg("key"),
-          "Pins the sealed value under ``key`` (never evicted while pinned); returns None. Raises "
-          "ValueError for a key that is not a sealed value.")
-      .def(
-          "unpin", [](HostArena& a, py::handle key) { a.unpin(as_key(key, "key")); }, py::arg("key"),
-          "Drops one pin of the value under ``key``; returns None. Raises ValueError for a key "
-          "that is not pinned.")
-      .def(
-          "pins", [](const HostArena& a, py::handle key) { return a.pins(as_key(key, "key")); }, py::arg("key"),
-          "Returns the pin count of the value under ``key`` (0 without one). Raises only for a bad "
-          "argument (docs/contract.md, \"Errors\").")
-      .def(
-          "keys", [](const HostArena& a) { return to_py_keys(a.keys()); },
-          "Returns the keys filed, as a list of bytes. Raises nothing.")
-      .def("check_consistency", &HostArena::check_consistency,
-           "Checks the arena's internal invariants (for tests); returns None. Raises AssertionError "
-           "when one is broken.");
+      .def("__len__", [](const HostArena& a) { return a.keys().size(); });
+  fast::method<&lookup>(arena, "lookup", {"key", "touch=True"},
+                        "Returns (entry ids, nbytes, meta, klass) of the sealed value under ``key`` (``touch``: "
+                        "counts as a use), or None. Raises only for a bad argument (docs/contract.md, "
+                        "\"Errors\").");
+  fast::method<&pin>(arena, "pin", {"key"},
+                     "Pins the sealed value under ``key`` (never evicted while pinned); returns None. Raises "
+                     "ValueError for a key that is not a sealed value.");
+  fast::method<&unpin>(arena, "unpin", {"key"},
+                       "Drops one pin of the value under ``key``; returns None. Raises ValueError for a key that "
+                       "is not pinned.");
+  fast::method<&pins>(arena, "pins", {"key"},
+                      "Returns the pin count of the value under ``key`` (0 without one). Raises only for a bad "
+                      "argument (docs/contract.md, \"Errors\").");
+  fast::method<&keys>(arena, "keys", {}, "Returns the keys filed, as a list of bytes. Raises nothing.");
+  arena.def("check_consistency", &HostArena::check_consistency,
+            "Checks the arena's internal invariants (for tests); returns None. Raises AssertionError "
+            "when one is broken.");
   def_eviction_methods(arena, [](HostArena& a) -> HostArena& { return a; });
 }
 

@@ -1504,7 +1504,7 @@ class HostArena:
         that differ; TypeError for a key that is not bytes or str."""
     def seal(self, key: bytes | str, meta: bytes) -> None:
         """Makes the value under ``key`` findable, with ``meta``; returns None. Raises ValueError for a
-        key not allocated or already sealed."""
+        key not allocated or already sealed, TypeError for a meta that is not bytes."""
     def seal_many(
         self,
         keys: list[bytes] | list[str] | tuple[bytes | str, ...],
