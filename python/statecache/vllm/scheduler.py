@@ -436,7 +436,8 @@ class ConnectorScheduler:
             self.counters["retries_recomputed"] += 1
         # after repeated failures the request is recomputed whatever the tiers say
         if (
-            max_k <= first
+            max_k < first
+            or (max_k == first and not (self._tails and self.state_groups))  # past the hit, only a tail can add
             or refused
             or r.failures >= MAX_LOAD_FAILURES
             or getattr(request, "skip_reading_prefix_cache", False)

@@ -406,6 +406,12 @@ def test_the_state_a_finished_request_ends_with_resumes_the_next_turn():
         assert rig.block(0, 40 + g)[:MAMBA_REAL] == rig.block(0, 20 + g)[:MAMBA_REAL]
     f = rig.sched.funnel()
     assert f["tail_saves"] == 1 and f["tokens_resumed_tail"] == 3
+    # a short follow-up that stays in the tail's block, vLLM's attention hit
+    # at the boundary: the tail still resumes (no whole block past the hit)
+    short = FakeRequest("D", a.tokens + [7, 8], len(a.tokens) + 2)
+    assert (len(short.tokens) - 1) // BS == 5
+    assert rig.sched.match(short, 5 * BS) == 3
+    assert rig.sched.match(short, 0) == 5 * BS + 3
     # another continuation of the same boundary is not fooled by the tail
     other = FakeRequest("C", t[: 5 * BS] + [1, 2, 3, 4] + tokens(30, 4), 5 * BS + 34)
     assert rig.sched.match(other, 0) == 5 * BS
