@@ -105,7 +105,9 @@ def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
 
 def run_multi_turn(engine, args):
     t0 = time.perf_counter()
-    got = vs.run_turns(engine, vs.first_prompts(args.conversations, 0), args.turns, args.max_tokens)
+    got = vs.run_turns(
+        engine, vs.first_prompts(args.conversations, 0), args.turns, args.max_tokens, followup=args.followup
+    )
     return got, time.perf_counter() - t0
 
 
@@ -126,6 +128,12 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-num-seqs", type=int, default=4)
+    ap.add_argument(
+        "--followup",
+        type=lambda t: tuple(int(x) for x in t.split(",")),
+        default=None,
+        help="multi-turn follow-ups of LO,HI new tokens (a short message; default: 180-230 tokens past a boundary)",
+    )
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--trace-requests", type=int, default=80)
     ap.add_argument("--tokens-per-hash", type=int, default=32)
@@ -175,8 +183,9 @@ def main() -> None:
         args.trace, args.trace_requests, args.tokens_per_hash, 4096, args.trace_max_tokens
     )
     print(
-        f"multi-turn: {args.conversations} conversations x {args.turns} turns of {args.max_tokens}-token answers "
-        f"(each engine continues its own answers); trace: {len(prompts)} requests, "
+        f"multi-turn: {args.conversations} conversations x {args.turns} turns of {args.max_tokens}-token answers"
+        + (f", follow-ups of {args.followup[0]}-{args.followup[1] - 1} new tokens " if args.followup else " ")
+        + f"(each engine continues its own answers); trace: {len(prompts)} requests, "
         f"{sum(map(len, prompts))} prompt tokens over {arrivals[-1]:.0f} s"
     )
     workloads = args.workloads.split(",")

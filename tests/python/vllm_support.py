@@ -246,20 +246,36 @@ def first_prompts(n: int, seed: int, lengths: tuple[int, int] = (600, 900), voca
     return out
 
 
-def next_turn(prompt: list[int], answer: list[int], rng: random.Random, vocab: int = 1024) -> list[int]:
+def next_turn(
+    prompt: list[int],
+    answer: list[int],
+    rng: random.Random,
+    vocab: int = 1024,
+    followup: tuple[int, int] | None = None,
+) -> list[int]:
     """The previous prompt + its greedy answer + new user tokens, ending
-    180-230 tokens past a boundary."""
+    180-230 tokens past a boundary (``followup``: a short message of that
+    many tokens instead, [lo, hi), wherever it ends)."""
     base = prompt + answer
+    if followup is not None:
+        return base + [rng.randrange(vocab) for _ in range(rng.randrange(*followup))]
     want = len(base) + 60
     want = want - want % BLOCK + BLOCK + rng.randrange(200, 225)
     return base + [rng.randrange(vocab) for _ in range(want - len(base))]
 
 
-def run_turns(engine: Engine, prompts: list[list[int]], turns: int, max_tokens: int, seed: int = 1):
+def run_turns(
+    engine: Engine,
+    prompts: list[list[int]],
+    turns: int,
+    max_tokens: int,
+    seed: int = 1,
+    followup: tuple[int, int] | None = None,
+):
     """The multi-turn workload on ``engine``: turn t + 1's prompt is turn t's
     prompt + the greedy answer ``engine`` gave + new tokens (the same new
-    tokens on every engine). Returns the results per turn, each with its
-    ``prompt``."""
+    tokens on every engine; ``followup`` as for ``next_turn``). Returns the
+    results per turn, each with its ``prompt``."""
     rng = random.Random(seed)
     out = []
     for _t in range(turns):
@@ -267,7 +283,7 @@ def run_turns(engine: Engine, prompts: list[list[int]], turns: int, max_tokens: 
         for p, r in zip(prompts, res):
             r["prompt"] = p
         out.append(res)
-        prompts = [next_turn(p, r["tokens"], rng) for p, r in zip(prompts, res)]
+        prompts = [next_turn(p, r["tokens"], rng, followup=followup) for p, r in zip(prompts, res)]
     return out
 
 
