@@ -124,14 +124,25 @@ def test_the_model_depends_on_its_context(ref):
     assert ra["tokens"] != rb["tokens"]
 
 
+def same_next_token(got: dict, want: dict, i: int) -> None:
+    """``got``'s one token is ``want``'s token ``i``, with its top-5 logprobs."""
+    assert got["tokens"] == want["tokens"][i : i + 1]
+    lp, ref_lp = got["logprobs"][0], want["logprobs"][i]
+    assert lp.keys() == ref_lp.keys()
+    assert max(abs(lp[k] - ref_lp[k]) for k in lp) <= 0.01, (lp, ref_lp)
+
+
 def test_a_turn_resumed_from_the_state_its_last_turn_ended_with_continues_that_turn(ref, model, logs):
-    """The finished-state path, token for token: after a turn's answer of
-    ANSWER tokens, the prompt + that answer as the next prompt (a follow-up
-    inside the last block, vLLM's own attention hit at its boundary) resumes
-    all but its last token from the state the turn ended with, and the one
-    token it computes is the reference's token ANSWER + 1, with its top-5
-    logprobs (0.0 apart on the machine this was written on; a state off by one
-    token, tried, shares none of the reference's top 5)."""
+    """The decode-time states, token for token. After a turn's answer of
+    ANSWER tokens: (1) the prompt + that answer as the next prompt (a
+    follow-up inside the last block, vLLM's own attention hit at its
+    boundary) resumes all but its last token from the state the turn ended
+    with; (2) with vLLM's cache emptied, the prompt + the answer up to one
+    token past the boundary the answer crossed resumes from the host tier at
+    that boundary, from the state saved in decode. The one token each
+    computes is the reference's next token with its top-5 logprobs (0.0
+    apart on the machine this was written on; a state off by one token,
+    tried, shares none of the reference's top 5)."""
     e = vs.Engine(
         "tail", vs.base_llm_kwargs(model, kv_transfer_config=vs.connector_config({"host_memory": "256MB"})), logs
     )
@@ -142,11 +153,15 @@ def test_a_turn_resumed_from_the_state_its_last_turn_ended_with_continues_that_t
             assert a["tokens"] == want["tokens"][:ANSWER], "the first turn already differs"
             (b,) = e.generate([p + a["tokens"]], 1)
             assert b["cached"] == len(p) + ANSWER - 1
-            assert b["tokens"] == want["tokens"][ANSWER:]
-            got, ref_lp = b["logprobs"][0], want["logprobs"][ANSWER]
-            assert got.keys() == ref_lp.keys()
-            assert max(abs(got[k] - ref_lp[k]) for k in got) <= 0.01, (got, ref_lp)
-        assert e.call("funnel")["tokens_resumed_tail"] > 0
+            same_next_token(b, want, ANSWER)
+            assert e.call("reset_prefix_cache")
+            crossed = (len(p) // vs.BLOCK + 1) * vs.BLOCK  # the boundary the answer crossed in decode
+            assert crossed < len(p) + ANSWER - 1
+            (c,) = e.generate([(p + a["tokens"])[: crossed + 1]], 1)
+            assert c["cached"] == crossed
+            same_next_token(c, want, crossed + 1 - len(p))
+        f = e.call("funnel")
+        assert f["tokens_resumed_tail"] > 0 and f["state_saves_decode"] > 0 and f["loads_failed"] == 0
     finally:
         e.close()
 
