@@ -132,38 +132,59 @@ def same_next_token(got: dict, want: dict, i: int) -> None:
     assert max(abs(lp[k] - ref_lp[k]) for k in lp) <= 0.01, (lp, ref_lp)
 
 
-def test_a_turn_resumed_from_the_state_its_last_turn_ended_with_continues_that_turn(ref, model, logs):
-    """The decode-time states, token for token. After a turn's answer of
-    ANSWER tokens: (1) the prompt + that answer as the next prompt (a
-    follow-up inside the last block, vLLM's own attention hit at its
-    boundary) resumes all but its last token from the state the turn ended
-    with; (2) with vLLM's cache emptied, the prompt + the answer up to one
-    token past the boundary the answer crossed resumes from the host tier at
-    that boundary, from the state saved in decode. The one token each
-    computes is the reference's next token with its top-5 logprobs (0.0
-    apart on the machine this was written on; a state off by one token,
-    tried, shares none of the reference's top 5)."""
+@pytest.fixture(scope="module")
+def continued(ref, model, logs, mooncake):
+    """Turns of ANSWER tokens on an engine of their own (shared tier on), each
+    followed by two one-token continuations: (1) the prompt + the answer as
+    the next prompt (a follow-up inside the last block, vLLM's own attention
+    hit at its boundary), (2) after vLLM's cache is emptied, the prompt + the
+    answer up to one token past the boundary the answer crossed in decode.
+    Returns per prompt (prompt, answer, the reference's ANSWER + 1 tokens,
+    that boundary, (1)'s result, (2)'s result, cached tokens of the first
+    turn); the engine's values are in Mooncake Store when it returns."""
     e = vs.Engine(
-        "tail", vs.base_llm_kwargs(model, kv_transfer_config=vs.connector_config({"host_memory": "256MB"})), logs
+        "continued", vs.base_llm_kwargs(model, kv_transfer_config=vs.connector_config(shared_extra(mooncake))), logs
     )
+    out = []
     try:
         for p in vs.first_prompts(3, 11):
             (want,) = ref.generate([p], ANSWER + 1)
             (a,) = e.generate([p], ANSWER)
-            assert a["tokens"] == want["tokens"][:ANSWER], "the first turn already differs"
             (b,) = e.generate([p + a["tokens"]], 1)
-            assert b["cached"] == len(p) + ANSWER - 1
-            same_next_token(b, want, ANSWER)
             assert e.call("reset_prefix_cache")
             crossed = (len(p) // vs.BLOCK + 1) * vs.BLOCK  # the boundary the answer crossed in decode
-            assert crossed < len(p) + ANSWER - 1
             (c,) = e.generate([(p + a["tokens"])[: crossed + 1]], 1)
-            assert c["cached"] == crossed
-            same_next_token(c, want, crossed + 1 - len(p))
+            out.append((p, a["tokens"], want, crossed, b, c))
         f = e.call("funnel")
         assert f["tokens_resumed_tail"] > 0 and f["state_saves_decode"] > 0 and f["loads_failed"] == 0
+        assert e.call("wait_shared_writes")
     finally:
         e.close()
+    return out
+
+
+def same_next_token(got: dict, want: dict, i: int) -> None:
+    """``got``'s one token is ``want``'s token ``i``, with its top-5 logprobs."""
+    assert got["tokens"] == want["tokens"][i : i + 1]
+    lp, ref_lp = got["logprobs"][0], want["logprobs"][i]
+    assert lp.keys() == ref_lp.keys()
+    assert max(abs(lp[k] - ref_lp[k]) for k in lp) <= 0.01, (lp, ref_lp)
+
+
+def test_a_turn_resumed_from_a_state_saved_in_decode_continues_that_turn(continued):
+    """The decode-time states, token for token: (1) resumes all but its last
+    token from the state the turn ended with, (2) resumes from the host tier
+    at the boundary, from the state saved in decode. The one token each
+    computes is the reference's next token with its top-5 logprobs (0.0 apart
+    on the machine this was written on; a state off by one token, tried,
+    shares none of the reference's top 5)."""
+    for p, answer, want, crossed, b, c in continued:
+        assert answer == want["tokens"][:ANSWER], "the first turn already differs"
+        assert b["cached"] == len(p) + ANSWER - 1
+        same_next_token(b, want, ANSWER)
+        assert len(p) < crossed < len(p) + ANSWER - 1
+        assert c["cached"] == crossed
+        same_next_token(c, want, crossed + 1 - len(p))
 
 
 def test_answers_match_vllm_without_prefix_caching(turns, sc_runs, tol, sc):
@@ -220,8 +241,8 @@ def test_flipped_bytes_in_the_host_tier_are_recomputed(sc, sc_runs, turns, tol):
 
 
 @pytest.fixture(scope="module")
-def fresh(model, logs, mooncake, sc, sc_runs):
-    """A second engine process, started after the first wrote its values
+def fresh(model, logs, mooncake, sc, sc_runs, continued):
+    """A second engine process, started after the others wrote their values
     through to Mooncake Store; its host tier and vLLM cache are empty."""
     sc.call("wait_shared_writes")
     kw = vs.base_llm_kwargs(
@@ -240,6 +261,20 @@ def test_a_fresh_engine_resumes_from_mooncake_store(fresh, turns, tol):
     assert f["tokens_resumed_shared"] == sum(r["cached"] for r in got)
     assert f["loads_failed"] == 0
     assert not vs.violations([last[:2]], [got], tol)
+
+
+def test_a_fresh_engine_continues_from_mooncake_store_token_for_token(fresh, continued):
+    """Case (2) of ``continued`` in another process: the KV blocks and the
+    state saved in decode come from Mooncake Store, and the one token computed
+    is the reference's, with its top-5 logprobs."""
+    before = fresh.call("funnel")["tokens_resumed_shared"]
+    for p, answer, want, crossed, _b, _c in continued:
+        (got,) = fresh.generate([(p + answer)[: crossed + 1]], 1)
+        assert got["cached"] == crossed
+        same_next_token(got, want, crossed + 1 - len(p))
+    f = fresh.call("funnel")
+    assert f["tokens_resumed_shared"] - before == sum(crossed for _p, _a, _w, crossed, _b, _c in continued)
+    assert f["loads_failed"] == 0
 
 
 def test_a_key_removed_after_lookup_is_recomputed(fresh, turns, tol):
