@@ -124,14 +124,6 @@ def test_the_model_depends_on_its_context(ref):
     assert ra["tokens"] != rb["tokens"]
 
 
-def same_next_token(got: dict, want: dict, i: int) -> None:
-    """``got``'s one token is ``want``'s token ``i``, with its top-5 logprobs."""
-    assert got["tokens"] == want["tokens"][i : i + 1]
-    lp, ref_lp = got["logprobs"][0], want["logprobs"][i]
-    assert lp.keys() == ref_lp.keys()
-    assert max(abs(lp[k] - ref_lp[k]) for k in lp) <= 0.01, (lp, ref_lp)
-
-
 @pytest.fixture(scope="module")
 def continued(ref, model, logs, mooncake):
     """Turns of ANSWER tokens on an engine of their own (shared tier on), each
