@@ -175,6 +175,7 @@ class Server:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
+        self.model = str(llm_kwargs["model"])  # the name requests give
         self.log_path = os.path.join(log_dir, f"server-{name}.log")
         self._log = open(self.log_path, "ab")
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *serve_args(llm_kwargs)]

@@ -33,7 +33,6 @@ def server(tmp_path_factory):
         str(tmp_path_factory.mktemp("serve")),
         ["--enable-prompt-tokens-details", "--return-tokens-as-token-ids"],
     )
-    s.model = model
     yield s
     s.close()
 
