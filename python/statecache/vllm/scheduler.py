@@ -792,6 +792,8 @@ class ConnectorScheduler:
             return False
         if getattr(request, "lora_request", None) is not None or getattr(request, "mm_features", None):
             return False  # the tail's tokens would not name all of its content
+        if request.request_id in self._inflight:
+            return False  # aborted while its load is in flight: its blocks do not hold that state yet
         bs = self.bs
         done = request.num_computed_tokens
         b, n = divmod(done, bs)

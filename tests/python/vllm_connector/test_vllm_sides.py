@@ -417,6 +417,40 @@ def test_the_state_a_finished_request_ends_with_resumes_the_next_turn():
     assert rig.sched.match(other, 0) == 5 * BS
 
 
+def test_a_request_aborted_while_its_load_is_in_flight_saves_nothing_from_its_blocks():
+    """vLLM sets an async load's ``num_computed_tokens`` before the bytes
+    land, and a request aborted while it waits is finished with the blocks
+    the load is still writing. The state it "ends with" is then not in its
+    blocks: nothing may be saved from them, even where the host no longer
+    holds the value being loaded (an untrusted copy is removed while the
+    load holds its pin)."""
+    rig = Rig()
+    t = tokens(5 * BS + 3)
+    a = prefill_a(rig, t)
+    ids = tuple([0, 0, 0, 0, 0, 20 + g] for g in STATE_GROUPS) + (list(range(1, 7)),)
+    rig.kvm.ids["A"] = ids
+    rig.step(scheduler_output(cached=[("A", 5 * BS, 3)]))
+    a.tokens.append(99)
+    a.num_computed_tokens = 5 * BS + 3
+    assert rig.sched.finished(a, ids) is True
+    rig.step(scheduler_output())
+    s = rig.sched
+    nxt = FakeRequest("B", a.tokens + tokens(30, 3), len(a.tokens) + 30)
+    assert s.match(nxt, 0) == 5 * BS + 3  # KV to the boundary and A's tail
+    dst = tuple([0] * 5 + [40 + g] for g in STATE_GROUPS) + (list(range(31, 38)),)
+    s.after_alloc(nxt, FakeBlocks(dst), 5 * BS + 3)
+    tail = [k for k in s.arena.keys() if k.decode().startswith("tail/")]
+    assert len(tail) == 1 and s.arena.remove(tail[0].decode())  # hidden; the load's pin keeps it
+    before = s.funnel()
+    nxt.num_computed_tokens = 5 * BS + 3  # as vLLM sets it when the load is planned
+    assert s.finished(nxt, dst) is False  # aborted before the load landed
+    f = s.funnel()
+    assert f["tail_saves"] == before["tail_saves"] and f["saves_dropped_host_full"] == before["saves_dropped_host_full"]
+    rig.step(scheduler_output())
+    assert not [k for k in s.arena.keys() if k.decode().startswith("tail/")]
+    assert s.funnel()["values_saved"] == before["values_saved"]
+
+
 def test_a_failed_shared_load_is_looked_up_again_and_a_request_failing_repeatedly_is_recomputed(mooncake):
     t = tokens(5 * BS + 3, seed=13)
     first = Rig(extra=shared_extra(mooncake), seed=1)
