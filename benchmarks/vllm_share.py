@@ -9,6 +9,7 @@ adds about 4.5 us to each hook's wall figure on a VM where
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --workload multi-turn --cpu
     TREE=/other/checkout /opt/vllm-venv/bin/python benchmarks/vllm_share.py  # that tree's statecache
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --null --cpu           # the floor: hooks that do nothing
+    /opt/vllm-venv/bin/python benchmarks/vllm_share.py --internals            # where a hook's time goes
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def main() -> None:
         action="store_true",
         help="the floor: the connector's scheduler object does nothing (no hits, no saves)",
     )
+    ap.add_argument(
+        "--internals",
+        action="store_true",
+        help="also time the scheduler object's inner steps and its arena calls (adds about 0.3 us a call)",
+    )
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     log_dir = tempfile.mkdtemp(prefix="vllm-share-")
@@ -56,6 +62,8 @@ def main() -> None:
         e.call("null_hooks")
     if a.cpu:
         e.call("time_hooks")
+    if a.internals:
+        e.call("time_internals")
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     if a.workload == "trace":
@@ -66,6 +74,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     tm, fu = e.call("timing"), e.call("funnel")
     ht = e.call("hook_times") if a.cpu else None
+    inner = e.call("internals") if a.internals else None
     e.close()
     sched = tm["schedule_s"] + tm["update_s"]
     conn = fu["scheduler_seconds"]
@@ -92,6 +101,8 @@ def main() -> None:
             + ", ".join(f"{k} {100 * v / vllm_cpu:.2f}%" for k, v in hk.items())
         )
         print("  gc:", {k: (round(v * 1e3, 2) if k.endswith("_s") else v) for k, v in sorted(ht["gc"].items())})
+    for label, (us, n) in sorted((inner or {}).items(), key=lambda kv: -kv[1][0]):
+        print(f"  {label:30} {us:7d} us in {n:4d} calls, {us / max(n, 1):6.1f} us a call")
 
 
 if __name__ == "__main__":

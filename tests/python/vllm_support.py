@@ -412,7 +412,14 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         llm = LLM(**kw)
         core = llm.llm_engine.engine_core.engine_core
         sched = core.scheduler
-        timing = {"schedule_s": 0.0, "update_s": 0.0, "steps": 0}
+        timing = {"schedule_s": 0.0, "update_s": 0.0, "steps": 0, "preemptions": 0}
+        orig_preempt = sched._preempt_request
+
+        def preempt(*a, _orig=orig_preempt, **k):
+            timing["preemptions"] += 1  # vLLM freed a running request's blocks; it is recomputed or resumed later
+            return _orig(*a, **k)
+
+        sched._preempt_request = preempt
         for name, key in (("schedule", "schedule_s"), ("update_from_output", "update_s")):
             orig = getattr(sched, name)
 
@@ -648,6 +655,76 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         s.finished = lambda request, block_ids: False
         return True
 
+    internal: dict[str, list[float]] = {}
+
+    def time_internals():
+        """Diagnosis hook: the scheduler object's inner steps and every host
+        arena call it makes, timed each (inclusive, wall); ``internals``
+        reads them (label -> (microseconds, calls))."""
+        s = connector().sched
+        pc = time.perf_counter
+
+        def wrap(obj, name, label):
+            orig = getattr(obj, name)
+            acc = internal.setdefault(label, [0.0, 0])
+
+            def w(*a, **k):
+                t = pc()
+                try:
+                    return orig(*a, **k)
+                finally:
+                    acc[0] += pc() - t
+                    acc[1] += 1
+
+            setattr(obj, name, w)
+
+        class ArenaProxy:
+            def __init__(self, a):
+                object.__setattr__(self, "_a", a)
+
+            def __getattr__(self, n):
+                f = getattr(self._a, n)
+                if not callable(f):
+                    return f
+                acc = internal.setdefault("arena." + n, [0.0, 0])
+
+                def w(*a, **k):
+                    t = pc()
+                    try:
+                        return f(*a, **k)
+                    finally:
+                        acc[0] += pc() - t
+                        acc[1] += 1
+
+                return w
+
+        px = ArenaProxy(s.arena)
+        s.arena = px
+        s.placement.arena = px
+        s.placement.tier.arena = px
+        inner = (
+            "_keys",
+            "_plan_saves",
+            "_save_many",
+            "_find_tail",
+            "_tail_key",
+            "_shared_has",
+            "_count_admission",
+            "_seal",
+        )
+        for n in inner:
+            wrap(s, n, "s." + n)
+        for n in ("note", "allocate_many", "seal_one_rank", "used"):
+            wrap(s.placement, n, "placement." + n)
+        for n in ("state_stored",):
+            wrap(s.placement.tier, n, "tier." + n)
+        for n in ("walk", "note", "position", "lead"):
+            wrap(s.placement.chains, n, "chains." + n)
+        return True
+
+    def internals():
+        return {k: (round(v[0] * 1e6), v[1]) for k, v in internal.items()}
+
     hook_log: dict[str, list[float]] = {}
     cpu_log: dict[str, list[float]] = {}
     gc_log: dict[str, float] = {}
@@ -733,6 +810,8 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         "profile_report": profile_report,
         "time_hooks": time_hooks,
         "null_hooks": null_hooks,
+        "time_internals": time_internals,
+        "internals": internals,
         "hook_times": hook_times,
         "funnel": funnel,
         "reset_prefix_cache": lambda: bool(llm.reset_prefix_cache()),

@@ -193,6 +193,42 @@ def test_resumes_more_prompt_tokens_than_vllm_alone(sc_runs, alone):
     assert all(r["cached"] > 0 for r in sc_runs[-1]), [r["cached"] for r in sc_runs[-1]]
 
 
+PRESSURE_BLOCKS, PRESSURE_ANSWER = 20, 200  # 200-token answers do not fit 4 at once in 20 blocks
+
+
+def under_pressure(model, logs, name, kv_transfer_config=None):
+    """Two turns of the conversations where vLLM must preempt running
+    requests (it frees their blocks and admits them again later)."""
+    kw = vs.base_llm_kwargs(model, num_gpu_blocks_override=PRESSURE_BLOCKS, max_model_len=2048)
+    if kv_transfer_config is not None:
+        kw["kv_transfer_config"] = kv_transfer_config
+    e = vs.Engine(name, kw, logs)
+    try:
+        runs = vs.run_turns(e, vs.first_prompts(CONVERSATIONS, 5), 2, PRESSURE_ANSWER)
+        return runs, e.call("timing"), (e.call("funnel") if kv_transfer_config else {})
+    finally:
+        e.close()
+
+
+def test_requests_vllm_preempts_resume_from_the_host_and_still_match(model, logs, ref):
+    """Preemption under KV pressure, what a loaded server does all day: a
+    preempted request whose blocks vLLM reused is admitted again from the
+    host tier, and every answer matches the reference within the noise of
+    vLLM's own caching under the same pressure."""
+    alone, alone_timing, _ = under_pressure(model, logs, "alone-pressure")
+    assert alone_timing["preemptions"] > 0  # the pressure is real
+    tol = vs.NOISE_MARGIN * vs.noise(vs.reference(ref, alone, PRESSURE_ANSWER), alone)
+    runs, timing, f = under_pressure(model, logs, "sc-pressure", vs.connector_config({"host_memory": "256MB"}))
+    assert timing["preemptions"] > 0
+    assert f["admissions"] > 2 * CONVERSATIONS  # preempted requests were admitted again
+    # the first admissions resumed at most what the answers report: more
+    # from the host means a preempted request came back from it
+    assert f["tokens_resumed_host"] > cached(runs), (f["tokens_resumed_host"], cached(runs))
+    assert f["loads_failed"] == 0
+    bad = vs.violations(vs.reference(ref, runs, PRESSURE_ANSWER), runs, tol)
+    assert not bad, f"tolerance {tol:.4f} (vLLM's own caching under the same pressure):\n" + "\n".join(bad)
+
+
 def test_a_corrupted_restored_state_is_caught(sc, sc_runs, turns, tol):
     assert sc.call("corrupt_loads", on=True)
     try:
