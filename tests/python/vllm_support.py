@@ -664,19 +664,21 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         s = connector().sched
         pc = time.perf_counter
 
-        def wrap(obj, name, label):
-            orig = getattr(obj, name)
+        def timed(f, label):
             acc = internal.setdefault(label, [0.0, 0])
 
             def w(*a, **k):
                 t = pc()
                 try:
-                    return orig(*a, **k)
+                    return f(*a, **k)
                 finally:
                     acc[0] += pc() - t
                     acc[1] += 1
 
-            setattr(obj, name, w)
+            return w
+
+        def wrap(obj, name, label):
+            setattr(obj, name, timed(getattr(obj, name), label))
 
         class ArenaProxy:
             def __init__(self, a):
@@ -684,19 +686,7 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
 
             def __getattr__(self, n):
                 f = getattr(self._a, n)
-                if not callable(f):
-                    return f
-                acc = internal.setdefault("arena." + n, [0.0, 0])
-
-                def w(*a, **k):
-                    t = pc()
-                    try:
-                        return f(*a, **k)
-                    finally:
-                        acc[0] += pc() - t
-                        acc[1] += 1
-
-                return w
+                return timed(f, "arena." + n) if callable(f) else f
 
         px = ArenaProxy(s.arena)
         s.arena = px
