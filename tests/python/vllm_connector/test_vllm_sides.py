@@ -379,11 +379,10 @@ def test_a_request_matched_again_is_answered_from_what_the_host_holds_now():
         assert s.match(b, local) == got
 
 
-def test_the_state_a_finished_request_ends_with_resumes_the_next_turn():
-    """A request ending off a boundary: its final state and partly filled
-    attention block are saved from its blocks (vLLM holds them until the
-    worker is done), and the next turn resumes up to where it ended."""
-    rig = Rig()
+def finish_a_off_a_boundary(rig: Rig) -> tuple[list[int], FakeRequest]:
+    """Request A computes 5 blocks and 3 tokens, answers one token and
+    finishes: the state it ends with is saved as a tail (vLLM holds its
+    blocks until the worker reports the save)."""
     t = tokens(5 * BS + 3)
     a = prefill_a(rig, t)
     ids = tuple([0, 0, 0, 0, 0, 20 + g] for g in STATE_GROUPS) + (list(range(1, 7)),)
@@ -394,6 +393,15 @@ def test_the_state_a_finished_request_ends_with_resumes_the_next_turn():
     assert rig.sched.finished(a, ids) is True  # hold the blocks
     out = rig.step(scheduler_output())
     assert out.finished_sending == {"A"}  # saved: vLLM may free them now
+    return t, a
+
+
+def test_the_state_a_finished_request_ends_with_resumes_the_next_turn():
+    """A request ending off a boundary: its final state and partly filled
+    attention block are saved from its blocks (vLLM holds them until the
+    worker is done), and the next turn resumes up to where it ended."""
+    rig = Rig()
+    t, a = finish_a_off_a_boundary(rig)
     nxt = FakeRequest("B", a.tokens + tokens(30, 3), len(a.tokens) + 30)
     assert rig.sched.match(nxt, 0) == 5 * BS + 3
     assert rig.sched.match(nxt, 5 * BS) == 3  # vLLM's attention hit at the boundary: only the tail
@@ -425,15 +433,7 @@ def test_a_request_aborted_while_its_load_is_in_flight_saves_nothing_from_its_bl
     holds the value being loaded (an untrusted copy is removed while the
     load holds its pin)."""
     rig = Rig()
-    t = tokens(5 * BS + 3)
-    a = prefill_a(rig, t)
-    ids = tuple([0, 0, 0, 0, 0, 20 + g] for g in STATE_GROUPS) + (list(range(1, 7)),)
-    rig.kvm.ids["A"] = ids
-    rig.step(scheduler_output(cached=[("A", 5 * BS, 3)]))
-    a.tokens.append(99)
-    a.num_computed_tokens = 5 * BS + 3
-    assert rig.sched.finished(a, ids) is True
-    rig.step(scheduler_output())
+    _t, a = finish_a_off_a_boundary(rig)
     s = rig.sched
     nxt = FakeRequest("B", a.tokens + tokens(30, 3), len(a.tokens) + 30)
     assert s.match(nxt, 0) == 5 * BS + 3  # KV to the boundary and A's tail
