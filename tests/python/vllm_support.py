@@ -387,6 +387,22 @@ def _threads() -> list[tuple[int, str, float]]:
     return sorted(out, key=lambda x: -x[2])
 
 
+def _keep_async_scheduling() -> None:
+    """vLLM's async scheduling (its default on GPUs) on the CPU platform,
+    which turns it off only because the CPU does not need it: the platform's
+    config check runs, then the setting is put back. The engine then runs
+    ``AsyncScheduler`` with a batch queue of two, as on a GPU."""
+    from vllm.platforms import cpu
+
+    check = cpu.CpuPlatform.check_and_update_config.__func__
+
+    def keep(cls, vllm_config):
+        check(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = True
+
+    cpu.CpuPlatform.check_and_update_config = classmethod(keep)
+
+
 def _serve(llm_kwargs: dict[str, Any]) -> None:
     out = sys.stdout
     sys.stdout = sys.stderr  # vLLM's prints must not reach the pipe
@@ -405,6 +421,9 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         from vllm import LLM, SamplingParams
         from vllm.config import KVTransferConfig
         from vllm.inputs import TokensPrompt
+
+        if os.environ.get("STATECACHE_TEST_ASYNC_SCHEDULING") == "1":
+            _keep_async_scheduling()
 
         kw = dict(llm_kwargs)
         if "kv_transfer_config" in kw:
@@ -811,6 +830,11 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         "remove_after_lookup": remove_after_lookup,
         "drop_host": drop_host,
         "timing": lambda: dict(timing),
+        "scheduler_kind": lambda: {
+            "class": type(sched).__name__,
+            "async_scheduling": bool(core.async_scheduling),
+            "batch_queue": int(getattr(core, "batch_queue_size", 1)),
+        },
         "steplog": lambda: list(steplog),
         "threads": _threads,
         "exit": lambda: True,

@@ -70,6 +70,7 @@ COUNTERS = (
     "bytes_loaded",
     "saves_dropped_host_full",
     "saves_skipped_unnamed",
+    "saves_deferred",
     "state_saves_decode",
     "tail_saves",
     "tokens_resumed_tail",
@@ -238,6 +239,9 @@ class _Req:
     shared: dict[tuple[str, int], bool] = field(default_factory=dict)
     shared_local: int = -1  # the local hit ``shared`` was looked up for
     failures: int = 0  # loads of this request that failed
+    # values computed before vLLM hashed their block (async scheduling):
+    # (kind, boundary, their blocks' ids then), saved once named
+    late: list[tuple[str, int, tuple[int, ...]]] = field(default_factory=list)
 
 
 class ConnectorScheduler:
@@ -266,6 +270,7 @@ class ConnectorScheduler:
         self._tails: OrderedDict[bytes, set[tuple[int, int]]] = OrderedDict()
         self._tails_changes = 0  # a kept match is answered again only while this is unchanged
         self._finished_saves: list[str] = []
+        self._late: set[str] = set()  # requests with values waiting for their names
         # one metadata for every step with nothing to move (the workers only read it)
         self._no_work = StateCacheMeta([], [], config.shared is not None, [])
         self._loads: list[Load] = []
@@ -424,6 +429,9 @@ class ConnectorScheduler:
         KV blocks for every block after ``local`` and the state at the same
         boundary, never one without the other. Remembers the plan."""
         r = self._req(request)
+        if r.late:  # preempted: the blocks those values were in are gone
+            self.counters["saves_skipped_unnamed"] += len(r.late)
+            r.late.clear()
         bs = self.bs
         max_k = (request.num_tokens - 1) // bs
         first = local // bs
@@ -646,20 +654,24 @@ class ConnectorScheduler:
         if hi <= lo and not states:
             return
         keys = self._keys(r, max(hi, *states) if states else hi)
-        if len(keys) < hi:
-            self.counters["saves_skipped_unnamed"] += hi - len(keys)
-            hi = len(keys)
+        named_hi = max(lo, min(hi, len(keys)))
         named = [k for k in states if k <= len(keys)]
-        if len(named) < len(states):
-            self.counters["saves_skipped_unnamed"] += len(states) - len(named)
+        # vLLM's async scheduling appends a step's token only after it has
+        # scheduled the next step, so the block a decode step fills is not
+        # hashed yet: those values are saved from the same blocks once named
+        late = [(KV, b + 1) for b in range(named_hi, hi)] + [(STATE, k) for k in states if k > len(keys)]
+        hi = named_hi
         kv = r.kv_names[lo:hi]
         names = kv + [r.state_names[k - 1] for k in named]
-        held = self.arena.contains_many(names, True)  # those held: a use, keeps the chain warm
-        if all(held):
+        held = self.arena.contains_many(names, True) if names else []  # those held: a use, keeps the chain warm
+        if all(held) and not late:
             return
         # the request's blocks per group; only the few saved are read (not
         # get_block_ids, which lists every block of every group)
         blocks = self.kv_cache_manager.coordinator.get_blocks(req_id)
+        if late:
+            r.late += [(kind, b, self._block_ids(blocks, kind, b)) for kind, b in late]
+            self._late.add(req_id)
         keys = r.keys
         wanted = [
             (KV, keys[i], names[j], [blocks[g][i].block_id for g in self.kv_groups])
@@ -673,7 +685,51 @@ class ConnectorScheduler:
         ]
         self._save_many(wanted)
 
+    def _block_ids(self, blocks: Any, kind: str, boundary: int) -> tuple[int, ...]:
+        """The ids of the blocks holding ``kind``'s value at ``boundary``, from
+        a request's blocks per group (``KVCacheBlock`` lists, or ids as a
+        finished request's are given); 0 where there is none."""
+        j = boundary - 1
+        groups = self.kv_groups if kind == KV else self.state_groups
+        ids = []
+        for g in groups:
+            x = blocks[g][j] if j < len(blocks[g]) else 0
+            ids.append(x if type(x) is int else x.block_id)
+        return tuple(ids)
+
+    def _save_late(self, r: _Req, now: dict[tuple[str, int], tuple[int, ...]]) -> None:
+        """Queues the saves of ``r``'s values vLLM has hashed since they were
+        computed, where ``now`` (their blocks' ids at present) shows the
+        request still holds the blocks they were computed in: a block is
+        written once, so its bytes are still that value's."""
+        keys = self._keys(r, max(b for _, b, _ in r.late))
+        wanted, left = [], []
+        for kind, b, ids in r.late:
+            if b > len(keys):
+                left.append((kind, b, ids))
+            elif now[kind, b] == ids and min(ids) > 0:
+                name = (r.kv_names if kind == KV else r.state_names)[b - 1]
+                wanted.append((kind, keys[b - 1], name, list(ids)))
+            else:
+                self.counters["saves_skipped_unnamed"] += 1
+        r.late = left
+        self.counters["saves_deferred"] += len(wanted)
+        self._save_many(wanted)
+
+    def _save_late_running(self) -> None:
+        """``_save_late`` of every running request with values waiting."""
+        coordinator = self.kv_cache_manager.coordinator
+        for req_id in list(self._late):
+            r = self._reqs.get(req_id)
+            if r is not None and r.late:
+                blocks = coordinator.get_blocks(req_id)
+                self._save_late(r, {(kind, b): self._block_ids(blocks, kind, b) for kind, b, _ in r.late})
+            if r is None or not r.late:
+                self._late.discard(req_id)
+
     def build_meta(self, so: Any) -> StateCacheMeta:
+        if self._late:
+            self._save_late_running()
         nsched = so.num_scheduled_tokens
         for nr in so.scheduled_new_reqs:
             n = nsched.get(nr.req_id, 0)
@@ -784,16 +840,34 @@ class ConnectorScheduler:
             self.arena.unpin(key)
 
     def finished(self, request: Any, block_ids: tuple[list[int], ...] | None) -> bool:
-        """A request is done. Saves the state it ends with where that is off
-        a boundary (with its partly filled attention block): returns True when
-        vLLM must keep its blocks until the worker reports that save done."""
+        """A request is done. Saves what it computed before vLLM named it
+        (async scheduling) and the state it ends with where that is off a
+        boundary (with its partly filled attention block): returns True when
+        vLLM must keep its blocks until the worker reports those saves done."""
         r = self._reqs.pop(request.request_id, None)
-        if r is None or block_ids is None or not self.state_groups or not self.config.save_decode:
+        if r is None or block_ids is None:
+            return False
+        if request.request_id in self._inflight:
+            return False  # aborted while its load is in flight: its blocks do not hold that state yet
+        late = False
+        if r.late:  # its last tokens are appended now: what was computed before it was named
+            self._late.discard(request.request_id)
+            n = len(self._saves)
+            self._save_late(r, {(kind, b): self._block_ids(block_ids, kind, b) for kind, b, _ in r.late})
+            self.counters["saves_skipped_unnamed"] += len(r.late)
+            late = len(self._saves) > n
+        if self._save_tail(r, request, block_ids) or late:
+            self._finished_saves.append(request.request_id)
+            return True
+        return False
+
+    def _save_tail(self, r: _Req, request: Any, block_ids: tuple[list[int], ...]) -> bool:
+        """Queues the save of the state a finished request ends with, where
+        that is off a boundary (with its partly filled attention block)."""
+        if not self.state_groups or not self.config.save_decode:
             return False
         if getattr(request, "lora_request", None) is not None or getattr(request, "mm_features", None):
             return False  # the tail's tokens would not name all of its content
-        if request.request_id in self._inflight:
-            return False  # aborted while its load is in flight: its blocks do not hold that state yet
         bs = self.bs
         done = request.num_computed_tokens
         b, n = divmod(done, bs)
@@ -812,7 +886,6 @@ class ConnectorScheduler:
             return False
         self._acc_saved[akey] = {}
         self._saves.append(Value(TAIL, key, entries, blocks))
-        self._finished_saves.append(request.request_id)
         self._tails_changes += 1
         self._tails.setdefault(r.keys[b - 1], set()).add((n, tail[0]))
         self._tails.move_to_end(r.keys[b - 1])

@@ -66,6 +66,11 @@ PROM_COUNTERS: dict[str, tuple[str, str | None, dict[str, str]]] = {
         "reason",
         {"host_full": "saves_dropped_host_full", "unnamed": "saves_skipped_unnamed"},
     ),
+    "statecache:saves_deferred": (
+        "Values saved a step or more after they were computed (vLLM's async scheduling names a block late)",
+        None,
+        {"": "saves_deferred"},
+    ),
     "statecache:shared_writes": (
         "Values written to the shared tier, by outcome",
         "outcome",

@@ -229,6 +229,54 @@ def test_requests_vllm_preempts_resume_from_the_host_and_still_match(model, logs
     assert not bad, f"tolerance {tol:.4f} (vLLM's own caching under the same pressure):\n" + "\n".join(bad)
 
 
+ASYNC_SCHEDULING = {"STATECACHE_TEST_ASYNC_SCHEDULING": "1"}  # vllm_support keeps it on the CPU platform
+
+
+def test_under_vllms_async_scheduling_decode_states_are_saved_and_answers_match(model, logs, ref):
+    """vLLM's async scheduling, its default on GPUs: a step is scheduled
+    before the previous step's token is appended, so the block a decode step
+    fills is hashed a step late and its values are saved once named. The
+    conversations match the reference within the noise of vLLM's own caching
+    under async scheduling; an answer's follow-up resumes from the state the
+    turn ended with, and a prompt one token past the boundary an answer
+    crossed in decode resumes at that boundary, each computing the
+    reference's next token with its top-5 logprobs."""
+    a = vs.Engine("alone-async", vs.base_llm_kwargs(model, num_gpu_blocks_override=BLOCKS), logs, env=ASYNC_SCHEDULING)
+    try:
+        assert a.call("scheduler_kind")["class"] == "AsyncScheduler"
+        alone = conversation(a)
+    finally:
+        a.close()
+    tol = vs.NOISE_MARGIN * vs.noise(vs.reference(ref, alone, ANSWER), alone)
+    kw = vs.base_llm_kwargs(
+        model, num_gpu_blocks_override=BLOCKS, kv_transfer_config=vs.connector_config({"host_memory": "256MB"})
+    )
+    e = vs.Engine("sc-async", kw, logs, env=ASYNC_SCHEDULING)
+    try:
+        kind = e.call("scheduler_kind")
+        assert kind == {"class": "AsyncScheduler", "async_scheduling": True, "batch_queue": 2}, kind
+        runs = conversation(e)
+        assert cached(runs) > cached(alone), (cached(runs), cached(alone))
+        bad = vs.violations(vs.reference(ref, runs, ANSWER), runs, tol)
+        assert not bad, f"tolerance {tol:.4f} (vLLM's own caching, async scheduling):\n" + "\n".join(bad)
+        for p in vs.first_prompts(3, 11):
+            (want,) = ref.generate([p], ANSWER + 1)
+            (got,) = e.generate([p], ANSWER)
+            assert got["tokens"] == want["tokens"][:ANSWER], "the first turn already differs"
+            (b,) = e.generate([p + got["tokens"]], 1)
+            assert b["cached"] == len(p) + ANSWER - 1
+            same_next_token(b, want, ANSWER)
+            assert e.call("reset_prefix_cache")
+            crossed = (len(p) // vs.BLOCK + 1) * vs.BLOCK
+            (c,) = e.generate([(p + got["tokens"])[: crossed + 1]], 1)
+            assert c["cached"] == crossed  # before deferred saves: the previous boundary
+            same_next_token(c, want, crossed + 1 - len(p))
+        f = e.call("funnel")
+    finally:
+        e.close()
+    assert f["saves_deferred"] > 0 and f["saves_skipped_unnamed"] == 0 and f["loads_failed"] == 0
+
+
 def test_a_corrupted_restored_state_is_caught(sc, sc_runs, turns, tol):
     assert sc.call("corrupt_loads", on=True)
     try:

@@ -14,7 +14,7 @@ import pytest
 
 from statecache.vllm.config import ConnectorConfig, parse_bytes
 from statecache.vllm.metadata import arena_key
-from vllm_fakes import BS, FakeBlocks, FakeRequest, Rig, scheduler_output
+from vllm_fakes import BS, FakeBlocks, FakeRequest, Rig, block_hashes, scheduler_output
 
 MAMBA_REAL = 3 * 32 * 2 + 2 * 16 * 16 * 4  # conv bf16 + ssm fp32 of one GDN layer
 STATE_GROUPS = (0, 1, 2)
@@ -196,25 +196,84 @@ def test_config_is_checked_before_anything_starts():
         )
 
 
+def prefill_in_one_step(rig: Rig, t: list[int]) -> tuple[FakeRequest, tuple[list[int], ...]]:
+    """Request A computes its prompt (under 3 blocks) in one step: KV in
+    blocks 1-3, each state group's running state in its block at index 2."""
+    a = FakeRequest("A", t, len(t))
+    rig.sched.match(a, 0)
+    ids = tuple([0, 0, 10 + g] for g in STATE_GROUPS) + ([1, 2, 3],)
+    rig.sched.after_alloc(a, FakeBlocks(ids), 0)
+    rig.kvm.ids["A"] = ids
+    rig.step(scheduler_output(new=[("A", 0, len(t))]))
+    return a, ids
+
+
+def append_token(a: FakeRequest, token: int = 7) -> None:
+    """vLLM appends a sampled token and hashes the blocks it fills."""
+    a.tokens.append(token)
+    a.block_hashes = block_hashes(a.tokens)
+
+
 def test_decode_boundaries_are_saved_unless_turned_off():
     for save_decode in (True, False):
         rig = Rig(extra={"save_decode": save_decode})
         t = tokens(2 * BS + 10)
-        a = FakeRequest("A", t, len(t))
-        rig.sched.match(a, 0)
-        ids = tuple([0, 0, 10 + g] for g in STATE_GROUPS) + ([1, 2, 3],)
-        rig.sched.after_alloc(a, FakeBlocks(ids), 0)
-        rig.kvm.ids["A"] = ids
-        rig.step(scheduler_output(new=[("A", 0, len(t))]))
+        a, _ids = prefill_in_one_step(rig, t)
         # decode: six tokens reach the boundary at 3 blocks
         for pos in range(len(t), 3 * BS):
-            a.tokens.append(7)
-            a.block_hashes = FakeRequest("tmp", a.tokens, 0).block_hashes
+            append_token(a)
             rig.step(scheduler_output(cached=[("A", pos, 1)]))
         f = rig.sched.funnel()
         assert f["state_saves_decode"] == (1 if save_decode else 0)
         b = FakeRequest("B", a.tokens + tokens(9, 5), len(a.tokens) + 9)
         assert rig.sched.match(b, 0) == (3 * BS if save_decode else 0)
+
+
+def test_under_async_scheduling_a_decode_boundary_is_saved_once_vllm_names_it():
+    """vLLM's async scheduling appends the token a step computes only after
+    it has scheduled the next step, so the step that fills block 3 runs
+    before vLLM has hashed it: its KV block and the state at 3 blocks are
+    saved a step later, from the same blocks; from blocks that changed
+    meanwhile, nothing is saved (counted)."""
+    for kept in (True, False):
+        rig = Rig()
+        t = tokens(2 * BS + 10)
+        a, _ids = prefill_in_one_step(rig, t)
+        for pos in range(len(t), 3 * BS):
+            rig.step(scheduler_output(cached=[("A", pos, 1)]))  # vLLM's hashes lack this step's token
+            append_token(a)
+        f = rig.sched.funnel()
+        assert f["state_saves_decode"] == 1 and f["saves_deferred"] == 0
+        if not kept:  # the state's block changed before it was named (vLLM never does this while it runs)
+            rig.kvm.ids["A"] = tuple([0, 0, 50 + g] for g in STATE_GROUPS) + ([1, 2, 3, 4],)
+        rig.step(scheduler_output(cached=[("A", 3 * BS, 1)]))
+        f = rig.sched.funnel()
+        state = arena_key("state", rig.sched._reqs["A"].keys[2])
+        kv = arena_key("kv", rig.sched._reqs["A"].keys[2])
+        assert rig.sched.arena.contains(kv)  # KV block 2 sits in block 3 either way
+        assert rig.sched.arena.contains(state) == kept
+        assert f["saves_deferred"] == (2 if kept else 1)
+        assert f["saves_skipped_unnamed"] == (0 if kept else 1)
+        b = FakeRequest("B", a.tokens + tokens(9, 5), len(a.tokens) + 9)
+        assert rig.sched.match(b, 0) == (3 * BS if kept else 0)
+
+
+def test_under_async_scheduling_a_request_finished_before_its_boundary_was_named_saves_it():
+    """The request ends in the step after the one that filled block 3: at
+    its end vLLM has appended every token, so the values are named then and
+    saved before vLLM frees its blocks."""
+    rig = Rig()
+    t = tokens(3 * BS - 1)
+    a, ids = prefill_in_one_step(rig, t)
+    rig.step(scheduler_output(cached=[("A", len(t), 1)]))  # fills block 3; its token is not appended yet
+    append_token(a)
+    a.num_computed_tokens = 3 * BS
+    assert rig.sched.finished(a, ids) is True  # vLLM keeps the blocks for the save
+    rig.step(scheduler_output())
+    f = rig.sched.funnel()
+    assert f["saves_deferred"] == 2 and f["saves_skipped_unnamed"] == 0
+    b = FakeRequest("B", a.tokens + tokens(9, 5), len(a.tokens) + 9)
+    assert rig.sched.match(b, 0) == 3 * BS
 
 
 @pytest.fixture(scope="module")
