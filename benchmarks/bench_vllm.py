@@ -22,6 +22,7 @@ tests (tests/python/vllm_connector/test_vllm_engine.py).
 
     /opt/vllm-venv/bin/python benchmarks/bench_vllm.py            # ~15 min on 2 cores
     /opt/vllm-venv/bin/python benchmarks/bench_vllm.py --quick    # smaller workloads
+    /opt/vllm-venv/bin/python benchmarks/bench_vllm.py --async-scheduling --workloads multi-turn --skip-offload
 """
 
 from __future__ import annotations
@@ -155,7 +156,14 @@ def main() -> None:
         action="store_true",
         help="run the rows of a workload at the same time (same machine load for every row; each runs slower)",
     )
+    ap.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="every engine runs vLLM's async scheduling (its GPU default), kept on the CPU platform",
+    )
     args = ap.parse_args()
+    if args.async_scheduling:
+        os.environ["STATECACHE_TEST_ASYNC_SCHEDULING"] = "1"  # read by each engine process (vllm_support)
     if args.quick:
         args.conversations, args.turns, args.trace_requests = 4, 3, 40
     log_dir = tempfile.mkdtemp(prefix="bench-vllm-")
