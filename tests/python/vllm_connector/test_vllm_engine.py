@@ -277,6 +277,42 @@ def test_under_vllms_async_scheduling_decode_states_are_saved_and_answers_match(
     assert f["saves_deferred"] > 0 and f["saves_skipped_unnamed"] == 0 and f["loads_failed"] == 0
 
 
+def test_tensor_parallel_two_ranks_resume_a_turn_token_for_token(model, logs):
+    """Tensor parallelism in real vLLM (two CPU worker processes): each rank
+    saves and checks its own shard, a value is findable only once both
+    reported it. Against vLLM at the same TP size without prefix caching: a
+    follow-up resumes from the state the turn ended with, and a prompt one
+    token past a boundary the answer crossed in decode resumes at it from the
+    host tier, each computing the reference's next token with its top-5
+    logprobs."""
+    (p,) = vs.first_prompts(1, 11)  # one prompt: a TP-2 step on two cores is slow
+    ref2 = vs.Engine("ref-tp2", vs.base_llm_kwargs(model, enable_prefix_caching=False, tensor_parallel_size=2), logs)
+    try:
+        (want,) = ref2.generate([p], ANSWER + 1)
+    finally:
+        ref2.close()
+    kw = vs.base_llm_kwargs(
+        model, tensor_parallel_size=2, kv_transfer_config=vs.connector_config({"host_memory": "256MB"})
+    )
+    e = vs.Engine("sc-tp2", kw, logs)
+    try:
+        (got,) = e.generate([p], ANSWER)
+        assert got["tokens"] == want["tokens"][:ANSWER], "the first turn already differs"
+        (b,) = e.generate([p + got["tokens"]], 1)
+        assert b["cached"] == len(p) + ANSWER - 1
+        same_next_token(b, want, ANSWER)
+        assert e.call("reset_prefix_cache")
+        crossed = (len(p) // vs.BLOCK + 1) * vs.BLOCK
+        assert len(p) < crossed < len(p) + ANSWER - 1
+        (c,) = e.generate([(p + got["tokens"])[: crossed + 1]], 1)
+        assert c["cached"] == crossed
+        same_next_token(c, want, crossed + 1 - len(p))
+        f = e.call("funnel")
+    finally:
+        e.close()
+    assert f["tokens_resumed_host"] > 0 and f["loads_failed"] == 0 and f["loads_untrusted"] == 0
+
+
 def test_a_corrupted_restored_state_is_caught(sc, sc_runs, turns, tol):
     assert sc.call("corrupt_loads", on=True)
     try:
