@@ -617,14 +617,15 @@ class ConnectorScheduler:
 
     # ------------------------------------------------------------- saving --
 
-    def _save_many(self, wanted: list[tuple[str, bytes, str, list[int]]]) -> None:
+    def _save_many(self, wanted: list[tuple[str, bytes, str, list[int]]]) -> int:
         """Queues each (kind, prefix key, arena key, blocks) of values not in
-        the host tier, allocated in one arena call."""
+        the host tier, allocated in one arena call; returns how many."""
         wanted = [w for w in wanted if all(b > 0 for b in w[3])]
         if not wanted:
-            return
+            return 0
         got = self.placement.allocate_many([w[2] for w in wanted], [w[0] for w in wanted], [w[1] for w in wanted])
         acc, saves = self._acc_saved, self._saves
+        before = len(saves)
         for (kind, pkey, key, blocks), entries in zip(wanted, got):
             if entries is None:
                 if not self.arena.contains(key) and key not in acc:
@@ -632,6 +633,7 @@ class ConnectorScheduler:
                 continue
             acc[key] = {}
             saves.append(Value(kind, pkey, entries, blocks))
+        return len(saves) - before
 
     def _plan_saves(self, req_id: str, start: int, end: int, admitted: bool) -> None:
         """Values completed by computing tokens ``[start, end)``: KV of every
@@ -660,6 +662,8 @@ class ConnectorScheduler:
         # scheduled the next step, so the block a decode step fills is not
         # hashed yet: those values are saved from the same blocks once named
         late = [(KV, b + 1) for b in range(named_hi, hi)] + [(STATE, k) for k in states if k > len(keys)]
+        if late:
+            late = self._awaiting_names(r, late)
         hi = named_hi
         kv = r.kv_names[lo:hi]
         names = kv + [r.state_names[k - 1] for k in named]
@@ -684,6 +688,15 @@ class ConnectorScheduler:
             if not held[j]
         ]
         self._save_many(wanted)
+
+    def _awaiting_names(self, r: _Req, values: list[Any]) -> list[Any]:
+        """Those of ``values`` (``(kind, boundary, ...)``, not named yet)
+        whose block vLLM will hash: its tokens are not all appended yet.
+        The others it never hashes (prefix caching off): dropped, counted."""
+        appended = r.request.num_tokens // self.bs
+        keep = [v for v in values if v[1] > appended]
+        self.counters["saves_skipped_unnamed"] += len(values) - len(keep)
+        return keep
 
     def _block_ids(self, blocks: Any, kind: str, boundary: int) -> tuple[int, ...]:
         """The ids of the blocks holding ``kind``'s value at ``boundary``, from
@@ -712,9 +725,8 @@ class ConnectorScheduler:
                 wanted.append((kind, keys[b - 1], name, list(ids)))
             else:
                 self.counters["saves_skipped_unnamed"] += 1
-        r.late = left
-        self.counters["saves_deferred"] += len(wanted)
-        self._save_many(wanted)
+        r.late = self._awaiting_names(r, left) if left else left
+        self.counters["saves_deferred"] += self._save_many(wanted)
 
     def _save_late_running(self) -> None:
         """``_save_late`` of every running request with values waiting."""
@@ -855,6 +867,7 @@ class ConnectorScheduler:
             n = len(self._saves)
             self._save_late(r, {(kind, b): self._block_ids(block_ids, kind, b) for kind, b, _ in r.late})
             self.counters["saves_skipped_unnamed"] += len(r.late)
+            r.late = []
             late = len(self._saves) > n
         if self._save_tail(r, request, block_ids) or late:
             self._finished_saves.append(request.request_id)

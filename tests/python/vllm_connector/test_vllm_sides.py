@@ -196,10 +196,13 @@ def test_config_is_checked_before_anything_starts():
         )
 
 
-def prefill_in_one_step(rig: Rig, t: list[int]) -> tuple[FakeRequest, tuple[list[int], ...]]:
+def prefill_in_one_step(rig: Rig, t: list[int], hashed: bool = True) -> tuple[FakeRequest, tuple[list[int], ...]]:
     """Request A computes its prompt (under 3 blocks) in one step: KV in
-    blocks 1-3, each state group's running state in its block at index 2."""
+    blocks 1-3, each state group's running state in its block at index 2.
+    ``hashed=False``: vLLM hashes none of its blocks (prefix caching off)."""
     a = FakeRequest("A", t, len(t))
+    if not hashed:
+        a.block_hashes = []
     rig.sched.match(a, 0)
     ids = tuple([0, 0, 10 + g] for g in STATE_GROUPS) + ([1, 2, 3],)
     rig.sched.after_alloc(a, FakeBlocks(ids), 0)
@@ -208,10 +211,10 @@ def prefill_in_one_step(rig: Rig, t: list[int]) -> tuple[FakeRequest, tuple[list
     return a, ids
 
 
-def append_token(a: FakeRequest, token: int = 7) -> None:
+def append_token(a: FakeRequest, token: int = 7, hashed: bool = True) -> None:
     """vLLM appends a sampled token and hashes the blocks it fills."""
     a.tokens.append(token)
-    a.block_hashes = block_hashes(a.tokens)
+    a.block_hashes = block_hashes(a.tokens) if hashed else []
 
 
 def test_decode_boundaries_are_saved_unless_turned_off():
@@ -256,6 +259,20 @@ def test_under_async_scheduling_a_decode_boundary_is_saved_once_vllm_names_it():
         assert f["saves_skipped_unnamed"] == (0 if kept else 1)
         b = FakeRequest("B", a.tokens + tokens(9, 5), len(a.tokens) + 9)
         assert rig.sched.match(b, 0) == (3 * BS if kept else 0)
+
+
+def test_values_vllm_never_hashes_are_dropped_at_once():
+    """With vLLM's prefix caching off it hashes no block: nothing can be
+    named, nothing waits for a name (no per-step cost), every value counted."""
+    rig = Rig()
+    a, _ids = prefill_in_one_step(rig, tokens(2 * BS + 10), hashed=False)
+    for pos in range(len(a.tokens), 3 * BS):
+        append_token(a, hashed=False)
+        rig.step(scheduler_output(cached=[("A", pos, 1)]))
+    f = rig.sched.funnel()
+    assert f["saves_skipped_unnamed"] == 4  # KV blocks 0-2 and the state at 3 blocks
+    assert f["saves_deferred"] == 0 and f["values_saved"] == 0
+    assert not rig.sched._late and not rig.sched._reqs["A"].late
 
 
 def test_under_async_scheduling_a_request_finished_before_its_boundary_was_named_saves_it():
