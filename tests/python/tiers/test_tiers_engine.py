@@ -5,6 +5,7 @@ engine level (host arena full, corrupted entries, a shared tier that loses a
 key, times out, restarts, or never reports a store)."""
 
 import signal
+import threading
 import time
 
 import numpy as np
@@ -346,20 +347,27 @@ MARK = 0xAB  # what a reclaimed unit holds once reused, in the race test
 
 class MemoryTier:
     """A shared tier in a dict: ``slow_puts`` puts sleep ``delay_s`` each
-    (a slow server), and removals fail (best effort that does not happen)."""
+    (a slow server), and removals fail (best effort that does not happen).
+    ``gate``: a slow put waits for it instead (``delay_s`` at most), so a
+    test decides when the server answers; ``held`` is set while one waits."""
 
     name = "memory"
 
-    def __init__(self, slow_puts=0, delay_s=0.0):
-
-        self.values, self.slow_puts, self.delay_s = {}, slow_puts, delay_s
+    def __init__(self, slow_puts=0, delay_s=0.0, gate=None):
+        self.values, self.slow_puts, self.delay_s, self.gate = {}, slow_puts, delay_s, gate
+        self.held = threading.Event()
 
     def put_many(self, keys, values):
         out = []
         for k, segs in zip(keys, values):
             if self.slow_puts > 0:
                 self.slow_puts -= 1
-                time.sleep(self.delay_s)
+                if self.gate is None:
+                    time.sleep(self.delay_s)
+                else:
+                    self.held.set()
+                    self.gate.wait(self.delay_s)
+                    self.held.clear()
             self.values.setdefault(k, b"".join(bytes(memoryview(s).cast("B")) for s in segs))
             out.append(True)
         return out
@@ -426,7 +434,10 @@ def test_a_reclaimed_offload_is_never_written(model, reference):
     after the reclaim would checksum reused bytes and put them under the
     prefix's key (and the removal afterwards fails here): a fresh engine
     would adopt that value."""
-    shared = MemoryTier(slow_puts=1, delay_s=2.0)
+    # The server answers the first write only once the race happened (60 s
+    # at most): no timing of this machine decides whether it does.
+    answer = threading.Event()
+    shared = MemoryTier(slow_puts=1, delay_s=60.0, gate=answer)
     proxy = []
 
     def install(eng, n):
@@ -434,13 +445,21 @@ def test_a_reclaimed_offload_is_never_written(model, reference):
             t = eng.tiering
             proxy.append(ReusingCoordinator(t))
             t.coord = t.stores.coord = proxy[0]
+        elif proxy and not answer.is_set():
+            if proxy[0].reclaimed_ops:
+                answer.set()
+            elif proxy[0]._units and shared.held.is_set():
+                time.sleep(0.4)  # copies queued behind the held write: their pins age past 0.3 s
 
-    eng, rows = run(
-        model,
-        tiers=[shared],
-        tier_options={"offload_timeout_s": 0.3, "max_inflight": 4, "kv": False},
-        during=install,
-    )
+    try:
+        eng, rows = run(
+            model,
+            tiers=[shared],
+            tier_options={"offload_timeout_s": 0.3, "max_inflight": 4, "kv": False},
+            during=install,
+        )
+    finally:
+        answer.set()
     eng.tiering.wait_writes(10)
     assert_identical(rows, reference)
     assert proxy[0].reclaimed_ops > 0  # the race happened
