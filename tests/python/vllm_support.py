@@ -32,6 +32,8 @@ SCHEDULER_HOOKS = (
     "build_connector_meta",
     "update_connector_output",
     "request_finished_all_groups",
+    "get_external_cache_hit_sources",
+    "get_kv_connector_stats",
 )
 
 
@@ -672,6 +674,8 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         s.build_meta = lambda so: s._no_work
         s.update = lambda output: None
         s.finished = lambda request, block_ids: False
+        s.hit_sources = lambda request: {}
+        s.take_interval = lambda: {}
         return True
 
     internal: dict[str, list[float]] = {}

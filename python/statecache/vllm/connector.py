@@ -37,9 +37,11 @@ from statecache.vllm.scheduler import (
     AFTER_ALLOC,
     BUILD_META,
     FINISHED,
+    HIT_SOURCES,
     HOST,
     MATCH,
     SHARED,
+    STATS,
     UPDATE,
     ConnectorScheduler,
 )
@@ -202,10 +204,15 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         s.hook_calls[AFTER_ALLOC] += 1
 
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict[CacheHitSource, int]:
-        assert self.sched is not None
-        by = self.sched.hit_sources(request)
+        s = self.sched
+        assert s is not None
+        t0 = perf_counter()
+        by = s.hit_sources(request)
         out = {CacheHitSource.HOST: by.get(HOST, 0), CacheHitSource.P2P: by.get(SHARED, 0)}
-        return {k: v for k, v in out.items() if v}
+        out = {k: v for k, v in out.items() if v}
+        s.hook_seconds[HIT_SOURCES] += perf_counter() - t0
+        s.hook_calls[HIT_SOURCES] += 1
+        return out
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         s = self.sched
@@ -252,10 +259,15 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         return self.sched.funnel()
 
     def get_kv_connector_stats(self) -> StateCacheStats | None:
-        if self.sched is None:
+        s = self.sched
+        if s is None:
             return None  # workers report through the scheduler side
-        data = self.sched.take_interval()
-        return StateCacheStats(data=data) if data else None
+        t0 = perf_counter()  # vLLM asks every step: scheduler-side time like any hook
+        data = s.take_interval()
+        stats = StateCacheStats(data=data) if data else None
+        s.hook_seconds[STATS] += perf_counter() - t0
+        s.hook_calls[STATS] += 1
+        return stats
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> StateCacheStats:

@@ -38,8 +38,9 @@ log = logging.getLogger("statecache.vllm")
 
 HOST, SHARED = "host", "shared"
 # the scheduler-side hooks, in the order of ``ConnectorScheduler.hook_seconds``
-HOOKS = ("match", "after_alloc", "build_meta", "update", "finished")
-MATCH, AFTER_ALLOC, BUILD_META, UPDATE, FINISHED = range(len(HOOKS))
+HOOKS = ("match", "after_alloc", "build_meta", "update", "finished", "hit_sources", "stats")
+MATCH, AFTER_ALLOC, BUILD_META, UPDATE, FINISHED, HIT_SOURCES, STATS = range(len(HOOKS))
+STATS_EVERY_S = 1.0  # with no event counted, hook times are reported at most this often
 MAX_LOAD_FAILURES = 3
 
 # cumulative counters (connector stats report their increase per interval)
@@ -225,6 +226,7 @@ class _Plan:
     kv_sources: list[str] = field(default_factory=list)
     state_source: str | None = None
     tail: tuple[int, bytes] | None = None  # (tail tokens past ``boundary``, its prefix key)
+    tail_source: str = "host"
 
 
 @dataclass
@@ -238,6 +240,7 @@ class _Req:
     matched: tuple[tuple[int, ...], _Plan, int] | None = None
     shared: dict[tuple[str, int], bool] = field(default_factory=dict)
     shared_local: int = -1  # the local hit ``shared`` was looked up for
+    shared_tail: tuple[tuple[int, ...], tuple[int, int, bytes] | None] | None = None  # (what it read, found)
     failures: int = 0  # loads of this request that failed
     # values computed before vLLM hashed their block (async scheduling):
     # (kind, boundary, their blocks' ids then), saved once named
@@ -289,6 +292,8 @@ class ConnectorScheduler:
         self.hook_seconds = [0.0] * len(HOOKS)
         self.hook_calls = [0] * len(HOOKS)
         self._reported: dict[str, float] = dict.fromkeys(COUNTERS, 0)
+        self._events = self._reported  # the counters at the last report
+        self._reported_at = 0.0
         self.kv_cache_manager: Any = None
         self.shared = None
         self._shared_down_until = 0.0
@@ -357,11 +362,19 @@ class ConnectorScheduler:
         """Every rank's shared-tier key of a value."""
         return shard_keys(STATE if kind == TAIL else kind, self.layout_ids[kind], self.tp_size, prefix_key)
 
+    def _tail_keys(self, parent: bytes, tokens: list[int]) -> list[bytes]:
+        """The prefix keys of the prefixes that end 1, 2, ... ``len(tokens)``
+        tokens past the boundary named ``parent``: one chain of a key per
+        token after a marker (one-token steps: never a block's key), so every
+        length's key comes from one pass."""
+        toks = [-7, *tokens]
+        packed = _C.chain_block_keys(toks, 1, parent, 0, self._salt)[1]
+        return [packed[16 * i : 16 * i + 16] for i in range(1, len(toks))]
+
     def _tail_key(self, parent: bytes, tokens: list[int]) -> bytes:
         """The prefix key of a prefix that ends ``len(tokens)`` past the
-        boundary named ``parent`` (a marker first: never a block's key)."""
-        toks = [-7, *tokens]
-        return bytes(_C.chain_block_keys(toks, len(toks), parent, 0, self._salt)[1])
+        boundary named ``parent``."""
+        return self._tail_keys(parent, tokens)[-1]
 
     def _find_tail(self, r: _Req, first: int, run: int) -> tuple[int, int, bytes] | None:
         """The longest tail the host holds that starts at a boundary in
@@ -384,6 +397,42 @@ class ConnectorScheduler:
                 if self.arena.contains(arena_key(TAIL, key)):
                     return b, n, key
         return None
+
+    def _shared_tail(self, r: _Req, b: int, shorter: int) -> tuple[int, int, bytes] | None:
+        """The longest tail longer than ``shorter`` tokens that the shared
+        tier holds at boundary ``b`` (where the KV the tiers hold for ``r``
+        ends) and that leaves a token to compute. Another engine saved it, so
+        its length is not known here: every length is looked up, in one
+        batched lookup per admission."""
+        req = r.request
+        bs = self.bs
+        start, last = b * bs, req.num_tokens - 1
+        upto = min(bs - 1, last - start)
+        if not self.state_groups or not self.config.save_decode or b < 1 or upto <= shorter:
+            return None
+        if getattr(req, "lora_request", None) is not None or getattr(req, "mm_features", None):
+            return None  # no tail is saved for such requests
+        read = (r.shared_local, b, req.num_tokens, shorter)
+        if r.shared_tail is not None and r.shared_tail[0] == read:
+            return r.shared_tail[1]
+        if time.monotonic() < self._shared_down_until:
+            return None
+        assert self.shared is not None
+        toks = req.all_token_ids
+        parent = r.keys[b - 1]
+        lengths = range(upto, shorter, -1)
+        keys = self._tail_keys(parent, toks[start : start + upto])[shorter:][::-1]  # longest first
+        self.counters["shared_lookups"] += 1
+        try:
+            held = every_rank_holds(self.shared.contains_many, STATE, self.layout_ids[TAIL], self.tp_size, keys)
+        except Exception as e:  # a tier failure is a miss, never an engine failure
+            log.warning("statecache: shared tier tail lookup failed (%s); skipping the tier for 5 s", e)
+            self.counters["shared_lookup_failures"] += 1
+            self._shared_down_until = time.monotonic() + 5.0
+            return None
+        found = next(((b, n, k) for n, k, h in zip(lengths, keys, held) if h), None)
+        r.shared_tail = (read, found)
+        return found
 
     # --------------------------------------------------------------- match --
 
@@ -445,7 +494,8 @@ class ConnectorScheduler:
         # after repeated failures the request is recomputed whatever the tiers say
         if (
             max_k < first
-            or (max_k == first and not (self._tails and self.state_groups))  # past the hit, only a tail can add
+            # past the hit, only a tail can add
+            or (max_k == first and not ((self._tails or self.shared is not None) and self.state_groups))
             or refused
             or r.failures >= MAX_LOAD_FAILURES
             or getattr(request, "skip_reading_prefix_cache", False)
@@ -486,9 +536,13 @@ class ConnectorScheduler:
                 best, state_src = k, SHARED
                 break
         plan = _Plan(local, best, run - first, kv_sources, state_src)
-        tail = self._find_tail(r, first, run)
+        tail, tail_source = self._find_tail(r, first, run), HOST
+        if self.shared is not None:  # another engine may have saved a longer one
+            longer = self._shared_tail(r, run, tail[1] if tail is not None and tail[0] == run else 0)
+            if longer is not None:
+                tail, tail_source = longer, SHARED
         if tail is not None and tail[0] * bs + tail[1] > best * bs:
-            plan.boundary, plan.tail = tail[0], (tail[1], tail[2])
+            plan.boundary, plan.tail, plan.tail_source = tail[0], (tail[1], tail[2]), tail_source
             plan.kv_sources = kv_sources[: tail[0] - first]
         r.plan = plan
         if log.isEnabledFor(logging.DEBUG):
@@ -562,9 +616,10 @@ class ConnectorScheduler:
         fail = plan.local + num_external != end
         wanted = [(KV, i, plan.kv_sources[i - first], r.keys[i]) for i in range(first, k)]
         if plan.tail is not None:
-            wanted.append((TAIL, k, HOST, plan.tail[1]))  # blocks of index k: the partial one, the state's
+            wanted.append((TAIL, k, plan.tail_source, plan.tail[1]))  # blocks of index k: the partial one, the state's
         elif self.state_groups:
             wanted.append((STATE, k - 1, plan.state_source, r.keys[k - 1]))
+        state_source = plan.tail_source if plan.tail is not None else plan.state_source
         for kind, i, src, pkey in wanted if not fail else ():
             if kind == TAIL:
                 dst = [ids[g][i] for g in self.kv_groups] + [ids[g][i] for g in self.state_groups]
@@ -581,7 +636,8 @@ class ConnectorScheduler:
                 values.append(Value(kind, pkey, list(got[0]), dst))
                 headers.append(unpack_headers(got[2]))
             elif src == SHARED:
-                entries = self.placement.allocate(key, kind, pkey)
+                # a tail ranks from the boundary it starts at
+                entries = self.placement.allocate(key, kind, r.keys[k - 1] if kind == TAIL else pkey)
                 if entries is None:
                     fail = True
                     break
@@ -593,9 +649,9 @@ class ConnectorScheduler:
                 fail = True  # evicted since match(): recompute
                 break
             if kind == KV:
-                tokens[SHARED if src == SHARED or plan.state_source == SHARED else HOST] += self.bs
+                tokens[SHARED if src == SHARED or state_source == SHARED else HOST] += self.bs
             elif kind == TAIL:
-                tokens[HOST] += plan.tail[0]
+                tokens[src] += plan.tail[0]
                 tokens["tail"] = plan.tail[0]
         if fail:  # nothing is read: give back what was taken, the worker reports the load failed
             log.debug("load for %s not planned (a value went missing or no room to stage it)", request.request_id)
@@ -929,10 +985,17 @@ class ConnectorScheduler:
             c[f"scheduler_seconds_{name}"] = t
 
     def take_interval(self) -> dict[str, float]:
-        """Counter increases since the last call (vLLM's connector stats)."""
+        """Counter increases since the last report (vLLM's connector stats,
+        asked for every step). A step that counted no event reports nothing
+        until ``STATS_EVERY_S`` has passed (its hook times wait for the next
+        report): most steps cost a dict comparison, not a dict per step."""
+        if self._events == self.counters and time.monotonic() - self._reported_at < STATS_EVERY_S:
+            return {}
         self._fold_hook_times()
         out = {k: v - self._reported.get(k, 0) for k, v in self.counters.items()}
         self._reported = dict(self.counters)
+        self._events = self._reported  # the counters as folded: equal until an event or a fold
+        self._reported_at = time.monotonic()
         return {k: v for k, v in out.items() if v}
 
     def shutdown(self) -> None:

@@ -376,9 +376,10 @@ def test_a_fresh_engine_resumes_from_mooncake_store(fresh, turns, tol):
 
 
 def test_a_fresh_engine_continues_from_mooncake_store_token_for_token(fresh, continued):
-    """Case (2) of ``continued`` in another process: the KV blocks and the
-    state saved in decode come from Mooncake Store, and the one token computed
-    is the reference's, with its top-5 logprobs."""
+    """Cases (2) and (1) of ``continued`` in another process: the KV blocks,
+    the state saved in decode and the state the turn ended with come from
+    Mooncake Store, and the one token computed is the reference's, with its
+    top-5 logprobs."""
     before = fresh.call("funnel")["tokens_resumed_shared"]
     for p, answer, want, crossed, _b, _c in continued:
         (got,) = fresh.generate([(p + answer)[: crossed + 1]], 1)
@@ -387,6 +388,17 @@ def test_a_fresh_engine_continues_from_mooncake_store_token_for_token(fresh, con
     f = fresh.call("funnel")
     assert f["tokens_resumed_shared"] - before == sum(crossed for _p, _a, _w, crossed, _b, _c in continued)
     assert f["loads_failed"] == 0
+    # case (1) here: the follow-up resumes from the state the turn ended with, a tail the other engine
+    # saved whose length this one looks up
+    for p, answer, want, _crossed, _b, _c in continued:
+        (got,) = fresh.generate([p + answer], 1)
+        assert got["cached"] == len(p) + ANSWER - 1
+        same_next_token(got, want, ANSWER)
+    g = fresh.call("funnel")
+    assert g["tokens_resumed_tail"] - f["tokens_resumed_tail"] == sum(
+        (len(p) + ANSWER - 1) % vs.BLOCK for p, *_ in continued
+    )
+    assert g["loads_failed"] == 0
 
 
 def test_a_key_removed_after_lookup_is_recomputed(fresh, turns, tol):

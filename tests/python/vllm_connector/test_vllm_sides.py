@@ -335,6 +335,33 @@ def test_a_fresh_engine_resumes_from_the_shared_tier(mooncake):
     assert f["host_values"] == 6  # what was fetched now sits in the host tier too
 
 
+def test_a_fresh_engine_resumes_a_finished_turn_from_a_tail_in_the_shared_tier(mooncake):
+    """The next turn lands on another engine: it cannot know the tail's
+    length, so it looks up every length at the boundary its KV reaches, and
+    resumes to where the turn ended, the partial block and state from the
+    shared tier, byte for byte."""
+    first = Rig(extra=shared_extra(mooncake), seed=1)
+    t, a = finish_a_off_a_boundary(first)
+    settle(first)
+    fresh = Rig(extra=shared_extra(mooncake), seed=2)  # other tensors, empty host tier
+    nxt = FakeRequest("B", a.tokens + tokens(30, 3), len(a.tokens) + 30)
+    assert fresh.sched.match(nxt, 0) == 5 * BS + 3
+    dst = tuple([0] * 5 + [40 + g] for g in STATE_GROUPS) + (list(range(31, 38)),)
+    fresh.sched.after_alloc(nxt, FakeBlocks(dst), 5 * BS + 3)
+    out = until_received(fresh)
+    assert out.finished_recving == {"B"} and not out.failed_recving
+    for i in range(5):
+        assert fresh.block(0, 31 + i) == first.block(0, 1 + i)
+    assert fresh.block(0, 36) == first.block(0, 6)  # the partial block
+    for g in STATE_GROUPS:
+        assert fresh.block(0, 40 + g)[:MAMBA_REAL] == first.block(0, 20 + g)[:MAMBA_REAL]
+    f = fresh.sched.funnel()
+    assert f["tokens_resumed_shared"] == 5 * BS + 3 and f["tokens_resumed_tail"] == 3
+    # the same boundary continued otherwise finds no tail
+    other = FakeRequest("C", t[: 5 * BS] + [1, 2, 3, 4] + tokens(30, 4), 5 * BS + 34)
+    assert Rig(extra=shared_extra(mooncake), seed=3).sched.match(other, 0) == 5 * BS
+
+
 def test_an_untrusted_shared_value_is_never_adopted_and_is_removed(mooncake):
     import numpy as np
 
@@ -592,3 +619,31 @@ def test_host_placement_is_the_tiers_one_kv_blocks_rank_with_the_deepest_state_t
     assert [s.placement.tier.position("kv", _h(k)) for k in keys[:5]] == [5] * 5
     assert s.placement.tier.position("state", _h(keys[2])) == 3
     assert not s.placement._filing  # nothing allocated is left unsealed
+
+
+def test_stats_report_every_event_at_once_and_hook_times_alone_at_most_each_second(monkeypatch):
+    """vLLM asks for the connector's stats every step: a step that counted an
+    event reports it in that step; steps that only spent time report it
+    later, together (no count is lost, no dict is built per quiet step)."""
+    import statecache.vllm.scheduler as sched_mod
+
+    rig = Rig()
+    s = rig.sched
+    s.hook_seconds[0] += 0.5
+    first = s.take_interval()
+    assert first["scheduler_seconds"] == 0.5
+    s.hook_seconds[0] += 0.25  # time spent, nothing counted
+    assert s.take_interval() == {}
+    prefill_a(rig, tokens(5 * BS + 3, seed=11))  # saves: events
+    got = s.take_interval()
+    assert got["values_saved"] > 0 and got["scheduler_seconds"] == pytest.approx(0.25)
+    s.hook_seconds[0] += 0.125
+    assert s.take_interval() == {}
+    monkeypatch.setattr(sched_mod, "STATS_EVERY_S", 0.0)
+    assert s.take_interval() == {
+        "scheduler_seconds": pytest.approx(0.125),
+        "scheduler_seconds_match": pytest.approx(0.125),
+    }
+    total = s.funnel()
+    assert total["scheduler_seconds"] == pytest.approx(0.875)
+    assert total["values_saved"] == got["values_saved"]
