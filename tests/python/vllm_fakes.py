@@ -126,7 +126,7 @@ def scheduler_output(new=(), cached=()) -> SimpleNamespace:
     return SimpleNamespace(
         scheduled_new_reqs=[SimpleNamespace(req_id=r, num_computed_tokens=c) for r, c, _ in new],
         scheduled_cached_reqs=SimpleNamespace(
-            req_ids=[r for r, _, _ in cached], num_computed_tokens=[c for _, c, _ in cached]
+            req_ids=[r for r, _, _ in cached], num_computed_tokens=[c for _, c, _ in cached], resumed_req_ids=set()
         ),
         num_scheduled_tokens={r: n for r, _, n in (*new, *cached)},
     )

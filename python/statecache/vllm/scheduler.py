@@ -260,6 +260,7 @@ class _Req:
     # values computed before vLLM hashed their block (async scheduling):
     # (kind, boundary, their blocks' ids then), saved once named
     late: list[tuple[str, int, tuple[int, ...]]] = field(default_factory=list)
+    admitting: _Plan | None = None  # admitted with no load: counted once vLLM says its local hit
 
 
 class ConnectorScheduler:
@@ -289,6 +290,7 @@ class ConnectorScheduler:
         self._tails_changes = 0  # a kept match is answered again only while this is unchanged
         self._finished_saves: list[str] = []
         self._late: set[str] = set()  # requests with values waiting for their names
+        self._admitting: dict[str, _Req] = {}  # admitted without a load this step, not counted yet
         # one metadata for every step with nothing to move (the workers only read it)
         self._no_work = StateCacheMeta([], [], config.shared is not None, [])
         self._loads: list[Load] = []
@@ -612,12 +614,12 @@ class ConnectorScheduler:
             return  # the second call after an async load, or a request never matched
         r.plan = None
         if num_external == 0:
-            fa = blocks.blocks[self.kv_groups[0]]
-            local = 0
-            while local < len(fa) and fa[local].block_hash is not None and not fa[local].is_null:
-                local += 1
-            local = min(local * self.bs, (request.num_tokens - 1) // self.bs * self.bs)
-            self._count_admission(r, plan, local, 0)
+            # vLLM's local hit is known once it is scheduled: it may be shorter
+            # than the one match() was shown (a diverged hybrid hit is cut back
+            # to where every group agrees), and the blocks this step computes
+            # carry their hashes already, so they cannot tell it
+            r.admitting = plan
+            self._admitting[request.request_id] = r
             return
         self._count_admission(r, plan, plan.local, num_external)
         ids = blocks.get_block_ids()
@@ -809,7 +811,26 @@ class ConnectorScheduler:
             if r is None or not r.late:
                 self._late.discard(req_id)
 
+    def _count_admitted(self, so: Any) -> None:
+        """Counts the admissions without a load that this step schedules,
+        with the tokens vLLM resumed itself (its first computed position)."""
+        computed = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
+        cached = so.scheduled_cached_reqs
+        if cached.resumed_req_ids:  # preempted requests admitted again
+            computed.update(
+                (i, c) for i, c in zip(cached.req_ids, cached.num_computed_tokens) if i in cached.resumed_req_ids
+            )
+        pending = self._admitting
+        for req_id in [i for i in pending if i in computed]:
+            r = pending.pop(req_id)
+            plan, r.admitting = r.admitting, None
+            if plan is not None:
+                self._count_admission(r, plan, computed[req_id], 0)
+        pending.clear()  # not scheduled after all: not admitted
+
     def build_meta(self, so: Any) -> StateCacheMeta:
+        if self._admitting:
+            self._count_admitted(so)
         if self._late:
             self._save_late_running()
         nsched = so.num_scheduled_tokens

@@ -187,10 +187,19 @@ def test_answers_match_vllm_without_prefix_caching(turns, sc_runs, tol, sc):
     assert not bad, f"tolerance {tol:.4f} (vLLM's own prefix caching):\n" + "\n".join(bad)
 
 
-def test_resumes_more_prompt_tokens_than_vllm_alone(sc_runs, alone):
+def test_resumes_more_prompt_tokens_than_vllm_alone(sc_runs, alone, sc):
     with_sc, without = cached(sc_runs), cached(alone)
     assert with_sc > without, (with_sc, without)
     assert all(r["cached"] > 0 for r in sc_runs[-1]), [r["cached"] for r in sc_runs[-1]]
+    # every admission counted once, by its cause: turn 0 resumes nothing, so its
+    # admissions are KV misses (they were counted full hits from the blocks vLLM
+    # had just hashed for the step computing them); admitted again after a
+    # preemption counts again
+    f = sc.call("funnel")
+    assert f["admissions"] >= sum(len(t) for t in sc_runs)
+    causes = ("admissions_kv_miss", "admissions_state_miss", "admissions_hit_cut_short", "admissions_full_hit")
+    assert sum(f[c] for c in causes) == f["admissions"]
+    assert f["admissions_kv_miss"] >= CONVERSATIONS, {c: f[c] for c in causes}
 
 
 PRESSURE_BLOCKS, PRESSURE_ANSWER = 20, 200  # 200-token answers do not fit 4 at once in 20 blocks

@@ -600,6 +600,8 @@ def test_a_failed_request_whose_async_retry_vllm_refuses_retries_without_the_con
     assert s.funnel()["retries_recomputed"] == 1
     before = s.funnel()["admissions"]
     s.after_alloc(b, FakeBlocks(ids), 0)  # scheduled as a plain prefill
+    rig.kvm.ids["B"] = ids
+    rig.step(scheduler_output(new=[("B", 0, BS - 1)]))
     assert s.funnel()["admissions"] == before + 1
     # a request that never failed keeps its offer while vLLM has no room for it
     c = FakeRequest("C", t + tokens(20, 3), len(t) + 20)
@@ -647,3 +649,36 @@ def test_stats_report_every_event_at_once_and_hook_times_alone_at_most_each_seco
     total = s.funnel()
     assert total["scheduler_seconds"] == pytest.approx(0.875)
     assert total["values_saved"] == got["values_saved"]
+
+
+def test_an_admission_without_a_load_counts_the_local_hit_vllm_scheduled():
+    """vLLM hashes the blocks a step will fill when it allocates them, and
+    cuts a diverged hybrid hit back after asking the connector: the tokens
+    it resumed itself are counted from the step it schedules, not guessed
+    from the blocks (which made every such admission a full hit)."""
+    rig = Rig()
+    s = rig.sched
+    t = tokens(5 * BS + 3)
+    prefill_a(rig, t)
+    before = s.funnel()
+    b = FakeRequest("B", t[: 3 * BS] + tokens(2 * BS, 4), 5 * BS)
+    assert s.match(b, 3 * BS) == 0  # shown a 3-block hit; nothing past it here
+    full = tuple([0, 0, 10 + g, 0, 0] for g in STATE_GROUPS) + (list(range(1, 4)) + [50, 51],)
+    s.after_alloc(b, FakeBlocks(full), 0)
+    rig.kvm.ids["B"] = full
+    assert s.funnel()["admissions"] == before["admissions"]  # not known yet
+    rig.step(scheduler_output(new=[("B", 2 * BS, 3 * BS)]))  # vLLM cut the hit back to 2 blocks
+    f = s.funnel()
+    assert f["admissions"] == before["admissions"] + 1
+    assert f["tokens_resumed_local"] - before["tokens_resumed_local"] == 2 * BS
+    assert f["admissions_full_hit"] == before["admissions_full_hit"]
+    assert (
+        f["admissions_kv_miss"] + f["admissions_state_miss"] + f["admissions_hit_cut_short"] + f["admissions_full_hit"]
+        == f["admissions"]
+    )
+    # an admission vLLM never schedules is not counted
+    c = FakeRequest("C", tokens(4 * BS, 9), 4 * BS)
+    assert s.match(c, 0) == 0
+    s.after_alloc(c, FakeBlocks(full), 0)
+    rig.step(scheduler_output())
+    assert s.funnel()["admissions"] == f["admissions"]
