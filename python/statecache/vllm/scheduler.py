@@ -288,6 +288,11 @@ class ConnectorScheduler:
         # starts from; the token only spares computing keys that cannot match
         self._tails: OrderedDict[bytes, set[tuple[int, int]]] = OrderedDict()
         self._tails_changes = 0  # a kept match is answered again only while this is unchanged
+        # tails of requests shorter than a block start at boundary 0, named from
+        # this root; filed by their first token only (a filter: a popular first
+        # token must not make a match scan every short conversation)
+        self._root = hashlib.blake2b(b"statecache-vllm-root\0" + self._salt, digest_size=16).digest()
+        self._root_tails: dict[int, int] = {}
         self._finished_saves: list[str] = []
         self._late: set[str] = set()  # requests with values waiting for their names
         self._admitting: dict[str, _Req] = {}  # admitted without a load this step, not counted yet
@@ -392,26 +397,50 @@ class ConnectorScheduler:
         boundary named ``parent``."""
         return self._tail_keys(parent, tokens)[-1]
 
+    def _tails_possible(self) -> bool:
+        return bool(self._tails or self._root_tails) or self.shared is not None
+
+    def _parent(self, r: _Req, b: int) -> bytes:
+        """The prefix key a tail starting at boundary ``b`` chains from."""
+        return r.keys[b - 1] if b else self._root
+
     def _find_tail(self, r: _Req, first: int, run: int) -> tuple[int, int, bytes] | None:
         """The longest tail the host holds that starts at a boundary in
         ``[first, run]`` (its KV before it held) and leaves a token to compute."""
-        if not self._tails or not self.state_groups:
+        if not (self._tails or self._root_tails) or not self.state_groups:
             return None
         req = r.request
         toks = req.all_token_ids
-        bs = self.bs
         last = req.num_tokens - 1
         for b in range(run, max(first, 1) - 1, -1):
-            tails = self._tails.get(r.keys[b - 1])
-            if not tails or b * bs >= last:
+            found = self._tail_at(r, b, toks, last)
+            if found is not None:
+                return found
+        if first == 0 and last > 0 and self._root_tails.get(toks[0]):
+            # at boundary 0 (a short conversation): every length's key from
+            # one pass, one lookup
+            upto = min(self.bs - 1, last)
+            keys = self._tail_keys(self._root, toks[:upto])
+            held = self.arena.contains_many([arena_key(TAIL, k) for k in keys])
+            n = next((i + 1 for i in range(upto - 1, -1, -1) if held[i]), 0)
+            if n:
+                return 0, n, keys[n - 1]
+        return None
+
+    def _tail_at(self, r: _Req, b: int, toks: list[int], last: int) -> tuple[int, int, bytes] | None:
+        """The longest tail the host holds at boundary ``b >= 1`` that leaves
+        a token to compute, from the lengths filed under that boundary."""
+        bs = self.bs
+        tails = self._tails.get(r.keys[b - 1])
+        if not tails or b * bs >= last:
+            return None
+        start = toks[b * bs]
+        for n, t0 in sorted(tails, reverse=True):
+            if b * bs + n > last or t0 != start:
                 continue
-            start = toks[b * bs]
-            for n, t0 in sorted(tails, reverse=True):
-                if b * bs + n > last or t0 != start:
-                    continue
-                key = self._tail_key(r.keys[b - 1], toks[b * bs : b * bs + n])
-                if self.arena.contains(arena_key(TAIL, key)):
-                    return b, n, key
+            key = self._tail_key(r.keys[b - 1], toks[b * bs : b * bs + n])
+            if self.arena.contains(arena_key(TAIL, key)):
+                return b, n, key
         return None
 
     def _shared_tail(self, r: _Req, b: int, shorter: int) -> tuple[int, int, bytes] | None:
@@ -424,6 +453,7 @@ class ConnectorScheduler:
         bs = self.bs
         start, last = b * bs, req.num_tokens - 1
         upto = min(bs - 1, last - start)
+        # (not at boundary 0: every fresh admission would ask the shared tier)
         if not self.state_groups or not self.config.save_decode or b < 1 or upto <= shorter:
             return None
         if getattr(req, "lora_request", None) is not None or getattr(req, "mm_features", None):
@@ -511,7 +541,7 @@ class ConnectorScheduler:
         if (
             max_k < first
             # past the hit, only a tail can add
-            or (max_k == first and not ((self._tails or self.shared is not None) and self.state_groups))
+            or (max_k == first and not (self._tails_possible() and self.state_groups))
             or refused
             or r.failures >= MAX_LOAD_FAILURES
             or getattr(request, "skip_reading_prefix_cache", False)
@@ -653,7 +683,7 @@ class ConnectorScheduler:
                 headers.append(unpack_headers(got[2]))
             elif src == SHARED:
                 # a tail ranks from the boundary it starts at
-                entries = self.placement.allocate(key, kind, r.keys[k - 1] if kind == TAIL else pkey)
+                entries = self.placement.allocate(key, kind, self._parent(r, k) if kind == TAIL else pkey)
                 if entries is None:
                     fail = True
                     break
@@ -975,15 +1005,16 @@ class ConnectorScheduler:
         bs = self.bs
         done = request.num_computed_tokens
         b, n = divmod(done, bs)
-        if b < 1 or n == 0 or len(self._keys(r, b)) < b:
-            return False
+        if n == 0 or (b and len(self._keys(r, b)) < b):
+            return False  # on a boundary, or vLLM has not named the blocks before it
         blocks = [block_ids[g][b] for g in self.kv_groups] + [block_ids[g][b] for g in self.state_groups]
         if min(blocks) <= 0:
             return False
         tail = request.all_token_ids[b * bs : done]  # a new list
-        key = self._tail_key(r.keys[b - 1], tail)
+        parent = self._parent(r, b)
+        key = self._tail_key(parent, tail)
         akey = arena_key(TAIL, key)
-        entries = self.placement.allocate(akey, TAIL, r.keys[b - 1])  # None where it is there already
+        entries = self.placement.allocate(akey, TAIL, parent)  # None where it is there already
         if entries is None:
             if self.arena.lookup(akey, True) is None:  # held: a use; else no room (or its save is pending)
                 self.counters["saves_dropped_host_full"] += 1
@@ -991,10 +1022,13 @@ class ConnectorScheduler:
         self._acc_saved[akey] = {}
         self._saves.append(Value(TAIL, key, entries, blocks))
         self._tails_changes += 1
-        self._tails.setdefault(r.keys[b - 1], set()).add((n, tail[0]))
-        self._tails.move_to_end(r.keys[b - 1])
-        while len(self._tails) > 1 << 18:
-            self._tails.popitem(last=False)
+        if b == 0:
+            self._root_tails[tail[0]] = self._root_tails.get(tail[0], 0) + 1
+        else:
+            self._tails.setdefault(parent, set()).add((n, tail[0]))
+            self._tails.move_to_end(parent)
+            while len(self._tails) > 1 << 18:
+                self._tails.popitem(last=False)
         self.counters["tail_saves"] += 1
         return True
 

@@ -21,6 +21,7 @@ The engines share the workload, so the module's tests run in order.
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
@@ -177,6 +178,28 @@ def test_a_turn_resumed_from_a_state_saved_in_decode_continues_that_turn(continu
         assert len(p) < crossed < len(p) + ANSWER - 1
         assert c["cached"] == crossed
         same_next_token(c, want, crossed + 1 - len(p))
+
+
+def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended(ref, model, logs):
+    """A conversation inside its first block has no boundary for vLLM (or
+    any boundary value) to resume from: the state its turn ended with, saved
+    from boundary 0, resumes the next turn to all but its last token, and
+    the one token computed is the reference's with its top-5 logprobs."""
+    e = vs.Engine("short", vs.base_llm_kwargs(model, kv_transfer_config=vs.connector_config({})), logs)
+    try:
+        rng = random.Random(17)
+        for n in (40, 100, 150):
+            p = [rng.randrange(1024) for _ in range(n)]
+            (want,) = ref.generate([p], ANSWER + 1)
+            (a,) = e.generate([p], ANSWER)
+            assert a["tokens"] == want["tokens"][:ANSWER], "the first turn already differs"
+            (b,) = e.generate([p + a["tokens"]], 1)
+            assert b["cached"] == n + ANSWER - 1 < vs.BLOCK
+            same_next_token(b, want, ANSWER)
+        f = e.call("funnel")
+        assert f["tokens_resumed_tail"] == sum(n + ANSWER - 1 for n in (40, 100, 150)) and f["loads_failed"] == 0
+    finally:
+        e.close()
 
 
 def test_answers_match_vllm_without_prefix_caching(turns, sc_runs, tol, sc):

@@ -682,3 +682,37 @@ def test_an_admission_without_a_load_counts_the_local_hit_vllm_scheduled():
     s.after_alloc(c, FakeBlocks(full), 0)
     rig.step(scheduler_output())
     assert s.funnel()["admissions"] == f["admissions"]
+
+
+def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended():
+    """No boundary, so nothing vLLM or a boundary value can resume: the state
+    the turn ended with is saved as a tail from boundary 0, and the next
+    turn resumes to where it ended, byte for byte; another conversation with
+    the same first tokens is not fooled."""
+    rig = Rig()
+    t = tokens(BS // 2, seed=21)
+    a = FakeRequest("A", t, len(t))
+    assert rig.sched.match(a, 0) == 0
+    ids = tuple([10 + g] for g in STATE_GROUPS) + ([1],)
+    rig.sched.after_alloc(a, FakeBlocks(ids), 0)
+    rig.kvm.ids["A"] = ids
+    rig.step(scheduler_output(new=[("A", 0, len(t))]))
+    a.tokens.append(99)  # the answer's one token, never computed
+    a.num_computed_tokens = len(t)
+    assert rig.sched.finished(a, ids) is True
+    assert rig.step(scheduler_output()).finished_sending == {"A"}
+    nxt = FakeRequest("B", a.tokens + tokens(20, 3), len(a.tokens) + 20)
+    assert rig.sched.match(nxt, 0) == len(t)
+    dst = tuple([40 + g] for g in STATE_GROUPS) + ([31],)
+    rig.sched.after_alloc(nxt, FakeBlocks(dst), len(t))
+    out = until_received(rig)
+    assert out.finished_recving == {"B"} and not out.failed_recving
+    assert rig.block(0, 31) == rig.block(0, 1)  # the partial block
+    for g in STATE_GROUPS:
+        assert rig.block(0, 40 + g)[:MAMBA_REAL] == rig.block(0, 10 + g)[:MAMBA_REAL]
+    f = rig.sched.funnel()
+    assert f["tail_saves"] == 1 and f["tokens_resumed_tail"] == len(t) and f["tokens_resumed_host"] == len(t)
+    other = FakeRequest("C", t[:5] + [t[5] + 1] + t[6:] + tokens(20, 4), len(t) + 20)
+    assert rig.sched.match(other, 0) == 0
+    shorter = FakeRequest("D", t[:10], 10)  # a prefix of the tail leaves nothing it holds to resume
+    assert rig.sched.match(shorter, 0) == 0
