@@ -106,9 +106,12 @@ def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
 
 def run_multi_turn(engine, args):
     t0 = time.perf_counter()
-    got = vs.run_turns(
-        engine, vs.first_prompts(args.conversations, 0), args.turns, args.max_tokens, followup=args.followup
+    firsts = (
+        vs.first_prompts(args.conversations, 0, args.first, aligned=False)
+        if args.first
+        else vs.first_prompts(args.conversations, 0)
     )
+    got = vs.run_turns(engine, firsts, args.turns, args.max_tokens, followup=args.followup)
     return got, time.perf_counter() - t0
 
 
@@ -134,6 +137,13 @@ def main() -> None:
         type=lambda t: tuple(int(x) for x in t.split(",")),
         default=None,
         help="multi-turn follow-ups of LO,HI new tokens (a short message; default: 180-230 tokens past a boundary)",
+    )
+    ap.add_argument(
+        "--first",
+        type=lambda t: tuple(int(x) for x in t.split(",")),
+        default=None,
+        help="multi-turn opening prompts of LO,HI tokens, any length (default: 180-230 tokens past a boundary, "
+        "600-900 long); with short --followup, conversations that stay inside their first blocks",
     )
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--trace-requests", type=int, default=80)
@@ -192,6 +202,7 @@ def main() -> None:
     )
     print(
         f"multi-turn: {args.conversations} conversations x {args.turns} turns of {args.max_tokens}-token answers"
+        + (f", openings of {args.first[0]}-{args.first[1] - 1} tokens" if args.first else "")
         + (f", follow-ups of {args.followup[0]}-{args.followup[1] - 1} new tokens " if args.followup else " ")
         + f"(each engine continues its own answers); trace: {len(prompts)} requests, "
         f"{sum(map(len, prompts))} prompt tokens over {arrivals[-1]:.0f} s"

@@ -237,14 +237,18 @@ class Conversation:
     prompts: list[list[int]] = field(default_factory=list)
 
 
-def first_prompts(n: int, seed: int, lengths: tuple[int, int] = (600, 900), vocab: int = 1024) -> list[list[int]]:
+def first_prompts(
+    n: int, seed: int, lengths: tuple[int, int] = (600, 900), vocab: int = 1024, aligned: bool = True
+) -> list[list[int]]:
     """Opening prompts that end 180-230 tokens past a block boundary, so an
-    80-token answer crosses the next boundary in decode."""
+    80-token answer crosses the next boundary in decode (``aligned=False``:
+    any length in ``lengths``)."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         target = rng.randrange(*lengths)
-        target = target - target % BLOCK + rng.randrange(200, 225)
+        if aligned:
+            target = target - target % BLOCK + rng.randrange(200, 225)
         out.append([rng.randrange(vocab) for _ in range(target)])
     return out
 

@@ -289,10 +289,10 @@ class ConnectorScheduler:
         self._tails: OrderedDict[bytes, set[tuple[int, int]]] = OrderedDict()
         self._tails_changes = 0  # a kept match is answered again only while this is unchanged
         # tails of requests shorter than a block start at boundary 0, named from
-        # this root; filed by their first token only (a filter: a popular first
-        # token must not make a match scan every short conversation)
+        # this root; their lengths filed by first token (at most block_size - 1
+        # each), so a match checks only lengths some conversation ended at
         self._root = hashlib.blake2b(b"statecache-vllm-root\0" + self._salt, digest_size=16).digest()
-        self._root_tails: dict[int, int] = {}
+        self._root_tails: dict[int, set[int]] = {}
         self._finished_saves: list[str] = []
         self._late: set[str] = set()  # requests with values waiting for their names
         self._admitting: dict[str, _Req] = {}  # admitted without a load this step, not counted yet
@@ -394,8 +394,8 @@ class ConnectorScheduler:
 
     def _tail_key(self, parent: bytes, tokens: list[int]) -> bytes:
         """The prefix key of a prefix that ends ``len(tokens)`` past the
-        boundary named ``parent``."""
-        return self._tail_keys(parent, tokens)[-1]
+        boundary named ``parent`` (the last of ``_tail_keys``)."""
+        return bytes(_C.chain_block_keys([-7, *tokens], 1, parent, 0, self._salt)[1][-16:])
 
     def _tails_possible(self) -> bool:
         return bool(self._tails or self._root_tails) or self.shared is not None
@@ -416,15 +416,18 @@ class ConnectorScheduler:
             found = self._tail_at(r, b, toks, last)
             if found is not None:
                 return found
-        if first == 0 and last > 0 and self._root_tails.get(toks[0]):
-            # at boundary 0 (a short conversation): every length's key from
-            # one pass, one lookup
-            upto = min(self.bs - 1, last)
-            keys = self._tail_keys(self._root, toks[:upto])
-            held = self.arena.contains_many([arena_key(TAIL, k) for k in keys])
-            n = next((i + 1 for i in range(upto - 1, -1, -1) if held[i]), 0)
-            if n:
-                return 0, n, keys[n - 1]
+        lengths = self._root_tails.get(toks[0]) if first == 0 and last > 0 else None
+        if lengths:
+            # at boundary 0 (a short conversation): the lengths filed for its
+            # first token, longest first, their keys from one pass, one lookup
+            want = sorted((n for n in lengths if n <= last), reverse=True)
+            if want:
+                packed = _C.chain_block_keys([-7, *toks[: want[0]]], 1, self._root, 0, self._salt)[1]
+                keys = [bytes(packed[16 * n : 16 * n + 16]) for n in want]
+                held = self.arena.contains_many([arena_key(TAIL, k) for k in keys])
+                for n, key, h in zip(want, keys, held):
+                    if h:
+                        return 0, n, key
         return None
 
     def _tail_at(self, r: _Req, b: int, toks: list[int], last: int) -> tuple[int, int, bytes] | None:
@@ -1023,7 +1026,7 @@ class ConnectorScheduler:
         self._saves.append(Value(TAIL, key, entries, blocks))
         self._tails_changes += 1
         if b == 0:
-            self._root_tails[tail[0]] = self._root_tails.get(tail[0], 0) + 1
+            self._root_tails.setdefault(tail[0], set()).add(n)
         else:
             self._tails.setdefault(parent, set()).add((n, tail[0]))
             self._tails.move_to_end(parent)
