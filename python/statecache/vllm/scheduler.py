@@ -1060,7 +1060,8 @@ class ConnectorScheduler:
         """Counter increases since the last report (vLLM's connector stats,
         asked for every step). A step that counted no event reports nothing
         until ``STATS_EVERY_S`` has passed (its hook times wait for the next
-        report): most steps cost a dict comparison, not a dict per step."""
+        report): most steps cost one check, and a report walks only the counters
+        that moved."""
         c = self.counters
         if not c.changed and time.monotonic() - self._reported_at < STATS_EVERY_S:
             return {}
