@@ -193,7 +193,7 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         n = s.match(request, num_computed_tokens)
         s.hook_seconds[MATCH] += perf_counter() - t0  # list items, no dict: vLLM calls the hooks every step
         s.hook_calls[MATCH] += 1
-        return n, n > 0
+        return n, n is not None and n > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         s = self.sched

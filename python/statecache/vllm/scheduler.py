@@ -43,6 +43,11 @@ MATCH, AFTER_ALLOC, BUILD_META, UPDATE, FINISHED, HIT_SOURCES, STATS = range(len
 _HOOK_COUNTERS = tuple(f"scheduler_seconds_{name}" for name in HOOKS)
 STATS_EVERY_S = 1.0  # with no event counted, hook times are reported at most this often
 MAX_LOAD_FAILURES = 3
+# A tail saved when a request finished reaches the host tier a step later; a
+# next turn matched before that waits (vLLM retries it next step) this often
+# at most, rather than recompute up to a block
+MAX_TAIL_WAITS = 8
+_PENDING = (-1, -1, b"")  # _find_tail's answer while the tail it would take is being saved
 
 # cumulative counters (connector stats report their increase per interval)
 COUNTERS = (
@@ -75,6 +80,7 @@ COUNTERS = (
     "saves_deferred",
     "state_saves_decode",
     "tail_saves",
+    "tail_waits",
     "tokens_resumed_tail",
     "shared_writes",
     "shared_writes_failed",
@@ -261,6 +267,7 @@ class _Req:
     # (kind, boundary, their blocks' ids then), saved once named
     late: list[tuple[str, int, tuple[int, ...]]] = field(default_factory=list)
     admitting: _Plan | None = None  # admitted with no load: counted once vLLM says its local hit
+    tail_waits: int = 0  # steps it waited for a tail being saved
 
 
 class ConnectorScheduler:
@@ -424,10 +431,13 @@ class ConnectorScheduler:
             if want:
                 packed = _C.chain_block_keys([-7, *toks[: want[0]]], 1, self._root, 0, self._salt)[1]
                 keys = [bytes(packed[16 * n : 16 * n + 16]) for n in want]
-                held = self.arena.contains_many([arena_key(TAIL, k) for k in keys])
-                for n, key, h in zip(want, keys, held):
+                akeys = [arena_key(TAIL, k) for k in keys]
+                held = self.arena.contains_many(akeys)
+                for n, key, akey, h in zip(want, keys, akeys, held):
                     if h:
                         return 0, n, key
+                    if akey in self._acc_saved:
+                        return _PENDING
         return None
 
     def _tail_at(self, r: _Req, b: int, toks: list[int], last: int) -> tuple[int, int, bytes] | None:
@@ -442,8 +452,11 @@ class ConnectorScheduler:
             if b * bs + n > last or t0 != start:
                 continue
             key = self._tail_key(r.keys[b - 1], toks[b * bs : b * bs + n])
-            if self.arena.contains(arena_key(TAIL, key)):
+            akey = arena_key(TAIL, key)
+            if self.arena.contains(akey):
                 return b, n, key
+            if akey in self._acc_saved:
+                return _PENDING
         return None
 
     def _shared_tail(self, r: _Req, b: int, shorter: int) -> tuple[int, int, bytes] | None:
@@ -522,10 +535,11 @@ class ConnectorScheduler:
             )
             r.shared.update(((kind, i), h) for i, h in zip(idx, held))
 
-    def match(self, request: Any, local: int) -> int:
+    def match(self, request: Any, local: int) -> int | None:
         """Tokens past ``local`` (block aligned) that statecache can resume:
         KV blocks for every block after ``local`` and the state at the same
-        boundary, never one without the other. Remembers the plan."""
+        boundary, never one without the other. Remembers the plan. None:
+        ask again next step (the tail it would resume from is being saved)."""
         r = self._req(request)
         if r.late:  # preempted: the blocks those values were in are gone
             self.counters["saves_skipped_unnamed"] += len(r.late)
@@ -586,6 +600,13 @@ class ConnectorScheduler:
                 break
         plan = _Plan(local, best, run - first, kv_sources, state_src)
         tail, tail_source = self._find_tail(r, first, run), HOST
+        if tail is _PENDING:
+            if r.tail_waits < MAX_TAIL_WAITS:
+                r.tail_waits += 1
+                r.plan = None
+                self.counters["tail_waits"] += 1
+                return None
+            tail = None
         if self.shared is not None:  # another engine may have saved a longer one
             longer = self._shared_tail(r, run, tail[1] if tail is not None and tail[0] == run else 0)
             if longer is not None:

@@ -716,3 +716,37 @@ def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended()
     assert rig.sched.match(other, 0) == 0
     shorter = FakeRequest("D", t[:10], 10)  # a prefix of the tail leaves nothing it holds to resume
     assert rig.sched.match(shorter, 0) == 0
+
+
+def test_a_next_turn_matched_before_the_tail_is_saved_waits_for_it_a_few_steps_at_most():
+    """A finished request's tail reaches the host tier a step later (an idle
+    engine may take that step only when the next turn arrives): the next
+    turn is asked for again (None) while that save is in flight, and takes
+    the tail once it landed; it never waits more than MAX_TAIL_WAITS steps."""
+    from statecache.vllm.scheduler import MAX_TAIL_WAITS
+
+    rig = Rig()
+    t = tokens(5 * BS + 3)
+    a = prefill_a(rig, t)
+    ids = tuple([0, 0, 0, 0, 0, 20 + g] for g in STATE_GROUPS) + (list(range(1, 7)),)
+    rig.kvm.ids["A"] = ids
+    rig.step(scheduler_output(cached=[("A", 5 * BS, 3)]))
+    a.tokens.append(99)
+    a.num_computed_tokens = 5 * BS + 3
+    assert rig.sched.finished(a, ids) is True
+    nxt = FakeRequest("B", a.tokens + tokens(30, 3), len(a.tokens) + 30)
+    assert rig.sched.match(nxt, 0) is None  # its tail is being saved: ask again next step
+    assert rig.step(scheduler_output()).finished_sending == {"A"}
+    assert rig.sched.match(nxt, 0) == 5 * BS + 3
+    assert rig.sched.funnel()["tail_waits"] == 1
+    # a save that never lands is waited for MAX_TAIL_WAITS steps, then resumed without
+    other = Rig()
+    a2 = prefill_a(other, t)
+    other.kvm.ids["A"] = ids
+    other.step(scheduler_output(cached=[("A", 5 * BS, 3)]))
+    a2.tokens.append(99)
+    a2.num_computed_tokens = 5 * BS + 3
+    assert other.sched.finished(a2, ids) is True  # and no step follows
+    nxt2 = FakeRequest("B", a2.tokens + tokens(30, 3), len(a2.tokens) + 30)
+    assert [other.sched.match(nxt2, 0) for _ in range(MAX_TAIL_WAITS)] == [None] * MAX_TAIL_WAITS
+    assert other.sched.match(nxt2, 0) == 5 * BS
