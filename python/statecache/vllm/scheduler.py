@@ -291,15 +291,13 @@ class ConnectorScheduler:
             b"statecache-vllm-v1\0" + config.secret + geometry.identity.encode(), digest_size=32
         ).digest()
         self._reqs: dict[str, _Req] = {}
-        # (tail length, its first token) filed under the key of the boundary it
-        # starts from; the token only spares computing keys that cannot match
-        self._tails: OrderedDict[bytes, set[tuple[int, int]]] = OrderedDict()
+        # the lengths of the tails saved, filed under (the key of the boundary
+        # they start from, their first token): a match checks only lengths some
+        # request ended at. Tails of requests shorter than a block start at
+        # boundary 0, named from this root.
+        self._tails: OrderedDict[tuple[bytes, int], set[int]] = OrderedDict()
         self._tails_changes = 0  # a kept match is answered again only while this is unchanged
-        # tails of requests shorter than a block start at boundary 0, named from
-        # this root; their lengths filed by first token (at most block_size - 1
-        # each), so a match checks only lengths some conversation ended at
         self._root = hashlib.blake2b(b"statecache-vllm-root\0" + self._salt, digest_size=16).digest()
-        self._root_tails: dict[int, set[int]] = {}
         self._finished_saves: list[str] = []
         self._late: set[str] = set()  # requests with values waiting for their names
         self._admitting: dict[str, _Req] = {}  # admitted without a load this step, not counted yet
@@ -390,22 +388,24 @@ class ConnectorScheduler:
         """Every rank's shared-tier key of a value."""
         return shard_keys(STATE if kind == TAIL else kind, self.layout_ids[kind], self.tp_size, prefix_key)
 
+    def _tail_chain(self, parent: bytes, tokens: list[int]) -> bytes:
+        """The prefix keys (16 bytes each, packed) of the prefixes that end 0,
+        1, ... ``len(tokens)`` tokens past the boundary named ``parent``: one
+        chain of a key per token after a marker (one-token steps: never a
+        block's key), so every length's key comes from one pass."""
+        return bytes(_C.chain_block_keys([-7, *tokens], 1, parent, 0, self._salt)[1])
+
     def _tail_keys(self, parent: bytes, tokens: list[int]) -> list[bytes]:
-        """The prefix keys of the prefixes that end 1, 2, ... ``len(tokens)``
-        tokens past the boundary named ``parent``: one chain of a key per
-        token after a marker (one-token steps: never a block's key), so every
-        length's key comes from one pass."""
-        toks = [-7, *tokens]
-        packed = _C.chain_block_keys(toks, 1, parent, 0, self._salt)[1]
-        return [packed[16 * i : 16 * i + 16] for i in range(1, len(toks))]
+        """The keys of lengths 1 .. ``len(tokens)`` (``_tail_chain``)."""
+        packed = self._tail_chain(parent, tokens)
+        return [packed[16 * i : 16 * i + 16] for i in range(1, len(tokens) + 1)]
 
     def _tail_key(self, parent: bytes, tokens: list[int]) -> bytes:
-        """The prefix key of a prefix that ends ``len(tokens)`` past the
-        boundary named ``parent`` (the last of ``_tail_keys``)."""
-        return bytes(_C.chain_block_keys([-7, *tokens], 1, parent, 0, self._salt)[1][-16:])
+        """The key of a tail of exactly ``tokens`` (``_tail_chain``'s last)."""
+        return self._tail_chain(parent, tokens)[-16:]
 
     def _tails_possible(self) -> bool:
-        return bool(self._tails or self._root_tails) or self.shared is not None
+        return bool(self._tails) or self.shared is not None
 
     def _parent(self, r: _Req, b: int) -> bytes:
         """The prefix key a tail starting at boundary ``b`` chains from."""
@@ -413,47 +413,34 @@ class ConnectorScheduler:
 
     def _find_tail(self, r: _Req, first: int, run: int) -> tuple[int, int, bytes] | None:
         """The longest tail the host holds that starts at a boundary in
-        ``[first, run]`` (its KV before it held) and leaves a token to compute."""
-        if not (self._tails or self._root_tails) or not self.state_groups:
+        ``[first, run]`` (its KV before it held) and leaves a token to compute;
+        ``_PENDING`` where the longest one is still being saved."""
+        if not self._tails or not self.state_groups:
             return None
-        req = r.request
-        toks = req.all_token_ids
-        last = req.num_tokens - 1
-        for b in range(run, max(first, 1) - 1, -1):
-            found = self._tail_at(r, b, toks, last)
+        for b in range(run, first - 1, -1):
+            found = self._tail_at(r, b)
             if found is not None:
                 return found
-        lengths = self._root_tails.get(toks[0]) if first == 0 and last > 0 else None
-        if lengths:
-            # at boundary 0 (a short conversation): the lengths filed for its
-            # first token, longest first, their keys from one pass, one lookup
-            want = sorted((n for n in lengths if n <= last), reverse=True)
-            if want:
-                packed = _C.chain_block_keys([-7, *toks[: want[0]]], 1, self._root, 0, self._salt)[1]
-                keys = [bytes(packed[16 * n : 16 * n + 16]) for n in want]
-                akeys = [arena_key(TAIL, k) for k in keys]
-                held = self.arena.contains_many(akeys)
-                for n, key, akey, h in zip(want, keys, akeys, held):
-                    if h:
-                        return 0, n, key
-                    if akey in self._acc_saved:
-                        return _PENDING
         return None
 
-    def _tail_at(self, r: _Req, b: int, toks: list[int], last: int) -> tuple[int, int, bytes] | None:
-        """The longest tail the host holds at boundary ``b >= 1`` that leaves
-        a token to compute, from the lengths filed under that boundary."""
-        bs = self.bs
-        tails = self._tails.get(r.keys[b - 1])
-        if not tails or b * bs >= last:
+    def _tail_at(self, r: _Req, b: int) -> tuple[int, int, bytes] | None:
+        """The longest tail the host holds at boundary ``b`` that leaves a
+        token to compute: the lengths filed for it, longest first, their keys
+        from one pass, one lookup."""
+        req = r.request
+        start, last = b * self.bs, req.num_tokens - 1
+        if start >= last:
             return None
-        start = toks[b * bs]
-        for n, t0 in sorted(tails, reverse=True):
-            if b * bs + n > last or t0 != start:
-                continue
-            key = self._tail_key(r.keys[b - 1], toks[b * bs : b * bs + n])
-            akey = arena_key(TAIL, key)
-            if self.arena.contains(akey):
+        toks = req.all_token_ids
+        lengths = self._tails.get((self._parent(r, b), toks[start]))
+        want = sorted((n for n in lengths if start + n <= last), reverse=True) if lengths else None
+        if not want:
+            return None
+        packed = self._tail_chain(self._parent(r, b), toks[start : start + want[0]])
+        keys = [packed[16 * n : 16 * n + 16] for n in want]
+        akeys = [arena_key(TAIL, k) for k in keys]
+        for n, key, akey, held in zip(want, keys, akeys, self.arena.contains_many(akeys)):
+            if held:
                 return b, n, key
             if akey in self._acc_saved:
                 return _PENDING
@@ -1046,13 +1033,11 @@ class ConnectorScheduler:
         self._acc_saved[akey] = {}
         self._saves.append(Value(TAIL, key, entries, blocks))
         self._tails_changes += 1
-        if b == 0:
-            self._root_tails.setdefault(tail[0], set()).add(n)
-        else:
-            self._tails.setdefault(parent, set()).add((n, tail[0]))
-            self._tails.move_to_end(parent)
-            while len(self._tails) > 1 << 18:
-                self._tails.popitem(last=False)
+        filed = (parent, tail[0])
+        self._tails.setdefault(filed, set()).add(n)
+        self._tails.move_to_end(filed)
+        while len(self._tails) > 1 << 18:
+            self._tails.popitem(last=False)
         self.counters["tail_saves"] += 1
         return True
 
