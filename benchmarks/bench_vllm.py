@@ -30,36 +30,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 
 import vllm_support as vs  # noqa: E402
+from statecache.sim.trace import MOONCAKE_BLOCK_SIZE, load_trace  # noqa: E402
 
-TRACE = "/work/shared/traces/mooncake_synthetic_trace.jsonl"
+# the shared trace beside the checkout (``--trace``: any Mooncake-format file)
+TRACE = str(Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl")
 
 
 def trace_requests(path: str, n: int, tokens_per_hash: int, max_len: int, max_out: int, vocab: int = 1024):
-    """The first ``n`` requests that fit ``max_len``: prompts, answer lengths, arrivals (s)."""
+    """The first ``n`` requests by arrival whose prompt and answer fit ``max_len``: prompts, answer
+    lengths, arrivals (s). The trace is read and checked by the simulator's loader
+    (``statecache.sim.trace``, any Mooncake-format file); each 512-token block becomes
+    ``tokens_per_hash`` tokens, derived from its hash id, and ``input_length`` is scaled alike
+    (a partial last block stays partial)."""
     out = []
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            if len(r["hash_ids"]) * tokens_per_hash + max_out > max_len:
-                continue
-            toks = []
-            for h in r["hash_ids"]:
-                rng = random.Random(h * 7919 + 1)
-                toks.extend(rng.randrange(vocab) for _ in range(tokens_per_hash))
-            out.append((toks, max(1, min(max_out, r["output_length"])), r["timestamp"] / 1000.0))
-            if len(out) == n:
-                break
+    for r in load_trace(path):
+        length = max(1, -(-r.input_length * tokens_per_hash // MOONCAKE_BLOCK_SIZE))
+        if length + max_out > max_len:
+            continue
+        toks = replace(r, input_length=length).prompt_tokens(tokens_per_hash) % vocab
+        out.append((toks.tolist(), max(1, min(max_out, r.output_length)), r.timestamp_ms / 1000.0))
+        if len(out) == n:
+            break
+    if not out:
+        raise SystemExit(f"{path}: no request fits {max_len} tokens at {tokens_per_hash} tokens per hash block")
     t0 = out[0][2]
     return [p for p, _, _ in out], [m for _, m, _ in out], [a - t0 for _, _, a in out]
 

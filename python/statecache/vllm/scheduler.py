@@ -42,6 +42,10 @@ HOOKS = ("match", "after_alloc", "build_meta", "update", "finished", "hit_source
 MATCH, AFTER_ALLOC, BUILD_META, UPDATE, FINISHED, HIT_SOURCES, STATS = range(len(HOOKS))
 _HOOK_COUNTERS = tuple(f"scheduler_seconds_{name}" for name in HOOKS)
 STATS_EVERY_S = 1.0  # with no event counted, hook times are reported at most this often
+# while requests run, events are reported at most this often (vLLM asks every
+# step; the next report carries what waited, and a report is due at once when
+# none runs)
+STATS_MIN_S = 0.05
 MAX_LOAD_FAILURES = 3
 # A tail saved when a request finished reaches the host tier a step later; a
 # next turn matched before that waits (vLLM retries it next step) this often
@@ -1064,12 +1068,14 @@ class ConnectorScheduler:
 
     def take_interval(self) -> dict[str, float]:
         """Counter increases since the last report (vLLM's connector stats,
-        asked for every step). A step that counted no event reports nothing
-        until ``STATS_EVERY_S`` has passed (its hook times wait for the next
-        report): most steps cost one check, and a report walks only the counters
-        that moved."""
+        asked for every step). While requests run, a report is made at most
+        every ``STATS_MIN_S``; with no event counted, at most every
+        ``STATS_EVERY_S`` (hook times alone wait for the next report); with no
+        request left, at once. Most steps cost one check, and a report walks
+        only the counters that moved; nothing is lost, only reported later."""
         c = self.counters
-        if not c.changed and time.monotonic() - self._reported_at < STATS_EVERY_S:
+        since = time.monotonic() - self._reported_at
+        if since < STATS_EVERY_S and (not c.changed or (self._reqs and since < STATS_MIN_S)):
             return {}
         self._fold_hook_times()
         reported, out = self._reported, {}

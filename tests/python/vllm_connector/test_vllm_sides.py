@@ -623,20 +623,24 @@ def test_host_placement_is_the_tiers_one_kv_blocks_rank_with_the_deepest_state_t
     assert not s.placement._filing  # nothing allocated is left unsealed
 
 
-def test_stats_report_every_event_at_once_and_hook_times_alone_at_most_each_second(monkeypatch):
-    """vLLM asks for the connector's stats every step: a step that counted an
-    event reports it in that step; steps that only spent time report it
-    later, together (no count is lost, no dict is built per quiet step)."""
+def test_stats_report_events_at_most_every_interval_and_hook_times_alone_at_most_each_second(monkeypatch):
+    """vLLM asks for the connector's stats every step: while requests run,
+    events are reported at most every STATS_MIN_S (at once when none runs);
+    steps that only spent time report it later, together (no count is lost,
+    no dict is built per quiet step)."""
     import statecache.vllm.scheduler as sched_mod
 
     rig = Rig()
     s = rig.sched
     s.hook_seconds[0] += 0.5
-    first = s.take_interval()
+    first = s.take_interval()  # no request runs: at once
     assert first["scheduler_seconds"] == 0.5
     s.hook_seconds[0] += 0.25  # time spent, nothing counted
     assert s.take_interval() == {}
-    prefill_a(rig, tokens(5 * BS + 3, seed=11))  # saves: events
+    monkeypatch.setattr(sched_mod, "STATS_MIN_S", 60.0)
+    prefill_a(rig, tokens(5 * BS + 3, seed=11))  # saves: events, while A runs
+    assert s._reqs and s.take_interval() == {}  # within the interval: later
+    monkeypatch.setattr(sched_mod, "STATS_MIN_S", 0.0)
     got = s.take_interval()
     assert got["values_saved"] > 0 and got["scheduler_seconds"] == pytest.approx(0.25)
     s.hook_seconds[0] += 0.125
