@@ -12,6 +12,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -703,21 +704,45 @@ int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, HashForm&
   return owned_scan(n, v);
 }
 
-// A fixed-arity row of ints (a (slot, position, hash) tuple and the like),
-// read from an owned snapshot of the row; with `hash_form`, the last one is a
-// hash (its form noted there).
+// Rows of exactly N ints, the last one a hash (its form noted in `form`),
+// as the reference unpacks them (`for slot, pos, h in rows`): a row of
+// another length is a ValueError, a row that is not a sequence or an item
+// that is not an int a TypeError, each naming `name[i]`. Read from owned
+// snapshots, all before the caller changes anything.
 template <size_t N>
-bool int_row(py::handle row, const char* name, int64_t (&out)[N], HashForm* hash_form = nullptr) {
-  PyObject* p = row.ptr();
-  if (!(PyTuple_Check(p) || PyList_Check(p))) return false;
-  py::tuple snap = py::reinterpret_steal<py::tuple>(PySequence_Tuple(p));
-  if (!snap) throw py::error_already_set();
-  if (PyTuple_GET_SIZE(snap.ptr()) != static_cast<Py_ssize_t>(N)) return false;
-  for (size_t k = 0; k < N; ++k) {
-    PyObject* item = PyTuple_GET_ITEM(snap.ptr(), static_cast<Py_ssize_t>(k));
-    out[k] = hash_form && k == N - 1 ? as_hash(item, name, *hash_form) : as_int(item, name);
+std::vector<std::array<int64_t, N>> hash_rows(py::handle obj, const char* name, const char* shape, HashForm& form) {
+  py::tuple rows = sequence_snapshot(obj, name);
+  std::vector<std::array<int64_t, N>> out;
+  out.reserve(static_cast<size_t>(PyTuple_GET_SIZE(rows.ptr())));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(rows.ptr()); ++i) {
+    PyObject* row = PyTuple_GET_ITEM(rows.ptr(), i);
+    const std::string label = std::string(name) + "[" + std::to_string(i) + "]";
+    py::tuple items = sequence_snapshot(row, label.c_str());
+    if (PyTuple_GET_SIZE(items.ptr()) != static_cast<Py_ssize_t>(N))
+      throw py::value_error(label + " must be " + shape + ", got " + py_repr(row));
+    std::array<int64_t, N> r{};
+    for (size_t k = 0; k < N; ++k) {
+      PyObject* item = PyTuple_GET_ITEM(items.ptr(), static_cast<Py_ssize_t>(k));
+      r[k] = k + 1 == N ? as_hash(item, label.c_str(), form) : as_int(item, label.c_str());
+    }
+    out.push_back(r);
   }
-  return true;
+  return out;
+}
+
+// The midstep calls' rows (the slot pool's and the coordinator's), as each
+// core's reservation type `R`.
+template <class R>
+std::vector<R> as_reservations(py::handle obj, HashForm& form) {
+  std::vector<R> out;
+  for (const auto& r : hash_rows<3>(obj, "reservations", "a (slot, position, hash) tuple", form))
+    out.push_back(R{r[0], r[1], r[2]});
+  return out;
+}
+inline std::vector<std::pair<int64_t, int64_t>> as_positions(py::handle obj, HashForm& form) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& r : hash_rows<2>(obj, "positions", "a (position, hash) pair", form)) out.emplace_back(r[0], r[1]);
+  return out;
 }
 
 inline py::list to_list(const std::vector<int64_t>& v) {

@@ -237,37 +237,6 @@ decltype(auto) then_prune(PyCoordinator& c, Body&& body) {
 int traverse_coordinator(PyCoordinator& c, visitproc visit, void* arg) { return c.traverse(visit, arg); }
 void clear_coordinator(PyCoordinator& c) { c.clear_python(); }
 
-// A row of ints whose last one (of `arity`) is a hash (`form` notes it).
-std::vector<int64_t> hash_row(py::handle r, const char* name, size_t arity, HashForm& form) {
-  py::tuple snap = sequence_snapshot(r, name);
-  std::vector<int64_t> v;
-  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(snap.ptr()); ++k) {
-    PyObject* item = PyTuple_GET_ITEM(snap.ptr(), k);
-    v.push_back(static_cast<size_t>(k) + 1 == arity ? as_hash(item, name, form) : as_int(item, name));
-  }
-  return v;
-}
-
-std::vector<MidstepReservation> as_reservations(py::handle obj, HashForm& form) {
-  std::vector<MidstepReservation> out;
-  for (py::handle r : py::iter(obj)) {
-    std::vector<int64_t> v = hash_row(r, "reservations", 3, form);
-    if (v.size() != 3) throw py::value_error("reservations: each must be (slot, position, hash), got " + py_repr(r));
-    out.emplace_back(v[0], v[1], v[2]);
-  }
-  return out;
-}
-
-std::vector<std::pair<int64_t, int64_t>> as_positions(py::handle obj, HashForm& form) {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (py::handle r : py::iter(obj)) {
-    std::vector<int64_t> v = hash_row(r, "positions", 2, form);
-    if (v.size() != 2) throw py::value_error("positions: each must be (position, hash), got " + py_repr(r));
-    out.emplace_back(v[0], v[1]);
-  }
-  return out;
-}
-
 // resumable_hit over block_hashes. A list or tuple is read in place, one
 // item at a time and never held across a call into Python (an item's
 // __index__ or the tier's could_serve may change the list); anything else
@@ -394,11 +363,11 @@ py::list coord_reserve_midstep(PyCoordinator& c, py::handle seq, py::handle posi
 
 // `seq` is taken and ignored, as the reference's is.
 void coord_publish_midstep(PyCoordinator& c, py::handle reservations, py::handle) {
-  c.publish_midstep(as_reservations(reservations, c.hash_form()));
+  c.publish_midstep(as_reservations<MidstepReservation>(reservations, c.hash_form()));
 }
 
 void coord_cancel_midstep(PyCoordinator& c, py::handle reservations) {
-  c.cancel_midstep(as_reservations(reservations, c.hash_form()));
+  c.cancel_midstep(as_reservations<MidstepReservation>(reservations, c.hash_form()));
 }
 
 void coord_forget_pending(PyCoordinator& c, py::handle seq) {
@@ -518,7 +487,9 @@ accepts boundaries the attached tier ``could_serve``.)doc");
       cls, "reserve_midstep", {"seq", "positions"},
       "Reserves a scratch slot per interior (position, hash) boundary of the next forward; "
       "returns the (slot, position, hash) reservations, stopping at the first shortage (empty "
-      "without scratch). Raises ValueError for a hash of -1, TypeError for malformed positions.");
+      "without scratch). Raises ValueError for a hash of -1 or a row that is not a (position, hash) pair, TypeError "
+      "for a "
+      "non-int in one.");
   fast::method<&coord_publish_midstep>(
       cls, "publish_midstep", {"reservations", "seq=None"},
       "Files the reserved midstep states for the next ``take_checkpoint_ops``; returns None. "

@@ -48,28 +48,6 @@ int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, 
                        [&](int64_t n, auto&& hash_at) { return pool.resumable_hit(s, hit, n, hash_at, assume); });
 }
 
-// Items of a list / tuple / other iterable, each an int sequence of `arity`,
-// read from owned snapshots (an element's __index__ may change the caller's
-// containers, never what is being read).
-// Column `Arity - 1` of each row is a hash (its form noted in `form`).
-template <size_t Arity>
-std::vector<std::array<int64_t, Arity>> int_rows(py::handle obj, const char* name, const char* shape, HashForm& form) {
-  PyObject* p = obj.ptr();
-  if (PyUnicode_Check(p) || PyBytes_Check(p) || PyDict_Check(p) || !PyObject_HasAttrString(p, "__iter__"))
-    raise_type(name, shape, obj);
-  py::tuple rows_in = sequence_snapshot(obj, name);
-  std::vector<std::array<int64_t, Arity>> rows;
-  rows.reserve(static_cast<size_t>(PyTuple_GET_SIZE(rows_in.ptr())));
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(rows_in.ptr()); ++i) {
-    int64_t row[Arity] = {};
-    if (!int_row(PyTuple_GET_ITEM(rows_in.ptr(), i), name, row, &form)) raise_type(name, shape, obj);
-    std::array<int64_t, Arity> r{};
-    for (size_t k = 0; k < Arity; ++k) r[k] = row[k];
-    rows.push_back(r);
-  }
-  return rows;
-}
-
 // release_many's argument: like the reference's `slots or ()`, anything
 // falsy (None, an empty list) is nothing to release; other iterables of ints
 // are read whole before anything is released.
@@ -147,13 +125,6 @@ void checkpoint_many_generic(Pool& pool, SeqBatch& seqs, std::span<const int64_t
       });
 }
 
-std::vector<MidstepReservation> reservations_arg(py::handle obj, HashForm& form) {
-  std::vector<MidstepReservation> out;
-  for (const auto& r : int_rows<3>(obj, "reservations", "a list of (slot, position, hash) tuples", form))
-    out.push_back({r[0], r[1], r[2]});
-  return out;
-}
-
 py::tuple pair_tuple(const std::pair<int64_t, int64_t>& p) { return py::make_tuple(p.first, p.second); }
 
 // (src, dst) pairs as a list of tuples.
@@ -164,7 +135,7 @@ py::list pair_list(const std::vector<std::pair<int64_t, int64_t>>& pairs) {
 }
 
 void cancel_midstep(StateSlotPool& p, py::handle reservations) {
-  p.cancel_midstep(reservations_arg(reservations, p.hash_form()));
+  p.cancel_midstep(as_reservations<MidstepReservation>(reservations, p.hash_form()));
 }
 
 py::dict occupancy_dict(const StateSlotPool& p) {
@@ -183,17 +154,14 @@ py::list debug_relocations(const StateSlotPool& p) { return pair_list(p.pending_
 py::list reserve_midstep(StateSlotPool& p, py::handle seq, py::handle positions) {
   SeqArg seq_arg(seq.ptr(), "seq", p.enabled() ? fast::kHasCache : 0);
   const Sequence& s = seq_arg.get();
-  std::vector<std::pair<int64_t, int64_t>> pos;
-  for (const auto& r : int_rows<2>(positions, "positions", "a list of (position, hash) pairs", p.hash_form()))
-    pos.emplace_back(r[0], r[1]);
   py::list out;
-  for (const auto& r : p.reserve_midstep(s, pos))
+  for (const auto& r : p.reserve_midstep(s, as_positions(positions, p.hash_form())))
     out.append(py::make_tuple(r.slot, r.position, hash_object(r.hash, p.hash_form())));
   return out;
 }
 
 void publish_midstep(StateSlotPool& p, py::handle reservations, py::handle seq) {
-  const std::vector<MidstepReservation> res = reservations_arg(reservations, p.hash_form());
+  const std::vector<MidstepReservation> res = as_reservations<MidstepReservation>(reservations, p.hash_form());
   std::optional<SeqArg> s;
   if (!seq.is_none()) s.emplace(seq.ptr(), "seq", fast::kAnchors);
   p.publish_midstep(res, s ? &s->get() : nullptr);
@@ -629,8 +597,8 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
       cls, "reserve_midstep", {"seq", "positions"},
       "Reserves a destination slot per interior (position, hash) boundary before the forward; "
       "returns (slot, position, hash) tuples, stopping at the first shortage (empty when the "
-      "backend cannot read midstep). Raises ValueError for a hash of -1, TypeError for "
-      "malformed positions.");
+      "backend cannot read midstep). Raises ValueError for a hash of -1 or a row that is not a "
+      "(position, hash) pair, TypeError for a non-int in one.");
   fast::method<&publish_midstep>(
       cls, "publish_midstep", {"reservations", "seq=None"},
       "Files each reserved slot under its hash once the forward wrote it; returns None. Raises "

@@ -531,8 +531,8 @@ class StateSlotPool:
     def reserve_midstep(self, seq: _Seqish, positions: Iterable[tuple[_Int, _Int]]) -> list[_Midstep]:
         """Reserves a destination slot per interior (position, hash) boundary before the forward;
         returns (slot, position, hash) tuples, stopping at the first shortage (empty when the
-        backend cannot read midstep). Raises ValueError for a hash of -1, TypeError for malformed
-        positions."""
+        backend cannot read midstep). Raises ValueError for a hash of -1 or a row that is not a
+        (position, hash) pair, TypeError for a non-int in one."""
     def publish_midstep(self, reservations: Iterable[_Midstep], seq: _Seqish | None = None) -> None:
         """Files each reserved slot under its hash once the forward wrote it; returns None. Raises
         ValueError for a reservation this pool did not hand out."""
@@ -1196,7 +1196,8 @@ class PagedStateCheckpointCoordinator:
     def reserve_midstep(self, seq: _Seqish, positions: Iterable[tuple[_Int, _Int]]) -> list[_Midstep]:
         """Reserves a scratch slot per interior (position, hash) boundary of the next forward; returns
         the (slot, position, hash) reservations, stopping at the first shortage (empty without
-        scratch). Raises ValueError for a hash of -1, TypeError for malformed positions."""
+        scratch). Raises ValueError for a hash of -1 or a row that is not a (position, hash) pair,
+        TypeError for a non-int in one."""
     def publish_midstep(self, reservations: Iterable[_Midstep], seq: _Seqish | None = None) -> None:
         """Files the reserved midstep states for the next ``take_checkpoint_ops``; returns None. Raises
         ValueError for a reservation this coordinator did not hand out."""

@@ -362,8 +362,11 @@ def test_cancel_midstep_is_atomic():
     with pytest.raises(ValueError):
         pool.cancel_midstep([res[0], (seq.state_slot, 0, 33)])
     assert state(pool) == before
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match=r"reservations\[1\]"):  # the reference's unpacking error
         pool.cancel_midstep([res[0], (1, 2)])
+    assert state(pool) == before
+    with pytest.raises(TypeError, match=r"reservations\[1\]"):
+        pool.cancel_midstep([res[0], (1, 2, "h")])
     assert state(pool) == before
     pool.cancel_midstep(res)
     assert pool.num_free() == 7
