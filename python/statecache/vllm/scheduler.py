@@ -455,13 +455,14 @@ class ConnectorScheduler:
         tier holds at boundary ``b`` (where the KV the tiers hold for ``r``
         ends) and that leaves a token to compute. Another engine saved it, so
         its length is not known here: every length is looked up, in one
-        batched lookup per admission."""
+        batched lookup per admission (at boundary 0 too: a conversation
+        shorter than a block has no other value to resume, and an admission
+        past a block asks the shared tier for its blocks anyway)."""
         req = r.request
         bs = self.bs
         start, last = b * bs, req.num_tokens - 1
         upto = min(bs - 1, last - start)
-        # (not at boundary 0: every fresh admission would ask the shared tier)
-        if not self.state_groups or not self.config.save_decode or b < 1 or upto <= shorter:
+        if not self.state_groups or not self.config.save_decode or upto <= shorter:
             return None
         if getattr(req, "lora_request", None) is not None or getattr(req, "mm_features", None):
             return None  # no tail is saved for such requests
@@ -472,7 +473,7 @@ class ConnectorScheduler:
             return None
         assert self.shared is not None
         toks = req.all_token_ids
-        parent = r.keys[b - 1]
+        parent = self._parent(r, b)
         lengths = range(upto, shorter, -1)
         keys = self._tail_keys(parent, toks[start : start + upto])[shorter:][::-1]  # longest first
         self.counters["shared_lookups"] += 1

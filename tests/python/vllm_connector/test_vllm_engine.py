@@ -180,15 +180,20 @@ def test_a_turn_resumed_from_a_state_saved_in_decode_continues_that_turn(continu
         same_next_token(c, want, crossed + 1 - len(p))
 
 
-def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended(ref, model, logs):
+def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended(ref, model, logs, mooncake):
     """A conversation inside its first block has no boundary for vLLM (or
     any boundary value) to resume from: the state its turn ended with, saved
     from boundary 0, resumes the next turn to all but its last token, and
-    the one token computed is the reference's with its top-5 logprobs."""
-    e = vs.Engine("short", vs.base_llm_kwargs(model, kv_transfer_config=vs.connector_config({})), logs)
+    the one token computed is the reference's with its top-5 logprobs; in
+    another engine process too, from Mooncake Store."""
+    kw = vs.base_llm_kwargs(model, kv_transfer_config=vs.connector_config(shared_extra(mooncake)))
+    lengths = (40, 100, 150)
+    resumed = sum(n + ANSWER - 1 for n in lengths)
+    cases = []
+    e = vs.Engine("short", kw, logs)
     try:
         rng = random.Random(17)
-        for n in (40, 100, 150):
+        for n in lengths:
             p = [rng.randrange(1024) for _ in range(n)]
             (want,) = ref.generate([p], ANSWER + 1)
             (a,) = e.generate([p], ANSWER)
@@ -196,10 +201,22 @@ def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended(r
             (b,) = e.generate([p + a["tokens"]], 1)
             assert b["cached"] == n + ANSWER - 1 < vs.BLOCK
             same_next_token(b, want, ANSWER)
+            cases.append((p + a["tokens"], want))
         f = e.call("funnel")
-        assert f["tokens_resumed_tail"] == sum(n + ANSWER - 1 for n in (40, 100, 150)) and f["loads_failed"] == 0
+        assert f["tokens_resumed_tail"] == resumed and f["loads_failed"] == 0
+        assert e.call("wait_shared_writes")
     finally:
         e.close()
+    other = vs.Engine("short-fresh", kw, logs)
+    try:
+        for prompt, want in cases:
+            (b,) = other.generate([prompt], 1)
+            assert b["cached"] == len(prompt) - 1
+            same_next_token(b, want, ANSWER)
+        g = other.call("funnel")
+        assert g["tokens_resumed_shared"] == g["tokens_resumed_tail"] == resumed and g["loads_failed"] == 0
+    finally:
+        other.close()
 
 
 def test_answers_match_vllm_without_prefix_caching(turns, sc_runs, tol, sc):

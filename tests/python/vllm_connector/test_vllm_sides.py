@@ -362,6 +362,30 @@ def test_a_fresh_engine_resumes_a_finished_turn_from_a_tail_in_the_shared_tier(m
     assert Rig(extra=shared_extra(mooncake), seed=3).sched.match(other, 0) == 5 * BS
 
 
+def test_a_fresh_engine_resumes_a_conversation_shorter_than_a_block_from_the_shared_tier(mooncake):
+    """The tail from boundary 0 is written to the shared tier like any value:
+    the next turn, on another engine, finds it by looking up every length
+    from the deployment's root key, and resumes the partial block and state
+    byte for byte; a conversation that differs in one token finds nothing."""
+    first = Rig(extra=shared_extra(mooncake), seed=1)
+    t, a = finish_a_short_turn(first)
+    settle(first)
+    fresh = Rig(extra=shared_extra(mooncake), seed=2)  # other tensors, empty host tier
+    nxt = FakeRequest("B", a.tokens + tokens(20, 3), len(a.tokens) + 20)
+    assert fresh.sched.match(nxt, 0) == len(t)
+    dst = tuple([40 + g] for g in STATE_GROUPS) + ([31],)
+    fresh.sched.after_alloc(nxt, FakeBlocks(dst), len(t))
+    out = until_received(fresh)
+    assert out.finished_recving == {"B"} and not out.failed_recving
+    assert fresh.block(0, 31) == first.block(0, 1)  # the partial block
+    for g in STATE_GROUPS:
+        assert fresh.block(0, 40 + g)[:MAMBA_REAL] == first.block(0, 10 + g)[:MAMBA_REAL]
+    f = fresh.sched.funnel()
+    assert f["tokens_resumed_shared"] == len(t) and f["tokens_resumed_tail"] == len(t)
+    other = FakeRequest("C", t[:5] + [t[5] + 1] + t[6:] + tokens(20, 4), len(t) + 20)
+    assert Rig(extra=shared_extra(mooncake), seed=3).sched.match(other, 0) == 0
+
+
 def test_an_untrusted_shared_value_is_never_adopted_and_is_removed(mooncake):
     import numpy as np
 
@@ -688,12 +712,10 @@ def test_an_admission_without_a_load_counts_the_local_hit_vllm_scheduled():
     assert s.funnel()["admissions"] == f["admissions"]
 
 
-def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended():
-    """No boundary, so nothing vLLM or a boundary value can resume: the state
-    the turn ended with is saved as a tail from boundary 0, and the next
-    turn resumes to where it ended, byte for byte; another conversation with
-    the same first tokens is not fooled."""
-    rig = Rig()
+def finish_a_short_turn(rig: Rig) -> tuple[list[int], FakeRequest]:
+    """Request A, half a block long, computes its prompt, answers one token
+    and finishes: no boundary, so its state is saved as a tail from
+    boundary 0 (block 1, state blocks 10 + g)."""
     t = tokens(BS // 2, seed=21)
     a = FakeRequest("A", t, len(t))
     assert rig.sched.match(a, 0) == 0
@@ -705,6 +727,16 @@ def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended()
     a.num_computed_tokens = len(t)
     assert rig.sched.finished(a, ids) is True
     assert rig.step(scheduler_output()).finished_sending == {"A"}
+    return t, a
+
+
+def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended():
+    """No boundary, so nothing vLLM or a boundary value can resume: the state
+    the turn ended with is saved as a tail from boundary 0, and the next
+    turn resumes to where it ended, byte for byte; another conversation with
+    the same first tokens is not fooled."""
+    rig = Rig()
+    t, a = finish_a_short_turn(rig)
     nxt = FakeRequest("B", a.tokens + tokens(20, 3), len(a.tokens) + 20)
     assert rig.sched.match(nxt, 0) == len(t)
     dst = tuple([40 + g] for g in STATE_GROUPS) + ([31],)
