@@ -4,8 +4,9 @@
 The module gives each name, its kind (class, function, method, static method,
 attribute), its parameters (names, defaults, positional-only / keyword-only:
 the text signatures signatures.cpp and fast::def install) and every docstring
-(written once, in the C++). .ci/stub_types.py adds what the runtime cannot
-say: the types, and the aliases, Protocols and TypedDicts they use.
+(written once, in docs/api.md, which the build embeds). .ci/stub_types.py adds
+what the runtime cannot say: the types, and the aliases, Protocols and
+TypedDicts they use.
 
     python3 .ci/stubgen.py          # rewrite the stub
     python3 .ci/stubgen.py --check  # exit 1, with a diff, when the committed stub differs

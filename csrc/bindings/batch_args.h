@@ -30,25 +30,6 @@ namespace statecache::bindings {
 
 namespace py = pybind11;
 
-// Docstrings shared by the classes that bind the same batched call.
-inline constexpr const char* kResumableHitsDoc =
-    "Batched ``resumable_hit``: returns ``[resumable_hit(seqs[i], hits[i], block_hashes[i], "
-    "assume_checkpointed) for i ...]``, computed in one call. ``hits``: a list or NumPy "
-    "int64 array; ``block_hashes``: one hash list per sequence, a 2-D int64 array with a row "
-    "per sequence, or None for each sequence's own ``block_hashes``. Raises ValueError, before any scan, when the "
-    "lengths differ or a "
-    "hit is negative or past a hash list the scan reads; TypeError for an item that is not a "
-    "sequence or an int.";
-inline constexpr const char* kPoolCheckpointManyDoc =
-    "Batched ``checkpoint``: the same end state as ``checkpoint(seqs[i], boundary_blocks[i], "
-    "hashes[i])`` for each i in order. Returns None. The batch is checked as a whole first; "
-    "raises ValueError when the lengths differ, a hash is -1 or a sequence appears twice, "
-    "TypeError for an item that is not a sequence, and what ``checkpoint`` would raise for "
-    "an entry (prefixed ``seqs[i]:``); a refused batch changes nothing. An engine object's "
-    "setter that raises (or changes the pool: RuntimeError) stops the batch at its entry, "
-    "whose fields get their old values back; the entries before it stay filed, as their "
-    "``checkpoint`` calls would have filed them.";
-
 // An owned tuple of a batch argument's items: a list or tuple (or another
 // iterable, read whole). TypeError naming `name` for str, bytes, mappings
 // and non-iterables.

@@ -5,6 +5,7 @@
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "bindings/docs.h"
 #include "bindings/fast_call.h"
 #include "core/sequence.h"
 #include "core/state_transfer.h"
@@ -60,22 +61,14 @@ void bind_state_transfer(py::module_& m) {
   m.attr("COPY") = "copy";
   m.attr("REPLAY") = "replay";
 
-  py::classh<StateTransfer> cls(m, "StateTransfer", py::is_final(), STATECACHE_GUARDED(StateTransfer), R"doc(
-How a backend hands one request's state to a checkpoint.
-
-``none``: nothing can be handed over, hits shrink to 0. ``fork``: the owner
-gives its slot to the index and the next forward must commit ``fork_tokens``.
-``copy``: a duplicate is made (PAGE images carry ``paged_layout_id``).
-``replay``: the resuming forward rebuilds the state; nothing is kept.
-Frozen; equality and hash by value.)doc");
+  py::classh<StateTransfer> cls(m, "StateTransfer", py::is_final(), STATECACHE_GUARDED(StateTransfer),
+                                doc("StateTransfer"));
   cls.attr("NONE") = "none";
   cls.attr("FORK") = "fork";
   cls.attr("COPY") = "copy";
   cls.attr("REPLAY") = "replay";
   cls.def(py::init(&make_transfer), py::arg("kind"), py::arg("fork_tokens") = 0,
-          py::arg("paged_layout_id") = py::none(), py::arg("readable_midstep") = false,
-          "Raises ValueError for an unknown kind, fork without ``fork_tokens > 0``, other kinds with ``fork_tokens != "
-          "0``, a ``paged_layout_id`` on anything but copy, or ``readable_midstep`` on none/replay.")
+          py::arg("paged_layout_id") = py::none(), py::arg("readable_midstep") = false, doc(cls, "__init__"))
       .def_property_readonly("kind", [](const StateTransfer& t) { return transfer_kind_name(t.kind); })
       .def_property_readonly("fork_tokens", [](const StateTransfer& t) { return t.fork_tokens; })
       .def_property_readonly("paged_layout_id", &layout_or_none)
@@ -83,32 +76,24 @@ Frozen; equality and hash by value.)doc");
       .def_property_readonly("copies", &StateTransfer::copies)
       .def_property_readonly("forks", &StateTransfer::forks)
       .def_property_readonly("replays", &StateTransfer::replays)
-      .def_property_readonly("successor_room", &StateTransfer::successor_room,
-                             "inf for none and replay, fork_tokens for fork, 0.0 for copy.")
+      .def_property_readonly("successor_room", &StateTransfer::successor_room, doc(cls, "successor_room"))
       .def_static(
-          "none", [] { return StateTransfer(TransferKind::kNone); },
-          "Returns the transfer that keeps nothing (every hit is capped to 0). Raises nothing.")
+          "none", [] { return StateTransfer(TransferKind::kNone); }, doc(cls, "none"))
       .def_static(
-          "replay", [] { return StateTransfer(TransferKind::kReplay); },
-          "Returns the transfer whose resuming forward rebuilds the state: hits never shrink and "
-          "nothing is kept. Raises nothing.")
+          "replay", [] { return StateTransfer(TransferKind::kReplay); }, doc(cls, "replay"))
       .def_static(
           "fork",
           [](py::handle tokens, py::handle readable) {
             return StateTransfer(TransferKind::kFork, as_int(tokens, "tokens"), std::nullopt,
                                  as_bool(readable, "readable_midstep"));
           },
-          py::arg("tokens"), py::arg("readable_midstep") = false,
-          "Returns a fork transfer whose successor forward commits ``tokens``. Raises ValueError "
-          "for ``tokens <= 0``.")
+          py::arg("tokens"), py::arg("readable_midstep") = false, doc(cls, "fork"))
       .def_static(
           "copy",
           [](py::handle layout, py::handle readable) {
             return StateTransfer(TransferKind::kCopy, 0, as_layout_id(layout), as_bool(readable, "readable_midstep"));
           },
-          py::arg("layout_id") = py::none(), py::arg("readable_midstep") = false,
-          "Returns a copy (PAGE) transfer for the page layout ``layout_id``. Raises only for a bad "
-          "argument (docs/contract.md, \"Errors\").")
+          py::arg("layout_id") = py::none(), py::arg("readable_midstep") = false, doc(cls, "copy"))
       .def_static(
           "from_config",
           [](py::handle kind, py::handle fork_tokens, py::handle layout, py::handle readable) {
@@ -119,9 +104,7 @@ Frozen; equality and hash by value.)doc");
             return StateTransfer(k, tokens, as_layout_id(layout), as_bool(readable, "readable_midstep"));
           },
           py::arg("kind"), py::arg("fork_tokens") = 0, py::arg("paged_layout_id") = py::none(),
-          py::arg("readable_midstep") = false,
-          "Returns the transfer an engine configuration names. Raises ValueError as the "
-          "constructor does.")
+          py::arg("readable_midstep") = false, doc(cls, "from_config"))
       .def(
           "to_wire",
           [](const StateTransfer& t) {
@@ -132,8 +115,7 @@ Frozen; equality and hash by value.)doc");
             d["readable_midstep"] = py::bool_(t.readable_midstep);
             return d;
           },
-          "Returns a new dict with exactly kind, fork_tokens, paged_layout_id and "
-          "readable_midstep. Raises nothing.")
+          doc(cls, "to_wire"))
       .def_static(
           "from_wire",
           [](py::handle wire) {
@@ -150,9 +132,7 @@ Frozen; equality and hash by value.)doc");
             py::object get = wire.attr("__getitem__");
             return make_transfer(get("kind"), get("fork_tokens"), get("paged_layout_id"), get("readable_midstep"));
           },
-          py::arg("wire"),
-          "Returns the transfer ``to_wire`` described. Raises TypeError for a non-mapping, "
-          "ValueError for another key set or a bad value.")
+          py::arg("wire"), doc(cls, "from_wire"))
       .def("__eq__",
            [](const StateTransfer& a, py::handle b) -> py::object {
              if (!py::isinstance<StateTransfer>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
@@ -178,8 +158,7 @@ Frozen; equality and hash by value.)doc");
 }
 
 void bind_int_list(py::module_& m) {
-  py::classh<IntListView> cls(m, "IntListView", py::is_final(), STATECACHE_GUARDED(IntListView),
-                              "A live list view over a Sequence's int field.");
+  py::classh<IntListView> cls(m, "IntListView", py::is_final(), STATECACHE_GUARDED(IntListView), doc("IntListView"));
   fast::refuse_copy(cls);
   cls.def("__len__", [](const IntListView& s) { return s.v().size(); })
       .def("__getitem__",
@@ -209,19 +188,16 @@ void bind_int_list(py::module_& m) {
              return false;
            })
       .def(
-          "append", [](IntListView& s, py::handle x) { s.v().push_back(s.value_of(x, "value")); },
-          "Appends ``value``; returns None. Raises TypeError (or OverflowError) for a value that "
-          "is not an int64.")
+          "append", [](IntListView& s, py::handle x) { s.v().push_back(s.value_of(x, "value")); }, doc(cls, "append"))
       .def(
           "extend",
           [](IntListView& s, py::handle xs) {
             const std::vector<int64_t> add = s.values_of(xs, "values");  // all or nothing
             s.v().insert(s.v().end(), add.begin(), add.end());
           },
-          "Appends every element of ``values``, all or none; returns None. Raises TypeError (or "
-          "OverflowError) for an element that is not an int64, adding nothing.")
+          doc(cls, "extend"))
       .def(
-          "clear", [](IntListView& s) { s.v().clear(); }, "Empties the list; returns None. Raises nothing.")
+          "clear", [](IntListView& s) { s.v().clear(); }, doc(cls, "clear"))
       .def(
           "pop",
           [](IntListView& s, py::handle i) {
@@ -230,11 +206,9 @@ void bind_int_list(py::module_& m) {
             s.v().erase(s.v().begin() + static_cast<ptrdiff_t>(k));
             return s.item(x);
           },
-          py::arg("index") = -1,
-          "Removes and returns the element at ``index`` (the last by default). Raises IndexError "
-          "when the list is empty or ``index`` is out of range.")
+          py::arg("index") = -1, doc(cls, "pop"))
       .def(
-          "copy", [](const IntListView& s) { return s.list(); }, "Returns a plain list snapshot. Raises nothing.")
+          "copy", [](const IntListView& s) { return s.list(); }, doc(cls, "copy"))
       .def("__eq__",
            [](const IntListView& s, py::handle other) {
              if (py::isinstance<IntListView>(other)) return s.v() == other.cast<const IntListView&>().v();
@@ -305,14 +279,7 @@ void sequence_type_setup(PyHeapTypeObject* heap_type) {
 
 void bind_sequence(py::module_& m) {
   py::classh<Sequence> cls(m, "Sequence", py::dynamic_attr(), py::metaclass(fast::guarded_metaclass()),
-                           py::custom_type_setup(&sequence_type_setup), R"doc(
-The per-request fields the state caches read and write.
-
-Subclass it in the engine (call ``super().__init__``); extra attributes are
-allowed. ``state_slots[0]`` is the committed state, the rest are speculative
-rollback slots; ``state_slot`` reads element 0 (or -1) and assigning it
-replaces element 0 only. ``state_slots`` and ``block_hashes`` are live list
-views: in-place edits reach the pools, and plain assignment replaces them.)doc");
+                           py::custom_type_setup(&sequence_type_setup), doc("Sequence"));
   fast::refuse_copy(cls);
   cls.def(py::init([](py::handle seq_id, py::handle num_tokens, py::handle num_prompt_tokens, py::handle has_cache) {
             auto s = std::make_shared<Sequence>();
@@ -323,7 +290,7 @@ views: in-place edits reach the pools, and plain assignment replaces them.)doc")
             return s;
           }),
           py::arg("seq_id") = py::none(), py::arg("num_tokens") = 0, py::arg("num_prompt_tokens") = 0,
-          py::arg("has_per_req_cache") = true, "Raises TypeError/OverflowError for non-int counts.");
+          py::arg("has_per_req_cache") = true, doc(cls, "__init__"));
   fast::def_property<Sequence>(
       cls, "seq_id", [](const Sequence& s) { return s.seq_id ? fast::to_py(*s.seq_id) : fast::none(); },
       [](Sequence& s, PyObject* x, const char* name) {
@@ -341,8 +308,7 @@ views: in-place edits reach the pools, and plain assignment replaces them.)doc")
   def_int_list<&Sequence::block_hashes>(cls, "block_hashes");
   fast::def_property<Sequence>(
       cls, "state_slot", [](const Sequence& s) { return fast::to_py(s.state_slot()); },
-      [](Sequence& s, PyObject* x, const char* name) { s.set_state_slot(as_int(x, name)); },
-      "``state_slots[0]``, or -1 when empty; assigning replaces element 0.");
+      [](Sequence& s, PyObject* x, const char* name) { s.set_state_slot(as_int(x, name)); });
   def_int<&Sequence::state_fork_src>(cls, "state_fork_src");
   def_int<&Sequence::per_req_cache_group>(cls, "per_req_cache_group");
   fast::def_property<Sequence>(
@@ -394,7 +360,7 @@ void bind_common(py::module_& m) {
   init_guard(m);
   {
     py::object err = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
-        "statecache._C.IntRangeError", "An int argument that does not fit in a signed 64-bit int.",
+        "statecache._C.IntRangeError", doc("IntRangeError"),
         py::make_tuple(py::handle(PyExc_OverflowError), py::handle(PyExc_ValueError)).ptr(), nullptr));
     if (!err) throw py::error_already_set();
     m.attr("IntRangeError") = err;

@@ -12,6 +12,7 @@
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "bindings/docs.h"
 #include "bindings/fast_call.h"
 #include "bindings/paged_ops.h"
 #include "core/paged_types.h"
@@ -147,10 +148,7 @@ void bind_copy(py::module_& m) {
         }
         return -1;
       },
-      py::arg("fingerprint"),
-      "Returns the index of the first (tensor, data_ptr, storage, ptr, nbytes, shape) entry "
-      "whose tensor's data_ptr or storage's size differs from the one recorded, or -1. "
-      "Raises TypeError for a malformed entry, what a tensor method raises.");
+      py::arg("fingerprint"), doc("_first_changed"));
 
   // Host rows (buffers: NumPy views of an arena) -> entry indices of the
   // buffer at `base`, for the host-move planner, without a Python attribute
@@ -180,10 +178,7 @@ void bind_copy(py::module_& m) {
         }
         return out;
       },
-      py::arg("rows"), py::arg("base"), py::arg("entry_bytes"), py::arg("num_entries"),
-      "Returns the entry index of each row (an int64 array) when every row is one whole entry "
-      "of the ``num_entries`` x ``entry_bytes`` buffer at address ``base``, else None. Raises "
-      "TypeError when ``rows`` is not a sequence.");
+      py::arg("rows"), py::arg("base"), py::arg("entry_bytes"), py::arg("num_entries"), doc("_buffer_entries"));
 
 #ifdef STATECACHE_WITH_GPU
   m.attr("has_gpu_kernels") = true;
@@ -191,20 +186,13 @@ void bind_copy(py::module_& m) {
   m.attr("has_gpu_kernels") = false;
 #endif
 
-  py::class_<CompiledBatch>(m, "_CopyBatch", STATECACHE_GUARDED(CompiledBatch),
-                            "A validated batch: one descriptor per op plus its unit ids.")
+  py::class_<CompiledBatch>(m, "_CopyBatch", STATECACHE_GUARDED(CompiledBatch), doc("_CopyBatch"))
       .def_property_readonly("num_ops", [](const CompiledBatch& b) { return b.ops.size(); })
       .def_property_readonly("num_slot_copies", [](const CompiledBatch& b) { return b.num_pair_ops; })
       .def_property_readonly("num_paged_ops", [](const CompiledBatch& b) { return b.num_paged_ops; })
       .def_property_readonly("bytes", [](const CompiledBatch& b) { return b.bytes; });
 
-  py::class_<SpanPlanner> planner(m, "_SpanPlanner", STATECACHE_GUARDED(SpanPlanner), R"doc(
-Validates and compiles batches of state maintenance ops over one layout.
-
-Segment tables are flat ``[base, stride, bytes, ...]`` int lists: item i of a
-segment (a slot or a page unit) sits at ``base + i * stride``. The templates
-(what one PAGE op and one slot copy move) are computed once here; ``compile``
-validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids).)doc");
+  py::class_<SpanPlanner> planner(m, "_SpanPlanner", STATECACHE_GUARDED(SpanPlanner), doc("_SpanPlanner"));
   planner.def(py::init([](py::handle image, py::handle slot, py::handle unit, py::handle num_slots,
                           py::handle num_units, py::handle layout_id) {
                 if (!PyUnicode_Check(layout_id.ptr())) raise_type("layout_id", "a str", layout_id);
@@ -214,8 +202,7 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
                                                      as_int(num_units, "num_units"), as_text(layout_id, "layout_id"));
               }),
               py::arg("image_segments"), py::arg("slot_segments"), py::arg("unit_segments"), py::arg("num_slots"),
-              py::arg("num_units"), py::arg("layout_id"),
-              "Raises ValueError for overlapping or malformed segments, TypeError for a non-str layout_id.");
+              py::arg("num_units"), py::arg("layout_id"), doc(planner, "__init__"));
   using P = SpanPlanner;
   using fast::to_py;
   fast::attr<&P::num_slots>(planner, "num_slots");
@@ -235,16 +222,8 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
         return p.compile(as_batch(relocations, copies, stores, restores));
       },
       py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(), py::arg("stores") = py::tuple(),
-      py::arg("restores") = py::tuple(),
-      "Returns the compiled batch. Raises ValueError naming the first bad op (layout id, "
-      "total_bytes, unit count, a slot or unit out of range, two writers of one destination, "
-      "an op reading what another writes), before compiling anything.");
-  fast::method<&compile_paged_batch>(
-      planner, "compile_paged", {"slots", "unit_ids", "restores"},
-      "Returns the compiled batch of stores (``restores=False``) or restores: op i "
-      "moves slot ``slots[i]`` and units ``unit_ids[i * units_per_image:][:units_per_image]``. "
-      "Raises ValueError as ``compile`` does for the same ops, and for a unit count that is "
-      "not ``len(slots) * units_per_image``.");
+      py::arg("restores") = py::tuple(), doc(planner, "compile"));
+  fast::method<&compile_paged_batch>(planner, "compile_paged", {"slots", "unit_ids", "restores"});
   planner
       .def(
           "validate",
@@ -252,12 +231,9 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
             p.validate(as_batch(relocations, copies, stores, restores));
           },
           py::arg("relocations") = py::tuple(), py::arg("copies") = py::tuple(), py::arg("stores") = py::tuple(),
-          py::arg("restores") = py::tuple(),
-          "Checks a batch as ``compile`` does; returns None. Raises ValueError as ``compile`` does.")
+          py::arg("restores") = py::tuple(), doc(planner, "validate"))
       // Holds the GIL: another thread could free or resize a tensor mid-copy.
-      .def("run_on_cpu", &SpanPlanner::run_on_cpu, py::arg("batch"),
-           "Copies every span of ``batch`` with memcpy (host memory only); returns None. Raises "
-           "ValueError for a batch of another planner.")
+      .def("run_on_cpu", &SpanPlanner::run_on_cpu, py::arg("batch"), doc(planner, "run_on_cpu"))
       .def(
           "spans",
           [](const SpanPlanner& p, const CompiledBatch& b) {
@@ -265,19 +241,11 @@ validates a whole batch (ValueError naming the first bad op) in O(ops + unit ids
             for (const CopySpan& s : p.spans(b)) out.append(py::make_tuple(s.src, s.dst, s.bytes));
             return out;
           },
-          py::arg("batch"),
-          "Returns the batch's spans as (src address, dst address, bytes) tuples. Raises "
-          "ValueError for a batch of another planner.");
+          py::arg("batch"), doc(planner, "spans"));
 
 #ifdef STATECACHE_WITH_GPU
-  py::class_<GpuCopyEngine>(m, "_GpuCopyEngine", STATECACHE_GUARDED(GpuCopyEngine), R"doc(
-Device copy of a planner's templates, pinned descriptor staging and the
-one-launch copy kernel, for one device.
-
-``stage(batch)`` fills the next staging buffer (waiting until the device has
-read its previous contents); ``launch(stream)`` enqueues the descriptor copy
-and the kernel on a raw stream handle; both may be captured in a graph, whose
-replays read the staging again: stage, replay, then ``record_consumed``.)doc")
+  py::class_<GpuCopyEngine> engine(m, "_GpuCopyEngine", STATECACHE_GUARDED(GpuCopyEngine), doc("_GpuCopyEngine"));
+  engine
       .def(py::init([](py::handle device, const SpanPlanner& planner, py::handle max_pair_ops, py::handle max_paged_ops,
                        py::handle buffers, py::handle variant, py::handle host_moves) {
              return std::make_unique<GpuCopyEngine>(static_cast<int>(as_nonneg_int(device, "device")), planner,
@@ -288,8 +256,7 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
                                                     as_bool(host_moves, "host_moves"));
            }),
            py::arg("device"), py::arg("planner"), py::arg("max_pair_ops"), py::arg("max_paged_ops"),
-           py::arg("buffers") = 2, py::arg("variant") = 0, py::arg("host_moves") = false,
-           "Raises ValueError for a negative device or op count, or a bad buffers/variant.")
+           py::arg("buffers") = 2, py::arg("variant") = 0, py::arg("host_moves") = false, doc(engine, "__init__"))
       .def(
           "submit",
           [](GpuCopyEngine& e, const CompiledBatch& batch, py::handle stream, py::handle path) {
@@ -299,43 +266,29 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
             return static_cast<int>(
                 e.submit(batch, static_cast<uintptr_t>(as_nonneg_int(stream, "stream")), static_cast<HostPath>(p)));
           },
-          py::arg("batch"), py::arg("stream"), py::arg("path") = 0,
-          "Enqueues ``batch`` on the raw stream handle ``stream`` (in the kernel's parameters "
-          "when it is small, else staged); a host-move engine goes by SM or DMA (``path`` 0: "
-          "by the measured crossover, 1: SM, 2: DMA). Returns the path taken (0 for an empty "
-          "batch). Raises ValueError for a batch this engine cannot hold, RuntimeError for a "
-          "CUDA/HIP error.")
+          py::arg("batch"), py::arg("stream"), py::arg("path") = 0, doc(engine, "submit"))
       .def(
           "set_host_blocks",
           [](GpuCopyEngine& e, py::handle to_host, py::handle from_host) {
             e.set_host_blocks(static_cast<int>(as_int(to_host, "to_host")),
                               static_cast<int>(as_int(from_host, "from_host")));
           },
-          py::arg("to_host"), py::arg("from_host"),
-          "Sets a host-move engine's SM-path block counts (0: the measured one); returns None. "
-          "Raises ValueError on a device-copy engine or for a count out of range.")
+          py::arg("to_host"), py::arg("from_host"), doc(engine, "set_host_blocks"))
       .def(
           "set_sm_slice_bytes",
           [](GpuCopyEngine& e, py::handle bytes) {
             e.set_sm_slice_bytes(static_cast<uint64_t>(as_nonneg_int(bytes, "bytes")));
           },
-          py::arg("bytes"),
-          "Sets a host-move engine's bytes per SM-path launch (0: the measured slice); returns "
-          "None. Raises ValueError on a device-copy engine.")
+          py::arg("bytes"), doc(engine, "set_sm_slice_bytes"))
       .def(
           "set_dma_batch",
           [](GpuCopyEngine& e, py::handle runs) { e.set_dma_batch(static_cast<size_t>(as_nonneg_int(runs, "runs"))); },
-          py::arg("runs"),
-          "Sets a host-move engine's runs per batched-memcpy call (0: one memcpy per run); "
-          "returns None. Raises ValueError on a device-copy engine.")
+          py::arg("runs"), doc(engine, "set_dma_batch"))
       .def(
           "host_blocks",
           [](GpuCopyEngine& e, py::handle to_host) { return e.host_blocks(as_bool(to_host, "to_host")); },
-          py::arg("to_host"), "Returns the SM-path block count of one direction (0 on a device-copy engine).")
-      .def("stage", &GpuCopyEngine::stage, py::arg("batch"),
-           "Fills the next staging buffer with ``batch``'s descriptors, waiting until the device "
-           "read it last time; returns None. Raises ValueError for a batch this engine cannot hold, "
-           "RuntimeError for a CUDA/HIP error.")
+          py::arg("to_host"), doc(engine, "host_blocks"))
+      .def("stage", &GpuCopyEngine::stage, py::arg("batch"), doc(engine, "stage"))
       .def(
           "launch",
           [](GpuCopyEngine& e, py::handle stream, py::handle full_transfer, py::handle copy_descriptors) {
@@ -343,16 +296,13 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
                      as_bool(copy_descriptors, "copy_descriptors"));
           },
           py::arg("stream"), py::arg("full_transfer") = false, py::arg("copy_descriptors") = true,
-          "Enqueues the descriptor copy and the kernel on ``stream`` (capturable in a CUDA graph); "
-          "returns None. Raises RuntimeError for a CUDA/HIP error.")
+          doc(engine, "launch"))
       .def(
           "record_consumed",
           [](GpuCopyEngine& e, py::handle stream) {
             e.record_consumed(static_cast<uintptr_t>(as_nonneg_int(stream, "stream")));
           },
-          py::arg("stream"),
-          "Marks the staging buffer as read once ``stream`` reaches this point; returns None. "
-          "Raises RuntimeError for a CUDA/HIP error.")
+          py::arg("stream"), doc(engine, "record_consumed"))
       .def_property_readonly("device", &GpuCopyEngine::device)
       .def_property_readonly("num_sms", &GpuCopyEngine::num_sms)
       .def_property_readonly("grid_blocks", &GpuCopyEngine::grid_blocks)
@@ -380,10 +330,7 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
                         py::arg("crossover_from_host") = p.crossover[1], py::arg("slice_to_host") = p.slice_bytes[0],
                         py::arg("slice_from_host") = p.slice_bytes[1], py::arg("samples") = samples);
       },
-      py::arg("device"),
-      "Returns what the device's link to pinned host memory does, measured the first time (a "
-      "dict: SM-path blocks and DMA crossover per direction, and the samples). Raises "
-      "RuntimeError for a CUDA/HIP error.");
+      py::arg("device"), doc("_host_link_profile"));
   m.def(
       "_host_memory_mapped",
       [](py::handle device, py::handle address, py::handle nbytes) {
@@ -391,9 +338,7 @@ replays read the staging again: stage, replay, then ``record_consumed``.)doc")
                                   static_cast<uintptr_t>(as_nonneg_int(address, "address")),
                                   static_cast<size_t>(as_nonneg_int(nbytes, "nbytes")));
       },
-      py::arg("device"), py::arg("address"), py::arg("nbytes"),
-      "Returns True when the bytes are pinned host memory the device's kernels address with the "
-      "same pointer. Raises RuntimeError for a CUDA/HIP error.");
+      py::arg("device"), py::arg("address"), py::arg("nbytes"), doc("_host_memory_mapped"));
 #endif
 }
 

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "bindings/docs.h"
 #include "core/eviction_policy.h"
 
 namespace statecache::bindings {
@@ -44,15 +45,6 @@ inline py::dict eviction_model_dict(const EvictionCostModel& m) {
   return d;
 }
 
-constexpr const char* kSetEvictionPolicyDoc =
-    "set_eviction_policy(kind='lru', *, flops_per_token=1.0, flops_per_context_token=0.0, "
-    "checkpoint_bytes=1.0, tokens_per_position=1.0, weight=1.0, guesses_first=True)\n\n"
-    "Which checkpoint to spend first. 'lru' (the default, the reference's behaviour): least "
-    "recently used, guesses first. 'cost': recency + weight x prefill FLOPs a hit saves per byte "
-    "freed (a position of p hash blocks saves n = p x tokens_per_position tokens: "
-    "n x flops_per_token + flops_per_context_token x n(n+1)/2), both min-max normalised; O(1) "
-    "per operation. ValueError naming the argument, nothing changed, for a bad value.";
-
 // `target(self)` gives the object with set_eviction_model / eviction_model.
 template <class Cls, class Target>
 void def_eviction_methods(Cls& cls, Target target) {
@@ -68,13 +60,10 @@ void def_eviction_methods(Cls& cls, Target target) {
          py::arg("kind") = "lru", py::kw_only(), py::arg("flops_per_token") = 1.0,
          py::arg("flops_per_context_token") = 0.0, py::arg("checkpoint_bytes") = 1.0,
          py::arg("tokens_per_position") = 1.0, py::arg("weight") = 1.0, py::arg("guesses_first") = true,
-         kSetEvictionPolicyDoc,
-         "Chooses which checkpoint to spend first ('lru' or 'cost'; see ``eviction_policy``); "
-         "returns None. Raises ValueError naming the argument, changing nothing, for an unknown "
-         "kind or a weight that is negative or not finite.")
+         doc(cls, "set_eviction_policy"))
       .def_property_readonly(
           "eviction_policy", [target](T& self) { return eviction_model_dict(target(self).eviction_model()); },
-          "The eviction setting as a dict (see set_eviction_policy).");
+          doc(cls, "eviction_policy"));
 }
 
 }  // namespace statecache::bindings

@@ -7,9 +7,9 @@
 // which is more than most of these methods' work. fast::def registers a
 // CPython METH_FASTCALL descriptor with a small keyword parser: positional and
 // keyword forms, defaults and keyword-only parameters as the reference has
-// them, a text signature built from the same parameter list, and C++
-// exceptions mapped as everywhere else in the module. It is the one way a
-// fast method is defined.
+// them, a text signature built from the same parameter list, the docstring
+// docs/api.md gives "Class.method" (docs.h), and C++ exceptions mapped as
+// everywhere else in the module. It is the one way a fast method is defined.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -32,6 +32,7 @@
 
 #include "bindings/call_gate.h"
 #include "bindings/convert.h"
+#include "bindings/docs.h"
 #include "core/errors.h"
 #include "core/sequence.h"
 
@@ -339,23 +340,28 @@ inline PyObject* refuse_live_copy(PyObject* self) {
 }
 
 inline void refuse_copy(py::handle cls) {
-#define STATECACHE_REFUSED "\n--\n\nRaises TypeError: a live object, not a value; it does not pickle or copy."
-  static PyMethodDef defs[] = {
-      {"__reduce_ex__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O,
-       "__reduce_ex__($self, protocol, /)" STATECACHE_REFUSED},
-      {"__reduce__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS,
-       "__reduce__($self)" STATECACHE_REFUSED},
-      {"__copy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS,
-       "__copy__($self)" STATECACHE_REFUSED},
-      {"__deepcopy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O,
-       "__deepcopy__($self, memo, /)" STATECACHE_REFUSED},
+  struct Refused {
+    const char* name;
+    PyCFunction meth;
+    int flags;
+    const char* params;  // the text signature's
   };
-#undef STATECACHE_REFUSED
-  for (PyMethodDef& d : defs) {
+  static const Refused refused[] = {
+      {"__reduce_ex__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O,
+       "($self, protocol, /)"},
+      {"__reduce__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS, "($self)"},
+      {"__copy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_NOARGS, "($self)"},
+      {"__deepcopy__", [](PyObject* self, PyObject*) { return refuse_live_copy(self); }, METH_O, "($self, memo, /)"},
+  };
+  for (const Refused& r : refused) {
+    // One definition per class, for its own docstring; never freed (as install's).
+    const char* d = doc(cls, r.name);
+    auto* text = new std::string(std::string(r.name) + r.params + "\n--\n\n" + (d ? d : ""));
+    auto* md = new PyMethodDef{r.name, r.meth, r.flags, text->c_str()};
     py::object descr =
-        py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), &d));
+        py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), md));
     if (!descr) throw py::error_already_set();
-    py::setattr(cls, d.ml_name, descr);
+    py::setattr(cls, r.name, descr);
   }
 }
 
@@ -770,7 +776,7 @@ inline Params params_of;
 using FastMethod = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t, PyObject*);
 
 inline void install(py::handle cls, const char* name, FastMethod meth, Params& p, std::initializer_list<Arg> args,
-                    const char* doc, bool strict) {
+                    bool strict) {
   if (!p.func.empty()) throw std::logic_error(std::string("fast method bound twice: ") + name);
   p.func = name;
   std::string sig = std::string(name) + "($self";
@@ -804,8 +810,8 @@ inline void install(py::handle cls, const char* name, FastMethod meth, Params& p
   for (const std::string& n : p.names) p.cnames.push_back(n.c_str());
   sig += ")\n--\n\n";
   // Method definitions and their docs live as long as the type: never freed.
-  const std::string d(doc ? doc : "");
-  auto* text = new std::string(d.find("\n--\n\n") == std::string::npos ? sig + d : d);
+  const char* d = doc(cls, name);
+  auto* text = new std::string(sig + (d ? d : ""));
   auto* md = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(meth)),
                              METH_FASTCALL | METH_KEYWORDS, text->c_str()};
   py::object descr =
@@ -843,13 +849,13 @@ PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
 // for those that only convert). `args` as for fast::method; `F` converts
 // them itself (a[i] is nullptr for an optional one not given).
 template <class T, class F>
-void def(py::handle cls, const char* name, F, std::initializer_list<Arg> args, const char* doc) {
-  install(cls, name, &trampoline<T, F>, params_of<F>, args, doc, /*strict=*/false);
+void def(py::handle cls, const char* name, F, std::initializer_list<Arg> args) {
+  install(cls, name, &trampoline<T, F>, params_of<F>, args, /*strict=*/false);
 }
 
 // ---- table methods: the conversions deduced from the C++ signature ----------
 //
-// fast::method<&Core::member>(cls, "name", {"a", "b=0"}, doc) binds a member
+// fast::method<&Core::member>(cls, "name", {"a", "b=0"}) binds a member
 // (or a plain function taking the instance first) whose parameters and
 // result convert by their C++ types: each argument as its parameter type
 // (Conv below, errors naming the parameter), the result as to_result does.
@@ -1010,12 +1016,12 @@ PyObject* method_trampoline(PyObject* self, PyObject* const* args, Py_ssize_t na
 // `Of`: a stateless function from the instance to the object called (a
 // coordinator's store, say).
 template <auto F, class Of = std::identity, class T, class... Options>
-void method(py::class_<T, Options...>& cls, const char* name, std::initializer_list<Arg> args, const char* doc) {
+void method(py::class_<T, Options...>& cls, const char* name, std::initializer_list<Arg> args) {
   constexpr size_t n = std::tuple_size_v<typename Signature<F>::Args>;
   size_t named = 0;
   for (const Arg& a : args) named += std::string_view(a.text) != "*";
   if (named != n) throw std::logic_error(std::string("fast method ") + name + ": parameter names do not match");
-  install(cls, name, &method_trampoline<T, F, Of>, method_params<T, F>, args, doc, /*strict=*/true);
+  install(cls, name, &method_trampoline<T, F, Of>, method_params<T, F>, args, /*strict=*/true);
 }
 
 template <class T, class F>
@@ -1061,8 +1067,8 @@ inline void add_getset(py::handle cls, PyGetSetDef* gs) {
 // PyObject*(const T&, PyObject* self)).
 // Getset descriptors live as long as the type: never freed.
 template <class T, class F>
-void def_readonly(py::handle cls, const char* name, F, const char* doc = nullptr) {
-  add_getset(cls, new PyGetSetDef{name, &getter<T, F>, nullptr, doc, nullptr});
+void def_readonly(py::handle cls, const char* name, F) {
+  add_getset(cls, new PyGetSetDef{name, &getter<T, F>, nullptr, doc(cls, name), nullptr});
 }
 
 // A read-only attribute that is a member (or a function of the instance)
@@ -1079,15 +1085,15 @@ PyObject* member_getter(PyObject* self, void*) {
   }
 }
 template <auto F, class T, class... Options>
-void attr(py::class_<T, Options...>& cls, const char* name, const char* doc = nullptr) {
-  add_getset(cls, new PyGetSetDef{name, &member_getter<F, T>, nullptr, doc, nullptr});
+void attr(py::class_<T, Options...>& cls, const char* name) {
+  add_getset(cls, new PyGetSetDef{name, &member_getter<F, T>, nullptr, doc(cls, name), nullptr});
 }
 
 // A read-write attribute: `Get` as for def_readonly, `Set` captureless
 // void(T&, PyObject* value, const char* name), raising before it changes anything.
 template <class T, class Get, class Set>
-void def_property(py::handle cls, const char* name, Get, Set, const char* doc = nullptr) {
-  add_getset(cls, new PyGetSetDef{name, &getter<T, Get>, &setter<T, Set>, doc, const_cast<char*>(name)});
+void def_property(py::handle cls, const char* name, Get, Set) {
+  add_getset(cls, new PyGetSetDef{name, &getter<T, Get>, &setter<T, Set>, doc(cls, name), const_cast<char*>(name)});
 }
 
 }  // namespace statecache::bindings::fast

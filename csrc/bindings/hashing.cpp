@@ -5,6 +5,7 @@
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "bindings/docs.h"
 #include "core/block_hash.h"
 
 namespace statecache::bindings {
@@ -66,18 +67,7 @@ void bind_hashing(pybind11::module_& m) {
         return arr;
       },
       py::arg("token_ids"), py::arg("block_size"), py::arg("parent_hash") = -1, py::arg("as_numpy") = false,
-      R"doc(Chained content hashes of every full block of ``token_ids``.
-
-Block ``i`` covers tokens ``[i*block_size, (i+1)*block_size)``; its hash folds
-in the hash of block ``i-1``, starting from ``parent_hash`` (-1: the root), so
-one hash names the whole prefix. A trailing partial block is ignored. To extend
-a sequence's hashes, pass the tokens from the next block boundary on and the
-last hash as ``parent_hash`` (signed or unsigned: the hashes come back in the
-form it was given, unsigned ones as a uint64 array). Never returns -1 (the
-library's "none"). Returns a list of ints, or an int64 NumPy array with
-``as_numpy=True``. Raises ValueError for ``block_size <= 0`` or a
-``parent_hash`` of 2**64 - 1, OverflowError for one outside [-2**63, 2**64),
-TypeError for tokens that are not ints.)doc");
+      doc("chain_block_hashes"));
 
   m.def(
       "chain_block_keys",
@@ -102,23 +92,11 @@ TypeError for tokens that are not ints.)doc");
         return py::make_tuple(std::move(hashes), py::bytes(packed));
       },
       py::arg("token_ids"), py::arg("block_size"), py::arg("parent_key") = py::none(), py::arg("seed") = 0,
-      py::arg("salt") = py::none(),
-      R"doc(The 128-bit form of ``chain_block_hashes``: prefix keys for tiers below GPU memory.
-
-Block ``i``'s key is SipHash-2-4 (128-bit output) of block ``i-1``'s key and
-block ``i``'s tokens, under a deployment key derived from ``seed`` (an int) and
-``salt`` (bytes or str, optional), so prefixes cannot be made to collide without
-it. ``parent_key``: the 16-byte key to chain from (None: the root). Returns
-``(hashes, keys)``: the 64-bit scheduler hash of each block (derived from its
-key, never -1) and the keys packed as ``16 * n`` bytes (key ``i`` is
-``keys[16*i:16*i+16]``, little-endian). A trailing partial block is ignored.
-Raises ValueError for ``block_size <= 0`` or a ``parent_key`` that is not 16
-bytes, TypeError for a ``salt`` that is not bytes, str or None.)doc");
+      py::arg("salt") = py::none(), doc("chain_block_keys"));
 
   m.def(
       "scheduler_hash", [](py::handle key) { return scheduler_hash(as_prefix_key(key, "key")); }, py::arg("key"),
-      "Returns the 64-bit scheduler hash (never -1) the 16-byte prefix key ``key`` names. Raises "
-      "TypeError for a key that is not bytes, ValueError for one that is not 16 bytes.");
+      doc("scheduler_hash"));
 }
 
 }  // namespace statecache::bindings

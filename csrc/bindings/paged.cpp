@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "bindings/bindings.h"
+#include "bindings/docs.h"
 #include "bindings/paged_store_methods.h"
 #include "bindings/paged_values.h"
 #include "core/checkpoint_store.h"
@@ -369,24 +370,7 @@ void rekey_units_of(PyBlockPool& p, const std::vector<int64_t>& units, py::handl
 
 void bind_block_pool(py::module_& m) {
   py::classh<PyBlockPool> cls(m, "BlockPool", py::metaclass(fast::guarded_metaclass()),
-                              fast::gc_setup<PyBlockPool, &traverse_pool, &clear_pool>(), R"doc(
-One pool of ``num_blocks`` blocks shared by the KV prefix cache and PAGE
-checkpoint units.
-
-Units: ``reserve_units(count, owner)`` takes ``count`` free blocks for
-``owner`` (any hashable value, compared by equality) or returns None and takes
-nothing; ``release_units`` / ``rekey_units`` raise ValueError, changing
-nothing, unless ``owner`` holds every listed unit.
-
-KV: ``allocate(count)`` hands out blocks with one reference each;
-``free(block_ids)`` drops one reference per listed block; ``incref`` takes one
-more (also revives a free block found by ``lookup``); ``publish(block, hash)``
-files a full block under its content hash. A block whose last reference goes
-keeps its hash and stays findable until the pool hands it out again (least
-recently freed first, and only once no never-hashed block is free); then
-``on_evict(hash)`` is called, after the pool is consistent again; an
-exception it raises is reported through ``sys.unraisablehook`` and the call
-that evicted completes normally.)doc");
+                              fast::gc_setup<PyBlockPool, &traverse_pool, &clear_pool>(), doc("BlockPool"));
   fast::refuse_copy(cls);
   cls.def(py::init([](py::handle num_blocks, py::handle on_evict) {
             if (!on_evict.is_none() && !PyCallable_Check(on_evict.ptr()))
@@ -395,40 +379,26 @@ that evicted completes normally.)doc");
             pool->on_evict = py::reinterpret_borrow<py::object>(on_evict);
             return pool;
           }),
-          py::arg("num_blocks"), py::arg("on_evict") = py::none(),
-          "Raises ValueError for ``num_blocks < 0``; TypeError for a non-callable ``on_evict``.");
+          py::arg("num_blocks"), py::arg("on_evict") = py::none(), doc(cls, "__init__"));
   using fast::to_py;
   using P = PyBlockPool;
   fast::attr<&P::num_blocks>(cls, "num_blocks");
-  fast::attr<&P::num_free>(cls, "num_free",
-                           "Blocks a reservation or allocation could take now (never-hashed + cached).");
-  fast::attr<&P::num_cached>(cls, "num_cached", "Free blocks still findable by hash.");
-  fast::attr<&P::num_kv_blocks>(cls, "num_kv_blocks", "Blocks held by the KV cache.");
-  fast::attr<&P::num_reserved>(cls, "num_reserved", "Blocks held as units by an owner.");
+  fast::attr<&P::num_free>(cls, "num_free");
+  fast::attr<&P::num_cached>(cls, "num_cached");
+  fast::attr<&P::num_kv_blocks>(cls, "num_kv_blocks");
+  fast::attr<&P::num_reserved>(cls, "num_reserved");
   fast::def_property<P>(
       cls, "on_evict", [](const P& p) { return Py_NewRef(p.on_evict.ptr()); },
       [](P& p, PyObject* fn, const char* name) {
         if (fn != Py_None && !PyCallable_Check(fn)) raise_type(name, "a callable or None", py::handle(fn));
         py::object old = std::move(p.on_evict);  // released after the swap: its __del__ may use the pool
         p.on_evict = py::reinterpret_borrow<py::object>(fn);
-      },
-      "Called with a hash when its block leaves the index (or None).");
-  fast::method<&reserve_units_for>(
-      cls, "reserve_units", {fast::nonneg_arg("count"), "owner"},
-      "Returns ``count`` free blocks now held by ``owner``, or None (nothing taken) when fewer "
-      "are free. Raises ValueError for ``count < 0``, TypeError for an unhashable owner.");
-  fast::method<&release_units_of>(
-      cls, "release_units", {"unit_ids", "owner"},
-      "Frees units ``owner`` holds; returns None. Raises ValueError, changing nothing, if any "
-      "unit is not held by ``owner`` or belongs to a store's image.");
-  fast::method<&rekey_units_of>(cls, "rekey_units", {"unit_ids", "old_owner", "new_owner"},
-                                "Moves units from ``old_owner`` to ``new_owner``; returns None. Raises ValueError, "
-                                "changing nothing, if any unit is not held by ``old_owner`` or belongs to a store's "
-                                "image.");
+      });
+  fast::method<&reserve_units_for>(cls, "reserve_units", {fast::nonneg_arg("count"), "owner"});
+  fast::method<&release_units_of>(cls, "release_units", {"unit_ids", "owner"});
+  fast::method<&rekey_units_of>(cls, "rekey_units", {"unit_ids", "old_owner", "new_owner"});
   using fast::hash_arg;
-  fast::method<&block_owner>(cls, "owner_of", {"unit"},
-                             "Returns the owner holding ``unit`` (equal to the one given), or None for a free block "
-                             "or one the KV cache holds. Raises IndexError for a unit out of range.");
+  fast::method<&block_owner>(cls, "owner_of", {"unit"});
   // pybind11's own (tests/python/api/test_stubs.py reads its function object).
   cls.def(
       "allocate",
@@ -437,41 +407,15 @@ that evicted completes normally.)doc");
         const bool ok = p.allocate(as_nonneg_int(count, "count"), blocks);
         return list_or_none(ok, blocks);
       },
-      py::arg("count"),
-      "Returns ``count`` blocks for the KV cache (one reference each), never-hashed first, "
-      "then least recently freed; None (nothing taken) when fewer are free. Raises ValueError "
-      "for ``count < 0``.");
-  fast::method<&BlockPool::free>(
-      cls, "free", {"block_ids"},
-      "Drops one reference per listed block; at zero a hashed block stays findable until it is "
-      "reused. Returns None. Raises ValueError, changing nothing, for a block the KV cache "
-      "does not hold.");
-  fast::method<&BlockPool::incref>(
-      cls, "incref", {"block_ids"},
-      "Takes one more reference per listed block (a prefix hit; a cached free block is taken "
-      "back). Returns None. Raises ValueError, changing nothing, for a block neither held nor "
-      "cached.");
-  fast::method<&BlockPool::lookup>(cls, "lookup", {hash_arg("hash")},
-                                   "Returns the block indexed under ``hash``, or -1. Raises only for a bad argument "
-                                   "(docs/contract.md, \"Errors\").");
-  fast::method<&BlockPool::publish>(
-      cls, "publish", {"block", hash_arg("hash")},
-      "Indexes a full KV block under ``hash``; returns False when another block already holds "
-      "that hash. Raises ValueError for a block the KV cache does not hold or ``hash == -1``.");
-  fast::method<&block_hash>(cls, "block_hash", {"block"},
-                            "Returns the hash ``block`` is indexed under, or -1. Raises IndexError for a block out "
-                            "of range.");
-  fast::method<&BlockPool::ref_count>(
-      cls, "ref_count", {"block"},
-      "Returns ``block``'s KV reference count. Raises IndexError for a block out of range.");
-  fast::method<&BlockPool::reset_prefix_cache>(
-      cls, "reset_prefix_cache", {},
-      "Drops every cached free block from the index (on_evict fires for each); returns how "
-      "many. Raises nothing (an on_evict handler's exception goes to sys.unraisablehook).");
-  fast::method<&BlockPool::check_consistency>(
-      cls, "check_consistency", {},
-      "Checks the pool's internal invariants (for tests); returns None. Raises AssertionError "
-      "when one is broken.");
+      py::arg("count"), doc(cls, "allocate"));
+  fast::method<&BlockPool::free>(cls, "free", {"block_ids"});
+  fast::method<&BlockPool::incref>(cls, "incref", {"block_ids"});
+  fast::method<&BlockPool::lookup>(cls, "lookup", {hash_arg("hash")});
+  fast::method<&BlockPool::publish>(cls, "publish", {"block", hash_arg("hash")});
+  fast::method<&block_hash>(cls, "block_hash", {"block"});
+  fast::method<&BlockPool::ref_count>(cls, "ref_count", {"block"});
+  fast::method<&BlockPool::reset_prefix_cache>(cls, "reset_prefix_cache", {});
+  fast::method<&BlockPool::check_consistency>(cls, "check_consistency", {});
 }
 
 // ------------------------------------------------------------ store views --
@@ -543,29 +487,25 @@ void def_mapping(py::classh<View>& cls, py::object (*get)(const std::shared_ptr<
             if (r.is_none()) throw py::key_error(py_repr(k));
             return r;
           },
-          "Returns the value under the key. Raises KeyError for a key with no entry.")
+          doc(cls, "__getitem__"))
       .def("__contains__", [get](const View& v, py::handle k) { return !get(v.store, k).is_none(); })
       .def("__iter__", [keys](const View& v) { return py::iter(keys(v.store)); })
       .def(
-          "keys", [keys](const View& v) { return keys(v.store); },
-          "Returns a list snapshot of the keys. Raises nothing.")
+          "keys", [keys](const View& v) { return keys(v.store); }, doc(cls, "keys"))
       .def(
           "values", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("values")()); },
-          "Returns a list snapshot of the values. Raises nothing.")
+          doc(cls, "values"))
       .def(
-          "items", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("items")()); },
-          "Returns a list snapshot of the (key, value) pairs. Raises nothing.")
+          "items", [as_dict](const View& v) { return py::list(as_dict(v.store).attr("items")()); }, doc(cls, "items"))
       .def(
           "get",
           [get](const View& v, py::handle k, py::object dflt) {
             py::object r = get(v.store, k);
             return r.is_none() ? dflt : r;
           },
-          py::arg("key"), py::arg("default") = py::none(),
-          "Returns the value under ``key``, or ``default`` when there is none. Raises nothing.")
+          py::arg("key"), py::arg("default") = py::none(), doc(cls, "get"))
       .def(
-          "copy", [as_dict](const View& v) { return as_dict(v.store); },
-          "Returns a plain dict snapshot. Raises nothing.")
+          "copy", [as_dict](const View& v) { return as_dict(v.store); }, doc(cls, "copy"))
       .def("__eq__", [as_dict](const View& v, py::handle other) { return as_dict(v.store).equal(other); })
       .def("__repr__", [as_dict](const View& v) { return py_repr(as_dict(v.store)); });
   py::module_::import("collections.abc").attr("Mapping").attr("register")(cls);
@@ -575,18 +515,15 @@ int64_t num_records(const Store& s) { return s.num_records(); }
 int64_t num_indexed(const Store& s) { return s.hash_index_size(); }
 
 void bind_store_views(py::module_& m) {
-  py::classh<RecordsView> records(
-      m, "CheckpointRecordsView", py::metaclass(fast::guarded_metaclass()), fast::owner_gc_setup<RecordsView>(),
-      "Live read-only mapping checkpoint id -> CheckpointRecord (live, read-only), oldest first.");
+  py::classh<RecordsView> records(m, "CheckpointRecordsView", py::metaclass(fast::guarded_metaclass()),
+                                  fast::owner_gc_setup<RecordsView>(), doc("CheckpointRecordsView"));
   def_mapping(records, &record_or_none, &record_keys, &records_dict, &num_records);
-  py::classh<HashIndexView> index(
-      m, "CheckpointHashIndexView", py::metaclass(fast::guarded_metaclass()), fast::owner_gc_setup<HashIndexView>(),
-      "Live read-only mapping hash -> READY checkpoint id, in the order they became READY.");
+  py::classh<HashIndexView> index(m, "CheckpointHashIndexView", py::metaclass(fast::guarded_metaclass()),
+                                  fast::owner_gc_setup<HashIndexView>(), doc("CheckpointHashIndexView"));
   def_mapping(index, &index_or_none, &index_keys, &index_dict, &num_indexed);
 
   py::classh<BacklogView> backlog(m, "OffloadBacklogView", py::metaclass(fast::guarded_metaclass()),
-                                  fast::owner_gc_setup<BacklogView>(),
-                                  "Live view of the checkpoint ids nominated for offload, oldest first.");
+                                  fast::owner_gc_setup<BacklogView>(), doc("OffloadBacklogView"));
   fast::refuse_copy(backlog);
   backlog.def("__len__", [](const BacklogView& v) { return v.store->store_backlog().size(); })
       .def("__bool__", [](const BacklogView& v) { return !v.store->store_backlog().empty(); })
@@ -679,15 +616,7 @@ bool adopt_units(PyStore& s, const std::vector<int64_t>& units, py::handle owner
 
 void bind_store(py::module_& m) {
   py::classh<PyStore> cls(m, "PageUnitCheckpointStore", py::metaclass(fast::guarded_metaclass()),
-                          fast::gc_setup<PyStore, &traverse_store, &clear_store>(), R"doc(
-Content index and unit ownership for PAGE checkpoint images.
-
-``begin_store`` files a COPYING record whose units the next batch scatters
-into; ``complete_inflight`` (top of the following pass) makes it READY, the
-only state ``lookup`` finds. READY unpinned checkpoints are spent least
-recently used first when units run short. Offload: READY checkpoints are
-nominated to a tier (``offload_sink``), handed out pinned by
-``take_offload_stores`` and unpinned in two phases.)doc");
+                          fast::gc_setup<PyStore, &traverse_store, &clear_store>(), doc("PageUnitCheckpointStore"));
   fast::refuse_copy(cls);
   fast::inner_gate<PyStore> = [](PyObject* self) -> CallGate* {
     const PyStore* s = fast::cached_instance<PyStore>(self);
@@ -700,8 +629,7 @@ nominated to a tier (``offload_sink``), handed out pinned by
             const bool offload_sink = as_bool(sink, "offload_sink");
             return make_py_store(pool, p, sp, offload_sink);
           }),
-          py::arg("pool"), py::arg("spec"), py::arg("offload_sink") = false,
-          "Raises TypeError for a pool of None or a spec of the wrong type.");
+          py::arg("pool"), py::arg("spec"), py::arg("offload_sink") = false, doc(cls, "__init__"));
   using fast::to_py;
   fast::def_readonly<PyStore>(cls, "pool", [](const PyStore& s) { return pool_object(s).release().ptr(); });
   fast::def_readonly<PyStore>(cls, "spec", [](const PyStore& s) { return py::cast(s.spec()).release().ptr(); });
@@ -715,72 +643,31 @@ nominated to a tier (``offload_sink``), handed out pinned by
   fast::def_readonly<PyStore>(cls, "hash_to_checkpoint", [](const PyStore&, PyObject* self) {
     return make_view<HashIndexView>(self).release().ptr();
   });
-  fast::def_readonly<PyStore>(
-      cls, "store_backlog", [](const PyStore&, PyObject* self) { return make_view<BacklogView>(self).release().ptr(); },
-      "Checkpoint ids nominated for the offload tier, oldest first.");
-  fast::method<&take_restore_ops>(cls, "take_restore_ops", {},
-                                  "Returns and clears this batch's queued restores, oldest first. Raises nothing.");
-  fast::method<&Store::cancel_queued_restore>(
-      cls, "cancel_queued_restore", {"dst_slot"},
-      "Drops the restore queued into ``dst_slot`` and its pin (no-op without one); returns "
-      "None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::method<&changed_since_py>(
-      cls, "changed_since", {"generation"},
-      "Returns the set of hashes whose READY standing may differ from what it was at "
-      "``generation``, or None when the log no longer reaches back that far (at least 4,000 "
-      "bumps are kept). Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::method<&adopt_units>(cls, "adopt_units", {"unit_ids", "owner", fast::hash_arg("prefix_hash")},
-                             "Files units ``owner`` holds as a READY image under ``prefix_hash``; returns False "
-                             "(units left with the owner) when the hash is already kept. Raises ValueError, changing "
-                             "nothing, for a wrong unit count, units the owner does not hold, or ``prefix_hash == "
-                             "-1``.");
-  fast::method<&Store::complete_inflight>(
-      cls, "complete_inflight", {},
-      "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
-      "Raises nothing.");
-  fast::method<&Store::unindex>(
-      cls, "unindex", {fast::hash_arg("prefix_hash")},
-      "Drops the unpinned image filed under ``prefix_hash``; returns whether one was dropped. "
-      "Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::method<&Store::clear>(cls, "clear", {},
-                              "Drops every unpinned image and returns its units to the pool; returns None. Raises "
-                              "nothing (an on_evict handler's exception goes to sys.unraisablehook).");
-  fast::method<&PyStore::use_clock>(
-      cls, "use_clock", {"clock"},
-      "Reads pin ages from ``clock()`` (seconds) instead of the monotonic clock; None restores "
-      "it (for tests). Returns None. Raises TypeError for an object that is not callable or "
-      "None.");
-  fast::method<&Store::check_consistency>(
-      cls, "check_consistency", {},
-      "Checks the store's internal invariants (for tests); returns None. Raises AssertionError "
-      "when one is broken.");
+  fast::def_readonly<PyStore>(cls, "store_backlog", [](const PyStore&, PyObject* self) {
+    return make_view<BacklogView>(self).release().ptr();
+  });
+  fast::method<&take_restore_ops>(cls, "take_restore_ops", {});
+  fast::method<&Store::cancel_queued_restore>(cls, "cancel_queued_restore", {"dst_slot"});
+  fast::method<&changed_since_py>(cls, "changed_since", {"generation"});
+  fast::method<&adopt_units>(cls, "adopt_units", {"unit_ids", "owner", fast::hash_arg("prefix_hash")});
+  fast::method<&Store::complete_inflight>(cls, "complete_inflight", {});
+  fast::method<&Store::unindex>(cls, "unindex", {fast::hash_arg("prefix_hash")});
+  fast::method<&Store::clear>(cls, "clear", {});
+  fast::method<&PyStore::use_clock>(cls, "use_clock", {"clock"});
+  fast::method<&Store::check_consistency>(cls, "check_consistency", {});
   def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
-  fast::method<&Store::lookup>(
-      cls, "lookup", {fast::hash_arg("prefix_hash")},
-      "Returns the READY checkpoint id filed under ``prefix_hash``, or -1. Raises only for a bad "
-      "argument (docs/contract.md, \"Errors\").");
-  fast::method<&Store::contains_or_pending>(
-      cls, "contains_or_pending", {fast::hash_arg("prefix_hash")},
-      "Returns whether an image of ``prefix_hash`` is READY or a store of it is on its way. Raises "
-      "only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::def<PyStore>(
-      cls, "begin_store",
-      [](PyStore& s, PyObject** a) -> PyObject* {
-        const int64_t position = a[2] == nullptr ? 0 : as_int(a[2], "position");
-        if (position < 0) bad_argument("position", position, "must be >= 0");
-        const int64_t prefix_hash = as_hash(a[0], "prefix_hash", s.hash_form());
-        auto op = s.begin_store(prefix_hash, as_int(a[1], "src_slot"), position);
-        return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
-      },
-      {"prefix_hash", "src_slot", "position=0"},
-      "Returns the op filing a COPYING image of ``src_slot`` taken at ``position`` (evicting "
-      "unpinned READY images if needed), or None when the units cannot be had or the hash is "
-      "already kept. Raises ValueError for ``position < 0`` or ``prefix_hash == -1``.");
-  fast::method<&Store::begin_restore>(
-      cls, "begin_restore", {fast::hash_arg("prefix_hash"), "dst_slot"},
-      "Returns an op reading the READY image of ``prefix_hash`` into ``dst_slot`` (the image "
-      "stays pinned until the batch completes), or None when no READY image is filed under the "
-      "hash. Raises only for a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&Store::lookup>(cls, "lookup", {fast::hash_arg("prefix_hash")});
+  fast::method<&Store::contains_or_pending>(cls, "contains_or_pending", {fast::hash_arg("prefix_hash")});
+  fast::def<PyStore>(cls, "begin_store",
+                     [](PyStore& s, PyObject** a) -> PyObject* {
+                       const int64_t position = a[2] == nullptr ? 0 : as_int(a[2], "position");
+                       if (position < 0) bad_argument("position", position, "must be >= 0");
+                       const int64_t prefix_hash = as_hash(a[0], "prefix_hash", s.hash_form());
+                       auto op = s.begin_store(prefix_hash, as_int(a[1], "src_slot"), position);
+                       return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
+                     },
+                     {"prefix_hash", "src_slot", "position=0"});
+  fast::method<&Store::begin_restore>(cls, "begin_restore", {fast::hash_arg("prefix_hash"), "dst_slot"});
 }
 
 }  // namespace

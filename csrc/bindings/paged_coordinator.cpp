@@ -5,6 +5,7 @@
 
 #include "bindings/batch_args.h"
 #include "bindings/bindings.h"
+#include "bindings/docs.h"
 #include "bindings/fast_call.h"
 #include "bindings/paged_store_methods.h"
 #include "bindings/paged_values.h"
@@ -434,15 +435,8 @@ void coord_clear_index(PyCoordinator& c) {
 
 void bind_coordinator(py::module_& m) {
   py::classh<PyCoordinator> cls(m, "PagedStateCheckpointCoordinator", py::metaclass(fast::guarded_metaclass()),
-                                fast::gc_setup<PyCoordinator, &traverse_coordinator, &clear_coordinator>(), R"doc(
-Schedules PAGE checkpoints for per-request state.
-
-``checkpoint(seq, blocks, h)`` files a boundary (a newer one from the same
-sequence supersedes it); ``take_checkpoint_ops()`` begins the stores and hands
-out this batch's ``(stores, restores)``; ``complete_previous_batch()`` at the
-top of the next pass makes them READY. Midstep positions borrow scratch slots
-from the pool given to ``attach_midstep_scratch``. ``resumable_hit`` also
-accepts boundaries the attached tier ``could_serve``.)doc");
+                                fast::gc_setup<PyCoordinator, &traverse_coordinator, &clear_coordinator>(),
+                                doc("PagedStateCheckpointCoordinator"));
   fast::refuse_copy(cls);
   fast::gate_link<PyCoordinator> = [](PyObject* self) -> PyObject* {
     const PyCoordinator* c = fast::cached_instance<PyCoordinator>(self);
@@ -464,7 +458,7 @@ accepts boundaries the attached tier ``could_serve``.)doc");
             return std::make_shared<PyCoordinator>(pool, p, std::move(sp), on, std::move(offload), readable);
           }),
           py::arg("pool"), py::arg("spec"), py::arg("enabled"), py::arg("offload") = py::none(),
-          py::arg("readable_midstep") = false, "Raises TypeError for a pool of None or a spec of the wrong type.");
+          py::arg("readable_midstep") = false, doc(cls, "__init__"));
   using fast::to_py;
   using C = PyCoordinator;
   fast::attr<&C::enabled>(cls, "enabled");
@@ -474,119 +468,42 @@ accepts boundaries the attached tier ``could_serve``.)doc");
   fast::attr<&C::checkpoints_kept>(cls, "checkpoints_kept");
   fast::attr<&C::checkpoints_dropped>(cls, "checkpoints_dropped");
   fast::attr<&C::checkpoints_orphaned>(cls, "checkpoints_orphaned");
-  fast::method<&coord_applies>(cls, "applies", {"seq"},
-                               "Returns whether this coordinator checkpoints anything for ``seq`` (enabled and the "
-                               "sequence has a per-request cache). Raises TypeError for an object without the sequence "
-                               "attributes.");
-  fast::method<&PyCoordinator::set_scratch>(
-      cls, "attach_midstep_scratch", {"slot_pool", fast::nonneg_arg("max_ops_per_batch")},
-      "Borrows midstep scratch slots from ``slot_pool`` (a StateSlotPool), at most "
-      "``max_ops_per_batch`` copies a batch; returns None. Raises TypeError for another pool "
-      "type, ValueError for a negative count.");
-  fast::method<&coord_reserve_midstep>(
-      cls, "reserve_midstep", {"seq", "positions"},
-      "Reserves a scratch slot per interior (position, hash) boundary of the next forward; "
-      "returns the (slot, position, hash) reservations, stopping at the first shortage (empty "
-      "without scratch). Raises ValueError for a hash of -1 or a row that is not a (position, hash) pair, TypeError "
-      "for a "
-      "non-int in one.");
-  fast::method<&coord_publish_midstep>(
-      cls, "publish_midstep", {"reservations", "seq=None"},
-      "Files the reserved midstep states for the next ``take_checkpoint_ops``; returns None. "
-      "Raises ValueError for a reservation this coordinator did not hand out.");
-  fast::method<&coord_cancel_midstep>(
-      cls, "cancel_midstep", {"reservations"},
-      "Returns reserved scratch slots unused (the forward never ran); returns None. Raises "
-      "ValueError for a reservation this coordinator did not hand out.");
-  fast::method<&coord_forget_pending>(
-      cls, "forget_pending", {"seq"},
-      "Drops ``seq``'s filed boundary that no batch has begun yet (and a restore queued into "
-      "its slot); returns None. Raises TypeError for an object without the sequence attributes.");
-  fast::method<&coord_take_checkpoint_ops>(
-      cls, "take_checkpoint_ops", {},
-      "Begins the filed stores and returns this batch's (stores, restores) tuples. Raises "
-      "RuntimeError when called from inside itself (an eviction handler), and what an engine "
-      "object's state_slot getter raised, before anything changes; an on_evict handler's "
-      "exception goes to sys.unraisablehook.");
-  fast::method<&Coordinator::complete_previous_batch>(
-      cls, "complete_previous_batch", {},
-      "Top of pass: the last batch's stores become READY and its restores unpin. Returns None. "
-      "Raises RuntimeError when called from inside take_checkpoint_ops.");
-  fast::method<&coord_reserve_transfer_units>(
-      cls, "reserve_transfer_units", {"owner"},
-      "Reserves one image's units under (\"state-transfer\", owner) for an external load; "
-      "returns their ids, or None when they cannot be had. Raises ValueError for owner None, "
-      "TypeError for an unhashable owner.");
-  fast::method<&coord_release_transfer_units>(
-      cls, "release_transfer_units", {"owner"},
-      "Gives a transfer reservation's units back (no-op without one); returns None. Raises "
-      "TypeError for an unhashable owner.");
-  fast::method<&coord_adopt_transfer_units>(
-      cls, "adopt_transfer_units", {"owner", "prefix_hash"},
-      "Files the loaded units as a READY image under ``prefix_hash``; returns False when "
-      "``owner`` holds no reservation or the hash is already kept (the units then go back). "
-      "Raises ValueError for ``prefix_hash == -1``.");
-  fast::method<&PyCoordinator::set_offload>(
-      cls, "attach_offload", {"index", "*", "sink=True"},
-      "Attaches a tier (its vote in ``resumable_hit``, and a sink for offload nominations "
-      "unless ``sink=False``), or detaches with None; returns None. Raises only for a bad "
-      "argument (docs/contract.md, \"Errors\").");
-  fast::method<&coord_unindex>(
-      cls, "unindex", {fast::hash_arg("h")},
-      "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
-      "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::method<&coord_clear_index>(cls, "clear_index", {},
-                                   "Drops every unpinned checkpoint; returns None. Raises nothing (an on_evict "
-                                   "handler's exception goes to sys.unraisablehook).");
-  fast::method<&Coordinator::check_consistency>(
-      cls, "check_consistency", {},
-      "Checks the invariants of the coordinator, its store and its pool (for tests); returns "
-      "None. Raises AssertionError when one is broken.");
-  fast::method<&fates>(cls, "checkpoint_fates", {},
-                       "Returns a new dict of the fates (kept, dropped, evicted, orphaned, reclaimed pins) and, "
-                       "with a tier attached, the tier's stats under ``state_offload_*``. Raises nothing.");
+  fast::method<&coord_applies>(cls, "applies", {"seq"});
+  fast::method<&PyCoordinator::set_scratch>(cls, "attach_midstep_scratch",
+                                            {"slot_pool", fast::nonneg_arg("max_ops_per_batch")});
+  fast::method<&coord_reserve_midstep>(cls, "reserve_midstep", {"seq", "positions"});
+  fast::method<&coord_publish_midstep>(cls, "publish_midstep", {"reservations", "seq=None"});
+  fast::method<&coord_cancel_midstep>(cls, "cancel_midstep", {"reservations"});
+  fast::method<&coord_forget_pending>(cls, "forget_pending", {"seq"});
+  fast::method<&coord_take_checkpoint_ops>(cls, "take_checkpoint_ops", {});
+  fast::method<&Coordinator::complete_previous_batch>(cls, "complete_previous_batch", {});
+  fast::method<&coord_reserve_transfer_units>(cls, "reserve_transfer_units", {"owner"});
+  fast::method<&coord_release_transfer_units>(cls, "release_transfer_units", {"owner"});
+  fast::method<&coord_adopt_transfer_units>(cls, "adopt_transfer_units", {"owner", "prefix_hash"});
+  fast::method<&PyCoordinator::set_offload>(cls, "attach_offload", {"index", "*", "sink=True"});
+  fast::method<&coord_unindex>(cls, "unindex", {fast::hash_arg("h")});
+  fast::method<&coord_clear_index>(cls, "clear_index", {});
+  fast::method<&Coordinator::check_consistency>(cls, "check_consistency", {});
+  fast::method<&fates>(cls, "checkpoint_fates", {});
   def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
-  fast::def<PyCoordinator>(
-      cls, "resumable_hit", [](PyCoordinator& c, PyObject** a) { return coord_resumable_hit(c, a); },
-      {"seq", "hit", "block_hashes", "assume_checkpointed=False"},
-      "Returns the longest prefix <= ``hit`` whose boundary is READY here or servable by the "
-      "attached tier; 0 is always valid. Raises ValueError for ``hit < 0``, IndexError for "
-      "``hit > len(block_hashes)``.");
-  fast::def<PyCoordinator>(
-      cls, "resumable_hits", [](PyCoordinator& c, PyObject** a) { return coord_resumable_hits(c, a); },
-      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, kResumableHitsDoc);
-  fast::def<PyCoordinator>(
-      cls, "checkpoint", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint(c, a); },
-      {"seq", "boundary_blocks", "h"},
-      "Files the boundary for the next ``take_checkpoint_ops`` (a newer one of the same "
-      "sequence supersedes it); returns None. Raises ValueError for ``boundary_blocks < 0`` or "
-      "``h == -1``, TypeError for an object without the sequence attributes.");
-  fast::def<PyCoordinator>(
-      cls, "checkpoint_many", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint_many(c, a); },
-      {"seqs", "boundary_blocks", "hashes"},
-      "Batched ``checkpoint``: the same filed boundaries (and so the same store ops at the "
-      "next drain) as ``checkpoint(seqs[i], boundary_blocks[i], hashes[i])`` for each i in "
-      "order. Returns None. The batch is checked as a whole first; raises ValueError when the "
-      "lengths differ, a hash is -1, a boundary is negative or a sequence appears twice, "
-      "TypeError for an item that is not a sequence; a refused batch changes nothing.");
-  fast::def<PyCoordinator>(
-      cls, "forget_pending_many", [](PyCoordinator& c, PyObject** a) { return coord_forget_pending_many(c, a); },
-      {"seqs"},
-      "Batched ``forget_pending`` (finished or preempted requests): drops each sequence's "
-      "filed boundary and a restore queued into its slot. Returns None. Raises TypeError for "
-      "an item that is not a sequence, before anything changes.");
-  fast::def<PyCoordinator>(
-      cls, "begin_restore", [](PyCoordinator& c, PyObject** a) { return coord_begin_restore(c, a); }, {"h", "dst_slot"},
-      "Queues a restore of the READY image filed under ``h`` into ``dst_slot``; returns False "
-      "when there is none. Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::def<PyCoordinator>(
-      cls, "begin_restores", [](PyCoordinator& c, PyObject** a) { return coord_begin_restores(c, a); },
-      {"hashes", "dst_slots"},
-      "Batched ``begin_restore``: returns the list ``[begin_restore(hashes[i], dst_slots[i]) for "
-      "i ...]`` (True where a restore was queued), computed in one call, in order. ``hashes``, "
-      "``dst_slots``: lists or NumPy int64 arrays. The batch is checked as a whole first; raises "
-      "ValueError when the lengths differ or a slot is negative, TypeError for an item that is "
-      "not an int; a refused batch changes nothing.");
+  fast::def<PyCoordinator>(cls, "resumable_hit",
+                           [](PyCoordinator& c, PyObject** a) { return coord_resumable_hit(c, a); },
+                           {"seq", "hit", "block_hashes", "assume_checkpointed=False"});
+  fast::def<PyCoordinator>(cls, "resumable_hits",
+                           [](PyCoordinator& c, PyObject** a) { return coord_resumable_hits(c, a); },
+                           {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"});
+  fast::def<PyCoordinator>(cls, "checkpoint", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint(c, a); },
+                           {"seq", "boundary_blocks", "h"});
+  fast::def<PyCoordinator>(cls, "checkpoint_many",
+                           [](PyCoordinator& c, PyObject** a) { return coord_checkpoint_many(c, a); },
+                           {"seqs", "boundary_blocks", "hashes"});
+  fast::def<PyCoordinator>(cls, "forget_pending_many",
+                           [](PyCoordinator& c, PyObject** a) { return coord_forget_pending_many(c, a); }, {"seqs"});
+  fast::def<PyCoordinator>(cls, "begin_restore",
+                           [](PyCoordinator& c, PyObject** a) { return coord_begin_restore(c, a); }, {"h", "dst_slot"});
+  fast::def<PyCoordinator>(cls, "begin_restores",
+                           [](PyCoordinator& c, PyObject** a) { return coord_begin_restores(c, a); },
+                           {"hashes", "dst_slots"});
 }
 
 // ----------------------------------------------------------- offload index --
@@ -615,7 +532,7 @@ py::dict offload_stats(const StateOffloadIndex& i) {
 
 void bind_offload_index(py::module_& m) {
   py::class_<OffloadHashesView> hashes(m, "OffloadHashesView", STATECACHE_GUARDED(OffloadHashesView),
-                                       "Hashes a tier holds, least recently used first.");
+                                       doc("OffloadHashesView"));
   fast::refuse_copy(hashes);
   hashes.def("__len__", [](const OffloadHashesView& v) { return v.index->size(); })
       .def("__contains__",
@@ -629,10 +546,8 @@ void bind_offload_index(py::module_& m) {
       .def("__repr__",
            [](const OffloadHashesView& v) { return py_repr(to_hash_list(v.index->hashes(), v.index->hash_form())); });
 
-  py::classh<StateOffloadIndex> index(m, "StateOffloadIndex", STATECACHE_GUARDED(StateOffloadIndex), R"doc(
-Which hashes a tier below GPU memory holds (a capped LRU), and its load
-bookkeeping. Membership is optimistic: a hash once stored counts until it is
-forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
+  py::classh<StateOffloadIndex> index(m, "StateOffloadIndex", STATECACHE_GUARDED(StateOffloadIndex),
+                                      doc("StateOffloadIndex"));
   fast::refuse_copy(index);
   index.def(py::init([](py::handle can_store, py::handle can_load, py::handle capacity) {
               std::optional<int64_t> cap;
@@ -641,7 +556,7 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
                                                          cap);
             }),
             py::arg("can_store") = true, py::arg("can_load") = true, py::arg("capacity") = py::none(),
-            "Raises ValueError for ``capacity < 0``.");
+            doc(index, "__init__"));
   using fast::hash_arg;
   using fast::to_py;
   using I = StateOffloadIndex;
@@ -654,39 +569,16 @@ forgotten, pushed out by ``capacity``, or a load finds it missing.)doc");
         .ptr();
   });
   fast::attr<&I::loads_in_flight>(index, "loads_in_flight");
-  fast::method<&I::could_serve>(index, "could_serve", {hash_arg("h")},
-                                "Returns ``can_load and h in hashes``. Raises only for a bad argument "
-                                "(docs/contract.md, \"Errors\").");
-  fast::method<&I::note_store_started>(index, "note_store_started", {hash_arg("h")},
-                                       "Counts a store attempt of ``h``; returns None. Raises only for a bad argument "
-                                       "(docs/contract.md, \"Errors\").");
-  fast::method<&I::note_stored>(
-      index, "note_stored", {hash_arg("h")},
-      "Records that the tier now holds ``h`` (the least recently used hash is dropped past "
-      "capacity); returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::method<&I::note_store_failed>(
-      index, "note_store_failed", {hash_arg("h"), "untrusted=False"},
-      "Counts a failed store of ``h`` (``untrusted``: it failed its integrity check); returns "
-      "None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::method<&I::forget>(index, "forget", {hash_arg("h")},
-                           "Drops ``h``; returns whether it was held. Raises only for a bad argument "
-                           "(docs/contract.md, \"Errors\").");
-  fast::method<&I::request_load>(
-      index, "request_load", {hash_arg("h")},
-      "Starts a load of ``h``; returns False (nothing started) when the tier cannot serve it. "
-      "Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::method<&I::complete_load>(index, "complete_load", {hash_arg("h")},
-                                  "Ends the load of ``h`` in flight; returns None. Raises ValueError when no load of "
-                                  "``h`` is in flight.");
-  fast::method<&I::fail_load>(index, "fail_load", {hash_arg("h"), "*", "missing=False", "untrusted=False"},
-                              "Ends a failed load of ``h``, forgetting ``h`` when it was ``missing`` or ``untrusted``; "
-                              "returns None. Raises ValueError when no load of ``h`` is in flight.");
-  fast::method<&I::abandon_load>(index, "abandon_load", {hash_arg("h")},
-                                 "Ends a load of ``h`` nobody waits for any more; returns None. Raises ValueError when "
-                                 "no load of ``h`` is in flight.");
-  fast::method<&offload_stats>(index, "stats", {},
-                               "Returns a new dict: stores and loads attempted, completed, failed, untrusted, missing "
-                               "and abandoned, hashes held and evicted. Raises nothing.");
+  fast::method<&I::could_serve>(index, "could_serve", {hash_arg("h")});
+  fast::method<&I::note_store_started>(index, "note_store_started", {hash_arg("h")});
+  fast::method<&I::note_stored>(index, "note_stored", {hash_arg("h")});
+  fast::method<&I::note_store_failed>(index, "note_store_failed", {hash_arg("h"), "untrusted=False"});
+  fast::method<&I::forget>(index, "forget", {hash_arg("h")});
+  fast::method<&I::request_load>(index, "request_load", {hash_arg("h")});
+  fast::method<&I::complete_load>(index, "complete_load", {hash_arg("h")});
+  fast::method<&I::fail_load>(index, "fail_load", {hash_arg("h"), "*", "missing=False", "untrusted=False"});
+  fast::method<&I::abandon_load>(index, "abandon_load", {hash_arg("h")});
+  fast::method<&offload_stats>(index, "stats", {});
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "bindings/docs.h"
 #include "bindings/eviction.h"
 #include "bindings/fast_call.h"
 #include "bindings/paged_values.h"
@@ -83,72 +84,30 @@ template <class T, class StoreOf>
 void def_store_methods(py::classh<T>& cls, StoreOf store_of) {
   using Store = PageUnitCheckpointStore;
   using fast::hash_arg;
-  fast::method<&Store::contains, StoreOf>(
-      cls, "contains", {hash_arg("prefix_hash")},
-      "Returns whether a READY image is filed under ``prefix_hash``. Raises only for a bad argument "
-      "(docs/contract.md, \"Errors\").");
-  fast::method<&Store::has_available_units, StoreOf>(
-      cls, "has_available_units", {"count", hash_arg("protected_hash=None")},
-      "Returns whether ``count`` units could be had, evicting unpinned READY images if it came to "
-      "that (never the one filed under ``protected_hash``). Raises ValueError for ``count < 0``.");
+  fast::method<&Store::contains, StoreOf>(cls, "contains", {hash_arg("prefix_hash")});
+  fast::method<&Store::has_available_units, StoreOf>(cls, "has_available_units",
+                                                     {"count", hash_arg("protected_hash=None")});
   def_eviction_methods(cls, [store_of](T& self) -> Store& { return store_of(self); });
-  fast::method<&Store::ensure_free_units, StoreOf>(
-      cls, "ensure_free_units", {"count"},
-      "Evicts unpinned READY images until ``count`` units are free; returns whether they are "
-      "(an unreachable count is refused before evicting anything). Raises ValueError for "
-      "``count < 0``.");
-  fast::method<&Store::restore_queued_for, StoreOf>(
-      cls, "restore_queued_for", {"dst_slot"},
-      "Returns whether a restore into ``dst_slot`` is queued. Raises only for a bad argument "
-      "(docs/contract.md, \"Errors\").");
-  fast::method<&Store::suspend_queued_restore, StoreOf>(
-      cls, "suspend_queued_restore", {"dst_slot"},
-      "Takes the restore queued into ``dst_slot`` out of the batch, keeping its pin; returns "
-      "it, or None when none is queued. Raises AssertionError, changing nothing, when two "
-      "restores are queued for the slot.");
+  fast::method<&Store::ensure_free_units, StoreOf>(cls, "ensure_free_units", {"count"});
+  fast::method<&Store::restore_queued_for, StoreOf>(cls, "restore_queued_for", {"dst_slot"});
+  fast::method<&Store::suspend_queued_restore, StoreOf>(cls, "suspend_queued_restore", {"dst_slot"});
   // pybind11's: the restore converts through its caster.
   cls.def(
          "resume_suspended_restore",
          [store_of](T& self, const SuspendedCheckpointRestore& r) { store_of(self).resume_suspended_restore(r); },
-         py::arg("restore"),
-         "Queues a suspended restore again; returns None. Raises ValueError for a restore this "
-         "store did not suspend (or already resumed or released), AssertionError when its image "
-         "lost its pin.")
+         py::arg("restore"), doc(cls, "resume_suspended_restore"))
       .def(
           "release_suspended_restore",
           [store_of](T& self, const SuspendedCheckpointRestore& r) { store_of(self).release_suspended_restore(r); },
-          py::arg("restore"),
-          "Drops a suspended restore and its pin; returns None. Raises ValueError for a restore "
-          "this store did not suspend (or already resumed or released).");
-  fast::method<&take_offload_stores, StoreOf>(
-      cls, "take_offload_stores", {"max_inflight"},
-      "Returns up to ``max_inflight`` (operation, unit ids) pairs to hand the tier now, each "
-      "source pinned (none when ``max_inflight`` are already out). Raises only for a bad "
-      "argument (docs/contract.md, \"Errors\").");
-  fast::method<&acquire_checkpoint_source, StoreOf>(
-      cls, "acquire_checkpoint_source", {hash_arg("prefix_hash"), "*", "max_inflight=None"},
-      "Pins a READY image for an external transfer (never reclaimed by time); returns "
-      "(operation id, unit ids), or None when there is no such image or ``max_inflight`` are "
-      "out. Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::method<&release_offload_store_source, StoreOf>(
-      cls, "release_offload_store_source", {"op"},
-      "Phase one: the units were read out, so the source's pin goes; the operation stays "
-      "dispatched. Returns None. Raises TypeError for an unhashable op.");
-  fast::method<&settle_offload_store, StoreOf>(
-      cls, "settle_offload_store", {"op"},
-      "Phase two: the tier write completed; the operation is retired. Returns None. Raises "
-      "TypeError for an unhashable op.");
-  fast::method<&Store::has_offload_pins, StoreOf>(cls, "has_offload_pins", {},
-                                                  "Returns whether any offload pin is held. Raises nothing.");
-  fast::method<&reclaim_stale_offload_pins, StoreOf>(
-      cls, "reclaim_stale_offload_pins", {"timeout_s"},
-      "Takes back offload pins older than ``timeout_s`` seconds (monotonic clock); returns how "
-      "many. ``timeout_s <= 0`` reclaims nothing. Raises TypeError for a value that is not a "
-      "number of seconds.");
-  fast::method<&was_reclaimed, StoreOf>(
-      cls, "was_reclaimed", {"op"},
-      "Returns whether a stale-pin reclamation took the operation's pin. Raises TypeError for "
-      "an unhashable op.");
+          py::arg("restore"), doc(cls, "release_suspended_restore"));
+  fast::method<&take_offload_stores, StoreOf>(cls, "take_offload_stores", {"max_inflight"});
+  fast::method<&acquire_checkpoint_source, StoreOf>(cls, "acquire_checkpoint_source",
+                                                    {hash_arg("prefix_hash"), "*", "max_inflight=None"});
+  fast::method<&release_offload_store_source, StoreOf>(cls, "release_offload_store_source", {"op"});
+  fast::method<&settle_offload_store, StoreOf>(cls, "settle_offload_store", {"op"});
+  fast::method<&Store::has_offload_pins, StoreOf>(cls, "has_offload_pins", {});
+  fast::method<&reclaim_stale_offload_pins, StoreOf>(cls, "reclaim_stale_offload_pins", {"timeout_s"});
+  fast::method<&was_reclaimed, StoreOf>(cls, "was_reclaimed", {"op"});
 }
 
 }  // namespace statecache::bindings

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
+#include "bindings/docs.h"
 #include "bindings/paged_values.h"
 #include "bindings/value_type.h"
 
@@ -77,13 +78,7 @@ template <>
 struct OpText<CheckpointStoreOp> {
   static constexpr const char* name = "CheckpointStoreOp";
   static constexpr const char* slot = "src_slot";
-  static constexpr const char* doc =
-      "CheckpointStoreOp(src_slot, unit_ids, total_bytes, layout_id)\n--\n\n"
-      "Scatter the image part of ``src_slot`` into ``unit_ids``, in order. Frozen.";
-  static constexpr const char* init_doc =
-      "__init__($self, src_slot, unit_ids, total_bytes, layout_id)\n--\n\n"
-      "Checks the arguments as the constructor does and returns None; the value is made by the "
-      "constructor and never changes. Raises TypeError or ValueError for a bad argument.";
+  static constexpr const char* params = "src_slot, unit_ids, total_bytes, layout_id";
   static py::tuple fields(const CheckpointStoreOp& o) { return store_fields(o); }
   static int64_t slot_of(const CheckpointStoreOp& o) { return o.src_slot; }
 };
@@ -91,13 +86,7 @@ template <>
 struct OpText<CheckpointRestoreOp> {
   static constexpr const char* name = "CheckpointRestoreOp";
   static constexpr const char* slot = "dst_slot";
-  static constexpr const char* doc =
-      "CheckpointRestoreOp(dst_slot, unit_ids, total_bytes, layout_id)\n--\n\n"
-      "Gather ``unit_ids``, in order, back into ``dst_slot``. Frozen.";
-  static constexpr const char* init_doc =
-      "__init__($self, dst_slot, unit_ids, total_bytes, layout_id)\n--\n\n"
-      "Checks the arguments as the constructor does and returns None; the value is made by the "
-      "constructor and never changes. Raises TypeError or ValueError for a bad argument.";
+  static constexpr const char* params = "dst_slot, unit_ids, total_bytes, layout_id";
   static py::tuple fields(const CheckpointRestoreOp& o) { return restore_fields(o); }
   static int64_t slot_of(const CheckpointRestoreOp& o) { return o.dst_slot; }
 };
@@ -155,9 +144,17 @@ PyObject* op_slot(Body&& body) {
   }
 }
 
+// "sig\n--\n\n" + the docstring docs/api.md gives `qualname`: kept for the
+// life of the type (CPython reads a method's doc from its definition).
+const char* signed_doc(const std::string& sig, const std::string& qualname) {
+  const char* d = doc(qualname);
+  return (new std::string(sig + "\n--\n\n" + (d ? d : "")))->c_str();
+}
+
 template <class Op>
 void bind_op(py::module_& m) {
   using Text = OpText<Op>;
+  const std::string name = Text::name;
   static PyGetSetDef getset[] = {
       {Text::slot,
        [](PyObject* self, void*) -> PyObject* { return PyLong_FromLongLong(Text::slot_of(ops::value_of<Op>(self))); },
@@ -180,7 +177,8 @@ void bind_op(py::module_& m) {
   };
   static PyMethodDef methods[] = {
       {"__init__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&op_init<Op>)),
-       METH_VARARGS | METH_KEYWORDS, Text::init_doc},
+       METH_VARARGS | METH_KEYWORDS,
+       signed_doc(std::string("__init__($self, ") + Text::params + ")", name + ".__init__")},
       {"__reduce__",
        [](PyObject* self, PyObject*) {
          return op_slot([&] {
@@ -188,13 +186,13 @@ void bind_op(py::module_& m) {
                                             Text::fields(ops::value_of<Op>(self))));
          });
        },
-       METH_NOARGS, "__reduce__($self)\n--\n\nReturns (type, fields) for pickle and copy. Raises nothing."},
+       METH_NOARGS, signed_doc("__reduce__($self)", name + ".__reduce__")},
       {nullptr, nullptr, 0, nullptr},
   };
   static PyType_Slot slots[] = {
       {Py_tp_new, reinterpret_cast<void*>(&op_new<Op>)},
       {Py_tp_dealloc, reinterpret_cast<void*>(&op_dealloc<Op>)},
-      {Py_tp_doc, const_cast<char*>(Text::doc)},
+      {Py_tp_doc, const_cast<char*>(signed_doc(name + "(" + Text::params + ")", name))},
       {Py_tp_getset, getset},
       {Py_tp_methods, methods},
       {Py_tp_richcompare, reinterpret_cast<void*>(+[](PyObject* a, PyObject* b, int op) -> PyObject* {
@@ -292,21 +290,12 @@ void bind_paged_types(py::module_& m) {
           throw py::error_already_set();
         }
       },
-      py::arg("max_num_seqs"),
-      "Returns the most PAGE store + restore ops one batch of ``max_num_seqs`` sequences can "
-      "carry (two per sequence; 0 for None or 0), the executor's staging size. Raises "
-      "TypeError for anything but an int or None (a str, a float, a bool), OverflowError when "
-      "twice the count does not fit in 64 bits (a negative count is not refused).");
+      py::arg("max_num_seqs"), doc("checkpoint_copy_ops_per_batch"));
 
   py::class_<PagedStateCheckpointSpec> spec(m, "PagedStateCheckpointSpec", STATECACHE_GUARDED(PagedStateCheckpointSpec),
-                                            R"doc(
-Geometry of a PAGE checkpoint image: ``image_bytes`` of a ``slot_bytes`` slot,
-scattered over ``units_per_checkpoint`` page units of ``page_unit_bytes``, for
-the state layout ``layout_id``. Frozen; equality and hash by value.)doc");
+                                            doc("PagedStateCheckpointSpec"));
   spec.def(py::init(&make_spec), py::arg("page_unit_bytes"), py::arg("slot_bytes"), py::arg("layout_id"),
-           py::arg("image_bytes"),
-           "Raises ValueError unless every size is a positive int and ``image_bytes <= slot_bytes``; TypeError for a "
-           "non-str layout_id.")
+           py::arg("image_bytes"), doc(spec, "__init__"))
       .def_property_readonly("page_unit_bytes", [](const PagedStateCheckpointSpec& s) { return s.page_unit_bytes; })
       .def_property_readonly("slot_bytes", [](const PagedStateCheckpointSpec& s) { return s.slot_bytes; })
       .def_property_readonly("layout_id", [](const PagedStateCheckpointSpec& s) { return s.layout_id; })
@@ -322,21 +311,14 @@ the state layout ``layout_id``. Frozen; equality and hash by value.)doc");
             d["layout_id"] = s.layout_id;
             return d;
           },
-          "Returns the four fields as a new dict. Raises nothing.")
-      .def_static("from_wire", &spec_from_wire, py::arg("wire"),
-                  "Returns the spec ``to_wire`` described. Raises TypeError for a non-mapping, ValueError "
-                  "for another key set or a bad value.");
+          doc(spec, "to_wire"))
+      .def_static("from_wire", &spec_from_wire, py::arg("wire"), doc(spec, "from_wire"));
   def_value(spec, &spec_fields, {"page_unit_bytes", "slot_bytes", "layout_id", "image_bytes"}, true);
 
   bind_op<CheckpointStoreOp>(m);
   bind_op<CheckpointRestoreOp>(m);
 
-  py::class_<RecordHandle> record(m, "CheckpointRecord", STATECACHE_GUARDED(RecordHandle), R"doc(
-One checkpoint of the store: its hash, its page units in image order, its
-state (``"COPYING"``, ``"READY"`` or ``"EVICTING"``) and its pin count. The
-store's ``records`` hands out live, read-only records: they follow the store,
-and keep the fields a record was released with. Constructed from Python it is
-a plain mutable value.)doc");
+  py::class_<RecordHandle> record(m, "CheckpointRecord", STATECACHE_GUARDED(RecordHandle), doc("CheckpointRecord"));
   record
       .def(py::init([](py::handle h, py::handle units, py::handle state, py::handle pins) {
              HashForm form;
@@ -365,9 +347,9 @@ a plain mutable value.)doc");
           [](RecordHandle& r, py::handle v) { r.mutable_value().pin_count = as_int(v, "pin_count"); });
   def_value(record, &record_fields, {"prefix_hash", "unit_ids", "state", "pin_count"}, false);
 
-  py::class_<SuspendedCheckpointRestore> suspended(
-      m, "SuspendedCheckpointRestore", STATECACHE_GUARDED(SuspendedCheckpointRestore),
-      "A queued restore taken off the next batch; it still pins its checkpoint. Frozen.");
+  py::class_<SuspendedCheckpointRestore> suspended(m, "SuspendedCheckpointRestore",
+                                                   STATECACHE_GUARDED(SuspendedCheckpointRestore),
+                                                   doc("SuspendedCheckpointRestore"));
   suspended
       .def(py::init([](py::handle cid, const CheckpointRestoreOp& op) {
              return SuspendedCheckpointRestore{as_int(cid, "checkpoint_id"), op};

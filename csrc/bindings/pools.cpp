@@ -12,6 +12,7 @@
 #include "bindings/batch_args.h"
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "bindings/docs.h"
 #include "bindings/eviction.h"
 #include "bindings/fast_call.h"
 #include "bindings/value_type.h"
@@ -225,8 +226,7 @@ py::object ne_by_eq(py::handle self, py::handle other) {
 void bind_views(py::module_& m) {
   py::classh<CheckpointIndexView> index_view(m, "CheckpointIndexView", py::is_final(),
                                              py::metaclass(fast::guarded_metaclass()),
-                                             fast::owner_gc_setup<CheckpointIndexView>(),
-                                             "Read-only live mapping: prefix hash -> index holding its checkpoint.");
+                                             fast::owner_gc_setup<CheckpointIndexView>(), doc("CheckpointIndexView"));
   fast::refuse_copy(index_view);
   index_view.def("__len__", [](const CheckpointIndexView& s) { return s.pool->index().size(); })
       .def("__contains__", [](const CheckpointIndexView& s, py::handle k) { return s.find(k) != nullptr; })
@@ -237,8 +237,7 @@ void bind_views(py::module_& m) {
             if (!v) throw py::key_error(py_repr(k));
             return *v;
           },
-          "Returns the index holding the checkpoint filed under the hash. Raises KeyError for a hash "
-          "with no checkpoint.")
+          doc(index_view, "__getitem__"))
       .def(
           "get",
           [](const CheckpointIndexView& s, py::handle k, py::object fallback) -> py::object {
@@ -246,20 +245,16 @@ void bind_views(py::module_& m) {
             if (!v) return fallback;
             return py::int_(*v);
           },
-          py::arg("key"), py::arg("default") = py::none(),
-          "Returns the index holding the checkpoint filed under ``key``, or ``default``. Raises "
-          "nothing.")
+          py::arg("key"), py::arg("default") = py::none(), doc(index_view, "get"))
       .def("__iter__", [](const CheckpointIndexView& s) { return py::iter(s.snapshot()); })
       .def(
-          "keys", [](const CheckpointIndexView& s) { return s.snapshot().attr("keys")(); },
-          "Returns a snapshot of the hashes. Raises nothing.")
+          "keys", [](const CheckpointIndexView& s) { return s.snapshot().attr("keys")(); }, doc(index_view, "keys"))
       .def(
           "values", [](const CheckpointIndexView& s) { return s.snapshot().attr("values")(); },
-          "Returns a snapshot of the indices. Raises nothing.")
+          doc(index_view, "values"))
       .def(
-          "items", [](const CheckpointIndexView& s) { return s.snapshot().attr("items")(); },
-          "Returns a snapshot of the (hash, index) pairs. Raises nothing.")
-      .def("copy", &CheckpointIndexView::snapshot, "Returns a plain dict snapshot. Raises nothing.")
+          "items", [](const CheckpointIndexView& s) { return s.snapshot().attr("items")(); }, doc(index_view, "items"))
+      .def("copy", &CheckpointIndexView::snapshot, doc(index_view, "copy"))
       .def("__eq__",
            [](const CheckpointIndexView& s, py::handle other) -> py::object {
              if (py::isinstance<CheckpointIndexView>(other))
@@ -273,8 +268,7 @@ void bind_views(py::module_& m) {
   m.attr("CheckpointIndexView").attr("__hash__") = py::none();
 
   py::classh<IndexHashView> hash_view(m, "IndexHashView", py::is_final(), py::metaclass(fast::guarded_metaclass()),
-                                      fast::owner_gc_setup<IndexHashView>(),
-                                      "Read-only live sequence: the prefix hash each index carries, -1 for none.");
+                                      fast::owner_gc_setup<IndexHashView>(), doc("IndexHashView"));
   fast::refuse_copy(hash_view);
   hash_view.def("__len__", [](const IndexHashView& s) { return s.size(); })
       .def("__getitem__",
@@ -290,12 +284,12 @@ void bind_views(py::module_& m) {
       .def("__contains__", [](const IndexHashView& s, py::handle x) { return s.list().contains(x); })
       .def(
           "count", [](const IndexHashView& s, py::handle x) { return s.list().attr("count")(x); },
-          "Returns how many indices carry ``value``. Raises nothing.")
+          doc(hash_view, "count"))
       .def(
           "index", [](const IndexHashView& s, py::handle x) { return s.list().attr("index")(x); },
-          "Returns the first index carrying ``value``. Raises ValueError when none does.")
-      .def("tolist", &IndexHashView::list, "Returns a plain list snapshot. Raises nothing.")
-      .def("copy", &IndexHashView::list, "Returns a plain list snapshot. Raises nothing.")
+          doc(hash_view, "index"))
+      .def("tolist", &IndexHashView::list, doc(hash_view, "tolist"))
+      .def("copy", &IndexHashView::list, doc(hash_view, "copy"))
       .def("__eq__",
            [](const IndexHashView& s, py::handle other) -> py::object {
              if (py::isinstance<IndexHashView>(other))
@@ -325,8 +319,8 @@ void bind_views(py::module_& m) {
 // ---- retirement records -----------------------------------------------------
 
 template <class R>
-void bind_retirement(py::module_& m, const char* name, const char* doc) {
-  py::classh<R> cls(m, name, py::is_final(), STATECACHE_GUARDED(R), doc);
+void bind_retirement(py::module_& m, const char* name) {
+  py::classh<R> cls(m, name, py::is_final(), STATECACHE_GUARDED(R), doc(name));
   cls.def(py::init([](py::handle retired, py::handle relocated_to, py::handle held) {
             R r;
             r.retired = as_int(retired, "retired");
@@ -379,91 +373,39 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   using fast::to_py;
   fast::refuse_copy(cls);
   def_eviction_methods(cls, [](Pool& p) -> StateFreeList& { return p; });
-  fast::method<&Pool::num_free>(cls, "num_free", {},
-                                "Returns how many indices are free (vacant or checkpointed). Raises nothing.");
-  fast::method<&Pool::is_free>(cls, "is_free", {U},
-                               "Returns whether the index is on the free list. Raises IndexError for an index out of "
-                               "range.");
-  fast::method<&Pool::holds_checkpoint>(
-      cls, "holds_checkpoint", {U},
-      "Returns whether the index is free and still carries a checkpoint. Raises IndexError for "
-      "an index out of range.");
-  fast::method<&Pool::pop>(cls, "pop", {},
-                           "Returns an index now owned by the caller: vacant lowest first, else the least recently "
-                           "used checkpoint (counted evicted). Raises IndexError, changing nothing, when nothing is "
-                           "free.");
-  fast::method<&Pool::claim>(cls, "claim", {U},
-                             "Takes one specific free index off the free list, checkpoint and all; returns None. "
-                             "Raises ValueError for an index that is not free, IndexError for one out of range.");
-  fast::method<&Pool::release>(cls, "release", {U},
-                               "Hands an owned index back: to the LRU tail (the head if speculative) when it carries a "
-                               "checkpoint, else to the vacant ones. Returns None. Raises ValueError for an index that "
-                               "is already free, IndexError for one out of range.");
-  fast::method<&Pool::extend>(cls, "extend", {"count"},
-                              "Adds ``count`` indices at the top (the caller made room for their bytes); returns None. "
-                              "Raises ValueError for ``count < 0``.");
-  fast::def<Pool>(
-      cls, "applies",
-      [](Pool& p, PyObject** a) {
-        return to_py(p.applies(SeqArg(a[0], "seq", p.enabled() ? fast::kHasCache : 0).get()));
-      },
-      {"seq"},
-      "Returns whether this pool gates or checkpoints anything for ``seq``. Raises TypeError "
-      "for an object without the sequence attributes.");
+  fast::method<&Pool::num_free>(cls, "num_free", {});
+  fast::method<&Pool::is_free>(cls, "is_free", {U});
+  fast::method<&Pool::holds_checkpoint>(cls, "holds_checkpoint", {U});
+  fast::method<&Pool::pop>(cls, "pop", {});
+  fast::method<&Pool::claim>(cls, "claim", {U});
+  fast::method<&Pool::release>(cls, "release", {U});
+  fast::method<&Pool::extend>(cls, "extend", {"count"});
+  fast::def<Pool>(cls, "applies",
+                  [](Pool& p, PyObject** a) {
+                    return to_py(p.applies(SeqArg(a[0], "seq", p.enabled() ? fast::kHasCache : 0).get()));
+                  },
+                  {"seq"});
   fast::def<Pool>(
       cls, "resumable_hit",
       [](Pool& p, PyObject** a) {
         return to_py(resumable_hit_arg(p, a[0], a[1], a[2], a[3] ? py::handle(a[3]) : py::handle(Py_False)));
       },
-      {"seq", "hit", "block_hashes", "assume_checkpointed=False"},
-      "Returns the largest L <= ``hit`` whose boundary is checkpointed here and leaves the "
-      "resuming forward ``min_fork_tokens``; 0 is always valid. ``block_hashes``: a list, "
-      "tuple or NumPy integer array. Raises ValueError for ``hit < 0``, IndexError for ``hit > "
-      "len(block_hashes)``.");
+      {"seq", "hit", "block_hashes", "assume_checkpointed=False"});
   fast::def<Pool>(
       cls, "resumable_hits",
       [](Pool& p, PyObject** a) {
         return resumable_hits_arg(p, a[0], a[1], a[2], a[3], fast::kHasCache | fast::kNumTokens).release().ptr();
       },
-      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"}, kResumableHitsDoc);
-  fast::method<&release_many_arg<Pool>>(
-      cls, "release_many", {kIndexKinds<Pool>},
-      std::is_same_v<Pool, StateSlotPool>
-          ? "Hands back a request's slots; -1 entries, None and an empty list are skipped. Returns None. "
-            "Raises as ``release`` for any bad entry, and ValueError for a slot listed twice, before "
-            "releasing any."
-          : "Hands back several groups (``release`` of each); -1 entries, None and an empty list are "
-            "skipped. Returns None. Raises as ``release`` for any bad entry, and ValueError for a group "
-            "listed twice, before releasing any.");
-  fast::method<&Pool::lookup>(cls, "lookup", {fast::hash_arg("h")},
-                              "Returns the index holding the checkpoint filed under ``h``, or -1. Raises only for a "
-                              "bad argument (docs/contract.md, \"Errors\").");
-  fast::method<&Pool::invalidate>(
-      cls, "invalidate", {U},
-      "Drops the index's checkpoint (no-op when it has none or the pool is disabled); returns "
-      "None. Raises IndexError for an index out of range.");
-  fast::method<&Pool::pin>(cls, "pin", {U, "*", "reader_is_next_batch=False"},
-                           "Keeps an owned index out of circulation until its reading forward was issued "
-                           "(``reader_is_next_batch``, keyword only: one pass longer); returns None. Raises "
-                           "ValueError for a free index (claim it first), IndexError for one out of range.");
-  fast::method<&Pool::is_pinned>(
-      cls, "is_pinned", {U},
-      "Returns whether a forward still has to read the index. Raises IndexError for an index "
-      "out of range.");
-  fast::method<&Pool::pin_count>(
-      cls, "pin_count", {U},
-      "Returns how many readers hold the index pinned. Raises IndexError for an index out of "
-      "range.");
-  fast::method<&Pool::unpin>(cls, "unpin", {U},
-                             "Drops one pin without freeing (the caller took the index over; no-op without a pin); "
-                             "returns None. Raises IndexError for an index out of range.");
-  fast::method<&Pool::drop_reader>(cls, "drop_reader", {U},
-                                   "A reader left before it read: unpins, and frees the index on its last pin; returns "
-                                   "None. Raises IndexError for an index out of range.");
-  fast::method<&Pool::release_pins>(
-      cls, "release_pins", {},
-      "Top of pass: frees every pinned index whose reading forward was issued; returns None. "
-      "Raises nothing.");
+      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"});
+  fast::method<&release_many_arg<Pool>>(cls, "release_many", {kIndexKinds<Pool>});
+  fast::method<&Pool::lookup>(cls, "lookup", {fast::hash_arg("h")});
+  fast::method<&Pool::invalidate>(cls, "invalidate", {U});
+  fast::method<&Pool::pin>(cls, "pin", {U, "*", "reader_is_next_batch=False"});
+  fast::method<&Pool::is_pinned>(cls, "is_pinned", {U});
+  fast::method<&Pool::pin_count>(cls, "pin_count", {U});
+  fast::method<&Pool::unpin>(cls, "unpin", {U});
+  fast::method<&Pool::drop_reader>(cls, "drop_reader", {U});
+  fast::method<&Pool::release_pins>(cls, "release_pins", {});
 
   fast::def_readonly<Pool>(cls, "enabled", [](const Pool& p) { return to_py(p.enabled()); });
   fast::def_readonly<Pool>(cls, "min_fork_tokens", [](const Pool& p) { return to_py(p.min_fork_tokens()); });
@@ -475,19 +417,13 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   fast::def_readonly<Pool>(cls, "checkpoints_evicted", [](const Pool& p) { return to_py(p.fates().evicted); });
   fast::def_readonly<Pool>(cls, "checkpoints_orphaned", [](const Pool& p) { return to_py(p.fates().orphaned); });
 
-  fast::method<&Pool::retire_top>(
-      cls, "retire_top", {},
-      "Removes the top index; returns what the runner must relocate (an owned top moves to a "
-      "free index), or None when the top cannot go this pass or the pool is empty. Raises "
-      "nothing.");
-  fast::method<&fates_dict>(cls, "checkpoint_fates", {},
-                            "Returns a new dict: checkpoints_kept, checkpoints_dropped, checkpoints_evicted, "
-                            "checkpoints_orphaned. Raises nothing.");
+  fast::method<&Pool::retire_top>(cls, "retire_top", {});
+  fast::method<&fates_dict>(cls, "checkpoint_fates", {});
   fast::def_readonly<Pool>(cls, "transfer", [](const Pool& p) { return py::cast(p.transfer()).release().ptr(); });
   // Introspection for tests: the private containers of the reference.
-  fast::method<&Pool::check_invariants>(cls, "_check_invariants", {}, nullptr);
-  fast::method<&Pool::index_is_exact>(cls, "_index_is_exact", {}, nullptr);
-  fast::method<&debug_state<Pool>>(cls, "_debug_state", {}, nullptr);
+  fast::method<&Pool::check_invariants>(cls, "_check_invariants", {});
+  fast::method<&Pool::index_is_exact>(cls, "_index_is_exact", {});
+  fast::method<&debug_state<Pool>>(cls, "_debug_state", {});
 }
 
 template <class Pool>
@@ -512,17 +448,8 @@ void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* ha
 void unindex_slot(StateSlotPool& p, int64_t h) { p.unindex(h); }
 
 void bind_slot_pool(py::module_& m) {
-  py::classh<StateSlotPool> cls(m, "StateSlotPool", py::is_final(), STATECACHE_GUARDED(StateSlotPool), R"doc(
-Hands out per-need state slots and keeps fork checkpoints.
-
-A slot is one complete recurrent state. A live request holds 1 + num_spec
-slots (element 0 committed, the rest speculative rollback); a checkpoint holds
-one. Free slots are vacant (drawn first, lowest index first) or checkpointed
-(LRU; guesses marked speculative sit at the head and are spent first).
-``pop`` never refuses while ``has_free()``: it spends a checkpoint instead.
-
-The constructor takes ``transfer`` None as none(); it raises ValueError for a
-copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
+  py::classh<StateSlotPool> cls(m, "StateSlotPool", py::is_final(), STATECACHE_GUARDED(StateSlotPool),
+                                doc("StateSlotPool"));
   cls.def(py::init([](py::handle n, py::handle transfer, py::handle hbs, py::handle enabled) {
             return std::make_shared<StateSlotPool>(as_int(n, "num_slots"), transfer_arg(transfer),
                                                    as_int(hbs, "hash_block_size"), as_bool(enabled, "enabled"));
@@ -534,91 +461,57 @@ copy transfer, ``num_slots < 0`` or ``hash_block_size <= 0``.)doc");
   using fast::to_py;
   using P = StateSlotPool;
   fast::def_readonly<P>(cls, "num_slots", [](const P& p) { return to_py(p.size()); });
-  fast::method<&P::has_free>(cls, "has_free", {"count=1"},
-                             "Returns whether ``count`` slots can be handed out now (checkpointed slots count: pop "
-                             "spends them). Raises ValueError for ``count < 0``.");
-  fast::method<&P::pop_many>(cls, "pop_many", {"count"},
-                             "Returns ``count`` slots for one request, element 0 first. Raises IndexError, taking "
-                             "nothing, when fewer are free; ValueError for ``count < 0``.");
-  fast::method<&P::mark_speculative>(
-      cls, "mark_speculative", {"slot"},
-      "Files this slot's checkpoint at the LRU head when it is released (spent first); returns "
-      "None. Raises IndexError for a slot out of range.");
-  fast::method<&P::promote>(cls, "promote", {"slot"},
-                            "A guess paid off: the slot's checkpoint is no longer spent first (to the LRU tail if "
-                            "free); returns None. Raises IndexError for a slot out of range.");
-  fast::def<P>(
-      cls, "checkpoint",
-      [](P& p, PyObject** a, PyObject* self) {
-        SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0);
-        const int64_t blocks = int_arg(a[1], "boundary_blocks");
-        const int64_t h = as_hash(a[2], "h", p.hash_form());
-        // The rest only where the reference reads it: the slot of a forking
-        // sequence, then (a fork that happens) its anchors.
-        if (p.applies(s.get()) && p.transfer().forks()) {
-          s.read(fast::kStateSlot);
-          if (s.get().state_slot() >= 0 && p.has_free()) s.read(fast::kAnchors | fast::if_present(fast::kForkSrc));
-        }
-        if (s.native()) {
-          p.checkpoint(s.get(), blocks, h);
-          return fast::none();
-        }
-        CallGate::Hold window(fast::gate_of<P>(self));
-        checkpoint_generic(p, s, blocks, h);
-        return fast::none();
-      },
-      {"seq", "boundary_blocks", "h"},
-      "Fork checkpoint: ``seq`` moves to a fresh slot and its old slot is filed under ``h``, "
-      "pinned through the next pass; under none/replay or with nothing free nothing is kept "
-      "(counted dropped). Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks "
-      "< 0``; RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
-  fast::def<P>(
-      cls, "checkpoint_many",
-      [](P& p, PyObject** a, PyObject* self) {
-        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
-        SeqBatch seqs(a[0], "seqs",
-                      fast::kHasCache | fast::kStateSlot | fast::kAnchors | fast::if_present(fast::kForkSrc));
-        if (seqs.all_native()) {
-          p.checkpoint_many(seqs.seqs(), seqs.keys(), blocks.span(), hashes.span());
-          return fast::none();
-        }
-        const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
-        CallGate::Hold window(fast::gate_of<P>(self));
-        checkpoint_many_generic(
-            p, seqs, bs, hs, [&](size_t i) { p.checkpoint(seqs.seq(i), bs[i], hs[i]); },
-            [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
-        return fast::none();
-      },
-      {"seqs", "boundary_blocks", "hashes"}, kPoolCheckpointManyDoc);
-  fast::method<&unindex_slot>(cls, "unindex", {fast::hash_arg("h")},
-                              "Drops the checkpoint filed under ``h`` (its KV block left the index; counted orphaned). "
-                              "Returns None. Raises only for a bad argument (docs/contract.md, \"Errors\").");
-  fast::method<&reserve_midstep>(
-      cls, "reserve_midstep", {"seq", "positions"},
-      "Reserves a destination slot per interior (position, hash) boundary before the forward; "
-      "returns (slot, position, hash) tuples, stopping at the first shortage (empty when the "
-      "backend cannot read midstep). Raises ValueError for a hash of -1 or a row that is not a "
-      "(position, hash) pair, TypeError for a non-int in one.");
-  fast::method<&publish_midstep>(
-      cls, "publish_midstep", {"reservations", "seq=None"},
-      "Files each reserved slot under its hash once the forward wrote it; returns None. Raises "
-      "ValueError for a reservation this pool did not hand out.");
-  fast::method<&cancel_midstep>(
-      cls, "cancel_midstep", {"reservations"},
-      "Gives back reservations whose forward never ran; returns None. Raises ValueError for a "
-      "reservation this pool did not hand out.");
-  fast::method<&occupancy_dict>(
-      cls, "occupancy", {}, "Returns a new dict: slots_total, slots_used, slots_held, slots_vacant. Raises nothing.");
-  fast::method<&P::record_relocation>(
-      cls, "record_relocation", {"src", "dst"},
-      "Schedules a slot copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
-      "IndexError for a slot out of range.");
-  fast::method<&take_relocations>(cls, "take_relocations", {},
-                                  "Returns and clears the (src, dst) slot copies the next batch must run first. Raises "
-                                  "nothing.");
-  fast::method<&P::clear_index>(cls, "clear_index", {},
-                                "Drops every checkpoint (slots stay where they are); returns None. Raises nothing.");
-  fast::method<&debug_relocations>(cls, "_debug_relocations", {}, nullptr);
+  fast::method<&P::has_free>(cls, "has_free", {"count=1"});
+  fast::method<&P::pop_many>(cls, "pop_many", {"count"});
+  fast::method<&P::mark_speculative>(cls, "mark_speculative", {"slot"});
+  fast::method<&P::promote>(cls, "promote", {"slot"});
+  fast::def<P>(cls, "checkpoint",
+               [](P& p, PyObject** a, PyObject* self) {
+                 SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0);
+                 const int64_t blocks = int_arg(a[1], "boundary_blocks");
+                 const int64_t h = as_hash(a[2], "h", p.hash_form());
+                 // The rest only where the reference reads it: the slot of a forking
+                 // sequence, then (a fork that happens) its anchors.
+                 if (p.applies(s.get()) && p.transfer().forks()) {
+                   s.read(fast::kStateSlot);
+                   if (s.get().state_slot() >= 0 && p.has_free())
+                     s.read(fast::kAnchors | fast::if_present(fast::kForkSrc));
+                 }
+                 if (s.native()) {
+                   p.checkpoint(s.get(), blocks, h);
+                   return fast::none();
+                 }
+                 CallGate::Hold window(fast::gate_of<P>(self));
+                 checkpoint_generic(p, s, blocks, h);
+                 return fast::none();
+               },
+               {"seq", "boundary_blocks", "h"});
+  fast::def<P>(cls, "checkpoint_many",
+               [](P& p, PyObject** a, PyObject* self) {
+                 const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
+                 SeqBatch seqs(a[0], "seqs",
+                               fast::kHasCache | fast::kStateSlot | fast::kAnchors | fast::if_present(fast::kForkSrc));
+                 if (seqs.all_native()) {
+                   p.checkpoint_many(seqs.seqs(), seqs.keys(), blocks.span(), hashes.span());
+                   return fast::none();
+                 }
+                 const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
+                 CallGate::Hold window(fast::gate_of<P>(self));
+                 checkpoint_many_generic(
+                     p, seqs, bs, hs, [&](size_t i) { p.checkpoint(seqs.seq(i), bs[i], hs[i]); },
+                     [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
+                 return fast::none();
+               },
+               {"seqs", "boundary_blocks", "hashes"});
+  fast::method<&unindex_slot>(cls, "unindex", {fast::hash_arg("h")});
+  fast::method<&reserve_midstep>(cls, "reserve_midstep", {"seq", "positions"});
+  fast::method<&publish_midstep>(cls, "publish_midstep", {"reservations", "seq=None"});
+  fast::method<&cancel_midstep>(cls, "cancel_midstep", {"reservations"});
+  fast::method<&occupancy_dict>(cls, "occupancy", {});
+  fast::method<&P::record_relocation>(cls, "record_relocation", {"src", "dst"});
+  fast::method<&take_relocations>(cls, "take_relocations", {});
+  fast::method<&P::clear_index>(cls, "clear_index", {});
+  fast::method<&debug_relocations>(cls, "_debug_relocations", {});
 }
 
 // The group pool as Python sees it: the core plus the sequences behind its
@@ -683,130 +576,107 @@ void clear_group_pool(PyGroupPool& p) {
 void bind_group_pool(py::module_& m) {
   py::classh<PyGroupPool> cls(m, "StateGroupPool", py::is_final(), py::metaclass(fast::guarded_metaclass()),
                               fast::gc_setup<PyGroupPool, &traverse_group_pool, &clear_group_pool>(),
-                              R"doc(
-Per-request state groups plus the checkpoint index over the free ones.
-
-``fork``: the owner's group becomes the checkpoint and the owner moves on.
-``copy``: ``checkpoint`` records the intent; ``take_copies`` (called as the next
-batch is built) picks the destination, files it, and returns the (src, dst)
-pairs the batch must copy before its forward. An intent describes its group's
-bytes: it dies when that group is released. Under ``none()`` and ``replay()``
-``checkpoint`` changes nothing.)doc");
+                              doc("StateGroupPool"));
   cls.def(py::init([](py::handle n, py::handle transfer, py::handle hbs, py::handle enabled) {
             return std::make_shared<PyGroupPool>(as_int(n, "num_groups"), transfer_arg(transfer),
                                                  as_int(hbs, "hash_block_size"), as_bool(enabled, "enabled"));
           }),
           py::arg("num_groups"), py::arg("transfer") = py::none(), py::arg("hash_block_size") = 1,
-          py::arg("enabled") = true, "Raises ValueError for ``num_groups < 0`` or ``hash_block_size <= 0``.");
+          py::arg("enabled") = true, doc(cls, "__init__"));
   bind_free_list_api<PyGroupPool, GroupRetirement>(cls);
   bind_views_of(cls, "hash_to_group", "group_hash");
   using fast::to_py;
   using G = PyGroupPool;
   fast::def_readonly<G>(cls, "num_groups", [](const G& p) { return to_py(p.size()); });
-  fast::method<&group_has_free>(cls, "has_free", {}, "Returns whether a group can be handed out now. Raises nothing.");
-  fast::def<G>(
-      cls, "checkpoint",
-      [](G& p, PyObject** a, PyObject* self) {
-        SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0, &p.hash_form());
-        const int64_t blocks = int_arg(a[1], "boundary_blocks");
-        const int64_t h = as_hash(a[2], "h", p.hash_form());
-        // The group of a sequence it applies to, then pending_checkpoint only
-        // under copy (as the reference reads them).
-        if (p.applies(s.get())) {
-          s.read(fast::kGroup);
-          if (s.get().per_req_cache_group >= 0)
-            s.read(p.transfer().copies() ? fast::kPending : fast::if_present(fast::kForkSrc));
-        }
-        if (s.native()) {
-          // A copy intent writes h into the Sequence: it reads back in the pool's form.
-          if (p.transfer().copies()) s.get().hash_form.note("h", h, p.hash_form().kind());
-          if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
-          return fast::none();
-        }
-        CallGate::Hold window(fast::gate_of<G>(self));
-        checkpoint_generic(p, s, blocks, h);
-        return fast::none();
-      },
-      {"seq", "boundary_blocks", "h"},
-      "fork: ``seq`` moves to a fresh group and the old one is filed under ``h`` and pinned; "
-      "copy: the intent is recorded for ``take_copies``; none and replay: nothing changes at "
-      "all. Returns None. Raises ValueError for ``h == -1`` or ``boundary_blocks < 0``; "
-      "RuntimeError, filing nothing, when a generic sequence's setter changed the pool.");
-  fast::def<G>(
-      cls, "checkpoint_many",
-      [](G& p, PyObject** a, PyObject* self) {
-        const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
-        SeqBatch seqs(a[0], "seqs",
-                      fast::kHasCache | fast::kGroup |
-                          (p.transfer().copies() ? fast::kPending : fast::if_present(fast::kForkSrc)),
-                      &p.hash_form());
-        const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
-        note_forms(p, seqs, hs);
-        if (seqs.all_native()) {
-          // The intent list and its mirror change together, with no Python
-          // code in between.
-          for (size_t i : p.checkpoint_many(seqs.seqs(), seqs.keys(), bs, hs)) p.pending_seqs.push_back(seqs.ref(i));
-          return fast::none();
-        }
-        CallGate::Hold window(fast::gate_of<G>(self));
-        checkpoint_many_generic(
-            p, seqs, bs, hs,
-            [&](size_t i) {
-              if (p.checkpoint(seqs.seq(i), bs[i], hs[i])) p.pending_seqs.push_back(seqs.ref(i));
-            },
-            [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
-        return fast::none();
-      },
-      {"seqs", "boundary_blocks", "hashes"}, kPoolCheckpointManyDoc);
-  fast::def<G>(
-      cls, "forget_pending_many",
-      [](G& p, PyObject** a, PyObject* self) {
-        // pending_checkpoint is written, never read (as in the reference):
-        // read only to restore it should a later write fail.
-        SeqBatch seqs(a[0], "seqs", fast::if_present(fast::kPending), &p.hash_form());
-        // Generic objects first (a failing setter restores what was written,
-        // nothing else changed), then the statecache.Sequence fields.
-        std::vector<SeqBatch::Writes> writes;
-        for (size_t i = 0; i < seqs.size(); ++i) {
-          if (seqs.is_native(i)) continue;
-          SeqBatch::Writes w;
-          w.entry = i;
-          w.add(fast::kPending, -1);
-          writes.push_back(w);
-        }
-        CallGate::Hold window(fast::gate_of<G>(self));
-        seqs.write_back(writes);
-        std::vector<Sequence*> native;
-        for (size_t i = 0; i < seqs.size(); ++i)
-          if (seqs.is_native(i)) native.push_back(&seqs.seq(i));
-        p.forget_pending_many(native);
-        return fast::none();
-      },
-      {"seqs"},
-      "Batched ``forget_pending`` (finished or preempted requests). Returns None. Raises "
-      "TypeError for an item that is not a sequence, before anything changes.");
-  fast::def<G>(
-      cls, "forget_pending",
-      [](G& p, PyObject** a, PyObject* self) {
-        // Writes the field without reading it, as the reference does.
-        SeqArg s(a[0], "seq", 0, &p.hash_form());
-        if (s.native()) {
-          p.forget_pending(s.get());
-          return fast::none();
-        }
-        CallGate::Hold window(fast::gate_of<G>(self));
-        s.write_back({{fast::kPending, -1}});
-        return fast::none();
-      },
-      {"seq"},
-      "Drops ``seq``'s uncommitted copy checkpoint (its group is being released); returns "
-      "None. Raises TypeError for an object without the sequence attributes.");
-  fast::method<&G::record_copy>(cls, "record_copy", {"src", "dst"},
-                                "Schedules a group copy ``src`` -> ``dst`` for the next batch; returns None. Raises "
-                                "IndexError for a group out of range.");
-  fast::method<&G::unindex>(cls, "unindex", {fast::hash_arg("h")},
-                            "Drops the checkpoint filed under ``h``; returns the group freed, or -1. Raises only for "
-                            "a bad argument (docs/contract.md, \"Errors\").");
+  fast::method<&group_has_free>(cls, "has_free", {});
+  fast::def<G>(cls, "checkpoint",
+               [](G& p, PyObject** a, PyObject* self) {
+                 SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0, &p.hash_form());
+                 const int64_t blocks = int_arg(a[1], "boundary_blocks");
+                 const int64_t h = as_hash(a[2], "h", p.hash_form());
+                 // The group of a sequence it applies to, then pending_checkpoint only
+                 // under copy (as the reference reads them).
+                 if (p.applies(s.get())) {
+                   s.read(fast::kGroup);
+                   if (s.get().per_req_cache_group >= 0)
+                     s.read(p.transfer().copies() ? fast::kPending : fast::if_present(fast::kForkSrc));
+                 }
+                 if (s.native()) {
+                   // A copy intent writes h into the Sequence: it reads back in the pool's form.
+                   if (p.transfer().copies()) s.get().hash_form.note("h", h, p.hash_form().kind());
+                   if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
+                   return fast::none();
+                 }
+                 CallGate::Hold window(fast::gate_of<G>(self));
+                 checkpoint_generic(p, s, blocks, h);
+                 return fast::none();
+               },
+               {"seq", "boundary_blocks", "h"});
+  fast::def<G>(cls, "checkpoint_many",
+               [](G& p, PyObject** a, PyObject* self) {
+                 const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
+                 SeqBatch seqs(a[0], "seqs",
+                               fast::kHasCache | fast::kGroup |
+                                   (p.transfer().copies() ? fast::kPending : fast::if_present(fast::kForkSrc)),
+                               &p.hash_form());
+                 const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
+                 note_forms(p, seqs, hs);
+                 if (seqs.all_native()) {
+                   // The intent list and its mirror change together, with no Python
+                   // code in between.
+                   for (size_t i : p.checkpoint_many(seqs.seqs(), seqs.keys(), bs, hs))
+                     p.pending_seqs.push_back(seqs.ref(i));
+                   return fast::none();
+                 }
+                 CallGate::Hold window(fast::gate_of<G>(self));
+                 checkpoint_many_generic(
+                     p, seqs, bs, hs,
+                     [&](size_t i) {
+                       if (p.checkpoint(seqs.seq(i), bs[i], hs[i])) p.pending_seqs.push_back(seqs.ref(i));
+                     },
+                     [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
+                 return fast::none();
+               },
+               {"seqs", "boundary_blocks", "hashes"});
+  fast::def<G>(cls, "forget_pending_many",
+               [](G& p, PyObject** a, PyObject* self) {
+                 // pending_checkpoint is written, never read (as in the reference):
+                 // read only to restore it should a later write fail.
+                 SeqBatch seqs(a[0], "seqs", fast::if_present(fast::kPending), &p.hash_form());
+                 // Generic objects first (a failing setter restores what was written,
+                 // nothing else changed), then the statecache.Sequence fields.
+                 std::vector<SeqBatch::Writes> writes;
+                 for (size_t i = 0; i < seqs.size(); ++i) {
+                   if (seqs.is_native(i)) continue;
+                   SeqBatch::Writes w;
+                   w.entry = i;
+                   w.add(fast::kPending, -1);
+                   writes.push_back(w);
+                 }
+                 CallGate::Hold window(fast::gate_of<G>(self));
+                 seqs.write_back(writes);
+                 std::vector<Sequence*> native;
+                 for (size_t i = 0; i < seqs.size(); ++i)
+                   if (seqs.is_native(i)) native.push_back(&seqs.seq(i));
+                 p.forget_pending_many(native);
+                 return fast::none();
+               },
+               {"seqs"});
+  fast::def<G>(cls, "forget_pending",
+               [](G& p, PyObject** a, PyObject* self) {
+                 // Writes the field without reading it, as the reference does.
+                 SeqArg s(a[0], "seq", 0, &p.hash_form());
+                 if (s.native()) {
+                   p.forget_pending(s.get());
+                   return fast::none();
+                 }
+                 CallGate::Hold window(fast::gate_of<G>(self));
+                 s.write_back({{fast::kPending, -1}});
+                 return fast::none();
+               },
+               {"seq"});
+  fast::method<&G::record_copy>(cls, "record_copy", {"src", "dst"});
+  fast::method<&G::unindex>(cls, "unindex", {fast::hash_arg("h")});
   fast::def<G>(
       cls, "take_copies",
       [](G& p, PyObject**, PyObject* self) {
@@ -855,13 +725,9 @@ bytes: it dies when that group is released. Under ``none()`` and ``replay()``
         done.swap(p.pending_seqs);  // released once the pool is consistent
         return pair_list(pairs).release().ptr();
       },
-      {},
-      "Files last pass's copy intents and returns every (src, dst) pair the batch being built "
-      "must copy before its forward. Raises what a generic sequence's getter or setter raised, "
-      "or RuntimeError when a setter changed the pool, committing nothing and leaving every "
-      "pending_checkpoint as it was.");
-  fast::method<&debug_copies>(cls, "_debug_copies", {}, nullptr);
-  fast::method<&debug_pending>(cls, "_debug_pending", {}, nullptr);
+      {});
+  fast::method<&debug_copies>(cls, "_debug_copies", {});
+  fast::method<&debug_pending>(cls, "_debug_pending", {});
 }
 
 }  // namespace
@@ -873,12 +739,8 @@ std::shared_ptr<ScratchSlotSource> as_scratch_source(py::handle obj, const char*
 
 void bind_pools(py::module_& m) {
   bind_views(m);
-  bind_retirement<SlotRetirement>(m, "SlotRetirement", R"doc(
-What StateSlotPool.retire_top did. relocated_to == -1: no bytes move. Otherwise
-copy retired -> relocated_to before the next forward, and re-point the owner
-unless held_checkpoint (the index was already re-filed). Frozen value.)doc");
-  bind_retirement<GroupRetirement>(m, "GroupRetirement", R"doc(
-What StateGroupPool.retire_top did; same contract as SlotRetirement.)doc");
+  bind_retirement<SlotRetirement>(m, "SlotRetirement");
+  bind_retirement<GroupRetirement>(m, "GroupRetirement");
   bind_slot_pool(m);
   bind_group_pool(m);
 }

@@ -7,7 +7,8 @@
 // CPython reads a builtin's text signature off its method definition's doc
 // when that starts "name(self, count=1)\n--\n\n", so each function's doc is
 // rewritten to that form, in place and as pybind11 itself installs it (a
-// malloc'd string it frees with the function). Untyped: inspect takes no
+// malloc'd string it frees with the function); the text after it is the one
+// docs/api.md gives (docs.h). Untyped: inspect takes no
 // annotations (the stub's types are .ci/stub_types.py's). A method's
 // definition also gets an entry that waits its turn on the instance's call
 // gate (call_gate.h), as the fast methods' trampolines do, and then runs

@@ -2,6 +2,7 @@
 // (the tier's full key); the entries' memory is a buffer the caller owns.
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "bindings/docs.h"
 #include "bindings/eviction.h"
 #include "bindings/fast_call.h"
 #include "core/host_arena.h"
@@ -187,20 +188,7 @@ struct Conv<Klass> {
 }  // namespace fast
 
 void bind_tiers(py::module_& m) {
-  py::class_<HostArena> arena(m, "HostArena", STATECACHE_GUARDED(HostArena),
-                              R"doc(Which entries of the host tier's arena hold what.
-
-``HostArena(entry_bytes, capacity_bytes, class_budget_bytes, ranking="cost")``:
-``capacity_bytes // entry_bytes`` entries of one buffer the caller owns; a value
-takes whole entries, is filed under its key (bytes) in a class, and is
-findable once sealed. ``class_budget_bytes``: per class, a cap in bytes or None
-(no cap: the class competes for the whole arena); the caps must fit the arena.
-Eviction ranks every value together with the cost model of the GPU caches
-(``set_eviction_policy``, as on the PAGE store; positions in its unit; with
-``set_kv_bytes_per_position`` per byte of the whole prefix), and within a
-class for room under its cap; ``ranking`` picks the starting model: ``"cost"``
-(value = position) or ``"lru"`` (recency only). Pinned values are never
-evicted.)doc");
+  py::class_<HostArena> arena(m, "HostArena", STATECACHE_GUARDED(HostArena), doc("HostArena"));
   arena.def(py::init([](py::handle entry_bytes, py::handle capacity_bytes, py::handle budgets, py::handle ranking_obj) {
               const std::string ranking = as_text(ranking_obj, "ranking");
               EvictionCostModel m = HostArena::cost_model();
@@ -212,90 +200,40 @@ evicted.)doc");
                                    as_budgets(budgets), m);
             }),
             py::arg("entry_bytes"), py::arg("capacity_bytes"), py::arg("class_budget_bytes"),
-            py::arg("ranking") = "cost", "Raises ValueError for a bad size, budget or ranking.");
+            py::arg("ranking") = "cost", doc(arena, "__init__"));
   fast::attr<&HostArena::entry_bytes>(arena, "entry_bytes");
   fast::attr<&HostArena::num_entries>(arena, "num_entries");
   fast::attr<&HostArena::num_free>(arena, "num_free");
   fast::attr<&HostArena::num_classes>(arena, "num_classes");
   fast::attr<&ranking>(arena, "ranking");
-  fast::method<&class_stats>(arena, "class_stats", {"klass"},
-                             "Returns a new dict of class ``klass``: budget_entries (its cap, or the arena's entries "
-                             "when it has none), used_entries, values, evictions, refused, capped. Raises IndexError "
-                             "for an unknown class.");
+  fast::method<&class_stats>(arena, "class_stats", {"klass"});
   fast::attr<&HostArena::kv_bytes_per_position>(arena, "kv_bytes_per_position");
   arena.def(
       "set_kv_bytes_per_position", [](HostArena& a, double bytes) { a.set_kv_bytes_per_position(bytes); },
-      py::arg("bytes"),
-      "Ranks values per byte of their whole prefix: ``bytes`` of KV per position besides the "
-      "model's checkpoint_bytes (0: per checkpoint byte, as the GPU caches); kept across "
-      "set_eviction_policy; returns None. Raises ValueError for a negative or non-finite value.");
-  fast::method<&refile>(arena, "refile", {"key", "position"},
-                        "Files the sealed value under ``key`` at ``position``, as a use; returns whether it was "
-                        "there. Raises ValueError for a negative position.");
-  fast::method<&victims>(arena, "victims", {"klass", "count"},
-                         "Returns the keys ``allocate`` would evict to fit ``count`` entries in class ``klass``, "
-                         "in order; None when they cannot be made to fit. Raises IndexError for an unknown class, "
-                         "ValueError for ``count < 0``.");
-  fast::method<&allocate>(
-      arena, "allocate", {"key", "klass", "count", "nbytes", "position"},
-      "Reserves ``count`` entries for ``key`` (its prefix ends at ``position``, in the eviction model's position "
-      "unit), evicting the lowest-ranked unpinned values (of its class when its cap is reached); returns (entry ids, "
-      "evicted keys), or None (nothing changed) when they cannot be had. Raises IndexError for an unknown class, "
-      "ValueError for a bad count, nbytes or position or a key already present.");
-  fast::method<&allocate_many>(
-      arena, "allocate_many", {"keys", "klass", "counts", "nbytes", "positions"},
-      "``allocate`` of each key of the list ``keys`` in order (one call for a step's saves), with its count, nbytes "
-      "and position; returns per key its entry ids, or None for a key already present or one whose entries cannot "
-      "be had (the rest go on). Raises, nothing changed, IndexError for an unknown class, ValueError for a bad "
-      "count, nbytes or position or lengths that differ; TypeError for a key that is not bytes or str.");
-  fast::method<&seal>(arena, "seal", {"key", "meta"},
-                      "Makes the value under ``key`` findable, with ``meta``; returns None. Raises ValueError "
-                      "for a key not allocated or already sealed, TypeError for a meta that is not bytes.");
-  fast::method<&seal_many>(arena, "seal_many", {"keys", "metas"},
-                           "``seal`` of each key of the list ``keys`` with its meta (bytes); returns None. Raises, "
-                           "nothing changed, ValueError for a key not allocated, already sealed or given twice, or "
-                           "lengths that differ; TypeError for a key or meta that is not bytes or str.");
-  fast::method<&remove>(arena, "remove", {"key"},
-                        "Drops the value under ``key``; returns whether one was there. Raises only for a bad "
-                        "argument (docs/contract.md, \"Errors\").");
-  fast::method<&contains>(arena, "contains", {"key"},
-                          "Returns whether a sealed value is filed under ``key``. Raises only for a bad argument "
-                          "(docs/contract.md, \"Errors\").");
-  fast::method<&contains_many>(arena, "contains_many", {"keys", "touch=False"},
-                               "Returns, for each key of the list ``keys``, whether a sealed value is filed under it "
-                               "(one call for a whole chain); ``touch``: each one found counts as a use, as "
-                               "``lookup(key, True)``. Raises TypeError for a key that is not bytes or str.");
-  fast::method<&refile_many>(arena, "refile_many", {"keys", "positions"},
-                             "Refiles each sealed value of ``keys`` at its position (as ``refile``, in order); "
-                             "returns how many were there. Raises ValueError, nothing changed, for a negative "
-                             "position or lengths that differ; TypeError for a key that is not bytes or str.");
-  fast::attr<&HostArena::generation>(
-      arena, "generation",
-      "A counter bumped whenever what ``contains`` answers may have changed (a seal, a remove, an eviction): an "
-      "answer derived from it holds while it is unchanged.");
+      py::arg("bytes"), doc(arena, "set_kv_bytes_per_position"));
+  fast::method<&refile>(arena, "refile", {"key", "position"});
+  fast::method<&victims>(arena, "victims", {"klass", "count"});
+  fast::method<&allocate>(arena, "allocate", {"key", "klass", "count", "nbytes", "position"});
+  fast::method<&allocate_many>(arena, "allocate_many", {"keys", "klass", "counts", "nbytes", "positions"});
+  fast::method<&seal>(arena, "seal", {"key", "meta"});
+  fast::method<&seal_many>(arena, "seal_many", {"keys", "metas"});
+  fast::method<&remove>(arena, "remove", {"key"});
+  fast::method<&contains>(arena, "contains", {"key"});
+  fast::method<&contains_many>(arena, "contains_many", {"keys", "touch=False"});
+  fast::method<&refile_many>(arena, "refile_many", {"keys", "positions"});
+  fast::attr<&HostArena::generation>(arena, "generation");
   arena
       .def("__contains__",
            [](const HostArena& a, py::handle key) {
              return PyBytes_Check(key.ptr()) || PyUnicode_Check(key.ptr()) ? a.contains(as_key(key, "key")) : false;
            })
       .def("__len__", [](const HostArena& a) { return a.keys().size(); });
-  fast::method<&lookup>(arena, "lookup", {"key", "touch=True"},
-                        "Returns (entry ids, nbytes, meta, klass) of the sealed value under ``key`` (``touch``: "
-                        "counts as a use), or None. Raises only for a bad argument (docs/contract.md, "
-                        "\"Errors\").");
-  fast::method<&pin>(arena, "pin", {"key"},
-                     "Pins the sealed value under ``key`` (never evicted while pinned); returns None. Raises "
-                     "ValueError for a key that is not a sealed value.");
-  fast::method<&unpin>(arena, "unpin", {"key"},
-                       "Drops one pin of the value under ``key``; returns None. Raises ValueError for a key that "
-                       "is not pinned.");
-  fast::method<&pins>(arena, "pins", {"key"},
-                      "Returns the pin count of the value under ``key`` (0 without one). Raises only for a bad "
-                      "argument (docs/contract.md, \"Errors\").");
-  fast::method<&keys>(arena, "keys", {}, "Returns the keys filed, as a list of bytes. Raises nothing.");
-  arena.def("check_consistency", &HostArena::check_consistency,
-            "Checks the arena's internal invariants (for tests); returns None. Raises AssertionError "
-            "when one is broken.");
+  fast::method<&lookup>(arena, "lookup", {"key", "touch=True"});
+  fast::method<&pin>(arena, "pin", {"key"});
+  fast::method<&unpin>(arena, "unpin", {"key"});
+  fast::method<&pins>(arena, "pins", {"key"});
+  fast::method<&keys>(arena, "keys", {});
+  arena.def("check_consistency", &HostArena::check_consistency, doc(arena, "check_consistency"));
   def_eviction_methods(arena, [](HostArena& a) -> HostArena& { return a; });
 }
 

@@ -91,7 +91,7 @@ def test_signatures_docstrings_and_kinds_come_from_the_module():
     tree = ast.parse(text)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     pool = {n.name: n for n in classes["StateSlotPool"].body if isinstance(n, ast.FunctionDef)}
-    # the C++ docstring, word for word
+    # the module's docstring (docs/api.md), word for word
     assert " ".join(ast.get_docstring(pool["num_free"]).split()) == " ".join(
         inspect.getdoc(_C.StateSlotPool.num_free).split()
     )
