@@ -386,6 +386,51 @@ def test_a_fresh_engine_resumes_a_conversation_shorter_than_a_block_from_the_sha
     assert Rig(extra=shared_extra(mooncake), seed=3).sched.match(other, 0) == 0
 
 
+@pytest.fixture(scope="module")
+def redis_port():
+    from tier_support import redis_server
+
+    server = redis_server()
+    try:
+        yield server.port
+    finally:
+        server.stop()
+
+
+def test_redis_as_the_shared_tier_resumes_blocks_states_and_tails_in_a_fresh_engine(redis_port):
+    """The same as with Mooncake Store, with Redis configured instead: a
+    fresh engine resumes a prompt's blocks and state, and a short
+    conversation's tail, byte for byte from a real redis-server."""
+    extra = {"secret": "a deployment secret", "redis": {"host": "127.0.0.1", "port": redis_port}}
+    t = tokens(5 * BS + 3, seed=11)
+    first = Rig(extra=extra, seed=1)
+    prefill_a(first, t)
+    settle(first)
+    assert first.sched.funnel()["shared_writes"] == 7
+    fresh = Rig(extra=extra, seed=2)  # other tensors, empty host tier
+    _b, out = load_b(fresh, t + tokens(20, 2), 5 * BS)
+    assert out.finished_recving == {"B"} and not out.failed_recving
+    for i in range(5):
+        assert fresh.block(0, 31 + i) == first.block(0, 1 + i)
+    for g in STATE_GROUPS:
+        assert fresh.block(0, 40 + g)[:MAMBA_REAL] == first.block(0, 20 + g)[:MAMBA_REAL]
+    assert fresh.sched.funnel()["tokens_resumed_shared"] == 5 * BS
+    short = Rig(extra=extra, seed=3)
+    ts, a = finish_a_short_turn(short)
+    settle(short)
+    other = Rig(extra=extra, seed=4)
+    nxt = FakeRequest("C", a.tokens + tokens(20, 3), len(a.tokens) + 20)
+    assert other.sched.match(nxt, 0) == len(ts)
+    dst = tuple([40 + g] for g in STATE_GROUPS) + ([31],)
+    other.sched.after_alloc(nxt, FakeBlocks(dst), len(ts))
+    out = until_received(other)
+    assert out.finished_recving == {"C"} and not out.failed_recving
+    assert other.block(0, 31) == short.block(0, 1)
+    for g in STATE_GROUPS:
+        assert other.block(0, 40 + g)[:MAMBA_REAL] == short.block(0, 10 + g)[:MAMBA_REAL]
+    assert other.sched.funnel()["tokens_resumed_tail"] == len(ts)
+
+
 def test_an_untrusted_shared_value_is_never_adopted_and_is_removed(mooncake):
     import numpy as np
 
