@@ -768,8 +768,8 @@ inline PyObject* to_py(int64_t v) { return PyLong_FromLongLong(v); }
 inline PyObject* to_py(double v) { return PyFloat_FromDouble(v); }
 inline PyObject* none() { return Py_NewRef(Py_None); }
 
-template <class F>
-inline Params params_of;
+template <auto Fn>
+inline Params def_params;  // a def function's parameters (fast::def)
 
 // Fills `p` from the parameter list and installs method `name` on `cls`
 // calling `meth`, its text signature built from the same list.
@@ -820,37 +820,42 @@ inline void install(py::handle cls, const char* name, FastMethod meth, Params& p
   py::setattr(cls, name, descr);
 }
 
-template <class T, class F>
+// The instance type a def function takes first.
+template <class R, class T, class... A>
+T instance_of(R (*)(T&, A...));
+
+template <auto Fn>
 PyObject* trampoline(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  using T = decltype(instance_of(Fn));
   PyObject* a[kMaxParams] = {};
-  if (!parse(params_of<F>, args, nargs, kwnames, a)) return nullptr;
+  if (!parse(def_params<Fn>, args, nargs, kwnames, a)) return nullptr;
   try {
     enter<T>(self);
-    if constexpr (std::is_invocable_v<F, T&, PyObject**, PyObject*>) {  // wants the Python object too
-      if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a, self)), py::object>)
-        return F{}(self_of<T>(self), a, self).release().ptr();
+    decltype(auto) r = [&]() -> decltype(auto) {
+      if constexpr (std::is_invocable_v<decltype(Fn), T&, PyObject**, PyObject*>)  // wants the Python object too
+        return Fn(self_of<T>(self), a, self);
       else
-        return F{}(self_of<T>(self), a, self);
-    } else if constexpr (std::is_same_v<decltype(F{}(self_of<T>(self), a)), py::object>) {
-      return F{}(self_of<T>(self), a).release().ptr();
-    } else {
-      return F{}(self_of<T>(self), a);
-    }
+        return Fn(self_of<T>(self), a);
+    }();
+    if constexpr (std::is_same_v<std::decay_t<decltype(r)>, py::object>)
+      return r.release().ptr();
+    else
+      return r;
   } catch (...) {
     set_error_from_current();
     return nullptr;
   }
 }
 
-// Registers `F` (a captureless lambda PyObject*(T&, PyObject** args) giving a
-// new reference, or py::object(T&, PyObject** args); either may take the
-// Python `self` as a third parameter) as method `name` of class `cls`: for a
-// method whose work is more than converting its arguments (fast::method is
-// for those that only convert). `args` as for fast::method; `F` converts
-// them itself (a[i] is nullptr for an optional one not given).
-template <class T, class F>
-void def(py::handle cls, const char* name, F, std::initializer_list<Arg> args) {
-  install(cls, name, &trampoline<T, F>, params_of<F>, args, /*strict=*/false);
+// Registers `Fn` (a function PyObject*(T&, PyObject** args) giving a new
+// reference, or py::object(T&, PyObject** args); either may take the Python
+// `self` as a third parameter) as method `name` of class `cls`: for a method
+// whose work is more than converting its arguments (fast::method is for those
+// that only convert). `args` as for fast::method; `Fn` converts them itself
+// (a[i] is nullptr for an optional one not given).
+template <auto Fn>
+void def(py::handle cls, const char* name, std::initializer_list<Arg> args) {
+  install(cls, name, &trampoline<Fn>, def_params<Fn>, args, /*strict=*/false);
 }
 
 // ---- table methods: the conversions deduced from the C++ signature ----------

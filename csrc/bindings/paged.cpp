@@ -614,6 +614,15 @@ bool adopt_units(PyStore& s, const std::vector<int64_t>& units, py::handle owner
   }
 }
 
+// position is checked first, as the reference's begin_store does.
+py::object store_begin_store(PyStore& s, PyObject** a) {
+  const int64_t position = a[2] == nullptr ? 0 : as_int(a[2], "position");
+  if (position < 0) bad_argument("position", position, "must be >= 0");
+  const int64_t prefix_hash = as_hash(a[0], "prefix_hash", s.hash_form());
+  auto op = s.begin_store(prefix_hash, as_int(a[1], "src_slot"), position);
+  return op ? py::cast(std::move(*op)) : py::none();
+}
+
 void bind_store(py::module_& m) {
   py::classh<PyStore> cls(m, "PageUnitCheckpointStore", py::metaclass(fast::guarded_metaclass()),
                           fast::gc_setup<PyStore, &traverse_store, &clear_store>(), doc("PageUnitCheckpointStore"));
@@ -658,15 +667,7 @@ void bind_store(py::module_& m) {
   def_store_methods(cls, [](PyStore& s) -> Store& { return s; });
   fast::method<&Store::lookup>(cls, "lookup", {fast::hash_arg("prefix_hash")});
   fast::method<&Store::contains_or_pending>(cls, "contains_or_pending", {fast::hash_arg("prefix_hash")});
-  fast::def<PyStore>(cls, "begin_store",
-                     [](PyStore& s, PyObject** a) -> PyObject* {
-                       const int64_t position = a[2] == nullptr ? 0 : as_int(a[2], "position");
-                       if (position < 0) bad_argument("position", position, "must be >= 0");
-                       const int64_t prefix_hash = as_hash(a[0], "prefix_hash", s.hash_form());
-                       auto op = s.begin_store(prefix_hash, as_int(a[1], "src_slot"), position);
-                       return (op ? py::cast(std::move(*op)) : py::none()).release().ptr();
-                     },
-                     {"prefix_hash", "src_slot", "position=0"});
+  fast::def<&store_begin_store>(cls, "begin_store", {"prefix_hash", "src_slot", "position=0"});
   fast::method<&Store::begin_restore>(cls, "begin_restore", {fast::hash_arg("prefix_hash"), "dst_slot"});
 }
 

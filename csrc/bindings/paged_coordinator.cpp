@@ -486,24 +486,14 @@ void bind_coordinator(py::module_& m) {
   fast::method<&Coordinator::check_consistency>(cls, "check_consistency", {});
   fast::method<&fates>(cls, "checkpoint_fates", {});
   def_store_methods(cls, [](PyCoordinator& c) -> PageUnitCheckpointStore& { return c.store(); });
-  fast::def<PyCoordinator>(cls, "resumable_hit",
-                           [](PyCoordinator& c, PyObject** a) { return coord_resumable_hit(c, a); },
-                           {"seq", "hit", "block_hashes", "assume_checkpointed=False"});
-  fast::def<PyCoordinator>(cls, "resumable_hits",
-                           [](PyCoordinator& c, PyObject** a) { return coord_resumable_hits(c, a); },
-                           {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"});
-  fast::def<PyCoordinator>(cls, "checkpoint", [](PyCoordinator& c, PyObject** a) { return coord_checkpoint(c, a); },
-                           {"seq", "boundary_blocks", "h"});
-  fast::def<PyCoordinator>(cls, "checkpoint_many",
-                           [](PyCoordinator& c, PyObject** a) { return coord_checkpoint_many(c, a); },
-                           {"seqs", "boundary_blocks", "hashes"});
-  fast::def<PyCoordinator>(cls, "forget_pending_many",
-                           [](PyCoordinator& c, PyObject** a) { return coord_forget_pending_many(c, a); }, {"seqs"});
-  fast::def<PyCoordinator>(cls, "begin_restore",
-                           [](PyCoordinator& c, PyObject** a) { return coord_begin_restore(c, a); }, {"h", "dst_slot"});
-  fast::def<PyCoordinator>(cls, "begin_restores",
-                           [](PyCoordinator& c, PyObject** a) { return coord_begin_restores(c, a); },
-                           {"hashes", "dst_slots"});
+  fast::def<&coord_resumable_hit>(cls, "resumable_hit", {"seq", "hit", "block_hashes", "assume_checkpointed=False"});
+  fast::def<&coord_resumable_hits>(cls, "resumable_hits",
+                                   {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"});
+  fast::def<&coord_checkpoint>(cls, "checkpoint", {"seq", "boundary_blocks", "h"});
+  fast::def<&coord_checkpoint_many>(cls, "checkpoint_many", {"seqs", "boundary_blocks", "hashes"});
+  fast::def<&coord_forget_pending_many>(cls, "forget_pending_many", {"seqs"});
+  fast::def<&coord_begin_restore>(cls, "begin_restore", {"h", "dst_slot"});
+  fast::def<&coord_begin_restores>(cls, "begin_restores", {"hashes", "dst_slots"});
 }
 
 // ----------------------------------------------------------- offload index --

@@ -367,6 +367,21 @@ py::dict debug_state(const Pool& p) {
   return d;
 }
 
+template <class Pool>
+PyObject* pool_applies(Pool& p, PyObject** a) {
+  return fast::to_py(p.applies(SeqArg(a[0], "seq", p.enabled() ? fast::kHasCache : 0).get()));
+}
+
+template <class Pool>
+PyObject* pool_resumable_hit(Pool& p, PyObject** a) {
+  return fast::to_py(resumable_hit_arg(p, a[0], a[1], a[2], a[3] ? py::handle(a[3]) : py::handle(Py_False)));
+}
+
+template <class Pool>
+PyObject* pool_resumable_hits(Pool& p, PyObject** a) {
+  return resumable_hits_arg(p, a[0], a[1], a[2], a[3], fast::kHasCache | fast::kNumTokens).release().ptr();
+}
+
 template <class Pool, class Retire>
 void bind_free_list_api(py::classh<Pool>& cls) {
   constexpr const char* U = kIndexKind<Pool>;
@@ -380,23 +395,11 @@ void bind_free_list_api(py::classh<Pool>& cls) {
   fast::method<&Pool::claim>(cls, "claim", {U});
   fast::method<&Pool::release>(cls, "release", {U});
   fast::method<&Pool::extend>(cls, "extend", {"count"});
-  fast::def<Pool>(cls, "applies",
-                  [](Pool& p, PyObject** a) {
-                    return to_py(p.applies(SeqArg(a[0], "seq", p.enabled() ? fast::kHasCache : 0).get()));
-                  },
-                  {"seq"});
-  fast::def<Pool>(
-      cls, "resumable_hit",
-      [](Pool& p, PyObject** a) {
-        return to_py(resumable_hit_arg(p, a[0], a[1], a[2], a[3] ? py::handle(a[3]) : py::handle(Py_False)));
-      },
-      {"seq", "hit", "block_hashes", "assume_checkpointed=False"});
-  fast::def<Pool>(
-      cls, "resumable_hits",
-      [](Pool& p, PyObject** a) {
-        return resumable_hits_arg(p, a[0], a[1], a[2], a[3], fast::kHasCache | fast::kNumTokens).release().ptr();
-      },
-      {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"});
+  fast::def<&pool_applies<Pool>>(cls, "applies", {"seq"});
+  fast::def<&pool_resumable_hit<Pool>>(cls, "resumable_hit",
+                                       {"seq", "hit", "block_hashes", "assume_checkpointed=False"});
+  fast::def<&pool_resumable_hits<Pool>>(cls, "resumable_hits",
+                                        {"seqs", "hits", "block_hashes=None", "assume_checkpointed=False"});
   fast::method<&release_many_arg<Pool>>(cls, "release_many", {kIndexKinds<Pool>});
   fast::method<&Pool::lookup>(cls, "lookup", {fast::hash_arg("h")});
   fast::method<&Pool::invalidate>(cls, "invalidate", {U});
@@ -447,6 +450,40 @@ void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* ha
 // also says which slot it freed).
 void unindex_slot(StateSlotPool& p, int64_t h) { p.unindex(h); }
 
+PyObject* slot_checkpoint(StateSlotPool& p, PyObject** a, PyObject* self) {
+  SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0);
+  const int64_t blocks = int_arg(a[1], "boundary_blocks");
+  const int64_t h = as_hash(a[2], "h", p.hash_form());
+  // The rest only where the reference reads it: the slot of a forking
+  // sequence, then (a fork that happens) its anchors.
+  if (p.applies(s.get()) && p.transfer().forks()) {
+    s.read(fast::kStateSlot);
+    if (s.get().state_slot() >= 0 && p.has_free()) s.read(fast::kAnchors | fast::if_present(fast::kForkSrc));
+  }
+  if (s.native()) {
+    p.checkpoint(s.get(), blocks, h);
+    return fast::none();
+  }
+  CallGate::Hold window(fast::gate_of<StateSlotPool>(self));
+  checkpoint_generic(p, s, blocks, h);
+  return fast::none();
+}
+
+PyObject* slot_checkpoint_many(StateSlotPool& p, PyObject** a, PyObject* self) {
+  const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
+  SeqBatch seqs(a[0], "seqs", fast::kHasCache | fast::kStateSlot | fast::kAnchors | fast::if_present(fast::kForkSrc));
+  if (seqs.all_native()) {
+    p.checkpoint_many(seqs.seqs(), seqs.keys(), blocks.span(), hashes.span());
+    return fast::none();
+  }
+  const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
+  CallGate::Hold window(fast::gate_of<StateSlotPool>(self));
+  checkpoint_many_generic(
+      p, seqs, bs, hs, [&](size_t i) { p.checkpoint(seqs.seq(i), bs[i], hs[i]); },
+      [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
+  return fast::none();
+}
+
 void bind_slot_pool(py::module_& m) {
   py::classh<StateSlotPool> cls(m, "StateSlotPool", py::is_final(), STATECACHE_GUARDED(StateSlotPool),
                                 doc("StateSlotPool"));
@@ -465,44 +502,8 @@ void bind_slot_pool(py::module_& m) {
   fast::method<&P::pop_many>(cls, "pop_many", {"count"});
   fast::method<&P::mark_speculative>(cls, "mark_speculative", {"slot"});
   fast::method<&P::promote>(cls, "promote", {"slot"});
-  fast::def<P>(cls, "checkpoint",
-               [](P& p, PyObject** a, PyObject* self) {
-                 SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0);
-                 const int64_t blocks = int_arg(a[1], "boundary_blocks");
-                 const int64_t h = as_hash(a[2], "h", p.hash_form());
-                 // The rest only where the reference reads it: the slot of a forking
-                 // sequence, then (a fork that happens) its anchors.
-                 if (p.applies(s.get()) && p.transfer().forks()) {
-                   s.read(fast::kStateSlot);
-                   if (s.get().state_slot() >= 0 && p.has_free())
-                     s.read(fast::kAnchors | fast::if_present(fast::kForkSrc));
-                 }
-                 if (s.native()) {
-                   p.checkpoint(s.get(), blocks, h);
-                   return fast::none();
-                 }
-                 CallGate::Hold window(fast::gate_of<P>(self));
-                 checkpoint_generic(p, s, blocks, h);
-                 return fast::none();
-               },
-               {"seq", "boundary_blocks", "h"});
-  fast::def<P>(cls, "checkpoint_many",
-               [](P& p, PyObject** a, PyObject* self) {
-                 const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
-                 SeqBatch seqs(a[0], "seqs",
-                               fast::kHasCache | fast::kStateSlot | fast::kAnchors | fast::if_present(fast::kForkSrc));
-                 if (seqs.all_native()) {
-                   p.checkpoint_many(seqs.seqs(), seqs.keys(), blocks.span(), hashes.span());
-                   return fast::none();
-                 }
-                 const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
-                 CallGate::Hold window(fast::gate_of<P>(self));
-                 checkpoint_many_generic(
-                     p, seqs, bs, hs, [&](size_t i) { p.checkpoint(seqs.seq(i), bs[i], hs[i]); },
-                     [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
-                 return fast::none();
-               },
-               {"seqs", "boundary_blocks", "hashes"});
+  fast::def<&slot_checkpoint>(cls, "checkpoint", {"seq", "boundary_blocks", "h"});
+  fast::def<&slot_checkpoint_many>(cls, "checkpoint_many", {"seqs", "boundary_blocks", "hashes"});
   fast::method<&unindex_slot>(cls, "unindex", {fast::hash_arg("h")});
   fast::method<&reserve_midstep>(cls, "reserve_midstep", {"seq", "positions"});
   fast::method<&publish_midstep>(cls, "publish_midstep", {"reservations", "seq=None"});
@@ -573,6 +574,134 @@ void clear_group_pool(PyGroupPool& p) {
   gone.swap(p.pending_seqs);  // released after the pool is consistent
 }
 
+PyObject* group_checkpoint(PyGroupPool& p, PyObject** a, PyObject* self) {
+  SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0, &p.hash_form());
+  const int64_t blocks = int_arg(a[1], "boundary_blocks");
+  const int64_t h = as_hash(a[2], "h", p.hash_form());
+  // The group of a sequence it applies to, then pending_checkpoint only
+  // under copy (as the reference reads them).
+  if (p.applies(s.get())) {
+    s.read(fast::kGroup);
+    if (s.get().per_req_cache_group >= 0)
+      s.read(p.transfer().copies() ? fast::kPending : fast::if_present(fast::kForkSrc));
+  }
+  if (s.native()) {
+    // A copy intent writes h into the Sequence: it reads back in the pool's form.
+    if (p.transfer().copies()) s.get().hash_form.note("h", h, p.hash_form().kind());
+    if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
+    return fast::none();
+  }
+  CallGate::Hold window(fast::gate_of<PyGroupPool>(self));
+  checkpoint_generic(p, s, blocks, h);
+  return fast::none();
+}
+
+PyObject* group_checkpoint_many(PyGroupPool& p, PyObject** a, PyObject* self) {
+  const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
+  SeqBatch seqs(
+      a[0], "seqs",
+      fast::kHasCache | fast::kGroup | (p.transfer().copies() ? fast::kPending : fast::if_present(fast::kForkSrc)),
+      &p.hash_form());
+  const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
+  note_forms(p, seqs, hs);
+  if (seqs.all_native()) {
+    // The intent list and its mirror change together, with no Python
+    // code in between.
+    for (size_t i : p.checkpoint_many(seqs.seqs(), seqs.keys(), bs, hs)) p.pending_seqs.push_back(seqs.ref(i));
+    return fast::none();
+  }
+  CallGate::Hold window(fast::gate_of<PyGroupPool>(self));
+  checkpoint_many_generic(
+      p, seqs, bs, hs,
+      [&](size_t i) {
+        if (p.checkpoint(seqs.seq(i), bs[i], hs[i])) p.pending_seqs.push_back(seqs.ref(i));
+      },
+      [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
+  return fast::none();
+}
+
+PyObject* group_forget_pending_many(PyGroupPool& p, PyObject** a, PyObject* self) {
+  // pending_checkpoint is written, never read (as in the reference):
+  // read only to restore it should a later write fail.
+  SeqBatch seqs(a[0], "seqs", fast::if_present(fast::kPending), &p.hash_form());
+  // Generic objects first (a failing setter restores what was written,
+  // nothing else changed), then the statecache.Sequence fields.
+  std::vector<SeqBatch::Writes> writes;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs.is_native(i)) continue;
+    SeqBatch::Writes w;
+    w.entry = i;
+    w.add(fast::kPending, -1);
+    writes.push_back(w);
+  }
+  CallGate::Hold window(fast::gate_of<PyGroupPool>(self));
+  seqs.write_back(writes);
+  std::vector<Sequence*> native;
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (seqs.is_native(i)) native.push_back(&seqs.seq(i));
+  p.forget_pending_many(native);
+  return fast::none();
+}
+
+PyObject* group_forget_pending(PyGroupPool& p, PyObject** a, PyObject* self) {
+  // Writes the field without reading it, as the reference does.
+  SeqArg s(a[0], "seq", 0, &p.hash_form());
+  if (s.native()) {
+    p.forget_pending(s.get());
+    return fast::none();
+  }
+  CallGate::Hold window(fast::gate_of<PyGroupPool>(self));
+  s.write_back({{fast::kPending, -1}});
+  return fast::none();
+}
+
+PyObject* group_take_copies(PyGroupPool& p, PyObject**, PyObject* self) {
+  // Read every pending sequence, clear their pending_checkpoint, then
+  // commit in C++. Whatever fails before the commit (a getter or
+  // setter that raises, a setter that changed the pending list) gives
+  // the fields already cleared their values back: nothing changed.
+  CallGate::Hold window(fast::gate_of<PyGroupPool>(self));
+  const std::vector<py::object> seqs = p.pending_seqs;
+  const std::vector<StateGroupPool::PendingSeq> state = p.read_pending(seqs);
+  size_t cleared = 0;  // seqs[0:cleared] were written
+  auto give_back = [&] {
+    for (size_t j = 0; j < cleared; ++j) {
+      if (state[j].seq != j) continue;
+      SeqArg back(seqs[j].ptr(), "pending seq", 0, &p.hash_form());
+      if (back.native()) {
+        back.get().pending_checkpoint = state[j].pending_checkpoint;
+        continue;
+      }
+      try {
+        back.write_back({{fast::kPending, state[j].pending_checkpoint}});
+      } catch (...) {
+        PyErr_Clear();
+      }
+    }
+  };
+  try {
+    for (size_t k = 0; k < seqs.size(); ++k) {
+      if (state[k].seq == k) {
+        SeqArg s(seqs[k].ptr(), "pending seq", 0, &p.hash_form());
+        if (s.native())
+          s.get().pending_checkpoint = -1;
+        else
+          s.write_back({{fast::kPending, -1}});  // restores itself when it raises
+      }
+      cleared = k + 1;
+    }
+    if (p.pending_seqs.size() != seqs.size() || p.pending_count() != seqs.size())
+      throw std::runtime_error("the pool changed while pending sequences were written back; nothing was filed");
+  } catch (...) {
+    give_back();
+    throw;
+  }
+  const auto pairs = p.take_copies(state);
+  std::vector<py::object> done;
+  done.swap(p.pending_seqs);  // released once the pool is consistent
+  return pair_list(pairs).release().ptr();
+}
+
 void bind_group_pool(py::module_& m) {
   py::classh<PyGroupPool> cls(m, "StateGroupPool", py::is_final(), py::metaclass(fast::guarded_metaclass()),
                               fast::gc_setup<PyGroupPool, &traverse_group_pool, &clear_group_pool>(),
@@ -589,143 +718,13 @@ void bind_group_pool(py::module_& m) {
   using G = PyGroupPool;
   fast::def_readonly<G>(cls, "num_groups", [](const G& p) { return to_py(p.size()); });
   fast::method<&group_has_free>(cls, "has_free", {});
-  fast::def<G>(cls, "checkpoint",
-               [](G& p, PyObject** a, PyObject* self) {
-                 SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0, &p.hash_form());
-                 const int64_t blocks = int_arg(a[1], "boundary_blocks");
-                 const int64_t h = as_hash(a[2], "h", p.hash_form());
-                 // The group of a sequence it applies to, then pending_checkpoint only
-                 // under copy (as the reference reads them).
-                 if (p.applies(s.get())) {
-                   s.read(fast::kGroup);
-                   if (s.get().per_req_cache_group >= 0)
-                     s.read(p.transfer().copies() ? fast::kPending : fast::if_present(fast::kForkSrc));
-                 }
-                 if (s.native()) {
-                   // A copy intent writes h into the Sequence: it reads back in the pool's form.
-                   if (p.transfer().copies()) s.get().hash_form.note("h", h, p.hash_form().kind());
-                   if (p.checkpoint(s.get(), blocks, h)) p.pending_seqs.push_back(s.ref());
-                   return fast::none();
-                 }
-                 CallGate::Hold window(fast::gate_of<G>(self));
-                 checkpoint_generic(p, s, blocks, h);
-                 return fast::none();
-               },
-               {"seq", "boundary_blocks", "h"});
-  fast::def<G>(cls, "checkpoint_many",
-               [](G& p, PyObject** a, PyObject* self) {
-                 const IntSpan blocks(a[1], "boundary_blocks"), hashes(a[2], "hashes", p.hash_form());
-                 SeqBatch seqs(a[0], "seqs",
-                               fast::kHasCache | fast::kGroup |
-                                   (p.transfer().copies() ? fast::kPending : fast::if_present(fast::kForkSrc)),
-                               &p.hash_form());
-                 const std::span<const int64_t> bs = blocks.span(), hs = hashes.span();
-                 note_forms(p, seqs, hs);
-                 if (seqs.all_native()) {
-                   // The intent list and its mirror change together, with no Python
-                   // code in between.
-                   for (size_t i : p.checkpoint_many(seqs.seqs(), seqs.keys(), bs, hs))
-                     p.pending_seqs.push_back(seqs.ref(i));
-                   return fast::none();
-                 }
-                 CallGate::Hold window(fast::gate_of<G>(self));
-                 checkpoint_many_generic(
-                     p, seqs, bs, hs,
-                     [&](size_t i) {
-                       if (p.checkpoint(seqs.seq(i), bs[i], hs[i])) p.pending_seqs.push_back(seqs.ref(i));
-                     },
-                     [&](SeqArg& s, size_t i) { checkpoint_generic(p, s, bs[i], hs[i]); });
-                 return fast::none();
-               },
-               {"seqs", "boundary_blocks", "hashes"});
-  fast::def<G>(cls, "forget_pending_many",
-               [](G& p, PyObject** a, PyObject* self) {
-                 // pending_checkpoint is written, never read (as in the reference):
-                 // read only to restore it should a later write fail.
-                 SeqBatch seqs(a[0], "seqs", fast::if_present(fast::kPending), &p.hash_form());
-                 // Generic objects first (a failing setter restores what was written,
-                 // nothing else changed), then the statecache.Sequence fields.
-                 std::vector<SeqBatch::Writes> writes;
-                 for (size_t i = 0; i < seqs.size(); ++i) {
-                   if (seqs.is_native(i)) continue;
-                   SeqBatch::Writes w;
-                   w.entry = i;
-                   w.add(fast::kPending, -1);
-                   writes.push_back(w);
-                 }
-                 CallGate::Hold window(fast::gate_of<G>(self));
-                 seqs.write_back(writes);
-                 std::vector<Sequence*> native;
-                 for (size_t i = 0; i < seqs.size(); ++i)
-                   if (seqs.is_native(i)) native.push_back(&seqs.seq(i));
-                 p.forget_pending_many(native);
-                 return fast::none();
-               },
-               {"seqs"});
-  fast::def<G>(cls, "forget_pending",
-               [](G& p, PyObject** a, PyObject* self) {
-                 // Writes the field without reading it, as the reference does.
-                 SeqArg s(a[0], "seq", 0, &p.hash_form());
-                 if (s.native()) {
-                   p.forget_pending(s.get());
-                   return fast::none();
-                 }
-                 CallGate::Hold window(fast::gate_of<G>(self));
-                 s.write_back({{fast::kPending, -1}});
-                 return fast::none();
-               },
-               {"seq"});
+  fast::def<&group_checkpoint>(cls, "checkpoint", {"seq", "boundary_blocks", "h"});
+  fast::def<&group_checkpoint_many>(cls, "checkpoint_many", {"seqs", "boundary_blocks", "hashes"});
+  fast::def<&group_forget_pending_many>(cls, "forget_pending_many", {"seqs"});
+  fast::def<&group_forget_pending>(cls, "forget_pending", {"seq"});
   fast::method<&G::record_copy>(cls, "record_copy", {"src", "dst"});
   fast::method<&G::unindex>(cls, "unindex", {fast::hash_arg("h")});
-  fast::def<G>(
-      cls, "take_copies",
-      [](G& p, PyObject**, PyObject* self) {
-        // Read every pending sequence, clear their pending_checkpoint, then
-        // commit in C++. Whatever fails before the commit (a getter or
-        // setter that raises, a setter that changed the pending list) gives
-        // the fields already cleared their values back: nothing changed.
-        CallGate::Hold window(fast::gate_of<G>(self));
-        const std::vector<py::object> seqs = p.pending_seqs;
-        const std::vector<StateGroupPool::PendingSeq> state = p.read_pending(seqs);
-        size_t cleared = 0;  // seqs[0:cleared] were written
-        auto give_back = [&] {
-          for (size_t j = 0; j < cleared; ++j) {
-            if (state[j].seq != j) continue;
-            SeqArg back(seqs[j].ptr(), "pending seq", 0, &p.hash_form());
-            if (back.native()) {
-              back.get().pending_checkpoint = state[j].pending_checkpoint;
-              continue;
-            }
-            try {
-              back.write_back({{fast::kPending, state[j].pending_checkpoint}});
-            } catch (...) {
-              PyErr_Clear();
-            }
-          }
-        };
-        try {
-          for (size_t k = 0; k < seqs.size(); ++k) {
-            if (state[k].seq == k) {
-              SeqArg s(seqs[k].ptr(), "pending seq", 0, &p.hash_form());
-              if (s.native())
-                s.get().pending_checkpoint = -1;
-              else
-                s.write_back({{fast::kPending, -1}});  // restores itself when it raises
-            }
-            cleared = k + 1;
-          }
-          if (p.pending_seqs.size() != seqs.size() || p.pending_count() != seqs.size())
-            throw std::runtime_error("the pool changed while pending sequences were written back; nothing was filed");
-        } catch (...) {
-          give_back();
-          throw;
-        }
-        const auto pairs = p.take_copies(state);
-        std::vector<py::object> done;
-        done.swap(p.pending_seqs);  // released once the pool is consistent
-        return pair_list(pairs).release().ptr();
-      },
-      {});
+  fast::def<&group_take_copies>(cls, "take_copies", {});
   fast::method<&debug_copies>(cls, "_debug_copies", {});
   fast::method<&debug_pending>(cls, "_debug_pending", {});
 }
