@@ -14,7 +14,6 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -61,7 +60,10 @@ class SeqBatch {
       PyObject* obj = PyTuple_GET_ITEM(items_.ptr(), i);
       Sequence* native = fast::SeqArg::native_of(obj, name, i);
       if (!native) {
-        generic_.emplace_back(obj, name, i, reads, hashes);  // deque: earlier entries stay put
+        // Room for every entry left, once: the snapshots never move (ptrs_
+        // points into them), and a batch of engine objects allocates once.
+        if (generic_.empty()) generic_.reserve(static_cast<size_t>(n - i));
+        generic_.emplace_back(obj, name, i, reads, hashes);
         generic_at_.resize(static_cast<size_t>(n), -1);
         generic_at_[static_cast<size_t>(i)] = static_cast<int32_t>(generic_.size() - 1);
         native = &generic_.back().get();
@@ -117,8 +119,8 @@ class SeqBatch {
 
  private:
   py::tuple items_;
-  std::deque<fast::SeqArg> generic_;
-  std::vector<int32_t> generic_at_;  // entry -> index in generic_, -1 native; empty when all native
+  std::vector<fast::SeqArg> generic_;  // reserved up front: never reallocated
+  std::vector<int32_t> generic_at_;    // entry -> index in generic_, -1 native; empty when all native
   std::vector<Sequence*> ptrs_;
   std::vector<uintptr_t> keys_;
 };

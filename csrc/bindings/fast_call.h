@@ -550,7 +550,8 @@ class SeqArg {
       fields |= f;
     }
     have_ |= fields;
-    generic_->read = snap;
+    Generic& g = *generic_;
+    g.read = {snap.state_slot(), snap.state_fork_src, snap.per_req_cache_group, snap.pending_checkpoint};
   }
 
   // The C++ object when `obj` is a statecache.Sequence (or a subclass that
@@ -601,8 +602,6 @@ class SeqArg {
 
   bool native() const { return native_ != nullptr; }
   Sequence& get() { return native_ ? *native_ : generic_->snap; }
-  // The fields as read (generic path; the fast path's live fields).
-  const Sequence& as_read() const { return native_ ? *native_ : generic_->read; }
   PyObject* object() const { return obj_; }
   py::object ref() const { return py::reinterpret_borrow<py::object>(obj_); }
 
@@ -672,10 +671,15 @@ class SeqArg {
     return index < 0 ? std::string(name) : std::string(name) + "[" + std::to_string(index) + "]";
   }
   std::string label() const { return label_of(name_, index_); }
-  static int64_t value(const Sequence& s, SeqField f) {
+  // The fields a write-back sets, as read (no copy of the whole Sequence: a
+  // batch of engine objects makes one per entry).
+  struct Read {
+    int64_t state_slot = -1, state_fork_src = -1, per_req_cache_group = -1, pending_checkpoint = -1;
+  };
+  static int64_t value(const Read& s, SeqField f) {
     switch (f) {
       case kStateSlot:
-        return s.state_slot();
+        return s.state_slot;
       case kForkSrc:
         return s.state_fork_src;
       case kGroup:
@@ -758,7 +762,7 @@ class SeqArg {
   unsigned absent_ = 0;  // optional fields the object did not have
   struct Generic {
     Sequence snap;  // what the call works on
-    Sequence read;  // as read, for restoring a failed write-back
+    Read read;      // the written fields as read, for restoring a failed write-back
   };
   std::optional<Generic> generic_;  // engaged on the generic path only
 };
