@@ -278,6 +278,32 @@ def test_requests_vllm_preempts_resume_from_the_host_and_still_match(model, logs
     assert not bad, f"tolerance {tol:.4f} (vLLM's own caching under the same pressure):\n" + "\n".join(bad)
 
 
+def test_prompts_prefilled_a_block_a_step_save_each_chunk_end_and_answers_match(model, logs, ref, tol):
+    """A step budget of one block (max_num_batched_tokens=256): every prompt
+    is prefilled over several steps, each ending at a block boundary whose
+    state vLLM keeps only until the next chunk. Each next turn resumes at
+    least to the last boundary of the prompt before it, no load fails, and
+    every answer matches the reference within the noise of vLLM's own
+    caching."""
+    kw = vs.base_llm_kwargs(
+        model,
+        num_gpu_blocks_override=BLOCKS,
+        max_num_batched_tokens=vs.BLOCK,
+        kv_transfer_config=vs.connector_config({"host_memory": "256MB"}),
+    )
+    e = vs.Engine("sc-chunked", kw, logs)
+    try:
+        runs = vs.run_turns(e, vs.first_prompts(CONVERSATIONS, 0), 2, ANSWER)
+        f = e.call("funnel")
+    finally:
+        e.close()
+    assert f["tokens_resumed_host"] > 0 and f["loads_failed"] == 0 and f["loads_untrusted"] == 0
+    for first, second in zip(runs[0], runs[1]):
+        assert second["cached"] >= len(first["prompt"]) // vs.BLOCK * vs.BLOCK, (second["cached"], len(first["prompt"]))
+    bad = vs.violations(vs.reference(ref, runs, ANSWER), runs, tol)
+    assert not bad, f"tolerance {tol:.4f} (vLLM's own caching):\n" + "\n".join(bad)
+
+
 ASYNC_SCHEDULING = {"STATECACHE_TEST_ASYNC_SCHEDULING": "1"}  # vllm_support keeps it on the CPU platform
 
 
