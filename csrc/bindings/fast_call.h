@@ -550,8 +550,7 @@ class SeqArg {
       fields |= f;
     }
     have_ |= fields;
-    Generic& g = *generic_;
-    g.read = {snap.state_slot(), snap.state_fork_src, snap.per_req_cache_group, snap.pending_checkpoint};
+    generic_->read = {snap.state_slot(), snap.state_fork_src, snap.per_req_cache_group, snap.pending_checkpoint};
   }
 
   // The C++ object when `obj` is a statecache.Sequence (or a subclass that

@@ -317,20 +317,44 @@ def settle(rig: Rig, timeout_s: float = 10.0) -> None:
     assert not rig.sched._shared_pending
 
 
-def test_a_fresh_engine_resumes_from_the_shared_tier(mooncake):
+def resume_a_prompt_from_the_shared_tier(extra: dict) -> dict:
+    """Request A's prompt prefilled on one engine, written through to the
+    shared tier `extra` configures; a fresh engine (other tensors, empty host
+    tier) resumes its 5 blocks and state byte for byte. Returns the fresh
+    engine's funnel."""
     t = tokens(5 * BS + 3, seed=11)
-    first = Rig(extra=shared_extra(mooncake), seed=1)
+    first = Rig(extra=extra, seed=1)
     prefill_a(first, t)
     settle(first)
     assert first.sched.funnel()["shared_writes"] == 7
-    fresh = Rig(extra=shared_extra(mooncake), seed=2)  # other tensors, empty host tier
+    fresh = Rig(extra=extra, seed=2)
     _b, out = load_b(fresh, t + tokens(20, 2), 5 * BS)
     assert out.finished_recving == {"B"} and not out.failed_recving
     for i in range(5):
         assert fresh.block(0, 31 + i) == first.block(0, 1 + i)
     for g in STATE_GROUPS:
         assert fresh.block(0, 40 + g)[:MAMBA_REAL] == first.block(0, 20 + g)[:MAMBA_REAL]
-    f = fresh.sched.funnel()
+    return fresh.sched.funnel()
+
+
+def resume_a_short_turn(src: Rig, dst: Rig, a: FakeRequest, t: list[int], req_id: str) -> dict:
+    """The next turn of ``finish_a_short_turn``'s request ``a`` (prompt ``t``)
+    on ``dst``: resumed to where ``a`` ended, the partial block and the state
+    byte for byte as ``src`` computed them. Returns ``dst``'s funnel."""
+    nxt = FakeRequest(req_id, a.tokens + tokens(20, 3), len(a.tokens) + 20)
+    assert dst.sched.match(nxt, 0) == len(t)
+    ids = tuple([40 + g] for g in STATE_GROUPS) + ([31],)
+    dst.sched.after_alloc(nxt, FakeBlocks(ids), len(t))
+    out = until_received(dst)
+    assert out.finished_recving == {req_id} and not out.failed_recving
+    assert dst.block(0, 31) == src.block(0, 1)  # the partial block
+    for g in STATE_GROUPS:
+        assert dst.block(0, 40 + g)[:MAMBA_REAL] == src.block(0, 10 + g)[:MAMBA_REAL]
+    return dst.sched.funnel()
+
+
+def test_a_fresh_engine_resumes_from_the_shared_tier(mooncake):
+    f = resume_a_prompt_from_the_shared_tier(shared_extra(mooncake))
     assert f["tokens_resumed_shared"] == 5 * BS and f["values_fetched"] == 6
     assert f["host_values"] == 6  # what was fetched now sits in the host tier too
 
@@ -371,16 +395,7 @@ def test_a_fresh_engine_resumes_a_conversation_shorter_than_a_block_from_the_sha
     t, a = finish_a_short_turn(first)
     settle(first)
     fresh = Rig(extra=shared_extra(mooncake), seed=2)  # other tensors, empty host tier
-    nxt = FakeRequest("B", a.tokens + tokens(20, 3), len(a.tokens) + 20)
-    assert fresh.sched.match(nxt, 0) == len(t)
-    dst = tuple([40 + g] for g in STATE_GROUPS) + ([31],)
-    fresh.sched.after_alloc(nxt, FakeBlocks(dst), len(t))
-    out = until_received(fresh)
-    assert out.finished_recving == {"B"} and not out.failed_recving
-    assert fresh.block(0, 31) == first.block(0, 1)  # the partial block
-    for g in STATE_GROUPS:
-        assert fresh.block(0, 40 + g)[:MAMBA_REAL] == first.block(0, 10 + g)[:MAMBA_REAL]
-    f = fresh.sched.funnel()
+    f = resume_a_short_turn(first, fresh, a, t, "B")
     assert f["tokens_resumed_shared"] == len(t) and f["tokens_resumed_tail"] == len(t)
     other = FakeRequest("C", t[:5] + [t[5] + 1] + t[6:] + tokens(20, 4), len(t) + 20)
     assert Rig(extra=shared_extra(mooncake), seed=3).sched.match(other, 0) == 0
@@ -402,33 +417,11 @@ def test_redis_as_the_shared_tier_resumes_blocks_states_and_tails_in_a_fresh_eng
     fresh engine resumes a prompt's blocks and state, and a short
     conversation's tail, byte for byte from a real redis-server."""
     extra = {"secret": "a deployment secret", "redis": {"host": "127.0.0.1", "port": redis_port}}
-    t = tokens(5 * BS + 3, seed=11)
-    first = Rig(extra=extra, seed=1)
-    prefill_a(first, t)
-    settle(first)
-    assert first.sched.funnel()["shared_writes"] == 7
-    fresh = Rig(extra=extra, seed=2)  # other tensors, empty host tier
-    _b, out = load_b(fresh, t + tokens(20, 2), 5 * BS)
-    assert out.finished_recving == {"B"} and not out.failed_recving
-    for i in range(5):
-        assert fresh.block(0, 31 + i) == first.block(0, 1 + i)
-    for g in STATE_GROUPS:
-        assert fresh.block(0, 40 + g)[:MAMBA_REAL] == first.block(0, 20 + g)[:MAMBA_REAL]
-    assert fresh.sched.funnel()["tokens_resumed_shared"] == 5 * BS
+    assert resume_a_prompt_from_the_shared_tier(extra)["tokens_resumed_shared"] == 5 * BS
     short = Rig(extra=extra, seed=3)
     ts, a = finish_a_short_turn(short)
     settle(short)
-    other = Rig(extra=extra, seed=4)
-    nxt = FakeRequest("C", a.tokens + tokens(20, 3), len(a.tokens) + 20)
-    assert other.sched.match(nxt, 0) == len(ts)
-    dst = tuple([40 + g] for g in STATE_GROUPS) + ([31],)
-    other.sched.after_alloc(nxt, FakeBlocks(dst), len(ts))
-    out = until_received(other)
-    assert out.finished_recving == {"C"} and not out.failed_recving
-    assert other.block(0, 31) == short.block(0, 1)
-    for g in STATE_GROUPS:
-        assert other.block(0, 40 + g)[:MAMBA_REAL] == short.block(0, 10 + g)[:MAMBA_REAL]
-    assert other.sched.funnel()["tokens_resumed_tail"] == len(ts)
+    assert resume_a_short_turn(short, Rig(extra=extra, seed=4), a, ts, "C")["tokens_resumed_tail"] == len(ts)
 
 
 def test_an_untrusted_shared_value_is_never_adopted_and_is_removed(mooncake):
@@ -782,16 +775,7 @@ def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended()
     the same first tokens is not fooled."""
     rig = Rig()
     t, a = finish_a_short_turn(rig)
-    nxt = FakeRequest("B", a.tokens + tokens(20, 3), len(a.tokens) + 20)
-    assert rig.sched.match(nxt, 0) == len(t)
-    dst = tuple([40 + g] for g in STATE_GROUPS) + ([31],)
-    rig.sched.after_alloc(nxt, FakeBlocks(dst), len(t))
-    out = until_received(rig)
-    assert out.finished_recving == {"B"} and not out.failed_recving
-    assert rig.block(0, 31) == rig.block(0, 1)  # the partial block
-    for g in STATE_GROUPS:
-        assert rig.block(0, 40 + g)[:MAMBA_REAL] == rig.block(0, 10 + g)[:MAMBA_REAL]
-    f = rig.sched.funnel()
+    f = resume_a_short_turn(rig, rig, a, t, "B")
     assert f["tail_saves"] == 1 and f["tokens_resumed_tail"] == len(t) and f["tokens_resumed_host"] == len(t)
     other = FakeRequest("C", t[:5] + [t[5] + 1] + t[6:] + tokens(20, 4), len(t) + 20)
     assert rig.sched.match(other, 0) == 0
