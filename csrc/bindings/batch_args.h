@@ -313,9 +313,9 @@ class HashRows {
   }
 
  private:
-  enum Kind : uint8_t { kList, kTuple, kNative, kData, kBuffer };
+  enum RowSource : uint8_t { kList, kTuple, kNative, kData, kBuffer };
   struct Row {
-    Kind kind = kData;
+    RowSource kind = kData;
     PyObject* obj = nullptr;  // kList / kTuple: held by keep_ (or the items tuple)
     int64_t n = 0;
     const int64_t* data = nullptr;  // kData

@@ -239,7 +239,7 @@ inline bool hash_key(py::handle key, const HashForm& form, int64_t& bits) {
 // argument; more than one dimension raises ValueError.
 class IntBuffer {
  public:
-  enum Kind { kNone, kInt64, kOther };
+  enum Storage { kNone, kInt64, kOther };
   IntBuffer(PyObject* obj, const char* name) : name_(name) {
     if (!PyObject_CheckBuffer(obj) || PyUnicode_Check(obj)) return;
     if (PyBytes_Check(obj) || PyByteArray_Check(obj))  // text by intent, not a list of ints
@@ -282,7 +282,7 @@ class IntBuffer {
   IntBuffer(const IntBuffer&) = delete;
   IntBuffer& operator=(const IntBuffer&) = delete;
 
-  Kind kind() const { return kind_; }
+  Storage kind() const { return kind_; }
   int64_t size() const { return static_cast<int64_t>(view_.shape ? view_.shape[0] : view_.len / view_.itemsize); }
   // kInt64 only.
   const int64_t* data() const { return static_cast<const int64_t*>(view_.buf); }
@@ -344,7 +344,7 @@ class IntBuffer {
   bool held_ = false;
   bool swap_ = false;
   char code_ = 'B';
-  Kind kind_ = kNone;
+  Storage kind_ = kNone;
 };
 
 namespace detail {
@@ -610,8 +610,8 @@ namespace detail {
 
 }  // namespace detail
 
-// Runs `scan(n, at)` over a hash list argument read lazily: `at(i)` yields
-// hash i (i < n), and a scan that stops early reads only what it needs; the
+// Runs `visit(n, at)` over a hash list argument read lazily: `at(i)` yields
+// hash i (i < n), and a visit that stops early reads only what it needs; the
 // forms of the hashes it reads are noted in `form`.
 // A list or tuple is read in place only while the elements reached are exact
 // ints (no Python code runs meanwhile, so nothing can change under the scan;
@@ -620,15 +620,15 @@ namespace detail {
 // `limit` elements (converting may run __index__, which then sees only the
 // caller's list). With `scan_calls_python` (the scan itself may run Python
 // code, a tier's vote) a list is snapshotted first. A buffer's first `limit`
-// items are copied (never read in place across the scan). `scan` reads no
+// items are copied (never read in place across the scan). `visit` reads no
 // element at or past `limit`.
-template <class Scan>
-int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, HashForm& form, Scan&& scan,
+template <class Visit>
+int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, HashForm& form, Visit&& visit,
                       bool scan_calls_python = false) {
   PyObject* p = obj.ptr();
   const bool is_list = PyList_CheckExact(p);
   auto owned_scan = [&](int64_t n, const std::vector<int64_t>& v) {
-    return scan(n, [&v, name](int64_t i) {
+    return visit(n, [&v, name](int64_t i) {
       if (static_cast<size_t>(i) >= v.size())  // a scan reading past `limit`: a caller bug, not UB
         throw std::out_of_range(std::string(name) + ": read past the converted prefix");
       return v[static_cast<size_t>(i)];
@@ -642,7 +642,7 @@ int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, HashForm&
     // converted values (raising for it there).
     bool not_exact = scan_calls_python;
     int64_t r = 0;
-    auto read = [&form, name, &not_exact](PyObject* item, int64_t i) {
+    auto hash_of = [&form, name, &not_exact](PyObject* item, int64_t i) {
       int64_t v = -1;
       HashForm::Kind kind = HashForm::kUnset;
       if (!detail::exact_hash_fast(item, v, kind)) [[unlikely]] {
@@ -656,15 +656,15 @@ int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, HashForm&
     if (scan_calls_python)
       ;  // straight to the snapshot
     else if (is_list)
-      r = scan(static_cast<int64_t>(n), [p, name, &read](int64_t i) {
+      r = visit(static_cast<int64_t>(n), [p, name, &hash_of](int64_t i) {
         if (i >= PyList_GET_SIZE(p)) [[unlikely]]
           throw py::value_error(std::string(name) + " changed size while it was read");
         // Scans walk down the list; fetch the next int's object early.
         if (i > 0) __builtin_prefetch(PyList_GET_ITEM(p, i - 1));
-        return read(PyList_GET_ITEM(p, i), i);
+        return hash_of(PyList_GET_ITEM(p, i), i);
       });
     else
-      r = scan(static_cast<int64_t>(n), [p, &read](int64_t i) { return read(PyTuple_GET_ITEM(p, i), i); });
+      r = visit(static_cast<int64_t>(n), [p, &hash_of](int64_t i) { return hash_of(PyTuple_GET_ITEM(p, i), i); });
     if (!not_exact) return r;
     py::tuple snap = sequence_snapshot(obj, name);
     std::vector<int64_t> v;
@@ -686,7 +686,7 @@ int64_t scan_int_list(py::handle obj, const char* name, int64_t limit, HashForm&
             detail::note_item(form, name, static_cast<Py_ssize_t>(i), d[i], HashForm::kSigned);
             break;
           }
-      return scan(buf.size(), [d, readable, name](int64_t i) {
+      return visit(buf.size(), [d, readable, name](int64_t i) {
         if (i >= readable) [[unlikely]]
           throw std::out_of_range(std::string(name) + ": read past the converted prefix");
         return d[i];

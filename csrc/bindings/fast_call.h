@@ -48,7 +48,7 @@ struct Params {
   std::vector<const char*> cnames;  // names[i].c_str(), filled once names is complete
   int required = 0;                 // leading parameters without a default
   int positional = 0;               // how many may be given positionally (rest keyword-only)
-  // Table methods (fast::method) only: per parameter, its Arg::Kind and the
+  // Table methods (fast::method) only: per parameter, its Arg::Check and the
   // default its text gives.
   std::array<uint8_t, kMaxParams> kind{};
   std::array<int64_t, kMaxParams> defaults{};
@@ -58,13 +58,13 @@ struct Params {
 // text signature shows it: an int, True, False or None), or "*" (the rest are
 // keyword-only).
 struct Arg {
-  enum Kind : uint8_t { kPlain, kHash, kNonNeg };
+  enum Check : uint8_t { kPlain, kHash, kNonNeg };
   const char* text;
   // kHash: an int read as a hash, in the instance's HashForm (as_hash);
   // kNonNeg: an int >= 0 (as_nonneg_int).
-  Kind kind = kPlain;
+  Check kind = kPlain;
   constexpr Arg(const char* t) : text(t) {}  // NOLINT: a name is an Arg
-  constexpr Arg(const char* t, Kind k) : text(t), kind(k) {}
+  constexpr Arg(const char* t, Check k) : text(t), kind(k) {}
 };
 constexpr Arg hash_arg(const char* text) { return Arg(text, Arg::kHash); }
 constexpr Arg nonneg_arg(const char* text) { return Arg(text, Arg::kNonNeg); }
