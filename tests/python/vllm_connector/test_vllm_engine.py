@@ -10,8 +10,9 @@ a process of its own):
     comparison;
 (b) at the same vLLM KV budget, more prompt tokens are resumed with the
     connector than without;
-(c) a second, fresh engine process resumes from Mooncake Store what the first
-    left there (a real mooncake_master on loopback);
+(c) a second, fresh engine process resumes from the shared tier what the
+    first left there: Mooncake Store (a real mooncake_master on loopback) and,
+    for a turn's blocks, states and tail, Redis (a real redis-server);
 (d) faults -- flipped bytes, a key removed, mooncake_master killed mid-run:
     vLLM keeps serving and recomputes, answers still match, each failure is
     counted.
@@ -53,14 +54,28 @@ def mooncake():
         yield s
 
 
-def shared_extra(mooncake) -> dict:
-    return {
-        "host_memory": "256MB",
-        "secret": SECRET,
-        "mooncake": {"master_addr": mooncake.master_addr, "metadata_server": mooncake.metadata_url},
-        "shared_timeout_s": 2.0,
-        "lookup_timeout_s": 1.0,
-    }
+@pytest.fixture
+def redis():
+    """A redis-server on loopback for the one test that asks for it."""
+    from tier_support import redis_server
+
+    server = redis_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def shared_extra(server) -> dict:
+    """The connector's settings with ``server`` (the ``mooncake`` or the
+    ``redis`` fixture's) as the shared tier."""
+    from statecache.tiers.servers import RedisServer
+
+    if isinstance(server, RedisServer):
+        tier = {"redis": {"host": "127.0.0.1", "port": server.port}}
+    else:
+        tier = {"mooncake": {"master_addr": server.master_addr, "metadata_server": server.metadata_url}}
+    return {"host_memory": "256MB", "secret": SECRET, **tier, "shared_timeout_s": 2.0, "lookup_timeout_s": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -180,17 +195,20 @@ def test_a_turn_resumed_from_a_state_saved_in_decode_continues_that_turn(continu
         same_next_token(c, want, crossed + 1 - len(p))
 
 
-def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended(ref, model, logs, mooncake):
+@pytest.mark.parametrize("tier", ["mooncake", "redis"])
+def test_a_turn_resumes_where_it_ended_here_and_in_a_fresh_engine_from_the_shared_tier(tier, request, ref, model, logs):
     """A conversation inside its first block has no boundary for vLLM (or
     any boundary value) to resume from: the state its turn ended with, saved
     from boundary 0, resumes the next turn to all but its last token, and
     the one token computed is the reference's with its top-5 logprobs; in
-    another engine process too, from Mooncake Store."""
-    kw = vs.base_llm_kwargs(model, kv_transfer_config=vs.connector_config(shared_extra(mooncake)))
-    lengths = (40, 100, 150)
+    another engine process too, from the shared tier. One turn past a block
+    resumes there from the tier's blocks and boundary state, then its tail."""
+    kw = vs.base_llm_kwargs(model, kv_transfer_config=vs.connector_config(shared_extra(request.getfixturevalue(tier))))
+    lengths = (40, 100, 150, 300)  # the last one past a block
     resumed = sum(n + ANSWER - 1 for n in lengths)
+    tails = sum((n + ANSWER - 1) % vs.BLOCK for n in lengths)
     cases = []
-    e = vs.Engine("short", kw, logs)
+    e = vs.Engine(f"short-{tier}", kw, logs)
     try:
         rng = random.Random(17)
         for n in lengths:
@@ -199,22 +217,22 @@ def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended(r
             (a,) = e.generate([p], ANSWER)
             assert a["tokens"] == want["tokens"][:ANSWER], "the first turn already differs"
             (b,) = e.generate([p + a["tokens"]], 1)
-            assert b["cached"] == n + ANSWER - 1 < vs.BLOCK
+            assert b["cached"] == n + ANSWER - 1
             same_next_token(b, want, ANSWER)
             cases.append((p + a["tokens"], want))
         f = e.call("funnel")
-        assert f["tokens_resumed_tail"] == resumed and f["loads_failed"] == 0
+        assert f["tokens_resumed_tail"] == tails and f["loads_failed"] == 0
         assert e.call("wait_shared_writes")
     finally:
         e.close()
-    other = vs.Engine("short-fresh", kw, logs)
+    other = vs.Engine(f"short-fresh-{tier}", kw, logs)
     try:
         for prompt, want in cases:
             (b,) = other.generate([prompt], 1)
             assert b["cached"] == len(prompt) - 1
             same_next_token(b, want, ANSWER)
         g = other.call("funnel")
-        assert g["tokens_resumed_shared"] == g["tokens_resumed_tail"] == resumed and g["loads_failed"] == 0
+        assert g["tokens_resumed_shared"] == resumed and g["tokens_resumed_tail"] == tails and g["loads_failed"] == 0
     finally:
         other.close()
 
