@@ -3,10 +3,14 @@ scheduler-side hooks in vLLM's scheduler step (wall, as bench_vllm.py
 computes it) and, with ``--cpu``, in thread CPU time (the harness's
 ``time_hooks``, which preemption by other processes does not inflate; it
 adds about 4.5 us to each hook's wall figure on a VM where
-``time.thread_time`` is a 4 us system call).
+``time.thread_time`` is a 4 us system call, so its wall share overstates).
+The share is of vLLM's scheduler alone (``schedule`` + ``update_from_output``,
+the target's denominator); the share of the whole engine step, forward
+included, is printed beside it for scale, not as the result.
 
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --cpu                 # the bench's 80 trace requests
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --workload multi-turn --cpu
+    /opt/vllm-venv/bin/python benchmarks/vllm_share.py --workload multi-turn --max-tokens 512  # longer answers
     TREE=/other/checkout /opt/vllm-venv/bin/python benchmarks/vllm_share.py  # that tree's statecache
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --null --cpu           # the floor: hooks that do nothing
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --internals            # where a hook's time goes
@@ -35,6 +39,9 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="also thread CPU time and per-call times (time_hooks)")
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument(
+        "--max-tokens", type=int, default=64, help="multi-turn: tokens each answer decodes (the bench's: 64)"
+    )
     ap.add_argument("--max-num-seqs", type=int, default=4, help="vLLM's batch (the bench's: 4)")
     ap.add_argument("--blocks", type=int, default=48, help="vLLM's KV budget in blocks (the bench's: 48)")
     ap.add_argument(
@@ -70,7 +77,7 @@ def main() -> None:
         prompts, outs, arrivals = bv.trace_requests(bv.TRACE, 80, 32, 4096, 16)
         e.call("generate", prompts=prompts, max_tokens=outs, logprobs=0, arrivals=arrivals)
     else:
-        vs.run_turns(e, vs.first_prompts(a.conversations, 0), a.turns, 64)
+        vs.run_turns(e, vs.first_prompts(a.conversations, 0), a.turns, a.max_tokens)
     wall = time.perf_counter() - t0
     tm, fu = e.call("timing"), e.call("funnel")
     ht = e.call("hook_times") if a.cpu else None
@@ -82,6 +89,8 @@ def main() -> None:
     print(
         f"[{a.tag}] {a.workload} seqs {a.max_num_seqs} wall {wall:.1f}s load {load0:.1f} steps {tm['steps']} sched {1e3 * sched:.1f}ms "
         f"({1e3 * sched / tm['steps']:.3f} ms/step) conn {1e3 * conn:.2f}ms WALL SHARE {100 * conn / sched:.2f}% "
+        f"(of the engine step with the forward, {1e3 * tm['engine_step_s'] / tm['steps']:.2f} ms: "
+        f"{100 * conn / tm['engine_step_s']:.2f}%) "
         f"resumed host {fu.get('tokens_resumed_host')} tail {fu.get('tokens_resumed_tail')} "
         f"saved {fu.get('values_saved')}"
     )

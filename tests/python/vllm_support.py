@@ -437,7 +437,18 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         llm = LLM(**kw)
         core = llm.llm_engine.engine_core.engine_core
         sched = core.scheduler
-        timing = {"schedule_s": 0.0, "update_s": 0.0, "steps": 0, "preemptions": 0}
+        timing = {"schedule_s": 0.0, "update_s": 0.0, "steps": 0, "preemptions": 0, "engine_step_s": 0.0}
+        orig_step = core.step_fn
+
+        def engine_step(_orig=orig_step):
+            # the whole engine step (schedule, forward, update): the share's wider denominator
+            t = time.perf_counter()
+            try:
+                return _orig()
+            finally:
+                timing["engine_step_s"] += time.perf_counter() - t
+
+        core.step_fn = engine_step
         orig_preempt = sched._preempt_request
 
         def preempt(*a, _orig=orig_preempt, **k):
@@ -728,6 +739,10 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
             "_shared_has",
             "_count_admission",
             "_seal",
+            "take_interval",
+            "match",
+            "build_meta",
+            "update",
         )
         for n in inner:
             wrap(s, n, "s." + n)
