@@ -22,6 +22,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -41,12 +42,11 @@ HOST, SHARED = "host", "shared"
 HOOKS = ("match", "after_alloc", "build_meta", "update", "finished", "hit_sources", "stats")
 MATCH, AFTER_ALLOC, BUILD_META, UPDATE, FINISHED, HIT_SOURCES, STATS = range(len(HOOKS))
 _HOOK_COUNTERS = tuple(f"scheduler_seconds_{name}" for name in HOOKS)
-STATS_EVERY_S = 1.0  # with no event counted, hook times are reported at most this often
-# while requests run, events are reported at most this often (vLLM asks every
-# step; the next report carries what waited, and a report is due at once when
-# none runs). Prometheus scrapes and vLLM's log lines come seconds apart; a
+# While requests run, counters are reported at most this often (vLLM asks every
+# step; the next report carries what waited), and at once when the last one
+# finishes. Prometheus scrapes and vLLM's log lines come seconds apart; a
 # report every 50 ms cost 1.2-1.6% of vLLM's scheduler step on conversations.
-STATS_MIN_S = 1.0
+STATS_EVERY_S = 1.0
 MAX_LOAD_FAILURES = 3
 # A tail saved when a request finished reaches the host tier a step later; a
 # next turn matched before that waits (vLLM retries it next step) this often
@@ -324,7 +324,7 @@ class ConnectorScheduler:
         self.hook_seconds = [0.0] * len(HOOKS)
         self.hook_calls = [0] * len(HOOKS)
         self._reported: dict[str, float] = dict.fromkeys(COUNTERS, 0)
-        self._reported_at = 0.0
+        self.stats_due = 0.0  # perf_counter time of the next report (0: the next step's)
         self.kv_cache_manager: Any = None
         self.shared = None
         self._shared_down_until = 0.0
@@ -924,6 +924,8 @@ class ConnectorScheduler:
         recv = getattr(output, "finished_recving", None)
         if not recv and not failed and rep is None:
             return  # most decode steps: nothing saved, loaded or failed
+        if not self._reqs:
+            self.stats_due = 0.0  # what the last requests left (a tail saved, a write done): reported now
         failed = failed or set()
         n = self.tp_size
         if rep is not None:
@@ -1005,6 +1007,8 @@ class ConnectorScheduler:
         boundary (with its partly filled attention block): returns True when
         vLLM must keep its blocks until the worker reports those saves done."""
         r = self._reqs.pop(request.request_id, None)
+        if not self._reqs:
+            self.stats_due = 0.0  # the last request: what it counted is reported in this step
         if r is None or block_ids is None:
             return False
         if request.request_id in self._inflight:
@@ -1080,17 +1084,15 @@ class ConnectorScheduler:
 
     def take_interval(self) -> dict[str, float]:
         """Counter increases since the last report (vLLM's connector stats,
-        asked for every step). While requests run, a report is made at most
-        every ``STATS_MIN_S``; with no event counted, at most every
-        ``STATS_EVERY_S`` (hook times alone wait for the next report); with no
-        request left, at once. Most steps cost one check, and a report walks
-        only the counters that moved; nothing is lost, only reported later."""
-        c = self.counters
-        since = time.monotonic() - self._reported_at
-        if since < STATS_EVERY_S and (not c.changed or (self._reqs and since < STATS_MIN_S)):
+        asked for every step): at most every ``STATS_EVERY_S``, and at once
+        in a step where no request is left. Most steps cost one comparison,
+        and a report walks only the counters that moved; nothing is lost,
+        only reported later."""
+        now = perf_counter()
+        if now < self.stats_due:
             return {}
         self._fold_hook_times()
-        reported, out = self._reported, {}
+        c, reported, out = self.counters, self._reported, {}
         for k in c.changed:
             v = c[k]
             d = v - reported.get(k, 0)
@@ -1098,7 +1100,7 @@ class ConnectorScheduler:
                 out[k] = d
             reported[k] = v
         c.changed = set()
-        self._reported_at = time.monotonic()
+        self.stats_due = now + STATS_EVERY_S
         return out
 
     def shutdown(self) -> None:

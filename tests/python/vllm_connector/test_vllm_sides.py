@@ -685,36 +685,42 @@ def test_host_placement_is_the_tiers_one_kv_blocks_rank_with_the_deepest_state_t
     assert not s.placement._filing  # nothing allocated is left unsealed
 
 
-def test_stats_report_events_at_most_every_interval_and_hook_times_alone_at_most_each_second(monkeypatch):
+def test_stats_are_reported_at_most_each_interval_and_at_once_when_no_request_is_left():
     """vLLM asks for the connector's stats every step: while requests run,
-    events are reported at most every STATS_MIN_S (at once when none runs);
-    steps that only spent time report it later, together (no count is lost,
-    no dict is built per quiet step)."""
-    import statecache.vllm.scheduler as sched_mod
-
+    counters and hook times are reported at most every STATS_EVERY_S (a
+    quiet step builds nothing); in the step the last request finishes, and
+    in a later one that lands what it left (its tail), at once. No count is
+    lost."""
     rig = Rig()
     s = rig.sched
     s.hook_seconds[0] += 0.5
-    first = s.take_interval()  # no request runs: at once
+    first = s.take_interval()  # the first ask: at once
     assert first["scheduler_seconds"] == 0.5
     s.hook_seconds[0] += 0.25  # time spent, nothing counted
     assert s.take_interval() == {}
-    monkeypatch.setattr(sched_mod, "STATS_MIN_S", 60.0)
-    prefill_a(rig, tokens(5 * BS + 3, seed=11))  # saves: events, while A runs
+    a = prefill_a(rig, tokens(5 * BS + 3, seed=11))  # saves: events, while A runs
     assert s._reqs and s.take_interval() == {}  # within the interval: later
-    monkeypatch.setattr(sched_mod, "STATS_MIN_S", 0.0)
+    s.stats_due = 0.0  # the interval passed
     got = s.take_interval()
     assert got["values_saved"] > 0 and got["scheduler_seconds"] == pytest.approx(0.25)
     s.hook_seconds[0] += 0.125
     assert s.take_interval() == {}
-    monkeypatch.setattr(sched_mod, "STATS_EVERY_S", 0.0)
-    assert s.take_interval() == {
-        "scheduler_seconds": pytest.approx(0.125),
-        "scheduler_seconds_match": pytest.approx(0.125),
-    }
+    ids = tuple([0, 0, 0, 0, 0, 20 + g] for g in STATE_GROUPS) + (list(range(1, 7)),)
+    rig.kvm.ids["A"] = ids
+    rig.step(scheduler_output(cached=[("A", 5 * BS, 3)]))  # the prompt's last 3 tokens
+    a.tokens.append(99)
+    a.num_computed_tokens = 5 * BS + 3
+    assert s.take_interval() == {}  # A still runs
+    assert s.finished(a, ids) is True  # off a boundary: its tail is saved next step
+    last = s.take_interval()  # no request left: at once
+    assert last["tail_saves"] == 1 and last["scheduler_seconds"] == pytest.approx(0.125)
+    saved = s.funnel()["values_saved"]
+    rig.step(scheduler_output())  # the tail lands in the host tier
+    assert s.funnel()["values_saved"] == saved + 1
+    assert s.take_interval()["values_saved"] == 1  # at once too: still no request
     total = s.funnel()
     assert total["scheduler_seconds"] == pytest.approx(0.875)
-    assert total["values_saved"] == got["values_saved"]
+    assert total["values_saved"] == got["values_saved"] + 1
 
 
 def test_an_admission_without_a_load_counts_the_local_hit_vllm_scheduled():
