@@ -262,8 +262,10 @@ class _Req:
     kv_names: list[str] = field(default_factory=list)  # the arena's name of each boundary's KV value
     state_names: list[str] = field(default_factory=list)  # ... and of its state
     plan: _Plan | None = None
-    # the last full match: (what it read, plan, answer); answered again while none of it changed
-    matched: tuple[tuple[int, ...], _Plan, int] | None = None
+    # the last match: (what it read, plan, answer, the host tier's generation
+    # then, which of the values it read the host held, the host tail it
+    # would load or None); answered again while none of it changed
+    matched: tuple[tuple[int, ...], _Plan, int, int, list[bool], str | None] | None = None
     shared: dict[tuple[str, int], bool] = field(default_factory=dict)
     shared_local: int = -1  # the local hit ``shared`` was looked up for
     shared_tail: tuple[tuple[int, ...], tuple[int, int, bytes] | None] | None = None  # (what it read, found)
@@ -536,16 +538,14 @@ class ConnectorScheduler:
         r = self._reqs.get(request.request_id)
         if r is not None and r.request is request and not r.failures and not r.late:
             # A request vLLM cannot admit yet is matched again every step:
-            # while nothing the last full match read changed (the host tier's
+            # while nothing the last match read changed (the host tier's
             # generation counts every seal, remove and eviction), the answer
             # is the same.
             m = r.matched
-            if m is not None and m[0] == (
-                local,
-                request.num_tokens,
-                len(request.block_hashes),
-                self.arena.generation,
-                self._tails_changes,
+            if (
+                m is not None
+                and m[3] == self.arena.generation
+                and m[0] == (local, request.num_tokens, len(request.block_hashes), self._tails_changes)
             ):
                 r.plan = m[1]
                 return m[2]
@@ -578,11 +578,18 @@ class ConnectorScheduler:
         max_k = min(max_k, len(keys))
         self._shared_has(r, first, max_k)
         # what the answer depends on (max_k: the tokens and the blocks vLLM hashed)
-        read = (local, request.num_tokens, len(request.block_hashes), self.arena.generation, self._tails_changes)
+        read = (local, request.num_tokens, len(request.block_hashes), self._tails_changes)
         n = max_k - first
         states = self.state_groups
         names = r.kv_names[first:max_k]
         held = self.arena.contains_many(names + r.state_names[first:max_k] if states else names)
+        m = r.matched
+        if m is not None and m[0] == read and m[4] == held and (m[5] is None or self.arena.contains(m[5])):
+            # The host tier changed, but not in what this match reads (its
+            # values, and the tail it would load): the answer stands.
+            r.matched = (read, m[1], m[2], self.arena.generation, held, m[5])
+            r.plan = m[1]
+            return m[2]
         shared = r.shared
         kv_sources = []
         for j in range(n):
@@ -632,7 +639,8 @@ class ConnectorScheduler:
             answer = plan.boundary * bs + plan.tail[0] - local
         else:
             answer = best * bs - local if best else 0
-        r.matched = (read, plan, answer)
+        host_tail = arena_key(TAIL, plan.tail[1]) if plan.tail is not None and plan.tail_source == HOST else None
+        r.matched = (read, plan, answer, self.arena.generation, held, host_tail)
         return answer
 
     # ------------------------------------------------------------- loading --

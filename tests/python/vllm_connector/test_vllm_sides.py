@@ -515,9 +515,18 @@ def test_a_request_matched_again_is_answered_from_what_the_host_holds_now():
     s.arena = counting = CountingArena(s.arena)
     assert s.match(b, 0) == 5 * BS and s._reqs["B"].plan is plan
     assert counting.lookups == 0  # unchanged: answered at once
+    gen = s.arena.generation
+    assert s.arena.allocate("elsewhere", 0, 1, 0, 0) is not None
+    s.arena.seal("elsewhere", b"")
+    assert s.arena.generation != gen  # a change, but not in what B's match reads
+    assert s.match(b, 0) == 5 * BS and s._reqs["B"].plan is plan and counting.lookups == 1
+    assert s.match(b, 0) == 5 * BS and counting.lookups == 1
+    assert s.arena.remove("elsewhere")
+    counting.lookups = 0
     assert s.arena.remove(arena_key("state", a_keys[4]))
     assert s.match(b, 0) == 3 * BS and counting.lookups == 1
     assert s.match(b, 0) == 3 * BS and counting.lookups == 1
+    assert s._reqs["B"].plan is not plan  # planned again
     assert s.arena.remove(arena_key("kv", a_keys[1]))  # the chain breaks below the state at 3
     assert s.match(b, 0) == 0
     assert s.match(b, 2 * BS) == BS  # another local hit, past the break: matched afresh
@@ -534,7 +543,12 @@ def test_a_request_matched_again_is_answered_from_what_the_host_holds_now():
     rng = random.Random(5)
     for _ in range(40):
         held = s.arena.keys()
-        if held and rng.random() < 0.7:
+        if rng.random() < 0.3:  # a change elsewhere in the host tier
+            if b"elsewhere" in held:
+                s.arena.remove("elsewhere")
+            elif s.arena.allocate("elsewhere", 0, 1, 0, 0) is not None:
+                s.arena.seal("elsewhere", b"")
+        elif held and rng.random() < 0.7:
             s.arena.remove(rng.choice(held))
         elif not held:
             prefill_a(rig, t)
@@ -588,6 +602,11 @@ def test_the_state_a_finished_request_ends_with_resumes_the_next_turn():
     # another continuation of the same boundary is not fooled by the tail
     other = FakeRequest("C", t[: 5 * BS] + [1, 2, 3, 4] + tokens(30, 4), 5 * BS + 34)
     assert rig.sched.match(other, 0) == 5 * BS
+    # matched again after the tail left the host tier: never offered again
+    assert rig.sched.match(short, 0) == 5 * BS + 3
+    tail = [k for k in rig.sched.arena.keys() if k.startswith(b"tail")]
+    assert len(tail) == 1 and rig.sched.arena.remove(tail[0])
+    assert rig.sched.match(short, 0) == 5 * BS
 
 
 def test_a_request_aborted_while_its_load_is_in_flight_saves_nothing_from_its_blocks():
