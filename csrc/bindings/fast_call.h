@@ -488,6 +488,8 @@ enum SeqField : unsigned {
   kPending = 1u << 5,    // pending_checkpoint
   kAnchors = 1u << 6,    // midstep_anchor_pos, checkpoint_end_pos (0 when absent)
 };
+// `f` where `on`, else no field: a read the reference makes only in one case.
+constexpr unsigned read_if(bool on, SeqField f) { return on ? unsigned{f} : 0u; }
 // `reads` may also name fields read only if present (the fields a call
 // writes but the reference never reads: their value is what a failed
 // write-back restores; an absent one is deleted again).

@@ -251,7 +251,7 @@ int64_t hit_for(const PyCoordinator& c, const Sequence& seq, int64_t hit, py::ha
 // ---- hot methods (fast::def) ----
 
 py::object coord_resumable_hit(PyCoordinator& c, PyObject** a) {
-  fast::SeqArg seq(a[0], "seq", c.enabled() ? fast::kHasCache : 0);
+  fast::SeqArg seq(a[0], "seq", fast::read_if(c.enabled(), fast::kHasCache));
   const bool assume = a[3] != nullptr && as_bool(a[3], "assume_checkpointed");
   return py::reinterpret_steal<py::object>(
       PyLong_FromLongLong(hit_for(c, seq.get(), as_int(a[1], "hit"), a[2], assume)));
@@ -264,7 +264,7 @@ py::object coord_resumable_hits(PyCoordinator& c, PyObject** a) {
 py::object coord_checkpoint(PyCoordinator& c, PyObject** a) {
   const int64_t blocks = as_int(a[1], "boundary_blocks");
   const int64_t h = as_hash(a[2], "h", c.hash_form());
-  fast::SeqArg seq(a[0], "seq", c.enabled() ? fast::kHasCache : 0);
+  fast::SeqArg seq(a[0], "seq", fast::read_if(c.enabled(), fast::kHasCache));
   if (c.applies(seq.get())) seq.read(fast::kStateSlot);
   if (seq.native()) {
     c.checkpoint(as_sequence(a[0], "seq"), blocks, h);
@@ -350,12 +350,12 @@ py::dict fates(const PyCoordinator& c) {
 }
 
 bool coord_applies(const PyCoordinator& c, py::handle seq) {
-  return c.applies(fast::SeqArg(seq.ptr(), "seq", c.enabled() ? fast::kHasCache : 0).get());
+  return c.applies(fast::SeqArg(seq.ptr(), "seq", fast::read_if(c.enabled(), fast::kHasCache)).get());
 }
 
 py::list coord_reserve_midstep(PyCoordinator& c, py::handle seq, py::handle positions) {
   const bool asks = c.readable_midstep() && c.enabled();  // the reference's order
-  auto res = c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", asks ? fast::kHasCache : 0).get(),
+  auto res = c.reserve_midstep(fast::SeqArg(seq.ptr(), "seq", fast::read_if(asks, fast::kHasCache)).get(),
                                as_positions(positions, c.hash_form()));
   py::list out;
   for (const auto& [slot, pos, h] : res) out.append(py::make_tuple(slot, pos, hash_object(h, c.hash_form())));

@@ -40,7 +40,7 @@ template <class Pool>
 int64_t resumable_hit_arg(const Pool& pool, py::handle seq, py::handle hit_obj, py::handle hashes,
                           py::handle assume_obj) {
   // has_per_req_cache only when enabled, num_tokens only for a scan (as the reference reads them).
-  SeqArg seq_arg(seq.ptr(), "seq", pool.enabled() ? fast::kHasCache : 0);
+  SeqArg seq_arg(seq.ptr(), "seq", fast::read_if(pool.enabled(), fast::kHasCache));
   if (pool.applies(seq_arg.get()) && !pool.transfer().replays()) seq_arg.read(fast::kNumTokens);
   const Sequence& s = seq_arg.get();
   const int64_t hit = as_int(hit_obj, "hit");
@@ -153,7 +153,7 @@ py::tuple take_relocations(StateSlotPool& p) { return py::tuple(pair_list(p.take
 py::list debug_relocations(const StateSlotPool& p) { return pair_list(p.pending_relocations()); }
 
 py::list reserve_midstep(StateSlotPool& p, py::handle seq, py::handle positions) {
-  SeqArg seq_arg(seq.ptr(), "seq", p.enabled() ? fast::kHasCache : 0);
+  SeqArg seq_arg(seq.ptr(), "seq", fast::read_if(p.enabled(), fast::kHasCache));
   const Sequence& s = seq_arg.get();
   py::list out;
   for (const auto& r : p.reserve_midstep(s, as_positions(positions, p.hash_form())))
@@ -369,7 +369,7 @@ py::dict debug_state(const Pool& p) {
 
 template <class Pool>
 PyObject* pool_applies(Pool& p, PyObject** a) {
-  return fast::to_py(p.applies(SeqArg(a[0], "seq", p.enabled() ? fast::kHasCache : 0).get()));
+  return fast::to_py(p.applies(SeqArg(a[0], "seq", fast::read_if(p.enabled(), fast::kHasCache)).get()));
 }
 
 template <class Pool>
@@ -451,7 +451,7 @@ void bind_views_of(py::classh<Pool>& cls, const char* index_name, const char* ha
 void unindex_slot(StateSlotPool& p, int64_t h) { p.unindex(h); }
 
 PyObject* slot_checkpoint(StateSlotPool& p, PyObject** a, PyObject* self) {
-  SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0);
+  SeqArg s(a[0], "seq", fast::read_if(p.enabled(), fast::kHasCache));
   const int64_t blocks = int_arg(a[1], "boundary_blocks");
   const int64_t h = as_hash(a[2], "h", p.hash_form());
   // The rest only where the reference reads it: the slot of a forking
@@ -575,7 +575,7 @@ void clear_group_pool(PyGroupPool& p) {
 }
 
 PyObject* group_checkpoint(PyGroupPool& p, PyObject** a, PyObject* self) {
-  SeqArg s(a[0], "seq", p.enabled() ? fast::kHasCache : 0, &p.hash_form());
+  SeqArg s(a[0], "seq", fast::read_if(p.enabled(), fast::kHasCache), &p.hash_form());
   const int64_t blocks = int_arg(a[1], "boundary_blocks");
   const int64_t h = as_hash(a[2], "h", p.hash_form());
   // The group of a sequence it applies to, then pending_checkpoint only

@@ -44,7 +44,7 @@ struct Harness {
 
 TEST(StateGroupPool, CopyCheckpointIsFiledAtTakeCopies) {
   StateGroupPool p(4, StateTransfer(TransferKind::kCopy));
-  Harness hx{p};
+  Harness hx{p, {}};
   auto s = owner_of(p.pop());
   hx.checkpoint(s, 1, 5);
   hx.checkpoint(s, 2, 6);  // supersedes
@@ -64,7 +64,7 @@ TEST(StateGroupPool, IntentDiesWithItsGroup) {
   // A's intent describes group 0's bytes; A's group is released without
   // forget_pending and handed to B: B's state must not be filed under A's hash.
   StateGroupPool p(3, StateTransfer(TransferKind::kCopy));
-  Harness hx{p};
+  Harness hx{p, {}};
   auto a = owner_of(p.pop());
   hx.checkpoint(a, 1, 8);
   p.release(0);
@@ -86,7 +86,7 @@ TEST(StateGroupPool, RefusesMinusOneAsAHash) {
 
 TEST(StateGroupPool, ForgottenOrGoneOwnersAreSkipped) {
   StateGroupPool p(4, StateTransfer(TransferKind::kCopy));
-  Harness hx{p};
+  Harness hx{p, {}};
   auto a = owner_of(p.pop()), b = owner_of(p.pop());
   hx.checkpoint(a, 1, 1);
   hx.checkpoint(b, 1, 2);
@@ -120,7 +120,7 @@ TEST(StateGroupPool, NoneAndReplayKeepNothing) {
 
 TEST(StateGroupPool, UnindexReturnsTheGroup) {
   StateGroupPool p(3, StateTransfer(TransferKind::kCopy));
-  Harness hx{p};
+  Harness hx{p, {}};
   auto s = owner_of(p.pop());
   hx.checkpoint(s, 1, 9);
   hx.take_copies();
@@ -131,7 +131,7 @@ TEST(StateGroupPool, UnindexReturnsTheGroup) {
 
 TEST(StateGroupPool, DroppedWhenFull) {
   StateGroupPool p(1, StateTransfer(TransferKind::kCopy));
-  Harness hx{p};
+  Harness hx{p, {}};
   auto s = owner_of(p.pop());
   hx.checkpoint(s, 1, 9);
   EXPECT_TRUE(hx.take_copies().empty());
@@ -140,7 +140,7 @@ TEST(StateGroupPool, DroppedWhenFull) {
 
 TEST(StateGroupPool, RecordCopyValidatesAndKeepsOrder) {
   StateGroupPool p(3, StateTransfer(TransferKind::kCopy));
-  Harness hx{p};
+  Harness hx{p, {}};
   p.record_copy(2, 0);
   EXPECT_THROW(p.record_copy(0, 3), std::out_of_range);
   auto s = owner_of(p.pop());

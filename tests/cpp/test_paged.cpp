@@ -344,7 +344,9 @@ TEST(FlatInt64Map, MatchesUnorderedMapUnderRandomChurn) {
         const int64_t* v = flat.find(key);
         auto it = ref.find(key);
         ASSERT_EQ(v != nullptr, it != ref.end());
-        if (v) EXPECT_EQ(*v, it->second);
+        if (v) {
+          EXPECT_EQ(*v, it->second);
+        }
       }
     }
     ASSERT_EQ(flat.size(), ref.size());
