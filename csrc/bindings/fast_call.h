@@ -982,14 +982,9 @@ inline Params method_params;
 
 template <auto F, class T, class Tuple>
 decltype(auto) invoke(T& self, Tuple& args) {
-  return std::apply(
-      [&](auto&... x) -> decltype(auto) {
-        if constexpr (std::is_member_function_pointer_v<decltype(F)>)
-          return (self.*F)(x...);
-        else
-          return F(self, x...);
-      },
-      args);
+  // std::invoke, not (self.*F): a base class's member on the bound subclass
+  // made GCC 12 warn (falsely) of type punning.
+  return std::apply([&](auto&... x) -> decltype(auto) { return std::invoke(F, self, x...); }, args);
 }
 
 template <auto F, class T, size_t... I>
