@@ -1,5 +1,5 @@
 """Where vLLM keeps one block of each KV cache group, and what statecache
-stores of it (docs/vllm.md, "What is stored").
+stores of it (docs/vllm.md, "How it works", "What is stored").
 
 vLLM's hybrid allocator gives every group pages of one size in shared
 allocations (``KVCacheTensor``): layer ``l`` of a tensor keeps block ``b`` at

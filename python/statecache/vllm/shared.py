@@ -1,5 +1,5 @@
 """Opening the configured shared tier (Mooncake Store or Redis) for the
-connector (docs/vllm.md, "Shared tier")."""
+connector (docs/vllm.md, "How it works")."""
 
 from __future__ import annotations
 
