@@ -11,6 +11,15 @@
 
 using namespace statecache;
 
+namespace {
+// "k<i>", appended: GCC 12 warns falsely (-Wrestrict) on "k" + std::string&&.
+std::string key_k(unsigned long long i) {
+  std::string key = "k";
+  key += std::to_string(i);
+  return key;
+}
+}  // namespace
+
 TEST(PrefixKeys, SipHash128MatchesThePublishedVector) {
   // SipHash-2-4-128, key 00..0f, empty message and the 15-byte 00..0e message.
   DeploymentKey k{0x0706050403020100ULL, 0x0f0e0d0c0b0a0908ULL};
@@ -105,8 +114,7 @@ TEST(HostArena, RandomOperationsConserveEntries) {
   std::vector<std::string> live;
   for (int i = 0; i < 3000; ++i) {
     const int op = static_cast<int>(rng() % 5);
-    std::string key = "k";  // appended: GCC 12 warns falsely (-Wrestrict) on "k" + std::string&&
-    key += std::to_string(rng() % 50);
+    const std::string key = key_k(rng() % 50);
     if (op <= 1 && !a.contains(key) && a.pins(key) == 0) {
       std::vector<std::string> ev;
       a.remove(key);
@@ -293,7 +301,7 @@ TEST(HostArena, UnchangedGenerationMeansUnchangedContains) {
   HostArena a(8, 8 * 16, {HostArena::kShared});
   std::mt19937 rng(11);
   std::vector<std::string> keys, pinned;
-  for (int i = 0; i < 30; ++i) keys.push_back("k" + std::to_string(i));
+  for (int i = 0; i < 30; ++i) keys.push_back(key_k(i));
   uint64_t gen = a.generation();
   std::vector<bool> seen = a.contains_many(keys);
   int unchanged = 0;
