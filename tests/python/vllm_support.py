@@ -438,17 +438,6 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         core = llm.llm_engine.engine_core.engine_core
         sched = core.scheduler
         timing = {"schedule_s": 0.0, "update_s": 0.0, "steps": 0, "preemptions": 0, "engine_step_s": 0.0}
-        orig_step = core.step_fn
-
-        def engine_step(_orig=orig_step):
-            # the whole engine step (schedule, forward, update): the share's wider denominator
-            t = time.perf_counter()
-            try:
-                return _orig()
-            finally:
-                timing["engine_step_s"] += time.perf_counter() - t
-
-        core.step_fn = engine_step
         orig_preempt = sched._preempt_request
 
         def preempt(*a, _orig=orig_preempt, **k):
@@ -456,8 +445,13 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
             return _orig(*a, **k)
 
         sched._preempt_request = preempt
-        for name, key in (("schedule", "schedule_s"), ("update_from_output", "update_s")):
-            orig = getattr(sched, name)
+        # the whole engine step (schedule, forward, update) too: the share's wider denominator
+        for obj, name, key in (
+            (sched, "schedule", "schedule_s"),
+            (sched, "update_from_output", "update_s"),
+            (core, "step_fn", "engine_step_s"),
+        ):
+            orig = getattr(obj, name)
 
             def timed(*a, _orig=orig, _key=key, **k):
                 t = time.perf_counter()
@@ -468,7 +462,7 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
                     if _key == "schedule_s":
                         timing["steps"] += 1
 
-            setattr(sched, name, timed)
+            setattr(obj, name, timed)
         # per step: (start s, tokens scheduled, requests scheduled, running, waiting, forward s, forward CPU s)
         steplog: list[list[float]] = []
         orig_schedule = sched.schedule

@@ -22,7 +22,6 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -326,7 +325,7 @@ class ConnectorScheduler:
         self.hook_seconds = [0.0] * len(HOOKS)
         self.hook_calls = [0] * len(HOOKS)
         self._reported: dict[str, float] = dict.fromkeys(COUNTERS, 0)
-        self.stats_due = 0.0  # perf_counter time of the next report (0: the next step's)
+        self.stats_due = 0.0  # time.monotonic() of the next report (0: the next step's)
         self.kv_cache_manager: Any = None
         self.shared = None
         self._shared_down_until = 0.0
@@ -1096,7 +1095,7 @@ class ConnectorScheduler:
         in a step where no request is left. Most steps cost one comparison,
         and a report walks only the counters that moved; nothing is lost,
         only reported later."""
-        now = perf_counter()
+        now = time.monotonic()
         if now < self.stats_due:
             return {}
         self._fold_hook_times()
