@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 
@@ -73,6 +74,43 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def resumable_ceiling(results, bs: int) -> int:
+    """Prompt tokens an unbounded cache could resume for ``results`` (in
+    submission order), each from what the earlier ones computed (prompt +
+    answer but its last token): every whole block of a shared prefix, or, past
+    the last shared boundary, an earlier request's whole computed sequence
+    (the state it ended with); always one token left to compute. It ignores
+    timing (a request still running when another arrives counts as done), so
+    no row can exceed it; how close a row comes says how much of a workload's
+    reuse it keeps, whatever the trace."""
+    blocks: set[Any] = set()  # chain keys of the whole blocks computed so far
+    ends: dict[Any, list[tuple[int, ...]]] = {}  # last boundary's chain key -> the tokens past it
+    total = 0
+    for r in results:
+        prompt = r["prompt"]
+        limit = len(prompt) - 1
+        key: Any = None
+        best = k = 0
+        while True:
+            for rest in ends.get(key, ()):
+                n = k * bs + len(rest)
+                if best < n <= limit and tuple(prompt[k * bs : n]) == rest:
+                    best = n
+            nxt = (key, tuple(prompt[k * bs : (k + 1) * bs]))
+            if (k + 1) * bs > limit or nxt not in blocks:
+                break
+            key, k = nxt, k + 1
+            best = max(best, k * bs)
+        total += best
+        seq = prompt + r["tokens"][:-1]
+        key = None
+        for k in range(len(seq) // bs):
+            key = (key, tuple(seq[k * bs : (k + 1) * bs]))
+            blocks.add(key)
+        ends.setdefault(key, []).append(tuple(seq[len(seq) // bs * bs :]))
+    return total
+
+
 def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
     prompt = sum(len(r["prompt"]) for r in results)
     cached = sum(r["cached"] for r in results)
@@ -83,6 +121,7 @@ def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
         row=name,
         prompt_tokens=prompt,
         resumed=cached,
+        ceiling=resumable_ceiling(results, vs.BLOCK),
         resumed_local=cached - ext,
         resumed_connector=ext,
         resumed_host=funnel.get("tokens_resumed_host"),
@@ -92,6 +131,7 @@ def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
         ttft_p90=pct([r["ttft_s"] for r in results], 0.9),
         wall_s=wall,
         steps=timing["steps"],
+        preemptions=timing.get("preemptions"),
         sched_ms_per_step=1e3 * sched / max(1, timing["steps"]),
         connector_share=(conn / sched) if conn is not None and sched else None,
         loads_failed=funnel.get("loads_failed"),
@@ -284,8 +324,13 @@ def main() -> None:
                 f"tokens resumed)"
             )
         base_row = next((r for r in rows if "error" not in r), None)
+        if base_row:
+            print(
+                f"(of ceil.: resumed / what an unbounded cache could resume from the earlier requests' prompts and "
+                f"answers, {base_row['ceiling']} tokens for row 1's answers; see resumable_ceiling)"
+            )
         hdr = (
-            f"{'row':22} {'resumed':>8} {'x row1':>7} {'local':>7} {'conn.':>7} {'host':>7} {'shared':>6} "
+            f"{'row':22} {'resumed':>8} {'of ceil.':>8} {'x row1':>7} {'local':>7} {'conn.':>7} {'host':>7} {'shared':>6} "
             f"{'prefill':>8} {'ttft p50':>9} {'ttft p90':>9} {'wall s':>7} {'fwd ms/tok':>10} {'sched/step':>10} "
             f"{'conn share':>10} match"
         )
@@ -297,7 +342,7 @@ def main() -> None:
             ratio = r["resumed"] / base_row["resumed"] if base_row and base_row["resumed"] else float("nan")
             share = f"{100 * r['connector_share']:.2f}%" if r["connector_share"] is not None else "-"
             print(
-                f"{r['row']:22} {r['resumed']:8d} {ratio:7.2f} {r['resumed_local']:7d} {r['resumed_connector']:7d} "
+                f"{r['row']:22} {r['resumed']:8d} {100 * r['resumed'] / max(1, r['ceiling']):7.1f}% {ratio:7.2f} {r['resumed_local']:7d} {r['resumed_connector']:7d} "
                 f"{r['resumed_host'] if r['resumed_host'] is not None else '-':>7} "
                 f"{r['resumed_shared'] if r['resumed_shared'] is not None else '-':>6} {r['prefill_computed']:8d} "
                 f"{r['ttft_p50']:9.3f} {r['ttft_p90']:9.3f} {r['wall_s']:7.1f} "

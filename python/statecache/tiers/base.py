@@ -149,6 +149,13 @@ class Tier(ABC):
         with self._lock:
             return dict(self._stats)
 
+    def failed_calls(self) -> int:
+        """Returns how many calls failed as a whole so far (``errors`` +
+        ``timeouts``): a caller that reads per-key misses tells a failed call
+        from a true miss by this number rising. Raises nothing."""
+        with self._lock:
+            return self._stats["errors"] + self._stats["timeouts"]
+
     @property
     def last_error(self) -> str:
         """The ``repr`` of the last exception a backend client raised ("" if none)."""

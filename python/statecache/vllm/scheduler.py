@@ -478,19 +478,43 @@ class ConnectorScheduler:
         parent = self._parent(r, b)
         lengths = range(upto, shorter, -1)
         keys = self._tail_keys(parent, toks[start : start + upto])[shorter:][::-1]  # longest first
-        self.counters["shared_lookups"] += 1
-        try:
-            held = every_rank_holds(self.shared.contains_many, STATE, self.layout_ids[TAIL], self.tp_size, keys)
-        except Exception as e:  # a tier failure is a miss, never an engine failure
-            log.warning("statecache: shared tier tail lookup failed (%s); skipping the tier for 5 s", e)
-            self.counters["shared_lookup_failures"] += 1
-            self._shared_down_until = time.monotonic() + 5.0
+        shared = self.shared
+        held = self._ask_shared(
+            lambda: every_rank_holds(shared.contains_many, STATE, self.layout_ids[TAIL], self.tp_size, keys),
+            len(keys),
+            "tail",
+        )
+        if held is None:
             return None
         found = next(((b, n, k) for n, k, h in zip(lengths, keys, held) if h), None)
         r.shared_tail = (read, found)
         return found
 
     # --------------------------------------------------------------- match --
+
+    def _ask_shared(self, lookup: Any, n: int, what: str) -> list[bool] | None:
+        """The shared tier's answer to one batched lookup of ``n`` keys, or
+        None where the call failed: it raised, answered short, or the tier
+        counted a failed call while answering (its misses are then not
+        answers). A failure is counted and logged, and the tier is skipped
+        for 5 s: a server that is down costs one timeout, not one per
+        admission. A tier failure is a miss, never an engine failure."""
+        assert self.shared is not None
+        self.counters["shared_lookups"] += 1
+        failed = self.shared.failed_calls()
+        try:
+            found = list(lookup())
+            why = None if len(found) == n else f"answered {len(found)} of {n} keys"
+        except Exception as e:
+            found, why = [], repr(e)
+        if why is None and self.shared.failed_calls() != failed:
+            why = self.shared.last_error or "the call failed"
+        if why is None:
+            return found
+        log.warning("statecache: shared tier %s lookup failed (%s); skipping the tier for 5 s", what, why)
+        self.counters["shared_lookup_failures"] += 1
+        self._shared_down_until = time.monotonic() + 5.0
+        return None
 
     def _shared_has(self, r: _Req, local_blocks: int, max_k: int) -> None:
         """Fills ``r.shared`` for the values past the local hit the host does
@@ -511,15 +535,9 @@ class ConnectorScheduler:
         if not ask:
             return
         names = [k for kind, i in ask for k in self.tier_keys(kind, r.keys[i])]
-        self.counters["shared_lookups"] += 1
-        try:
-            found = self.shared.contains_many(names)  # one batched lookup for both kinds
-        except Exception as e:  # a tier failure is a miss, never an engine failure
-            found = []
-            log.warning("statecache: shared tier lookup failed (%s); skipping it for 5 s", e)
-        if len(found) != len(names):
-            self.counters["shared_lookup_failures"] += 1
-            self._shared_down_until = time.monotonic() + 5.0
+        shared = self.shared
+        found = self._ask_shared(lambda: shared.contains_many(names), len(names), "block")  # both kinds at once
+        if found is None:
             return
         answer = dict(zip(names, found))
         for kind in (KV, STATE):

@@ -277,11 +277,16 @@ def test_a_raising_backend_client_is_counted_and_logged(caplog):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     tier = RedisTier(port=port, timeout_s=1.0)
+    assert tier.failed_calls() == 0
     with caplog.at_level("WARNING", logger="statecache"):
         assert tier.put_many(["k"], [[b"v"]]) == [False]
-        assert tier.contains_many(["k"]) == [False]
+        assert tier.failed_calls() >= 1
+        before = tier.failed_calls()
+        assert tier.contains_many(["k"]) == [False]  # a miss in form: failed_calls tells it failed
+        assert tier.failed_calls() > before
     st = tier.stats()
     assert st["errors"] >= 2 and st["puts_failed"] == 1
+    assert tier.failed_calls() == st["errors"] + st["timeouts"]
     assert "ConnectionError" in tier.last_error
     assert any("redis put_many failed" in r.getMessage() for r in caplog.records)
     tier.close()

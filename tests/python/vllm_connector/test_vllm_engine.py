@@ -13,9 +13,9 @@ a process of its own):
 (c) a second, fresh engine process resumes from the shared tier what the
     first left there: Mooncake Store (a real mooncake_master on loopback) and,
     for a turn's blocks, states and tail, Redis (a real redis-server);
-(d) faults -- flipped bytes, a key removed, mooncake_master killed mid-run:
-    vLLM keeps serving and recomputes, answers still match, each failure is
-    counted.
+(d) faults -- flipped bytes, a key removed, mooncake_master killed mid-run;
+    flipped bytes in Redis and redis-server killed: vLLM keeps serving and
+    recomputes, answers still match, each failure is counted.
 
 The engines share the workload, so the module's tests run in order.
 """
@@ -233,6 +233,58 @@ def test_a_turn_resumes_where_it_ended_here_and_in_a_fresh_engine_from_the_share
             same_next_token(b, want, ANSWER)
         g = other.call("funnel")
         assert g["tokens_resumed_shared"] == resumed and g["tokens_resumed_tail"] == tails and g["loads_failed"] == 0
+    finally:
+        other.close()
+
+
+def test_redis_faults_flipped_bytes_and_the_server_killed_are_recomputed_and_counted(redis, ref, model, logs, tol):
+    """Redis as the shared tier under faults, in real engines. A first
+    engine leaves the blocks, boundary states and tails of four turns in
+    Redis. In a fresh engine, with a byte of every stored value flipped, each
+    next turn's load fails its check: counted untrusted and failed, nothing
+    adopted, vLLM recomputes and answers as the reference does. Then
+    redis-server is killed and the engine keeps serving: the lookups fail
+    and are counted, the answers still match, and what it saved meanwhile
+    resumes from its host tier."""
+    import redis as redis_py
+
+    kw = vs.base_llm_kwargs(model, kv_transfer_config=vs.connector_config(shared_extra(redis)))
+    rng = random.Random(29)
+    firsts = [[rng.randrange(1024) for _ in range(n)] for n in (60, 120, 280, 300)]
+    e = vs.Engine("redis-faults-first", kw, logs)
+    try:
+        answers = e.generate(firsts, ANSWER)
+        assert e.call("wait_shared_writes")
+    finally:
+        e.close()
+    prompts = [p + a["tokens"] + [rng.randrange(1024) for _ in range(9)] for p, a in zip(firsts, answers)]
+    want = ref.generate(prompts, ANSWER)
+    client = redis_py.Redis(host="127.0.0.1", port=redis.port)
+    stored = list(client.scan_iter())
+    assert len(stored) >= len(firsts)  # a tail each, and the longer ones' blocks and states
+    for key in stored:
+        value = bytearray(client.get(key))
+        value[len(value) // 2] ^= 0x5A
+        client.set(key, bytes(value))
+    client.close()
+    other = vs.Engine("redis-faults-other", kw, logs)
+    try:
+        got = other.generate(prompts, ANSWER)
+        f = other.call("funnel")
+        # a lookup that overran lookup_timeout_s (a loaded machine) is a miss instead, counted as such
+        assert f["loads_untrusted"] >= 1 and f["loads_failed"] + f["shared_lookup_failures"] >= len(prompts), f
+        assert f["tokens_resumed_shared"] == 0 and f["tokens_resumed_tail"] == 0
+        assert not vs.violations([want], [got], tol)
+        redis.server.kill()
+        assert not redis.server.running
+        again = other.generate(prompts, ANSWER)  # vLLM's own cache evicted: the host tier resumes them
+        g = other.call("funnel")
+        assert g["shared_lookup_failures"] > f["shared_lookup_failures"], g
+        assert g["loads_failed"] == f["loads_failed"]
+        assert (
+            g["tokens_resumed_host"] + g["tokens_resumed_local"] > f["tokens_resumed_host"] + f["tokens_resumed_local"]
+        )
+        assert not vs.violations([want], [again], tol)
     finally:
         other.close()
 

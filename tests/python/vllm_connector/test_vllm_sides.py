@@ -424,6 +424,29 @@ def test_redis_as_the_shared_tier_resumes_blocks_states_and_tails_in_a_fresh_eng
     assert resume_a_short_turn(short, Rig(extra=extra, seed=4), a, ts, "C")["tokens_resumed_tail"] == len(ts)
 
 
+def test_a_shared_tier_that_is_down_is_one_counted_failure_then_skipped():
+    """The tiers answer a failed lookup with misses (their per-key form), so
+    the connector tells a failure from a miss by the tier's failed calls: a
+    Redis nothing listens on is counted as a lookup failure, logged, and
+    skipped for 5 s (a server that is down costs one timeout, not one per
+    admission); the request is matched on what the host holds."""
+    import socket
+
+    with socket.socket() as sock:  # a loopback port nothing listens on: every connect is refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    rig = Rig(extra={"secret": "a deployment secret", "redis": {"host": "127.0.0.1", "port": port}}, seed=1)
+    t = tokens(5 * BS + 40)
+    assert rig.sched.match(FakeRequest("A", t, len(t)), 0) == 0
+    f = rig.sched.funnel()
+    assert f["shared_lookups"] == 1 and f["shared_lookup_failures"] == 1
+    assert rig.sched.shared.failed_calls() == 1
+    u = tokens(3 * BS + 7, seed=2)
+    assert rig.sched.match(FakeRequest("B", u, len(u)), 0) == 0
+    g = rig.sched.funnel()
+    assert g["shared_lookups"] == 1 and rig.sched.shared.failed_calls() == 1  # not asked again
+
+
 def test_an_untrusted_shared_value_is_never_adopted_and_is_removed(mooncake):
     import numpy as np
 
