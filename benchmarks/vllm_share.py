@@ -14,6 +14,7 @@ included, is printed beside it for scale, not as the result.
     TREE=/other/checkout /opt/vllm-venv/bin/python benchmarks/vllm_share.py  # that tree's statecache
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --null --cpu           # the floor: hooks that do nothing
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --internals            # where a hook's time goes
+    /opt/vllm-venv/bin/python benchmarks/vllm_share.py --trace conversation_trace.jsonl --requests 500
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def main() -> None:
         action="store_true",
         help="also time the scheduler object's inner steps and its arena calls (adds about 0.3 us a call)",
     )
+    ap.add_argument("--trace", default=None, help="trace: any Mooncake-format file (the bench's: the shared one)")
+    ap.add_argument("--requests", type=int, default=80, help="trace: its first requests that fit (the bench's: 80)")
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     log_dir = tempfile.mkdtemp(prefix="vllm-share-")
@@ -74,7 +77,7 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     if a.workload == "trace":
-        prompts, outs, arrivals = bv.trace_requests(bv.TRACE, 80, 32, 4096, 16)
+        prompts, outs, arrivals = bv.trace_requests(a.trace or bv.TRACE, a.requests, 32, 4096, 16)
         e.call("generate", prompts=prompts, max_tokens=outs, logprobs=0, arrivals=arrivals)
     else:
         vs.run_turns(e, vs.first_prompts(a.conversations, 0), a.turns, a.max_tokens)

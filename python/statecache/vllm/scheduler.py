@@ -298,10 +298,14 @@ class ConnectorScheduler:
         ).digest()
         self._reqs: dict[str, _Req] = {}
         # the lengths of the tails saved, filed under (the key of the boundary
-        # they start from, their first token): a match checks only lengths some
-        # request ended at. Tails of requests shorter than a block start at
+        # they start from, their first token): a match hashes only as far as
+        # the longest of them. Tails of requests shorter than a block start at
         # boundary 0, named from this root.
         self._tails: OrderedDict[tuple[bytes, int], set[int]] = OrderedDict()
+        # the tails' own keys: of the lengths filed under one boundary (up to
+        # a block's, where many requests share a system prompt), only those
+        # this request's tokens name are looked up in the arena
+        self._tail_names: OrderedDict[bytes, None] = OrderedDict()
         self._tails_changes = 0  # a kept match is answered again only while this is unchanged
         self._root = hashlib.blake2b(b"statecache-vllm-root\0" + self._salt, digest_size=16).digest()
         self._finished_saves: list[str] = []
@@ -431,18 +435,25 @@ class ConnectorScheduler:
 
     def _tail_at(self, r: _Req, b: int) -> tuple[int, int, bytes] | None:
         """The longest tail the host holds at boundary ``b`` that leaves a
-        token to compute: the lengths filed for it, longest first, their keys
-        from one pass, one lookup."""
+        token to compute: of the lengths filed for it, those whose key (from
+        one pass over the tokens) names a tail saved, longest first, one
+        lookup."""
         req = r.request
-        start, last = b * self.bs, req.num_tokens - 1
-        if start >= last:
+        start = b * self.bs
+        room = req.num_tokens - 1 - start
+        if room <= 0:
             return None
         toks = req.all_token_ids
-        lengths = self._tails.get((self._parent(r, b), toks[start]))
-        want = sorted((n for n in lengths if start + n <= last), reverse=True) if lengths else None
+        parent = self._parent(r, b)
+        lengths = self._tails.get((parent, toks[start]))
+        top = max((n for n in lengths if n <= room), default=0) if lengths else 0
+        if not top:
+            return None
+        packed = self._tail_chain(parent, toks[start : start + top])
+        names = self._tail_names
+        want = sorted((n for n in lengths if n <= top and packed[16 * n : 16 * n + 16] in names), reverse=True)
         if not want:
             return None
-        packed = self._tail_chain(self._parent(r, b), toks[start : start + want[0]])
         keys = [packed[16 * n : 16 * n + 16] for n in want]
         akeys = [arena_key(TAIL, k) for k in keys]
         for n, key, akey, held in zip(want, keys, akeys, self.arena.contains_many(akeys)):
@@ -1081,8 +1092,11 @@ class ConnectorScheduler:
         filed = (parent, tail[0])
         self._tails.setdefault(filed, set()).add(n)
         self._tails.move_to_end(filed)
-        while len(self._tails) > 1 << 18:
-            self._tails.popitem(last=False)
+        self._tail_names[key] = None
+        self._tail_names.move_to_end(key)
+        for index in (self._tails, self._tail_names):  # what is forgotten is not found: a miss
+            while len(index) > 1 << 18:
+                index.popitem(last=False)
         self.counters["tail_saves"] += 1
         return True
 

@@ -803,17 +803,54 @@ def finish_a_short_turn(rig: Rig) -> tuple[list[int], FakeRequest]:
     and finishes: no boundary, so its state is saved as a tail from
     boundary 0 (block 1, state blocks 10 + g)."""
     t = tokens(BS // 2, seed=21)
-    a = FakeRequest("A", t, len(t))
+    return t, finish_short(rig, t, "A")
+
+
+def finish_short(rig: Rig, t: list[int], req_id: str) -> FakeRequest:
+    """``finish_a_short_turn`` of prompt ``t`` (under a block) as ``req_id``."""
+    a = FakeRequest(req_id, t, len(t))
     assert rig.sched.match(a, 0) == 0
     ids = tuple([10 + g] for g in STATE_GROUPS) + ([1],)
     rig.sched.after_alloc(a, FakeBlocks(ids), 0)
-    rig.kvm.ids["A"] = ids
-    rig.step(scheduler_output(new=[("A", 0, len(t))]))
+    rig.kvm.ids[req_id] = ids
+    rig.step(scheduler_output(new=[(req_id, 0, len(t))]))
     a.tokens.append(99)  # the answer's one token, never computed
     a.num_computed_tokens = len(t)
     assert rig.sched.finished(a, ids) is True
-    assert rig.step(scheduler_output()).finished_sending == {"A"}
-    return t, a
+    assert rig.step(scheduler_output()).finished_sending == {req_id}
+    return a
+
+
+def test_tails_filed_under_one_boundary_cost_one_arena_key_the_one_this_request_names():
+    """Conversations that share a system prompt and end inside their first
+    block all file their tails under boundary 0 and the same first token (up
+    to a block's worth of lengths). A next turn hashes its tokens once and
+    asks the arena only for the tail they name (one key, not one per length
+    filed), and resumes it."""
+    rig = Rig()
+    system = tokens(3, seed=5)
+    # prompts of 4 .. BS - 2 tokens: with the answer's token, each ends inside the first block
+    ended = [finish_short(rig, system + tokens(1 + i, seed=100 + i), f"A{i}") for i in range(BS - 5)]
+    a = ended[5]
+    nxt = FakeRequest("B", a.tokens + tokens(20, 3), len(a.tokens) + 20)
+    arena, asked = rig.sched.arena, []
+
+    class Counting:
+        def contains_many(self, keys, *args, **kwargs):
+            asked.append(len(keys))
+            return arena.contains_many(keys, *args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(arena, name)
+
+    rig.sched.arena = Counting()
+    try:
+        assert rig.sched.match(nxt, 0) == len(a.tokens)  # its tail: as the fake computed it
+    finally:
+        rig.sched.arena = arena
+    assert asked == [2, 1]  # boundary 1's block and state (not held), then the one tail (11 before)
+    other = FakeRequest("C", system + tokens(BS, seed=7), BS + 3)  # the system prompt, then other words
+    assert rig.sched.match(other, 0) == 0
 
 
 def test_a_conversation_shorter_than_a_block_resumes_where_its_last_turn_ended():
