@@ -135,15 +135,27 @@ DeploymentKey deployment_key(uint64_t seed, std::string_view salt) {
 }
 
 PrefixKey key_token_block(const DeploymentKey& key, const PrefixKey* parent, std::span<const int64_t> tokens) {
-  // Message: parent key (or a root marker) then the tokens, little-endian.
-  std::vector<uint8_t> msg(17 + 8 * tokens.size());
+  // Message: parent key (or a root marker: zeros) then the tokens,
+  // little-endian. Short blocks (a tail's chain hashes one token a call) are
+  // built on the stack: no allocation per key.
+  constexpr size_t kStackTokens = 32;
+  uint8_t stack[17 + 8 * kStackTokens];
+  std::vector<uint8_t> heap;
+  const size_t n = 17 + 8 * tokens.size();
+  uint8_t* msg = stack;
+  if (tokens.size() > kStackTokens) {
+    heap.resize(n);
+    msg = heap.data();
+  }
   msg[0] = parent != nullptr ? 1 : 0;
   if (parent != nullptr) {
-    std::memcpy(msg.data() + 1, &parent->lo, 8);
-    std::memcpy(msg.data() + 9, &parent->hi, 8);
+    std::memcpy(msg + 1, &parent->lo, 8);
+    std::memcpy(msg + 9, &parent->hi, 8);
+  } else {
+    std::memset(msg + 1, 0, 16);
   }
-  if (!tokens.empty()) std::memcpy(msg.data() + 17, tokens.data(), 8 * tokens.size());
-  return siphash128(key, msg);
+  if (!tokens.empty()) std::memcpy(msg + 17, tokens.data(), 8 * tokens.size());
+  return siphash128(key, std::span<const uint8_t>(msg, n));
 }
 
 int64_t scheduler_hash(const PrefixKey& key) {

@@ -47,6 +47,21 @@ TEST(PrefixKeys, ChainSeedAndSalt) {
   EXPECT_THROW(chain_block_keys(dk, t, 0), std::invalid_argument);
 }
 
+TEST(PrefixKeys, KeysOfShortAndLongBlocksAreStable) {
+  // Keys name values in shared tiers that outlive a release: the message
+  // layout (short blocks built on the stack, long ones on the heap) must not
+  // change them. Values from the build before the stack path.
+  const auto dk = deployment_key(0, "");
+  std::vector<int64_t> t(40);
+  for (int i = 0; i < 40; ++i) t[i] = i + 1;
+  const PrefixKey root = key_token_block(dk, nullptr, std::span<const int64_t>(t).first(8));
+  EXPECT_EQ(root.lo, 0x148bbafae9157f5eULL);
+  EXPECT_EQ(root.hi, 0xb2ab0e4ea340aefcULL);
+  const PrefixKey chained = key_token_block(dk, &root, t);  // 40 tokens: past the stack buffer
+  EXPECT_EQ(chained.lo, 0x50c25789b17b94efULL);
+  EXPECT_EQ(chained.hi, 0x428ee39ed59b8ef9ULL);
+}
+
 static EvictionCostModel lru_model() {
   EvictionCostModel m;
   m.kind = EvictionCostModel::Kind::kLru;
