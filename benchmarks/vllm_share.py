@@ -57,6 +57,7 @@ def main() -> None:
     )
     ap.add_argument("--trace", default=None, help="trace: any Mooncake-format file (the bench's: the shared one)")
     ap.add_argument("--requests", type=int, default=80, help="trace: its first requests that fit (the bench's: 80)")
+    ap.add_argument("--host-gib", type=float, default=0.5, help="the connector's host tier, GiB (the bench's: 0.5)")
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     log_dir = tempfile.mkdtemp(prefix="vllm-share-")
@@ -65,7 +66,7 @@ def main() -> None:
         model,
         max_num_seqs=a.max_num_seqs,
         num_gpu_blocks_override=a.blocks,
-        kv_transfer_config=vs.connector_config({"host_memory": int(0.5 * (1 << 30))}),
+        kv_transfer_config=vs.connector_config({"host_memory": int(a.host_gib * (1 << 30))}),
     )
     e = vs.Engine("sc", kw, log_dir)
     if a.null:
@@ -95,7 +96,7 @@ def main() -> None:
         f"(of the engine step with the forward, {1e3 * tm['engine_step_s'] / tm['steps']:.2f} ms: "
         f"{100 * conn / tm['engine_step_s']:.2f}%) "
         f"resumed host {fu.get('tokens_resumed_host')} tail {fu.get('tokens_resumed_tail')} "
-        f"saved {fu.get('values_saved')}"
+        f"saved {fu.get('values_saved')} host evictions {fu.get('host_evictions')}"
     )
     print("  by hook: " + ", ".join(f"{k} {100 * v / sched:.2f}% ({1e6 * v:.0f}us)" for k, v in sorted(hooks.items())))
     if ht:
