@@ -752,6 +752,9 @@ class ConnectorScheduler:
                     break
                 self._staged.add(key)
                 holds.append((key, "staged"))
+                if kind == TAIL:  # fetched into the host: a later match here finds it there
+                    assert plan.tail is not None
+                    self._file_tail(self._parent(r, k), request.all_token_ids[k * self.bs], plan.tail[0], pkey)
                 values.append(Value(kind, pkey, entries, dst))
                 headers.append(None)
             else:
@@ -1088,8 +1091,16 @@ class ConnectorScheduler:
             return False
         self._acc_saved[akey] = {}
         self._saves.append(Value(TAIL, key, entries, blocks))
+        self._file_tail(parent, tail[0], n, key)
+        self.counters["tail_saves"] += 1
+        return True
+
+    def _file_tail(self, parent: bytes, first: int, n: int, key: bytes) -> None:
+        """Makes a tail coming into the host (saved here, or fetched from the
+        shared tier) findable by ``_tail_at``: ``n`` tokens from the boundary
+        named ``parent``, the first of them ``first``, under ``key``."""
         self._tails_changes += 1
-        filed = (parent, tail[0])
+        filed = (parent, first)
         self._tails.setdefault(filed, set()).add(n)
         self._tails.move_to_end(filed)
         self._tail_names[key] = None
@@ -1097,8 +1108,6 @@ class ConnectorScheduler:
         for index in (self._tails, self._tail_names):  # what is forgotten is not found: a miss
             while len(index) > 1 << 18:
                 index.popitem(last=False)
-        self.counters["tail_saves"] += 1
-        return True
 
     # -------------------------------------------------------------- metrics --
 

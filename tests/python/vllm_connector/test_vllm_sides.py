@@ -381,6 +381,20 @@ def test_a_fresh_engine_resumes_a_finished_turn_from_a_tail_in_the_shared_tier(m
         assert fresh.block(0, 40 + g)[:MAMBA_REAL] == first.block(0, 20 + g)[:MAMBA_REAL]
     f = fresh.sched.funnel()
     assert f["tokens_resumed_shared"] == 5 * BS + 3 and f["tokens_resumed_tail"] == 3
+    # what was fetched is in this host now, the tail findable there too: the same turn again resumes
+    # from the host, byte for byte, counted so
+    again = FakeRequest("D", a.tokens + tokens(30, 5), len(a.tokens) + 30)
+    assert fresh.sched.match(again, 0) == 5 * BS + 3
+    dst = tuple([0] * 5 + [50 + g] for g in STATE_GROUPS) + (list(range(41, 48)),)
+    fresh.sched.after_alloc(again, FakeBlocks(dst), 5 * BS + 3)
+    out = until_received(fresh)
+    assert out.finished_recving == {"D"} and not out.failed_recving
+    assert fresh.block(0, 46) == first.block(0, 6)
+    for g in STATE_GROUPS:
+        assert fresh.block(0, 50 + g)[:MAMBA_REAL] == first.block(0, 20 + g)[:MAMBA_REAL]
+    g = fresh.sched.funnel()
+    assert g["tokens_resumed_shared"] == f["tokens_resumed_shared"]
+    assert g["tokens_resumed_host"] - f["tokens_resumed_host"] == 5 * BS + 3 and g["tokens_resumed_tail"] == 6
     # the same boundary continued otherwise finds no tail
     other = FakeRequest("C", t[: 5 * BS] + [1, 2, 3, 4] + tokens(30, 4), 5 * BS + 34)
     assert Rig(extra=shared_extra(mooncake), seed=3).sched.match(other, 0) == 5 * BS
