@@ -76,6 +76,12 @@ PROM_COUNTERS: dict[str, tuple[str, str | None, dict[str, str]]] = {
         "outcome",
         {"ok": "shared_writes", "failed": "shared_writes_failed"},
     ),
+    "statecache:shared_lookups": (
+        "Batched lookups in the shared tier (at most one of blocks and one of tails per admission), and "
+        "those that failed (the tier down or timing out: it is then skipped for 5 s)",
+        "outcome",
+        {"any": "shared_lookups", "failed": "shared_lookup_failures"},
+    ),
     "statecache:scheduler_seconds": (
         "Time the connector spent in vLLM's scheduler (lookups, load planning, save planning, reports)",
         None,

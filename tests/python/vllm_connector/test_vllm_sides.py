@@ -438,6 +438,15 @@ def test_redis_as_the_shared_tier_resumes_blocks_states_and_tails_in_a_fresh_eng
     assert resume_a_short_turn(short, Rig(extra=extra, seed=4), a, ts, "C")["tokens_resumed_tail"] == len(ts)
 
 
+def test_every_prometheus_series_reads_a_counter_the_scheduler_keeps():
+    from statecache.vllm.scheduler import COUNTERS
+    from statecache.vllm.stats import PROM_COUNTERS
+
+    read = {c for _doc, _label, series in PROM_COUNTERS.values() for c in series.values()}
+    assert read <= set(COUNTERS), read - set(COUNTERS)
+    assert {"shared_lookups", "shared_lookup_failures", "loads_untrusted"} <= read
+
+
 def test_a_shared_tier_that_is_down_is_one_counted_failure_then_skipped():
     """The tiers answer a failed lookup with misses (their per-key form), so
     the connector tells a failure from a miss by the tier's failed calls: a
