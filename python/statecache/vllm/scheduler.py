@@ -21,6 +21,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -503,7 +504,7 @@ class ConnectorScheduler:
 
     # --------------------------------------------------------------- match --
 
-    def _ask_shared(self, lookup: Any, n: int, what: str) -> list[bool] | None:
+    def _ask_shared(self, lookup: Callable[[], Sequence[bool]], n: int, what: str) -> list[bool] | None:
         """The shared tier's answer to one batched lookup of ``n`` keys, or
         None where the call failed: it raised, answered short, or the tier
         counted a failed call while answering (its misses are then not
