@@ -452,12 +452,13 @@ class ConnectorScheduler:
             return None
         packed = self._tail_chain(parent, toks[start : start + top])
         names = self._tail_names
-        want = sorted((n for n in lengths if n <= top and packed[16 * n : 16 * n + 16] in names), reverse=True)
+        want = sorted(
+            ((n, k) for n in lengths if n <= top and (k := packed[16 * n : 16 * n + 16]) in names), reverse=True
+        )
         if not want:
             return None
-        keys = [packed[16 * n : 16 * n + 16] for n in want]
-        akeys = [arena_key(TAIL, k) for k in keys]
-        for n, key, akey, held in zip(want, keys, akeys, self.arena.contains_many(akeys)):
+        akeys = [arena_key(TAIL, k) for _, k in want]
+        for (n, key), akey, held in zip(want, akeys, self.arena.contains_many(akeys)):
             if held:
                 return b, n, key
             if akey in self._acc_saved:

@@ -359,6 +359,24 @@ def test_a_fresh_engine_resumes_from_the_shared_tier(mooncake):
     assert f["host_values"] == 6  # what was fetched now sits in the host tier too
 
 
+def resume_off_a_boundary(src: Rig, dst: Rig, a: FakeRequest, req_id: str, seed: int, kv: int, state: int) -> None:
+    """The next turn of ``finish_a_off_a_boundary``'s request ``a`` on
+    ``dst`` (KV into blocks ``kv ..``, states into ``state + g``): resumed to
+    where ``a`` ended, 5 blocks and the partial one, byte for byte as
+    ``src`` computed them."""
+    nxt = FakeRequest(req_id, a.tokens + tokens(30, seed), len(a.tokens) + 30)
+    assert dst.sched.match(nxt, 0) == 5 * BS + 3
+    ids = tuple([0] * 5 + [state + g] for g in STATE_GROUPS) + (list(range(kv, kv + 7)),)
+    dst.sched.after_alloc(nxt, FakeBlocks(ids), 5 * BS + 3)
+    out = until_received(dst)
+    assert out.finished_recving == {req_id} and not out.failed_recving
+    for i in range(5):
+        assert dst.block(0, kv + i) == src.block(0, 1 + i)
+    assert dst.block(0, kv + 5) == src.block(0, 6)  # the partial block
+    for g in STATE_GROUPS:
+        assert dst.block(0, state + g)[:MAMBA_REAL] == src.block(0, 20 + g)[:MAMBA_REAL]
+
+
 def test_a_fresh_engine_resumes_a_finished_turn_from_a_tail_in_the_shared_tier(mooncake):
     """The next turn lands on another engine: it cannot know the tail's
     length, so it looks up every length at the boundary its KV reaches, and
@@ -368,30 +386,12 @@ def test_a_fresh_engine_resumes_a_finished_turn_from_a_tail_in_the_shared_tier(m
     t, a = finish_a_off_a_boundary(first)
     settle(first)
     fresh = Rig(extra=shared_extra(mooncake), seed=2)  # other tensors, empty host tier
-    nxt = FakeRequest("B", a.tokens + tokens(30, 3), len(a.tokens) + 30)
-    assert fresh.sched.match(nxt, 0) == 5 * BS + 3
-    dst = tuple([0] * 5 + [40 + g] for g in STATE_GROUPS) + (list(range(31, 38)),)
-    fresh.sched.after_alloc(nxt, FakeBlocks(dst), 5 * BS + 3)
-    out = until_received(fresh)
-    assert out.finished_recving == {"B"} and not out.failed_recving
-    for i in range(5):
-        assert fresh.block(0, 31 + i) == first.block(0, 1 + i)
-    assert fresh.block(0, 36) == first.block(0, 6)  # the partial block
-    for g in STATE_GROUPS:
-        assert fresh.block(0, 40 + g)[:MAMBA_REAL] == first.block(0, 20 + g)[:MAMBA_REAL]
+    resume_off_a_boundary(first, fresh, a, "B", seed=3, kv=31, state=40)
     f = fresh.sched.funnel()
     assert f["tokens_resumed_shared"] == 5 * BS + 3 and f["tokens_resumed_tail"] == 3
     # what was fetched is in this host now, the tail findable there too: the same turn again resumes
     # from the host, byte for byte, counted so
-    again = FakeRequest("D", a.tokens + tokens(30, 5), len(a.tokens) + 30)
-    assert fresh.sched.match(again, 0) == 5 * BS + 3
-    dst = tuple([0] * 5 + [50 + g] for g in STATE_GROUPS) + (list(range(41, 48)),)
-    fresh.sched.after_alloc(again, FakeBlocks(dst), 5 * BS + 3)
-    out = until_received(fresh)
-    assert out.finished_recving == {"D"} and not out.failed_recving
-    assert fresh.block(0, 46) == first.block(0, 6)
-    for g in STATE_GROUPS:
-        assert fresh.block(0, 50 + g)[:MAMBA_REAL] == first.block(0, 20 + g)[:MAMBA_REAL]
+    resume_off_a_boundary(first, fresh, a, "D", seed=5, kv=41, state=50)
     g = fresh.sched.funnel()
     assert g["tokens_resumed_shared"] == f["tokens_resumed_shared"]
     assert g["tokens_resumed_host"] - f["tokens_resumed_host"] == 5 * BS + 3 and g["tokens_resumed_tail"] == 6
