@@ -132,6 +132,8 @@ def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
         wall_s=wall,
         steps=timing["steps"],
         preemptions=timing.get("preemptions"),
+        # loads of requests admitted again after a preemption: real, but not in vLLM's num_cached_tokens
+        loaded_after_preemption=timing.get("external_tokens_after_preemption"),
         sched_ms_per_step=1e3 * sched / max(1, timing["steps"]),
         connector_share=(conn / sched) if conn is not None and sched else None,
         loads_failed=funnel.get("loads_failed"),
@@ -161,7 +163,8 @@ def run_multi_turn(engine, args):
 
 def run_trace(engine, prompts, outs, arrivals):
     t0 = time.perf_counter()
-    res = engine.call("generate", prompts=prompts, max_tokens=outs, logprobs=0, arrivals=arrivals)
+    # top-2 logprobs: where an answer diverges from row 1's, how near a tie row 1's token was
+    res = engine.call("generate", prompts=prompts, max_tokens=outs, logprobs=2, arrivals=arrivals)
     for r, p in zip(res, prompts):
         r["prompt"] = p
     return res, time.perf_counter() - t0
@@ -270,7 +273,11 @@ def main() -> None:
     # every multi-turn answer against prefix caching off, on the prompts that engine saw
     noise = None
     off_rule: dict[str, list[str]] = {}  # the answers outside the rule, per row: where and by how much
-    ref = vs.Engine("ref", vs.base_llm_kwargs(model, enable_prefix_caching=False, **base), log_dir) if runs else None
+    ref = (
+        vs.Engine("ref", vs.base_llm_kwargs(model, enable_prefix_caching=False, **base), log_dir)
+        if "multi-turn" in table
+        else None
+    )
     checked = []
     for row in table.get("multi-turn", []):
         if row["row"] not in runs or row.get("rep"):
@@ -355,6 +362,31 @@ def main() -> None:
                 print(
                     f"{workload}, {r['row']}: runs in order (wall s, ttft p50 s, tokens resumed, load average at start): {r['repeats']}"
                 )
+    base_trace = runs.get(("trace", rows_cfg[0][0]))
+    for key, got in runs.items() if base_trace is not None else ():
+        name = key[1] if isinstance(key, tuple) else rows_cfg[0][0]
+        if name != rows_cfg[0][0]:
+            devs = [vs.deviation(a, b) for a, b in zip(base_trace, got)]
+            same = sum(d.diverged_at is None for d in devs)
+            worst = max((max(d.max_logprob_delta, d.tie_gap) for d in devs), default=0.0)
+            print(
+                f"trace, {name}: answers token for token as row 1's: {same}/{len(devs)}; largest deviation from "
+                f"them (a logprob of row 1's token, or row 1's top-2 gap where one diverges): {worst:.4f}"
+                + (f" (the multi-turn rule's tolerance: {rule:.4f})" if rule is not None else "")
+            )
+    for workload, rows in table.items():
+        for r in rows:
+            if r.get("preemptions"):
+                again = r.get("loaded_after_preemption")
+                print(
+                    f"{workload}, {r['row']}: preemptions {r['preemptions']}"
+                    + (
+                        f"; tokens the connector loaded again for requests admitted after one (not in 'resumed', "
+                        f"as vLLM's num_cached_tokens counts a request's first admission only): {again}"
+                        if again is not None
+                        else ""
+                    )
+                )
     for workload, rows in table.items():
         for r in rows:
             if r.get("hook_share"):
@@ -387,6 +419,7 @@ def run_on(e, name, workload, args, prompts, outs, arrivals, runs):
             flat = [r for t in got for r in t]
         else:
             flat, wall = run_trace(e, prompts, outs, arrivals)
+            runs.setdefault(("trace", name), flat)
         load = (load0, os.getloadavg()[0])
         return summarize(name, flat, wall, e.call("timing"), e.call("funnel"), e.call("steplog"), load)
     except RuntimeError as err:

@@ -15,6 +15,7 @@ included, is printed beside it for scale, not as the result.
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --null --cpu           # the floor: hooks that do nothing
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --internals            # where a hook's time goes
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --trace conversation_trace.jsonl --requests 500
+    /opt/vllm-venv/bin/python benchmarks/vllm_share.py --trace-max-tokens 512   # the trace's answer lengths, to 512
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def main() -> None:
     )
     ap.add_argument("--trace", default=None, help="trace: any Mooncake-format file (the bench's: the shared one)")
     ap.add_argument("--requests", type=int, default=80, help="trace: its first requests that fit (the bench's: 80)")
+    ap.add_argument(
+        "--trace-max-tokens",
+        type=int,
+        default=16,
+        help="trace: each answer's tokens, the trace's output_length cut to this (the bench's: 16)",
+    )
     ap.add_argument("--host-gib", type=float, default=0.5, help="the connector's host tier, GiB (the bench's: 0.5)")
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
@@ -78,7 +85,7 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     if a.workload == "trace":
-        prompts, outs, arrivals = bv.trace_requests(a.trace or bv.TRACE, a.requests, 32, 4096, 16)
+        prompts, outs, arrivals = bv.trace_requests(a.trace or bv.TRACE, a.requests, 32, 4096, a.trace_max_tokens)
         e.call("generate", prompts=prompts, max_tokens=outs, logprobs=0, arrivals=arrivals)
     else:
         vs.run_turns(e, vs.first_prompts(a.conversations, 0), a.turns, a.max_tokens)

@@ -501,12 +501,16 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
 
             setattr(executor, name, timed_ex)
         if sched.connector is not None:
-            # what any connector (statecache's or vLLM's own) is asked to load
+            # what any connector (statecache's or vLLM's own) is asked to load:
+            # at a request's first admission, as vLLM's num_cached_tokens counts
+            # it, and apart, the loads of requests admitted again after a preemption
             timing["external_tokens"] = 0
+            timing["external_tokens_after_preemption"] = 0
             orig_alloc = sched.connector.update_state_after_alloc
 
             def counted(request, blocks, n, _orig=orig_alloc):
-                timing["external_tokens"] += n
+                first = getattr(request, "num_preemptions", 0) <= 0
+                timing["external_tokens" if first else "external_tokens_after_preemption"] += n
                 return _orig(request, blocks, n)
 
             sched.connector.update_state_after_alloc = counted
