@@ -129,15 +129,18 @@ def scheduler_output(new=(), cached=()) -> SimpleNamespace:
             req_ids=[r for r, _, _ in cached], num_computed_tokens=[c for _, c, _ in cached], resumed_req_ids=set()
         ),
         num_scheduled_tokens={r: n for r, _, n in (*new, *cached)},
+        total_num_scheduled_tokens=sum(n for _, _, n in (*new, *cached)),
     )
 
 
 class Rig:
     """One scheduler side and ``tp`` worker sides over random tensors."""
 
-    def __init__(self, tp: int = 1, extra: dict | None = None, seed: int = 0, identity: str = "tiny"):
+    def __init__(
+        self, tp: int = 1, extra: dict | None = None, seed: int = 0, identity: str = "tiny", kv_role: str = "kv_both"
+    ):
         self.cfg = kv_cache_config()
-        self.config = ConnectorConfig.from_extra({"host_memory": 4 << 20, **(extra or {})})
+        self.config = ConnectorConfig.from_extra({"host_memory": 4 << 20, **(extra or {})}, kv_role)
         self.geometry = build_geometry(self.cfg, identity, self.config.entry_bytes)
         vllm_config = SimpleNamespace(model_config=SimpleNamespace(hf_text_config=SimpleNamespace(hidden_size=64)))
         self.sched = ConnectorScheduler(self.config, self.geometry, tp, vllm_config)

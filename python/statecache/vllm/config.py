@@ -91,11 +91,17 @@ class ConnectorConfig:
     shared_timeout_s: float
     lookup_timeout_s: float
     ranking: str
+    # False for kv_role="kv_consumer": a read-only engine, as vLLM's store
+    # connectors take that role (loads what other engines saved, saves nothing)
+    saves: bool = True
 
     @classmethod
-    def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
-        """Parses ``kv_connector_extra_config``; returns the config. Raises
-        TypeError / ValueError naming the bad key before anything starts."""
+    def from_extra(cls, extra: Mapping[str, Any] | None, kv_role: str | None = "kv_both") -> ConnectorConfig:
+        """Parses ``kv_connector_extra_config`` (and vLLM's ``kv_role``);
+        returns the config. Raises TypeError / ValueError naming the bad key
+        before anything starts."""
+        if kv_role not in ("kv_both", "kv_producer", "kv_consumer"):
+            raise ValueError(f"kv_role={kv_role!r} must be 'kv_both', 'kv_producer' or 'kv_consumer'")
         d = dict(extra or {})
         unknown = sorted(set(d) - _KNOWN)
         if unknown:
@@ -122,6 +128,11 @@ class ConnectorConfig:
                     if not isinstance(opts.get(k), str) or not opts[k]:
                         raise ValueError(f"kv_connector_extra_config['mooncake'][{k!r}] must be a non-empty str")
             shared = SharedTierConfig(tiers[0], opts)
+        if kv_role == "kv_consumer" and shared is None:
+            raise ValueError(
+                "kv_role='kv_consumer' saves nothing and loads what other engines saved to a shared tier: "
+                "configure kv_connector_extra_config['mooncake'] or ['redis'] (or use kv_role='kv_both')"
+            )
         raw = d.get("secret", os.environ.get("STATECACHE_SECRET"))
         if raw is not None and (not isinstance(raw, str) or len(raw) < 16):
             raise ValueError(
@@ -157,4 +168,5 @@ class ConnectorConfig:
             shared_timeout_s=_positive_number(d, "shared_timeout_s", 5.0),
             lookup_timeout_s=_positive_number(d, "lookup_timeout_s", 1.0),
             ranking=ranking,
+            saves=kv_role != "kv_consumer",
         )

@@ -87,7 +87,9 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
         super().__init__(vllm_config, role, kv_cache_config)
-        self.config = ConnectorConfig.from_extra(self._kv_transfer_config.kv_connector_extra_config)
+        self.config = ConnectorConfig.from_extra(
+            self._kv_transfer_config.kv_connector_extra_config, self._kv_transfer_config.kv_role
+        )
         pc = vllm_config.parallel_config
         for name in ("pipeline_parallel_size", "decode_context_parallel_size", "prefill_context_parallel_size"):
             if getattr(pc, name, 1) > 1:

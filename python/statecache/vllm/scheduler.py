@@ -312,6 +312,10 @@ class ConnectorScheduler:
         self._finished_saves: list[str] = []
         self._late: set[str] = set()  # requests with values waiting for their names
         self._admitting: dict[str, _Req] = {}  # admitted without a load this step, not counted yet
+        # decode steps of the requests last planned (``_quiet_ids``) that
+        # complete no value: build_meta skips its per-request pass for them
+        self._quiet_steps = 0
+        self._quiet_ids: list[str] = []
         # one metadata for every step with nothing to move (the workers only read it)
         self._no_work = StateCacheMeta([], [], config.shared is not None, [])
         self._loads: list[Load] = []
@@ -926,23 +930,46 @@ class ConnectorScheduler:
                 self._count_admission(r, plan, computed[req_id], 0)
         pending.clear()  # not scheduled after all: not admitted
 
-    def build_meta(self, so: Any) -> StateCacheMeta:
-        if self._admitting:
-            self._count_admitted(so)
-        if self._late:
-            self._save_late_running()
+    def _plan_step(self, so: Any, new: Any, cached: Any) -> None:
+        """Plans the saves of the values this step completes, and how many
+        next steps of these requests decoding a token each complete none
+        (``_quiet_steps``)."""
         nsched = so.num_scheduled_tokens
-        for nr in so.scheduled_new_reqs:
+        bs = self.bs
+        quiet = bs
+        for nr in new:
             n = nsched.get(nr.req_id, 0)
             if n:
                 self._plan_saves(nr.req_id, nr.num_computed_tokens, nr.num_computed_tokens + n, True)
-        cached = so.scheduled_cached_reqs
-        bs = self.bs
         for req_id, c in zip(cached.req_ids, cached.num_computed_tokens):
             n = nsched.get(req_id, 0)
             # the common decode step crosses no boundary: nothing to plan
             if n and (c + n) // bs != c // bs:
                 self._plan_saves(req_id, c, c + n, False)
+            # decoding on from c + n, a token a step: the step computing token
+            # c + n + j ends a block where (c + n + j + 1) % bs == 0
+            quiet = min(quiet, (-c - n - 1) % bs)
+        # new requests are cached ones next step (then counted): none now
+        self._quiet_steps = quiet if not new else 0
+        self._quiet_ids = list(cached.req_ids)
+
+    def build_meta(self, so: Any) -> StateCacheMeta:
+        if self._admitting:
+            self._count_admitted(so)
+        if self._late:
+            self._save_late_running()
+        new, cached = so.scheduled_new_reqs, so.scheduled_cached_reqs
+        if (
+            self._quiet_steps > 0
+            and not new
+            and so.total_num_scheduled_tokens == len(cached.req_ids)  # a token each: decode
+            and cached.req_ids == self._quiet_ids
+            and not cached.resumed_req_ids
+        ):
+            # the same requests decoding as when last planned, none reaching a boundary yet
+            self._quiet_steps -= 1
+        elif self.config.saves:
+            self._plan_step(so, new, cached)
         if not (self._saves or self._loads or self._finished_saves):
             return self._no_work
         meta = StateCacheMeta(self._saves, self._loads, self.shared is not None, self._finished_saves)
@@ -1050,7 +1077,7 @@ class ConnectorScheduler:
         r = self._reqs.pop(request.request_id, None)
         if not self._reqs:
             self.stats_due = 0.0  # the last request: what it counted is reported in this step
-        if r is None or block_ids is None:
+        if r is None or block_ids is None or not self.config.saves:
             return False
         if request.request_id in self._inflight:
             return False  # aborted while its load is in flight: its blocks do not hold that state yet

@@ -232,6 +232,55 @@ def test_decode_boundaries_are_saved_unless_turned_off():
         assert rig.sched.match(b, 0) == (3 * BS if save_decode else 0)
 
 
+def test_decode_steps_that_complete_no_value_skip_the_per_request_pass_and_no_boundary_is_missed():
+    """build_meta plans every request only where a step may complete a value:
+    while the same requests decode a token each and none reaches a boundary,
+    it counts down instead. On random schedules (requests arriving
+    mid-prefill, skipped for a step, preempted, finishing), every step that
+    ends a block of some request is still planned for it, as the plain
+    per-request pass plans it."""
+    import random
+
+    rnd = random.Random(5)
+    rig = Rig()
+    planned: list[tuple[str, int, int, bool]] = []
+    rig.sched._plan_saves = lambda req_id, start, end, admitted: planned.append((req_id, start, end, admitted))
+    computed: dict[str, int] = {}
+    passes = skipped = 0
+    for step in range(3000):
+        new, cached = [], []
+        if len(computed) < 6 and rnd.random() < 0.05:
+            rid = f"r{step}"
+            c = rnd.choice([0, rnd.randrange(4 * BS)])
+            n = rnd.randrange(1, 2 * BS)
+            new.append((rid, c, n))
+            computed[rid] = c + n
+        for rid, c in list(computed.items()):
+            if new and rid == new[0][0]:
+                continue
+            r = rnd.random()
+            if r < 0.01:
+                del computed[rid]  # finished
+            elif r < 0.03:
+                continue  # not scheduled this step
+            else:
+                n = 1 if rnd.random() < 0.97 else rnd.randrange(2, BS)  # decode, or a chunk
+                cached.append((rid, c, n))
+                computed[rid] = c + n
+        so = scheduler_output(new=new, cached=cached)
+        if cached and rnd.random() < 0.01:
+            so.scheduled_cached_reqs.resumed_req_ids = {cached[0][0]}  # preempted and admitted again
+        planned.clear()
+        before = rig.sched._quiet_steps
+        rig.sched.build_meta(so)
+        want = [(rid, c, c + n, True) for rid, c, n in new]
+        want += [(rid, c, c + n, False) for rid, c, n in cached if (c + n) // BS != c // BS]
+        assert planned == want, (step, so)
+        skipped += before > 0 and rig.sched._quiet_steps == before - 1
+        passes += 1
+    assert skipped > passes // 2  # most steps are quiet decode steps, and they were skipped
+
+
 def test_under_async_scheduling_a_decode_boundary_is_saved_once_vllm_names_it():
     """vLLM's async scheduling appends the token a step computes only after
     it has scheduled the next step, so the step that fills block 3 runs
@@ -317,17 +366,17 @@ def settle(rig: Rig, timeout_s: float = 10.0) -> None:
     assert not rig.sched._shared_pending
 
 
-def resume_a_prompt_from_the_shared_tier(extra: dict) -> dict:
+def resume_a_prompt_from_the_shared_tier(extra: dict, kv_role: str = "kv_both") -> dict:
     """Request A's prompt prefilled on one engine, written through to the
     shared tier `extra` configures; a fresh engine (other tensors, empty host
-    tier) resumes its 5 blocks and state byte for byte. Returns the fresh
-    engine's funnel."""
+    tier, ``kv_role``) resumes its 5 blocks and state byte for byte. Returns
+    the fresh engine's funnel."""
     t = tokens(5 * BS + 3, seed=11)
     first = Rig(extra=extra, seed=1)
     prefill_a(first, t)
     settle(first)
     assert first.sched.funnel()["shared_writes"] == 7
-    fresh = Rig(extra=extra, seed=2)
+    fresh = Rig(extra=extra, seed=2, kv_role=kv_role)
     _b, out = load_b(fresh, t + tokens(20, 2), 5 * BS)
     assert out.finished_recving == {"B"} and not out.failed_recving
     for i in range(5):
@@ -357,6 +406,35 @@ def test_a_fresh_engine_resumes_from_the_shared_tier(mooncake):
     f = resume_a_prompt_from_the_shared_tier(shared_extra(mooncake))
     assert f["tokens_resumed_shared"] == 5 * BS and f["values_fetched"] == 6
     assert f["host_values"] == 6  # what was fetched now sits in the host tier too
+
+
+def test_a_kv_consumer_resumes_what_others_saved_and_saves_nothing(mooncake):
+    """kv_role='kv_consumer' is a read-only engine, as vLLM's store
+    connectors take that role: it resumes what a kv_both engine wrote to the
+    shared tier, byte for byte, and what it computes itself (boundaries, the
+    state it ends with) reaches neither its host tier nor the shared tier.
+    Without a shared tier it could read nothing: refused at start."""
+    extra = {**shared_extra(mooncake), "secret": "this test's own deployment"}  # the store outlives a test
+    f = resume_a_prompt_from_the_shared_tier(extra, kv_role="kv_consumer")
+    assert f["tokens_resumed_shared"] == 5 * BS and f["host_values"] == 6  # fetched: its host caches the shared tier
+    reader = Rig(extra=extra, seed=4, kv_role="kv_consumer")
+    t = tokens(2 * BS + 10, seed=23)
+    a, _ids = prefill_in_one_step(reader, t)
+    ids = reader.kvm.ids["A"] = tuple([0, 0, 10 + g, 30 + g] for g in STATE_GROUPS) + ([1, 2, 3, 4],)
+    for pos in range(len(t), 3 * BS + 5):  # decode past a boundary, then finish off one
+        append_token(a)
+        reader.step(scheduler_output(cached=[("A", pos, 1)]))
+    a.num_computed_tokens = 3 * BS + 5
+    assert reader.sched.finished(a, ids) is False  # no tail to save: vLLM frees its blocks at once
+    settle(reader)
+    g = reader.sched.funnel()
+    assert g["values_saved"] == 0 and g["tail_saves"] == 0 and g["shared_writes"] == 0 and g["host_values"] == 0
+    nxt = FakeRequest("C", a.tokens + tokens(20, 3), len(a.tokens) + 20)
+    assert Rig(extra=extra, seed=5).sched.match(nxt, 0) == 0  # a kv_both engine finds nothing of it
+    with pytest.raises(ValueError, match="kv_consumer"):
+        Rig(kv_role="kv_consumer")
+    with pytest.raises(ValueError, match="kv_role"):
+        Rig(extra=extra, kv_role="kv_reader")
 
 
 def resume_off_a_boundary(src: Rig, dst: Rig, a: FakeRequest, req_id: str, seed: int, kv: int, state: int) -> None:
