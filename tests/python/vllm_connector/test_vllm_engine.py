@@ -520,6 +520,25 @@ def test_a_fresh_engine_resumes_from_mooncake_store(fresh, turns, tol):
     assert not vs.violations([last[:2]], [got], tol)
 
 
+def test_a_kv_consumer_engine_resumes_from_mooncake_store_and_writes_nothing(model, logs, mooncake, fresh, turns, tol):
+    """vLLM's kv_role='kv_consumer' (a read-only engine): a third process
+    resumes the last turn's first prompts from what the others wrote, within
+    the rule, and saves nothing of its own, to its host tier or the store."""
+    cfg = vs.connector_config(shared_extra(mooncake))
+    cfg["kv_role"] = "kv_consumer"
+    e = vs.Engine("consumer", vs.base_llm_kwargs(model, num_gpu_blocks_override=BLOCKS, kv_transfer_config=cfg), logs)
+    try:
+        last = turns[-1]
+        got = e.generate([r["prompt"] for r in last[:2]], ANSWER)
+        f = e.call("funnel")
+    finally:
+        e.close()
+    assert all(r["cached"] > 0 for r in got) and f["tokens_resumed_shared"] == sum(r["cached"] for r in got)
+    assert f["values_saved"] == 0 and f["tail_saves"] == 0 and f["shared_writes"] == 0, f
+    assert f["loads_failed"] == 0
+    assert not vs.violations([last[:2]], [got], tol)
+
+
 def test_a_fresh_engine_continues_from_mooncake_store_token_for_token(fresh, continued):
     """Cases (2) and (1) of ``continued`` in another process: the KV blocks,
     the state saved in decode and the state the turn ended with come from
