@@ -8,7 +8,8 @@ Two workloads, each on a fresh engine per row:
   tokens; answers cross block boundaries in decode;
 * trace: the first requests of a Mooncake-format trace (``hash_ids`` ->
   token ids: ``--tokens-per-hash`` pseudo-random ids seeded by the hash id),
-  at the trace's arrival times.
+  at the trace's arrival times, each answer as long as the trace says, up to
+  ``--trace-max-tokens``; every answer is compared with row 1's.
 
 Rows at one vLLM KV budget (``--blocks``): (1) vLLM's prefix caching alone,
 (2) vLLM's own CPU offloading (``kv_offloading_size``) with the same host
@@ -195,7 +196,13 @@ def main() -> None:
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--trace-requests", type=int, default=80)
     ap.add_argument("--tokens-per-hash", type=int, default=32)
-    ap.add_argument("--trace-max-tokens", type=int, default=16)
+    ap.add_argument(
+        "--trace-max-tokens",
+        type=int,
+        default=512,
+        help="trace: each answer the trace's output_length, cut to this (rows before 2026-12-07 night used 16, "
+        "which makes events dense and the connector's share its worst)",
+    )
     ap.add_argument("--quick", action="store_true", help="4 conversations x 3 turns, 40 trace requests")
     ap.add_argument("--skip-offload", action="store_true")
     ap.add_argument("--json", default=None, help="write the rows here too")
@@ -374,8 +381,28 @@ def main() -> None:
                 f"them (a logprob of row 1's token, or row 1's top-2 gap where one diverges): {worst:.4f}"
                 + (f" (the multi-turn rule's tolerance: {rule:.4f})" if rule is not None else "")
             )
+            # TTFT near saturation moves with queueing from run to run: split by whether this row
+            # resumed more of the request than row 1, the same requests compared
+            for label, idx in (
+                (
+                    "resumed more here",
+                    [i for i, (a, b) in enumerate(zip(base_trace, got)) if b["cached"] > a["cached"]],
+                ),
+                (
+                    "with no more resumed",
+                    [i for i, (a, b) in enumerate(zip(base_trace, got)) if b["cached"] <= a["cached"]],
+                ),
+            ):
+                if idx:
+                    print(
+                        f"trace, {name}: TTFT p50 of the {len(idx)} requests {label}: "
+                        f"{pct([got[i]['ttft_s'] for i in idx], 0.5):.3f} s (row 1: "
+                        f"{pct([base_trace[i]['ttft_s'] for i in idx], 0.5):.3f} s)"
+                    )
     for workload, rows in table.items():
         for r in rows:
+            if workload == "trace" and "forward_s" in r:
+                print(f"{workload}, {r['row']}: forward {r['forward_s']:.1f} s over {r['tokens_scheduled']} tokens")
             if r.get("preemptions"):
                 again = r.get("loaded_after_preemption")
                 print(

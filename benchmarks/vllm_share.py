@@ -15,7 +15,7 @@ included, is printed beside it for scale, not as the result.
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --null --cpu           # the floor: hooks that do nothing
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --internals            # where a hook's time goes
     /opt/vllm-venv/bin/python benchmarks/vllm_share.py --trace conversation_trace.jsonl --requests 500
-    /opt/vllm-venv/bin/python benchmarks/vllm_share.py --trace-max-tokens 512   # the trace's answer lengths, to 512
+    /opt/vllm-venv/bin/python benchmarks/vllm_share.py --trace-max-tokens 16    # answers cut to 16: the worst case
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def main() -> None:
     ap.add_argument(
         "--trace-max-tokens",
         type=int,
-        default=16,
-        help="trace: each answer's tokens, the trace's output_length cut to this (the bench's: 16)",
+        default=512,
+        help="trace: each answer's tokens, the trace's output_length cut to this (the bench's: 512; "
+        "16 makes events dense, the share's worst case)",
     )
     ap.add_argument("--host-gib", type=float, default=0.5, help="the connector's host tier, GiB (the bench's: 0.5)")
     ap.add_argument("--tag", default="")
