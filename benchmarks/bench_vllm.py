@@ -385,7 +385,7 @@ def main() -> None:
             # resumed more of the request than row 1, the same requests compared
             for label, idx in (
                 (
-                    "resumed more here",
+                    "with more resumed than in row 1",
                     [i for i, (a, b) in enumerate(zip(base_trace, got)) if b["cached"] > a["cached"]],
                 ),
                 (
