@@ -151,6 +151,28 @@ def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
     )
 
 
+def against_row1(base, got, rule):
+    """A trace row's answers and TTFTs against row 1's, request by request."""
+    devs = [vs.deviation(a, b) for a, b in zip(base, got)]
+    same = sum(d.diverged_at is None for d in devs)
+    worst = max((max(d.max_logprob_delta, d.tie_gap) for d in devs), default=0.0)
+    yield (
+        f"answers token for token as row 1's: {same}/{len(devs)}; largest deviation from them (a logprob of "
+        f"row 1's token, or row 1's top-2 gap where one diverges): {worst:.4f}"
+        + (f" (the multi-turn rule's tolerance: {rule:.4f})" if rule is not None else "")
+    )
+    # TTFT near saturation moves with queueing from run to run: the same
+    # requests compared, split by whether this row resumed more of them
+    more = [b["cached"] > a["cached"] for a, b in zip(base, got)]
+    for label, want in (("with more resumed than in row 1", True), ("with no more resumed", False)):
+        idx = [i for i, m in enumerate(more) if m is want]
+        if idx:
+            yield (
+                f"TTFT p50 of the {len(idx)} requests {label}: {pct([got[i]['ttft_s'] for i in idx], 0.5):.3f} s "
+                f"(row 1: {pct([base[i]['ttft_s'] for i in idx], 0.5):.3f} s)"
+            )
+
+
 def run_multi_turn(engine, args):
     t0 = time.perf_counter()
     firsts = (
@@ -370,35 +392,10 @@ def main() -> None:
                     f"{workload}, {r['row']}: runs in order (wall s, ttft p50 s, tokens resumed, load average at start): {r['repeats']}"
                 )
     base_trace = runs.get(("trace", rows_cfg[0][0]))
-    for key, got in runs.items() if base_trace is not None else ():
-        name = key[1] if isinstance(key, tuple) else rows_cfg[0][0]
-        if name != rows_cfg[0][0]:
-            devs = [vs.deviation(a, b) for a, b in zip(base_trace, got)]
-            same = sum(d.diverged_at is None for d in devs)
-            worst = max((max(d.max_logprob_delta, d.tie_gap) for d in devs), default=0.0)
-            print(
-                f"trace, {name}: answers token for token as row 1's: {same}/{len(devs)}; largest deviation from "
-                f"them (a logprob of row 1's token, or row 1's top-2 gap where one diverges): {worst:.4f}"
-                + (f" (the multi-turn rule's tolerance: {rule:.4f})" if rule is not None else "")
-            )
-            # TTFT near saturation moves with queueing from run to run: split by whether this row
-            # resumed more of the request than row 1, the same requests compared
-            for label, idx in (
-                (
-                    "with more resumed than in row 1",
-                    [i for i, (a, b) in enumerate(zip(base_trace, got)) if b["cached"] > a["cached"]],
-                ),
-                (
-                    "with no more resumed",
-                    [i for i, (a, b) in enumerate(zip(base_trace, got)) if b["cached"] <= a["cached"]],
-                ),
-            ):
-                if idx:
-                    print(
-                        f"trace, {name}: TTFT p50 of the {len(idx)} requests {label}: "
-                        f"{pct([got[i]['ttft_s'] for i in idx], 0.5):.3f} s (row 1: "
-                        f"{pct([base_trace[i]['ttft_s'] for i in idx], 0.5):.3f} s)"
-                    )
+    for name, _kw in rows_cfg[1:] if base_trace is not None else ():
+        if ("trace", name) in runs:
+            for line in against_row1(base_trace, runs[("trace", name)], rule):
+                print(f"trace, {name}: {line}")
     for workload, rows in table.items():
         for r in rows:
             if workload == "trace" and "forward_s" in r:
