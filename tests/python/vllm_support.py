@@ -681,14 +681,25 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         later hook with nothing to do, at once (no match, no saves), behind
         the connector's own timers: what a scheduler side that does no work
         costs in the same place (the floor of the share)."""
-        s = connector().sched
+        from statecache.vllm.scheduler import BUILD_META
+
+        c = connector()
+        s = c.sched
+        pc = time.perf_counter
+
+        def build_meta(so):  # timed in its own frame, as the real one is
+            t0 = pc()
+            s.hook_seconds[BUILD_META] += pc() - t0
+            s.hook_calls[BUILD_META] += 1
+            return s._no_work
+
         s.match = lambda request, local: 0
         s.after_alloc = lambda request, blocks, n: None
-        s.build_meta = lambda so: s._no_work
+        s.build_meta = c.build_connector_meta = build_meta  # the connector binds it directly
         s.update = lambda output: None
         s.finished = lambda request, block_ids: False
         s.hit_sources = lambda request: {}
-        s.take_interval = lambda: {}
+        s.take_interval = lambda now=None: {}
         return True
 
     internal: dict[str, list[float]] = {}
@@ -744,6 +755,7 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
         )
         for n in inner:
             wrap(s, n, "s." + n)
+        connector().build_connector_meta = s.build_meta  # the connector binds it directly
         for n in ("note", "allocate_many", "seal_one_rank", "used"):
             wrap(s.placement, n, "placement." + n)
         for n in ("state_stored",):

@@ -35,7 +35,6 @@ from statecache.vllm.geometry import UnsupportedGeometry, build_geometry
 from statecache.vllm.metadata import StateCacheMeta
 from statecache.vllm.scheduler import (
     AFTER_ALLOC,
-    BUILD_META,
     FINISHED,
     HIT_SOURCES,
     HOST,
@@ -115,6 +114,8 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker: ConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
             self.sched = ConnectorScheduler(self.config, self.geometry, self.tp_size, vllm_config)
+            # vLLM calls it every step: straight to the scheduler object, no forwarding frame
+            self.build_connector_meta = self.sched.build_meta  # type: ignore[method-assign]
         else:
             rank = 0
             if self.tp_size > 1:
@@ -217,19 +218,18 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         return out
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        s = self.sched
-        assert s is not None
-        t0 = perf_counter()
-        meta = s.build_meta(scheduler_output)
-        s.hook_seconds[BUILD_META] += perf_counter() - t0
-        s.hook_calls[BUILD_META] += 1
-        return meta
+        # the scheduler-side instance binds the scheduler object's method in
+        # its place (__init__), which times itself
+        assert self.sched is not None
+        return self.sched.build_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: Any) -> None:
         s = self.sched
         assert s is not None
         t0 = perf_counter()
-        s.update(connector_output)
+        o = connector_output  # vLLM's KVConnectorOutput: these fields are always there
+        if o.kv_connector_worker_meta is not None or o.finished_recving or o.failed_recving:
+            s.update(o)  # most steps save, load and fail nothing: no call
         s.hook_seconds[UPDATE] += perf_counter() - t0
         s.hook_calls[UPDATE] += 1
 
@@ -265,8 +265,11 @@ class StateCacheConnector(KVConnectorBase_V1, SupportsHMA):
         if s is None:
             return None  # workers report through the scheduler side
         t0 = perf_counter()  # vLLM asks every step: scheduler-side time like any hook
-        data = s.take_interval()
-        stats = StateCacheStats(data=data) if data else None
+        stats = None
+        if t0 >= s.stats_due:  # most steps: no report due, no call
+            data = s.take_interval(t0)
+            if data:
+                stats = StateCacheStats(data=data)
         s.hook_seconds[STATS] += perf_counter() - t0
         s.hook_calls[STATS] += 1
         return stats

@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -334,7 +335,7 @@ class ConnectorScheduler:
         self.hook_seconds = [0.0] * len(HOOKS)
         self.hook_calls = [0] * len(HOOKS)
         self._reported: dict[str, float] = dict.fromkeys(COUNTERS, 0)
-        self.stats_due = 0.0  # time.monotonic() of the next report (0: the next step's)
+        self.stats_due = 0.0  # time.perf_counter() of the next report (0: the next step's)
         self.kv_cache_manager: Any = None
         self.shared = None
         self._shared_down_until = 0.0
@@ -954,6 +955,10 @@ class ConnectorScheduler:
         self._quiet_ids = list(cached.req_ids)
 
     def build_meta(self, so: Any) -> StateCacheMeta:
+        """vLLM's ``build_connector_meta``: the connector binds it directly
+        (vLLM calls it every step; a forwarder's frame cost more than a quiet
+        step's work), so it is timed here."""
+        t0 = perf_counter()
         if self._admitting:
             self._count_admitted(so)
         if self._late:
@@ -971,9 +976,12 @@ class ConnectorScheduler:
         elif self.config.saves:
             self._plan_step(so, new, cached)
         if not (self._saves or self._loads or self._finished_saves):
-            return self._no_work
-        meta = StateCacheMeta(self._saves, self._loads, self.shared is not None, self._finished_saves)
-        self._saves, self._loads, self._finished_saves = [], [], []
+            meta = self._no_work
+        else:
+            meta = StateCacheMeta(self._saves, self._loads, self.shared is not None, self._finished_saves)
+            self._saves, self._loads, self._finished_saves = [], [], []
+        self.hook_seconds[BUILD_META] += perf_counter() - t0
+        self.hook_calls[BUILD_META] += 1
         return meta
 
     # -------------------------------------------------------------- results --
@@ -1159,13 +1167,14 @@ class ConnectorScheduler:
         for name, t in zip(_HOOK_COUNTERS, self.hook_seconds):
             c[name] = t
 
-    def take_interval(self) -> dict[str, float]:
+    def take_interval(self, now: float | None = None) -> dict[str, float]:
         """Counter increases since the last report (vLLM's connector stats,
         asked for every step): at most every ``STATS_EVERY_S``, and at once
         in a step where no request is left. Most steps cost one comparison,
         and a report walks only the counters that moved; nothing is lost,
-        only reported later."""
-        now = time.monotonic()
+        only reported later. ``now``: ``perf_counter()`` if the caller read it."""
+        if now is None:
+            now = perf_counter()
         if now < self.stats_due:
             return {}
         self._fold_hook_times()
