@@ -138,6 +138,8 @@ def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
         sched_ms_per_step=1e3 * sched / max(1, timing["steps"]),
         connector_share=(conn / sched) if conn is not None and sched else None,
         loads_failed=funnel.get("loads_failed"),
+        # the host tier at the end: what it holds and what it had to give up
+        host={k: funnel[k] for k in ("host_values", "host_evictions", "saves_dropped_host_full") if k in funnel},
         hooks={k[len("scheduler_seconds_") :]: v for k, v in funnel.items() if k.startswith("scheduler_seconds_")},
         sched_s=sched,
         hook_share={
@@ -410,6 +412,14 @@ def main() -> None:
                         if again is not None
                         else ""
                     )
+                )
+    for workload, rows in table.items():
+        for r in rows:
+            if r.get("host"):
+                h = r["host"]
+                print(
+                    f"{workload}, {r['row']}: host tier at the end: {h.get('host_values')} values held, "
+                    f"{h.get('host_evictions')} evicted, {h.get('saves_dropped_host_full')} saves dropped for room"
                 )
     for workload, rows in table.items():
         for r in rows:
