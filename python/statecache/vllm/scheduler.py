@@ -672,8 +672,9 @@ class ConnectorScheduler:
         bs = self.bs
         request = r.request
         cacheable = (request.num_tokens - 1) // bs * bs
-        kv_hit = max(local, plan.local + plan.kv_run * bs)
         resumed = local + external
+        # a tail carries the KV of its partial block: the KV hit reaches what was resumed
+        kv_hit = max(local, plan.local + plan.kv_run * bs, resumed)
         if resumed >= bs and len(r.keys) >= resumed // bs:
             self.placement.used(r.keys[resumed // bs - 1])  # its copies here stay fresh
         c["admissions"] += 1
@@ -681,9 +682,10 @@ class ConnectorScheduler:
         c["kv_hit_tokens"] += kv_hit
         c["tokens_resumed_local"] += local
         c["tokens_planned_external"] += external
+        # why the resume falls short of the prompt's last full block, if it does
         if resumed >= cacheable:
             c["admissions_full_hit"] += 1
-        elif kv_hit <= local:
+        elif kv_hit <= resumed:  # the KV held (vLLM's own, then the tiers') ends where the resume does
             c["admissions_kv_miss"] += 1
         elif external == 0:
             c["admissions_state_miss"] += 1

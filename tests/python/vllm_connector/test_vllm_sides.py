@@ -5,12 +5,14 @@ integrity, the shared tier on a real Mooncake Store."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 import subprocess
 import sys
 import time
 
 import pytest
+import torch
 
 from statecache.vllm.config import ConnectorConfig, parse_bytes
 from statecache.vllm.metadata import arena_key
@@ -1002,3 +1004,157 @@ def test_a_next_turn_matched_before_the_tail_is_saved_waits_for_it_a_few_steps_a
     nxt2 = FakeRequest("B", a2.tokens + tokens(30, 3), len(a2.tokens) + 30)
     assert [other.sched.match(nxt2, 0) for _ in range(MAX_TAIL_WAITS)] == [None] * MAX_TAIL_WAITS
     assert other.sched.match(nxt2, 0) == 5 * BS
+
+
+def _truth(prefix: list[int], what: str) -> bytes:
+    """The bytes a block holds after computing ``prefix``: the KV block it
+    ends (``"kv"``), the partly filled block of a prefix off a boundary
+    (``"part"``), or state group g's image (``"state<g>"``). A function of
+    the tokens alone, as the model's outputs are."""
+    return hashlib.shake_128(f"{what}:{prefix!r}".encode()).digest(4096)
+
+
+class _Stream:
+    """Random requests through the two sides, one at a time: savers compute
+    prompts in chunks and finish (off a boundary: a tail), loaders resume
+    whatever the connector offers past a random local hit, and between them
+    values are removed (evicted) or corrupted in the host tier."""
+
+    KV_SAVE, KV_LOAD, STATE_LOAD = 1, 41, 50  # block ids: all groups alias one allocation
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        # a small host tier: evictions happen too
+        self.rig = Rig(extra={"host_memory": 240 * 4096}, seed=seed)
+        self.s = self.rig.sched
+        self.bases = [tokens(6 * BS + 5, seed=seed * 10 + i) for i in range(3)]
+        self.finished: list[list[int]] = []
+        self.n = 0
+        self.resumed = self.failed = self.faults = 0
+
+    def _prompt(self, next_turn: bool = False) -> list[int]:
+        rng = self.rng
+        if next_turn and self.finished:  # a finished prompt, its answer and more: a next turn
+            turn = rng.choice(self.finished)
+            return turn + [rng.randrange(1000, 2000) for _ in range(rng.randrange(1, BS))]
+        base = rng.choice(self.bases)
+        cut = rng.randrange(len(base) + 1)
+        extra = rng.randrange(0, 2 * BS)
+        return base[:cut] + [rng.randrange(1000, 2000) for _ in range(extra)] or [rng.randrange(1000)]
+
+    def _write(self, block: int, data: bytes) -> None:
+        self.rig.raw[0][block * 4096 : (block + 1) * 4096] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def _fault(self) -> None:
+        held = self.s.arena.keys()
+        if not held:
+            return
+        key = self.rng.choice(held)
+        self.faults += 1
+        if self.rng.random() < 0.5:
+            self.s.arena.remove(key)  # evicted, or dropped by the tier
+        else:
+            got = self.s.arena.lookup(key, False)
+            if got is not None:  # one bit of the stored copy flipped
+                self.rig.workers[0].rows[got[0][0], self.rng.randrange(64)] ^= 0x10
+
+    def save(self) -> None:
+        rig, s, rng = self.rig, self.s, self.rng
+        t = self._prompt()
+        self.n += 1
+        rid = f"S{self.n}"
+        a = FakeRequest(rid, t, len(t))
+        s.match(a, 0)
+        m = len(t) // BS
+        ends = sorted(set(rng.sample(range(1, m + 1), k=min(m, rng.randint(0, 2))) if m else []) | {len(t)})
+        ends = [e * BS if e != len(t) else e for e in ends]
+        kv = [self.KV_SAVE + i for i in range(m + 1)]
+        states = [[0] * (m + 1) for _ in STATE_GROUPS]
+        start = 0
+        s.after_alloc(a, FakeBlocks((*states, kv)), 0)
+        for end in ends:
+            for i in range(start // BS, end // BS):  # KV blocks this chunk fills
+                self._write(kv[i], _truth(t[: (i + 1) * BS], "kv"))
+            j = end // BS - 1 if end % BS == 0 else end // BS  # where the state at `end` lives
+            for g in STATE_GROUPS:
+                states[g][j] = 10 + 3 * j + g
+                self._write(states[g][j], _truth(t[:end], f"state{g}"))
+            if end % BS:
+                self._write(kv[end // BS], _truth(t[:end], "part"))
+            ids = (*[list(x) for x in states], kv)
+            rig.kvm.ids[rid] = ids
+            new = [(rid, 0, end)] if start == 0 else []
+            cached = [(rid, start, end - start)] if start else []
+            rig.step(scheduler_output(new=new, cached=cached))
+            a.num_computed_tokens = start = end
+        a.tokens.append(7)  # the answer's one token, never computed
+        self.finished.append(list(a.tokens))
+        if s.finished(a, rig.kvm.ids.pop(rid)):
+            rig.step(scheduler_output())  # what it held is saved; vLLM frees the blocks after
+
+    def load(self) -> None:
+        rig, s, rng = self.rig, self.s, self.rng
+        t = self._prompt(next_turn=rng.random() < 0.5)
+        self.n += 1
+        b = FakeRequest(f"L{self.n}", t, len(t))
+        local = BS * rng.randrange((len(t) - 1) // BS + 1)
+        got = s.match(b, local)
+        if got is None:  # the tail it wants is being saved: vLLM asks again next step
+            rig.step(scheduler_output())
+            got = s.match(b, local)
+        if not got:
+            s.finished(b, None)
+            return
+        m = len(t) // BS
+        for blk in [self.KV_LOAD + i for i in range(m + 1)] + [self.STATE_LOAD + g for g in STATE_GROUPS]:
+            self._write(blk, bytes(rng.randrange(256) for _ in range(16)) * 256)  # noise, never a truth
+        if rng.random() < 0.2:
+            self._fault()  # between match and vLLM's allocation
+        ids = tuple([self.STATE_LOAD + g] * (m + 1) for g in STATE_GROUPS) + ([self.KV_LOAD + i for i in range(m + 1)],)
+        s.after_alloc(b, FakeBlocks(ids), got)
+        out = until_received(rig)
+        assert b.request_id in out.finished_recving
+        s.finished(b, None)
+        if b.request_id in out.failed_recving:
+            self.failed += 1
+            return
+        # what landed is what computing the prompt up to there leaves, to the byte
+        end = local + got
+        for i in range(local // BS, end // BS):
+            assert rig.block(0, self.KV_LOAD + i) == _truth(t[: (i + 1) * BS], "kv"), (b.request_id, i)
+        if end % BS:
+            assert rig.block(0, self.KV_LOAD + end // BS) == _truth(t[:end], "part"), b.request_id
+        for g in STATE_GROUPS:
+            want = _truth(t[:end], f"state{g}")[:MAMBA_REAL]
+            assert rig.block(0, self.STATE_LOAD + g)[:MAMBA_REAL] == want, (b.request_id, g)
+        self.resumed += 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_the_load(seed):
+    """The wrong-state property on random streams: requests sharing random
+    prefixes save in random chunks and finish off a boundary; others resume
+    past random local hits; values are evicted or have a bit flipped at any
+    point, between a match and vLLM's allocation too. Every load either lands
+    exactly the bytes computing its prompt up to there leaves (KV blocks, the
+    state, a tail's partial block) or is reported failed; nothing stays
+    pinned and the host index stays consistent."""
+    st = _Stream(seed)
+    for _ in range(200):
+        r = st.rng.random()
+        if r < 0.45:
+            st.save()
+        elif r < 0.9:
+            st.load()
+        else:
+            st._fault()
+    s = st.s
+    assert st.resumed >= 25 and st.faults >= 8  # the stream exercised both
+    assert all(s.arena.pins(k) == 0 for k in s.arena.keys())
+    s.arena.check_consistency()
+    f = s.funnel()
+    assert f["loads_failed"] == st.failed
+    # every admission has one cause, and no cause loses a negative number of tokens
+    causes = ("admissions_kv_miss", "admissions_state_miss", "admissions_hit_cut_short", "admissions_full_hit")
+    assert sum(f[c] for c in causes) == f["admissions"]
+    assert f["cut_short_tokens"] >= 0 and f["state_miss_tokens"] >= 0
