@@ -1018,14 +1018,16 @@ class _Stream:
     """Random requests through the two sides, one at a time: savers compute
     prompts in chunks and finish (off a boundary: a tail), loaders resume
     whatever the connector offers past a random local hit, and between them
-    values are removed (evicted) or corrupted in the host tier."""
+    values are removed (evicted) or corrupted in the host tier (on one rank,
+    under tensor parallelism, where every rank holds its own bytes)."""
 
     KV_SAVE, KV_LOAD, STATE_LOAD = 1, 41, 50  # block ids: all groups alias one allocation
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, tp: int = 1):
         self.rng = random.Random(seed)
+        self.tp = tp
         # a small host tier: evictions happen too
-        self.rig = Rig(extra={"host_memory": 240 * 4096}, seed=seed)
+        self.rig = Rig(tp=tp, extra={"host_memory": 240 * 4096}, seed=seed)
         self.s = self.rig.sched
         self.bases = [tokens(6 * BS + 5, seed=seed * 10 + i) for i in range(3)]
         self.finished: list[list[int]] = []
@@ -1042,8 +1044,19 @@ class _Stream:
         extra = rng.randrange(0, 2 * BS)
         return base[:cut] + [rng.randrange(1000, 2000) for _ in range(extra)] or [rng.randrange(1000)]
 
-    def _write(self, block: int, data: bytes) -> None:
-        self.rig.raw[0][block * 4096 : (block + 1) * 4096] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    def _write(self, block: int, prefix: list[int] | None, what: str) -> None:
+        """Each rank's block computed from ``prefix`` (None: noise, never a truth)."""
+        for rank in range(self.tp):
+            if prefix is None:
+                data = bytes(self.rng.randrange(256) for _ in range(16)) * 256
+            else:
+                data = _truth(prefix, f"{what}@{rank}")
+            self.rig.raw[rank][block * 4096 : (block + 1) * 4096] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def _holds(self, block: int, prefix: list[int], what: str, nbytes: int = 4096) -> bool:
+        return all(
+            self.rig.block(rank, block)[:nbytes] == _truth(prefix, f"{what}@{rank}")[:nbytes] for rank in range(self.tp)
+        )
 
     def _fault(self) -> None:
         held = self.s.arena.keys()
@@ -1055,8 +1068,9 @@ class _Stream:
             self.s.arena.remove(key)  # evicted, or dropped by the tier
         else:
             got = self.s.arena.lookup(key, False)
-            if got is not None:  # one bit of the stored copy flipped
-                self.rig.workers[0].rows[got[0][0], self.rng.randrange(64)] ^= 0x10
+            if got is not None:  # one bit of one rank's stored copy flipped
+                rank = self.rng.randrange(self.tp)
+                self.rig.workers[rank].rows[got[0][0], self.rng.randrange(64)] ^= 0x10
 
     def save(self) -> None:
         rig, s, rng = self.rig, self.s, self.rng
@@ -1074,13 +1088,13 @@ class _Stream:
         s.after_alloc(a, FakeBlocks((*states, kv)), 0)
         for end in ends:
             for i in range(start // BS, end // BS):  # KV blocks this chunk fills
-                self._write(kv[i], _truth(t[: (i + 1) * BS], "kv"))
+                self._write(kv[i], t[: (i + 1) * BS], "kv")
             j = end // BS - 1 if end % BS == 0 else end // BS  # where the state at `end` lives
             for g in STATE_GROUPS:
                 states[g][j] = 10 + 3 * j + g
-                self._write(states[g][j], _truth(t[:end], f"state{g}"))
+                self._write(states[g][j], t[:end], f"state{g}")
             if end % BS:
-                self._write(kv[end // BS], _truth(t[:end], "part"))
+                self._write(kv[end // BS], t[:end], "part")
             ids = (*[list(x) for x in states], kv)
             rig.kvm.ids[rid] = ids
             new = [(rid, 0, end)] if start == 0 else []
@@ -1107,7 +1121,7 @@ class _Stream:
             return
         m = len(t) // BS
         for blk in [self.KV_LOAD + i for i in range(m + 1)] + [self.STATE_LOAD + g for g in STATE_GROUPS]:
-            self._write(blk, bytes(rng.randrange(256) for _ in range(16)) * 256)  # noise, never a truth
+            self._write(blk, None, "")
         if rng.random() < 0.2:
             self._fault()  # between match and vLLM's allocation
         ids = tuple([self.STATE_LOAD + g] * (m + 1) for g in STATE_GROUPS) + ([self.KV_LOAD + i for i in range(m + 1)],)
@@ -1121,17 +1135,16 @@ class _Stream:
         # what landed is what computing the prompt up to there leaves, to the byte
         end = local + got
         for i in range(local // BS, end // BS):
-            assert rig.block(0, self.KV_LOAD + i) == _truth(t[: (i + 1) * BS], "kv"), (b.request_id, i)
+            assert self._holds(self.KV_LOAD + i, t[: (i + 1) * BS], "kv"), (b.request_id, i)
         if end % BS:
-            assert rig.block(0, self.KV_LOAD + end // BS) == _truth(t[:end], "part"), b.request_id
+            assert self._holds(self.KV_LOAD + end // BS, t[:end], "part"), b.request_id
         for g in STATE_GROUPS:
-            want = _truth(t[:end], f"state{g}")[:MAMBA_REAL]
-            assert rig.block(0, self.STATE_LOAD + g)[:MAMBA_REAL] == want, (b.request_id, g)
+            assert self._holds(self.STATE_LOAD + g, t[:end], f"state{g}", MAMBA_REAL), (b.request_id, g)
         self.resumed += 1
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_the_load(seed):
+@pytest.mark.parametrize("seed, tp", [(0, 1), (1, 1), (2, 1), (3, 1), (4, 2), (5, 2)])
+def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_the_load(seed, tp):
     """The wrong-state property on random streams: requests sharing random
     prefixes save in random chunks and finish off a boundary; others resume
     past random local hits; values are evicted or have a bit flipped at any
@@ -1139,7 +1152,7 @@ def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_
     exactly the bytes computing its prompt up to there leaves (KV blocks, the
     state, a tail's partial block) or is reported failed; nothing stays
     pinned and the host index stays consistent."""
-    st = _Stream(seed)
+    st = _Stream(seed, tp)
     for _ in range(200):
         r = st.rng.random()
         if r < 0.45:
