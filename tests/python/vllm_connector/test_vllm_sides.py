@@ -1023,12 +1023,19 @@ class _Stream:
 
     KV_SAVE, KV_LOAD, STATE_LOAD = 1, 41, 50  # block ids: all groups alias one allocation
 
-    def __init__(self, seed: int, tp: int = 1):
+    def __init__(self, seed: int, tp: int = 1, shared: dict | None = None, engines: int = 1):
         self.rng = random.Random(seed)
         self.tp = tp
-        # a small host tier: evictions happen too
-        self.rig = Rig(tp=tp, extra={"host_memory": 240 * 4096}, seed=seed)
+        # a small host tier: evictions happen too; engines share the tier ``shared`` configures
+        extra = {"host_memory": 240 * 4096, **(shared or {})}
+        self.rigs = [Rig(tp=tp, extra=extra, seed=seed * 10 + e) for e in range(engines)]
+        self.rig = self.rigs[0]
         self.s = self.rig.sched
+        self.redis = None
+        if shared is not None and "redis" in shared:
+            import redis
+
+            self.redis = redis.Redis(host="127.0.0.1", port=shared["redis"]["port"])
         self.bases = [tokens(6 * BS + 5, seed=seed * 10 + i) for i in range(3)]
         self.finished: list[list[int]] = []
         self.n = 0
@@ -1058,7 +1065,15 @@ class _Stream:
             self.rig.block(rank, block)[:nbytes] == _truth(prefix, f"{what}@{rank}")[:nbytes] for rank in range(self.tp)
         )
 
-    def _fault(self) -> None:
+    def _engine(self) -> None:
+        self.rig = self.rng.choice(self.rigs)
+        self.s = self.rig.sched
+
+    def _fault(self, pick: bool = True) -> None:
+        if pick:  # else the engine of the load under way
+            self._engine()
+        if self.redis is not None and self.rng.random() < 0.5:
+            return self._shared_fault()
         held = self.s.arena.keys()
         if not held:
             return
@@ -1072,7 +1087,24 @@ class _Stream:
                 rank = self.rng.randrange(self.tp)
                 self.rig.workers[rank].rows[got[0][0], self.rng.randrange(64)] ^= 0x10
 
+    def _shared_fault(self) -> None:
+        """A value of the shared tier deleted, or one bit of it flipped."""
+        assert self.redis is not None
+        keys = self.redis.keys("*")
+        if not keys:
+            return
+        key = self.rng.choice(keys)
+        self.faults += 1
+        if self.rng.random() < 0.5:
+            self.redis.delete(key)
+        else:
+            value = bytearray(self.redis.get(key) or b"")
+            if value:
+                value[self.rng.randrange(len(value))] ^= 0x04
+                self.redis.set(key, bytes(value))
+
     def save(self) -> None:
+        self._engine()
         rig, s, rng = self.rig, self.s, self.rng
         t = self._prompt()
         self.n += 1
@@ -1107,6 +1139,7 @@ class _Stream:
             rig.step(scheduler_output())  # what it held is saved; vLLM frees the blocks after
 
     def load(self) -> None:
+        self._engine()
         rig, s, rng = self.rig, self.s, self.rng
         t = self._prompt(next_turn=rng.random() < 0.5)
         self.n += 1
@@ -1123,7 +1156,7 @@ class _Stream:
         for blk in [self.KV_LOAD + i for i in range(m + 1)] + [self.STATE_LOAD + g for g in STATE_GROUPS]:
             self._write(blk, None, "")
         if rng.random() < 0.2:
-            self._fault()  # between match and vLLM's allocation
+            self._fault(pick=False)  # between match and vLLM's allocation
         ids = tuple([self.STATE_LOAD + g] * (m + 1) for g in STATE_GROUPS) + ([self.KV_LOAD + i for i in range(m + 1)],)
         s.after_alloc(b, FakeBlocks(ids), got)
         out = until_received(rig)
@@ -1152,8 +1185,13 @@ def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_
     exactly the bytes computing its prompt up to there leaves (KV blocks, the
     state, a tail's partial block) or is reported failed; nothing stays
     pinned and the host index stays consistent."""
-    st = _Stream(seed, tp)
-    for _ in range(200):
+    run_stream(_Stream(seed, tp))
+
+
+def run_stream(st: _Stream, ops: int = 200) -> list[dict]:
+    """``ops`` random operations, then the checks every engine must pass;
+    returns each engine's funnel."""
+    for _ in range(ops):
         r = st.rng.random()
         if r < 0.45:
             st.save()
@@ -1161,13 +1199,31 @@ def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_
             st.load()
         else:
             st._fault()
-    s = st.s
     assert st.resumed >= 25 and st.faults >= 8  # the stream exercised both
-    assert all(s.arena.pins(k) == 0 for k in s.arena.keys())
-    s.arena.check_consistency()
-    f = s.funnel()
-    assert f["loads_failed"] == st.failed
-    # every admission has one cause, and no cause loses a negative number of tokens
-    causes = ("admissions_kv_miss", "admissions_state_miss", "admissions_hit_cut_short", "admissions_full_hit")
-    assert sum(f[c] for c in causes) == f["admissions"]
-    assert f["cut_short_tokens"] >= 0 and f["state_miss_tokens"] >= 0
+    funnels = []
+    for rig in st.rigs:
+        s = rig.sched
+        if s.shared is not None:
+            settle(rig)  # a value is pinned until its shared write is done
+        assert all(s.arena.pins(k) == 0 for k in s.arena.keys())
+        s.arena.check_consistency()
+        f = s.funnel()
+        # every admission has one cause, and no cause loses a negative number of tokens
+        causes = ("admissions_kv_miss", "admissions_state_miss", "admissions_hit_cut_short", "admissions_full_hit")
+        assert sum(f[c] for c in causes) == f["admissions"]
+        assert f["cut_short_tokens"] >= 0 and f["state_miss_tokens"] >= 0
+        funnels.append(f)
+    assert sum(f["loads_failed"] for f in funnels) == st.failed
+    return funnels
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_random_streams_through_a_shared_tier_resume_exactly_what_was_computed_or_fail_the_load(redis_port, seed):
+    """The same streams over two engines sharing a real redis-server: a
+    request saved on one engine is resumed on the other from the shared tier;
+    values are also deleted from it, or have a bit flipped there."""
+    shared = {"secret": "a deployment secret", "redis": {"host": "127.0.0.1", "port": redis_port}}
+    st = _Stream(seed + 10, shared=shared, engines=2)
+    st.redis.flushall()  # streams of other seeds left theirs
+    funnels = run_stream(st)
+    assert sum(f["tokens_resumed_shared"] for f in funnels) > 0  # some resumed from the other engine's saves
