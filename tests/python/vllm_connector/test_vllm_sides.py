@@ -1021,11 +1021,14 @@ class _Stream:
     values are removed (evicted) or corrupted in the host tier (on one rank,
     under tensor parallelism, where every rank holds its own bytes)."""
 
-    KV_SAVE, KV_LOAD, STATE_LOAD = 1, 41, 50  # block ids: all groups alias one allocation
+    KV_SAVE, KV_LOAD, STATE_LOAD = 1, 37, 50  # block ids: all groups alias one allocation
 
-    def __init__(self, seed: int, tp: int = 1, shared: dict | None = None, engines: int = 1):
+    def __init__(
+        self, seed: int, tp: int = 1, shared: dict | None = None, engines: int = 1, asynchronous: bool = False
+    ):
         self.rng = random.Random(seed)
         self.tp = tp
+        self.asynchronous = asynchronous
         # a small host tier: evictions happen too; engines share the tier ``shared`` configures
         extra = {"host_memory": 240 * 4096, **(shared or {})}
         self.rigs = [Rig(tp=tp, extra=extra, seed=seed * 10 + e) for e in range(engines)]
@@ -1103,37 +1106,59 @@ class _Stream:
                 value[self.rng.randrange(len(value))] ^= 0x04
                 self.redis.set(key, bytes(value))
 
+    def _state_id(self, j: int, g: int) -> int:
+        return 13 + 3 * (j % 8) + g  # a state block per boundary, 8 in flight at most
+
     def save(self) -> None:
+        """A request computes its prompt in random chunks ending on
+        boundaries, decodes a random number of tokens (one a step, crossing
+        boundaries as they come) and finishes. Under ``asynchronous``
+        scheduling a step's sampled token is appended (and its block hashed)
+        only after the next step is scheduled, as vLLM's async scheduler
+        does."""
         self._engine()
         rig, s, rng = self.rig, self.s, self.rng
-        t = self._prompt()
+        t = self._prompt(next_turn=rng.random() < 0.3)[: 9 * BS]
+        full = t + [rng.randrange(2000, 3000) for _ in range(rng.randrange(0, 2 * BS) + 1)]
+        decode = len(full) - len(t) - 1  # positions computed after the prompt (the last sampled never is)
         self.n += 1
         rid = f"S{self.n}"
         a = FakeRequest(rid, t, len(t))
         s.match(a, 0)
-        m = len(t) // BS
-        ends = sorted(set(rng.sample(range(1, m + 1), k=min(m, rng.randint(0, 2))) if m else []) | {len(t)})
-        ends = [e * BS if e != len(t) else e for e in ends]
+        m = len(full) // BS
         kv = [self.KV_SAVE + i for i in range(m + 1)]
         states = [[0] * (m + 1) for _ in STATE_GROUPS]
-        start = 0
         s.after_alloc(a, FakeBlocks((*states, kv)), 0)
-        for end in ends:
-            for i in range(start // BS, end // BS):  # KV blocks this chunk fills
-                self._write(kv[i], t[: (i + 1) * BS], "kv")
+
+        def show(tokens: list[int]) -> None:  # what vLLM has appended and hashed
+            a.tokens = list(tokens)
+            a.block_hashes = block_hashes(a.tokens)
+
+        def compute(start: int, end: int) -> None:  # one step computing [start, end)
+            for i in range(start // BS, end // BS):  # KV blocks this step fills
+                self._write(kv[i], full[: (i + 1) * BS], "kv")
             j = end // BS - 1 if end % BS == 0 else end // BS  # where the state at `end` lives
             for g in STATE_GROUPS:
-                states[g][j] = 10 + 3 * j + g
-                self._write(states[g][j], t[:end], f"state{g}")
+                states[g][j] = self._state_id(j, g)
+                self._write(states[g][j], full[:end], f"state{g}")
             if end % BS:
-                self._write(kv[end // BS], t[:end], "part")
-            ids = (*[list(x) for x in states], kv)
-            rig.kvm.ids[rid] = ids
+                self._write(kv[end // BS], full[:end], "part")
+            rig.kvm.ids[rid] = (*[list(x) for x in states], kv)
             new = [(rid, 0, end)] if start == 0 else []
             cached = [(rid, start, end - start)] if start else []
             rig.step(scheduler_output(new=new, cached=cached))
-            a.num_computed_tokens = start = end
-        a.tokens.append(7)  # the answer's one token, never computed
+            a.num_computed_tokens = end
+
+        m = len(t) // BS
+        ends = sorted(set(rng.sample(range(1, m + 1), k=min(m, rng.randint(0, 2))) if m else []) | {len(t)})
+        start = 0
+        for end in [e * BS if e != len(t) else e for e in ends]:
+            compute(start, end)
+            start = end
+        for q in range(len(t), len(t) + decode):  # the step computing position q
+            show(full[:q] if self.asynchronous else full[: q + 1])
+            compute(q, q + 1)
+        show(full[: len(t) + decode + 1])  # finished: every token appended, the last never computed
         self.finished.append(list(a.tokens))
         if s.finished(a, rig.kvm.ids.pop(rid)):
             rig.step(scheduler_output())  # what it held is saved; vLLM frees the blocks after
@@ -1176,8 +1201,10 @@ class _Stream:
         self.resumed += 1
 
 
-@pytest.mark.parametrize("seed, tp", [(0, 1), (1, 1), (2, 1), (3, 1), (4, 2), (5, 2)])
-def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_the_load(seed, tp):
+@pytest.mark.parametrize(
+    "seed, tp, asynchronous", [(0, 1, False), (1, 1, False), (2, 1, True), (3, 1, True), (4, 2, False), (5, 2, True)]
+)
+def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_the_load(seed, tp, asynchronous):
     """The wrong-state property on random streams: requests sharing random
     prefixes save in random chunks and finish off a boundary; others resume
     past random local hits; values are evicted or have a bit flipped at any
@@ -1185,10 +1212,10 @@ def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_
     exactly the bytes computing its prompt up to there leaves (KV blocks, the
     state, a tail's partial block) or is reported failed; nothing stays
     pinned and the host index stays consistent."""
-    run_stream(_Stream(seed, tp))
+    run_stream(_Stream(seed, tp, asynchronous=asynchronous))
 
 
-def run_stream(st: _Stream, ops: int = 200) -> list[dict]:
+def run_stream(st: _Stream, ops: int = 250) -> list[dict]:
     """``ops`` random operations, then the checks every engine must pass;
     returns each engine's funnel."""
     for _ in range(ops):
