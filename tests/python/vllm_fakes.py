@@ -108,7 +108,8 @@ class FakeBlocks:
 
 
 class FakeKVCacheManager:
-    def __init__(self) -> None:
+    def __init__(self, groups: int = 4) -> None:
+        self.groups = groups  # kv_cache_config's: three GDN groups and one attention group
         self.ids: dict[str, tuple[list[int], ...]] = {}
         self.block_pool = SimpleNamespace(hash_block_size=BS)
         self.coordinator = SimpleNamespace(get_blocks=self.get_blocks)
@@ -117,8 +118,11 @@ class FakeKVCacheManager:
         return self.ids[req_id]
 
     def get_blocks(self, req_id: str) -> tuple[list[SimpleNamespace], ...]:
-        """``KVCacheCoordinator.get_blocks``: each group's blocks."""
-        return tuple([SimpleNamespace(block_id=b) for b in g] for g in self.ids.get(req_id, ()))
+        """``KVCacheCoordinator.get_blocks``: each group's blocks (none for a
+        request that holds none, freed or preempted)."""
+        if req_id not in self.ids:
+            return tuple([] for _ in range(self.groups))
+        return tuple([SimpleNamespace(block_id=b) for b in g] for g in self.ids[req_id])
 
 
 def scheduler_output(new=(), cached=()) -> SimpleNamespace:

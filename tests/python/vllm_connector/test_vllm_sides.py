@@ -1042,7 +1042,7 @@ class _Stream:
         self.bases = [tokens(6 * BS + 5, seed=seed * 10 + i) for i in range(3)]
         self.finished: list[list[int]] = []
         self.n = 0
-        self.resumed = self.failed = self.faults = 0
+        self.resumed = self.failed = self.faults = self.preemptions = 0
 
     def _prompt(self, next_turn: bool = False) -> list[int]:
         rng = self.rng
@@ -1125,16 +1125,16 @@ class _Stream:
         rid = f"S{self.n}"
         a = FakeRequest(rid, t, len(t))
         s.match(a, 0)
-        m = len(full) // BS
-        kv = [self.KV_SAVE + i for i in range(m + 1)]
-        states = [[0] * (m + 1) for _ in STATE_GROUPS]
+        blocks = len(full) // BS + 1
+        kv = [self.KV_SAVE + i for i in range(blocks)]
+        states = [[0] * blocks for _ in STATE_GROUPS]
         s.after_alloc(a, FakeBlocks((*states, kv)), 0)
 
         def show(tokens: list[int]) -> None:  # what vLLM has appended and hashed
             a.tokens = list(tokens)
             a.block_hashes = block_hashes(a.tokens)
 
-        def compute(start: int, end: int) -> None:  # one step computing [start, end)
+        def compute(start: int, end: int, resumed: bool = False) -> None:  # one step computing [start, end)
             for i in range(start // BS, end // BS):  # KV blocks this step fills
                 self._write(kv[i], full[: (i + 1) * BS], "kv")
             j = end // BS - 1 if end % BS == 0 else end // BS  # where the state at `end` lives
@@ -1144,9 +1144,12 @@ class _Stream:
             if end % BS:
                 self._write(kv[end // BS], full[:end], "part")
             rig.kvm.ids[rid] = (*[list(x) for x in states], kv)
-            new = [(rid, 0, end)] if start == 0 else []
-            cached = [(rid, start, end - start)] if start else []
-            rig.step(scheduler_output(new=new, cached=cached))
+            new = [(rid, 0, end)] if start == 0 and not resumed else []
+            cached = [(rid, start, end - start)] if start or resumed else []
+            so = scheduler_output(new=new, cached=cached)
+            if resumed:
+                so.scheduled_cached_reqs.resumed_req_ids = {rid}
+            rig.step(so)
             a.num_computed_tokens = end
 
         m = len(t) // BS
@@ -1156,6 +1159,23 @@ class _Stream:
             compute(start, end)
             start = end
         for q in range(len(t), len(t) + decode):  # the step computing position q
+            if q > len(t) and rng.random() < 0.04:
+                # preempted: vLLM frees its blocks, which others overwrite (a step of
+                # theirs runs), and admits it again later from nothing: matched
+                # again, recomputed in one chunk into blocks of the same ids
+                rig.kvm.ids.pop(rid)
+                a.num_computed_tokens = 0
+                for blk in kv + [x for group in states for x in group if x]:
+                    self._write(blk, None, "")
+                rig.step(scheduler_output())
+                self.preemptions += 1
+                show(full[:q])
+                s.match(a, 0)
+                states = [[0] * blocks for _ in STATE_GROUPS]
+                s.after_alloc(a, FakeBlocks((*states, kv)), 0)
+                cut = BS * rng.randrange(q // BS + 1)  # recomputed in one or two chunks
+                for start, end in ((0, cut), (cut, q)) if 0 < cut < q else ((0, q),):
+                    compute(start, end, resumed=start == 0)
             show(full[:q] if self.asynchronous else full[: q + 1])
             compute(q, q + 1)
         show(full[: len(t) + decode + 1])  # finished: every token appended, the last never computed
