@@ -1246,7 +1246,7 @@ def run_stream(st: _Stream, ops: int = 250) -> list[dict]:
             st.load()
         else:
             st._fault()
-    assert st.resumed >= 25 and st.faults >= 8  # the stream exercised both
+    assert st.resumed >= 20 and st.faults >= 8  # the stream exercised both
     funnels = []
     for rig in st.rigs:
         s = rig.sched
