@@ -1016,10 +1016,11 @@ def _truth(prefix: list[int], what: str) -> bytes:
 
 class _Stream:
     """Random requests through the two sides, one at a time: savers compute
-    prompts in chunks and finish (off a boundary: a tail), loaders resume
-    whatever the connector offers past a random local hit, and between them
-    values are removed (evicted) or corrupted in the host tier (on one rank,
-    under tensor parallelism, where every rank holds its own bytes)."""
+    prompts in chunks, decode (preempted at times) and finish off a boundary
+    (a tail); loaders resume whatever the connector offers past a random
+    local hit; between them values are removed (evicted) or corrupted in the
+    host tier (on one rank, under tensor parallelism, where every rank holds
+    its own bytes) or in the shared tier."""
 
     KV_SAVE, KV_LOAD, STATE_LOAD = 1, 37, 50  # block ids: all groups alias one allocation
 
@@ -1162,7 +1163,7 @@ class _Stream:
             if q > len(t) and rng.random() < 0.04:
                 # preempted: vLLM frees its blocks, which others overwrite (a step of
                 # theirs runs), and admits it again later from nothing: matched
-                # again, recomputed in one chunk into blocks of the same ids
+                # again, recomputed into blocks of the same ids
                 rig.kvm.ids.pop(rid)
                 a.num_computed_tokens = 0
                 for blk in kv + [x for group in states for x in group if x]:
@@ -1226,9 +1227,10 @@ class _Stream:
 )
 def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_the_load(seed, tp, asynchronous):
     """The wrong-state property on random streams: requests sharing random
-    prefixes save in random chunks and finish off a boundary; others resume
-    past random local hits; values are evicted or have a bit flipped at any
-    point, between a match and vLLM's allocation too. Every load either lands
+    prefixes compute in random chunks, decode across boundaries (under async
+    scheduling too), are preempted and recomputed, and finish off a boundary;
+    others resume past random local hits; values are evicted or have a bit
+    flipped at any point, between a match and vLLM's allocation too. Every load either lands
     exactly the bytes computing its prompt up to there leaves (KV blocks, the
     state, a tail's partial block) or is reported failed; nothing stays
     pinned and the host index stays consistent."""
