@@ -118,6 +118,7 @@ def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
     ext = timing.get("external_tokens", 0)
     sched = timing["schedule_s"] + timing["update_s"]
     conn = funnel.get("scheduler_seconds")
+    hooks = {k[len("scheduler_seconds_") :]: v for k, v in funnel.items() if k.startswith("scheduler_seconds_")}
     return dict(
         row=name,
         prompt_tokens=prompt,
@@ -140,13 +141,9 @@ def summarize(name, results, wall, timing, funnel, steplog=(), load=(0.0, 0.0)):
         loads_failed=funnel.get("loads_failed"),
         # the host tier at the end: what it holds and what it had to give up
         host={k: funnel[k] for k in ("host_values", "host_evictions", "saves_dropped_host_full") if k in funnel},
-        hooks={k[len("scheduler_seconds_") :]: v for k, v in funnel.items() if k.startswith("scheduler_seconds_")},
+        hooks=hooks,
         sched_s=sched,
-        hook_share={
-            k[len("scheduler_seconds_") :]: v / sched for k, v in funnel.items() if k.startswith("scheduler_seconds_")
-        }
-        if sched
-        else {},
+        hook_share={k: v / sched for k, v in hooks.items()} if sched else {},
         forward_s=sum(st[5] for st in steplog),
         tokens_scheduled=sum(st[1] for st in steplog),
         load=load,
@@ -421,8 +418,6 @@ def main() -> None:
                     f"{workload}, {r['row']}: host tier at the end: {h.get('host_values')} values held, "
                     f"{h.get('host_evictions')} evicted, {h.get('saves_dropped_host_full')} saves dropped for room"
                 )
-    for workload, rows in table.items():
-        for r in rows:
             if r.get("hook_share"):
                 parts = ", ".join(f"{k} {100 * v:.2f}%" for k, v in sorted(r["hook_share"].items()))
                 print(f"{workload}, {r['row']}: connector hooks as a share of vLLM's scheduler time: {parts}")
