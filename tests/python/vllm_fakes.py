@@ -68,6 +68,13 @@ def block_hashes(tokens: list[int], salt: bytes = b"") -> list[bytes]:
     return out
 
 
+def colliding_block_hashes(tokens: list[int]) -> list[bytes]:
+    """Block hashes as a hasher an attacker has fully broken leaves them:
+    16 bytes (xxhash's width) that name a block's position, not its tokens,
+    so every prompt's block ``i`` collides with every other's."""
+    return [hashlib.blake2b(b"block %d" % i, digest_size=16).digest() for i in range(len(tokens) // BS)]
+
+
 @dataclass
 class FakeRequest:
     request_id: str
@@ -141,12 +148,21 @@ class Rig:
     """One scheduler side and ``tp`` worker sides over random tensors."""
 
     def __init__(
-        self, tp: int = 1, extra: dict | None = None, seed: int = 0, identity: str = "tiny", kv_role: str = "kv_both"
+        self,
+        tp: int = 1,
+        extra: dict | None = None,
+        seed: int = 0,
+        identity: str = "tiny",
+        kv_role: str = "kv_both",
+        hash_algo: str | None = "sha256",
     ):
         self.cfg = kv_cache_config()
         self.config = ConnectorConfig.from_extra({"host_memory": 4 << 20, **(extra or {})}, kv_role)
         self.geometry = build_geometry(self.cfg, identity, self.config.entry_bytes)
-        vllm_config = SimpleNamespace(model_config=SimpleNamespace(hf_text_config=SimpleNamespace(hidden_size=64)))
+        vllm_config = SimpleNamespace(
+            model_config=SimpleNamespace(hf_text_config=SimpleNamespace(hidden_size=64)),
+            cache_config=SimpleNamespace(prefix_caching_hash_algo=hash_algo),  # vLLM's hasher of block_hashes
+        )
         self.sched = ConnectorScheduler(self.config, self.geometry, tp, vllm_config)
         self.kvm = FakeKVCacheManager()
         self.sched.bind(self.kvm)

@@ -869,6 +869,8 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
             "batch_queue": int(getattr(core, "batch_queue_size", 1)),
         },
         "steplog": lambda: list(steplog),
+        # vLLM's block hasher as the connector read it, and whether its names chain the tokens too
+        "naming": lambda: {"hash_algo": connector().sched.hash_algo, "fold_tokens": connector().sched.fold_tokens},
         "threads": _threads,
         "exit": lambda: True,
     }

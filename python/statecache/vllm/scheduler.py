@@ -53,6 +53,8 @@ MAX_LOAD_FAILURES = 3
 # next turn matched before that waits (vLLM retries it next step) this often
 # at most, rather than recompute up to a block
 MAX_TAIL_WAITS = 8
+# vLLM's block hashers no prompt can collide (the names trust them alone)
+TRUSTED_BLOCK_HASHES = ("sha256", "sha256_cbor")
 _PENDING = (-1, -1, b"")  # _find_tail's answer while the tail it would take is being saved
 
 # cumulative counters (connector stats report their increase per interval)
@@ -284,6 +286,12 @@ class ConnectorScheduler:
         self._salt = hashlib.blake2b(
             b"statecache-vllm-v1\0" + config.secret + geometry.identity.encode(), digest_size=32
         ).digest()
+        # Names chain over vLLM's block hashes. Its sha256 ones cannot be
+        # collided; any other (xxhash: fast, not collision resistant) can be
+        # by whoever picks a prompt, and a collision would resume another
+        # prefix's values, so then each block's tokens are chained in too.
+        self.hash_algo = getattr(getattr(vllm_config, "cache_config", None), "prefix_caching_hash_algo", None)
+        self.fold_tokens = self.hash_algo not in TRUSTED_BLOCK_HASHES
         self._reqs: dict[str, _Req] = {}
         # the lengths of the tails saved, filed under (the key of the boundary
         # they start from, their first token): a match hashes only as far as
@@ -330,7 +338,7 @@ class ConnectorScheduler:
             self.shared = open_shared_tier(config.shared, config.lookup_timeout_s, staging_bytes=4096)
         log.info(
             "statecache connector scheduler: host %.2f GB in %d entries of %d bytes, block %d tokens, "
-            "%d KV + %d state groups, tp %d, shared %s, layouts kv=%s state=%s",
+            "%d KV + %d state groups, tp %d, shared %s, layouts kv=%s state=%s, block hashes %s%s",
             config.host_memory / 1e9,
             self.arena.num_entries,
             geometry.entry_bytes,
@@ -341,6 +349,8 @@ class ConnectorScheduler:
             config.shared.kind if config.shared else None,
             self.layout_ids[KV],
             self.layout_ids[STATE],
+            self.hash_algo,
+            " (not collision resistant: names chain the tokens too)" if self.fold_tokens else "",
         )
 
     # ---------------------------------------------------------------- keys --
@@ -371,7 +381,17 @@ class ConnectorScheduler:
             words = b"".join(hashlib.blake2b(bytes(h), digest_size=32).digest() for h in ends)
         n = len(ends)
         parent = keys[-1] if keys else None
-        _hs, packed = _C.chain_block_keys(np.frombuffer(words, dtype=np.int64), 4, parent, 0, self._salt)
+        chained = np.frombuffer(words, dtype=np.int64)
+        width = 4
+        if self.fold_tokens:  # a hash whoever picks the prompt can collide: the block's tokens are chained too
+            if parent is None and getattr(r.request, "cache_salt", None):
+                parent = self._parent(r, 0)  # and the salt, which a tenant picks freely, from the salted root
+            bs = self.bs
+            rows = np.empty((n, 4 + bs), dtype=np.int64)
+            rows[:, :4] = chained.reshape(n, 4)
+            rows[:, 4:] = np.asarray(r.request.all_token_ids[first * bs : upto * bs], dtype=np.int64).reshape(n, bs)
+            chained, width = rows.reshape(-1), 4 + bs
+        _hs, packed = _C.chain_block_keys(chained, width, parent, 0, self._salt)
         new = [packed[16 * i : 16 * i + 16] for i in range(n)]
         hexes = [k.hex() for k in new]
         keys.extend(new)
@@ -411,14 +431,37 @@ class ConnectorScheduler:
         return bool(self._tails) or self.shared is not None
 
     def _parent(self, r: _Req, b: int) -> bytes:
-        """The prefix key a tail starting at boundary ``b`` chains from."""
-        return r.keys[b - 1] if b else self._root
+        """The prefix key a tail starting at boundary ``b`` chains from. At
+        boundary 0 that is the root, salted with the request's
+        ``cache_salt``: vLLM folds the salt into the first block's hash only,
+        so past a block the boundary's key carries it, and before one tenants
+        with different salts must not resume each other's tails."""
+        if b:
+            return r.keys[b - 1]
+        salt = getattr(r.request, "cache_salt", None)
+        if not salt:
+            return self._root
+        return hashlib.blake2b(self._root + b"cache_salt\0" + str(salt).encode(), digest_size=16).digest()
+
+    @staticmethod
+    def _tail_named(request: Any) -> bool:
+        """Whether the tokens past a boundary name all of a tail's content:
+        not where vLLM's hash folds in more than tokens (a LoRA adapter,
+        multimodal inputs, prompt embeddings, whose placeholder ids say
+        nothing of the values). Such a request neither saves a tail nor is
+        offered one: another request's tail with the same ids is another
+        state."""
+        return (
+            getattr(request, "lora_request", None) is None
+            and not getattr(request, "mm_features", None)
+            and getattr(request, "prompt_embeds", None) is None
+        )
 
     def _find_tail(self, r: _Req, first: int, run: int) -> tuple[int, int, bytes] | None:
         """The longest tail the host holds that starts at a boundary in
         ``[first, run]`` (its KV before it held) and leaves a token to compute;
         ``_PENDING`` where the longest one is still being saved."""
-        if not self._tails or not self.state_groups:
+        if not self._tails or not self.state_groups or not self._tail_named(r.request):
             return None
         for b in range(run, first - 1, -1):
             found = self._tail_at(r, b)
@@ -471,8 +514,8 @@ class ConnectorScheduler:
         upto = min(bs - 1, last - start)
         if not self.state_groups or not self.config.save_decode or upto <= shorter:
             return None
-        if getattr(req, "lora_request", None) is not None or getattr(req, "mm_features", None):
-            return None  # no tail is saved for such requests
+        if not self._tail_named(req):
+            return None
         read = (r.shared_local, b, req.num_tokens, shorter)
         if r.shared_tail is not None and r.shared_tail[0] == read:
             return r.shared_tail[1]
@@ -1096,8 +1139,8 @@ class ConnectorScheduler:
         that is off a boundary (with its partly filled attention block)."""
         if not self.state_groups or not self.config.save_decode:
             return False
-        if getattr(request, "lora_request", None) is not None or getattr(request, "mm_features", None):
-            return False  # the tail's tokens would not name all of its content
+        if not self._tail_named(request):
+            return False
         bs = self.bs
         done = request.num_computed_tokens
         b, n = divmod(done, bs)

@@ -374,6 +374,32 @@ def test_prompts_prefilled_a_block_a_step_save_each_chunk_end_and_answers_match(
     assert not bad, f"tolerance {tol:.4f} (vLLM's own caching):\n" + "\n".join(bad)
 
 
+def test_under_xxhash_block_hashes_names_chain_the_tokens_and_answers_match(model, logs, ref, tol):
+    """vLLM hashing blocks with xxhash (fast, 16 bytes, not collision
+    resistant): the connector chains each block's tokens into its names, each
+    next turn still resumes at least to the last boundary of the prompt
+    before it, and every answer matches the reference within the noise of
+    vLLM's own caching."""
+    kw = vs.base_llm_kwargs(
+        model,
+        num_gpu_blocks_override=BLOCKS,
+        prefix_caching_hash_algo="xxhash",
+        kv_transfer_config=vs.connector_config({"host_memory": "256MB"}),
+    )
+    e = vs.Engine("sc-xxhash", kw, logs)
+    try:
+        assert e.call("naming") == {"hash_algo": "xxhash", "fold_tokens": True}
+        runs = vs.run_turns(e, vs.first_prompts(CONVERSATIONS, 0), 2, ANSWER)
+        f = e.call("funnel")
+    finally:
+        e.close()
+    assert f["tokens_resumed_host"] > 0 and f["loads_failed"] == 0 and f["loads_untrusted"] == 0
+    for first, second in zip(runs[0], runs[1]):
+        assert second["cached"] >= len(first["prompt"]) // vs.BLOCK * vs.BLOCK, (second["cached"], len(first["prompt"]))
+    bad = vs.violations(vs.reference(ref, runs, ANSWER), runs, tol)
+    assert not bad, f"tolerance {tol:.4f} (vLLM's own caching):\n" + "\n".join(bad)
+
+
 ASYNC_SCHEDULING = {"STATECACHE_TEST_ASYNC_SCHEDULING": "1"}  # vllm_support keeps it on the CPU platform
 
 

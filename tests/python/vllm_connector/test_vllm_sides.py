@@ -10,22 +10,26 @@ import random
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from statecache.vllm.config import ConnectorConfig, parse_bytes
 from statecache.vllm.metadata import arena_key
-from vllm_fakes import BS, FakeBlocks, FakeRequest, Rig, block_hashes, scheduler_output
+from vllm_fakes import BS, FakeBlocks, FakeRequest, Rig, block_hashes, colliding_block_hashes, scheduler_output
 
 MAMBA_REAL = 3 * 32 * 2 + 2 * 16 * 16 * 4  # conv bf16 + ssm fp32 of one GDN layer
 STATE_GROUPS = (0, 1, 2)
 
 
-def prefill_a(rig: Rig, tokens: list[int]) -> FakeRequest:
+def prefill_a(rig: Rig, tokens: list[int], hashes=None) -> FakeRequest:
     """Request A computes its prompt in two chunks (0 -> 3 blocks -> 5
-    blocks), states at both chunk ends, as vLLM's align mode does."""
+    blocks), states at both chunk ends, as vLLM's align mode does
+    (``hashes``: its block hashes from its tokens, if not sha256's)."""
     a = FakeRequest("A", tokens, len(tokens))
+    if hashes is not None:
+        a.block_hashes = hashes(tokens)
     assert rig.sched.match(a, 0) == 0
     fa = list(range(1, 7))
     ids = tuple([0, 0, 10 + g] for g in STATE_GROUPS) + (fa,)
@@ -156,6 +160,48 @@ def test_tensor_parallel_one_rank_failing_its_check_fails_the_load_everywhere():
     assert not s.arena.contains(key)  # dropped: the retry resumes less, from trusted values
     b2 = FakeRequest("B2", t + tokens(20, 2), len(t) + 20)
     assert s.match(b2, 0) == 3 * BS
+
+
+def test_names_chain_the_tokens_where_vllms_block_hashes_can_be_collided():
+    """vLLM's sha256 block hashes name a prefix alone; under any other hasher
+    (xxhash is fast and not collision resistant, so whoever picks a prompt
+    can collide it) the names chain each block's tokens too, and a prompt
+    whose block hashes collide with a saved one's is offered nothing."""
+    t, u = tokens(6 * BS, seed=1), tokens(6 * BS, seed=2)
+    a, b = FakeRequest("A", t, len(t)), FakeRequest("B", u, len(u))
+    a.block_hashes = b.block_hashes = colliding_block_hashes(t)
+    names = {}
+    for algo in ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor", None):
+        rig = Rig(hash_algo=algo)
+        s = rig.sched
+        ka, kb = s._keys(s._req(a), 3), s._keys(s._req(b), 3)
+        assert s.fold_tokens == (algo not in ("sha256", "sha256_cbor"))  # an unknown hasher is not trusted
+        assert (ka == kb) == (not s.fold_tokens)
+        names[algo] = ka
+    assert names["xxhash"] == names["xxhash_cbor"] == names[None]  # the tokens and vLLM's hash, whichever hasher
+    assert names["xxhash"] != names["sha256"]
+    # vLLM folds cache_salt into the first block's hash; a tenant picks it
+    # freely, so under a weak hasher the names take it too (the salted root)
+    for algo, folded in (("xxhash", True), ("sha256", False)):
+        s = Rig(hash_algo=algo).sched
+        salted = [FakeRequest(f"S{i}", t, len(t)) for i in range(3)]
+        for x in salted:
+            x.block_hashes = colliding_block_hashes(t)  # as request "A" above
+        salted[0].cache_salt, salted[1].cache_salt = "tenant a", "tenant b"
+        ka, kb, kn = (s._keys(s._req(x), 3) for x in salted)
+        assert (ka != kb and ka != kn) == folded and (ka == kb == kn) == (not folded)
+        if folded:
+            assert kn == names["xxhash"]  # no salt: the chain from no parent, as before
+    # a saved prompt, then another whose hashes collide with it: offered nothing
+    rig = Rig(hash_algo="xxhash")
+    s = rig.sched
+    prefill_a(rig, t, hashes=colliding_block_hashes)
+    again = FakeRequest("A2", t[: 5 * BS] + [7], 5 * BS + 1)
+    again.block_hashes = colliding_block_hashes(again.tokens)
+    assert s.match(again, 0) == 5 * BS  # its own prompt: resumed
+    other = FakeRequest("B2", u[: 5 * BS] + [7], 5 * BS + 1)
+    other.block_hashes = colliding_block_hashes(other.tokens)
+    assert s.match(other, 0) == 0
 
 
 def test_keys_are_keyed_by_the_secret_and_the_model():
@@ -910,9 +956,13 @@ def finish_a_short_turn(rig: Rig) -> tuple[list[int], FakeRequest]:
     return t, finish_short(rig, t, "A")
 
 
-def finish_short(rig: Rig, t: list[int], req_id: str) -> FakeRequest:
-    """``finish_a_short_turn`` of prompt ``t`` (under a block) as ``req_id``."""
+def finish_short(rig: Rig, t: list[int], req_id: str, saved: bool = True, **attrs) -> FakeRequest:
+    """``finish_a_short_turn`` of prompt ``t`` (under a block) as ``req_id``
+    (``attrs``: vLLM request attributes such as ``cache_salt``; ``saved``:
+    whether its tail is saved)."""
     a = FakeRequest(req_id, t, len(t))
+    for name, value in attrs.items():
+        setattr(a, name, value)
     assert rig.sched.match(a, 0) == 0
     ids = tuple([10 + g] for g in STATE_GROUPS) + ([1],)
     rig.sched.after_alloc(a, FakeBlocks(ids), 0)
@@ -920,9 +970,43 @@ def finish_short(rig: Rig, t: list[int], req_id: str) -> FakeRequest:
     rig.step(scheduler_output(new=[(req_id, 0, len(t))]))
     a.tokens.append(99)  # the answer's one token, never computed
     a.num_computed_tokens = len(t)
-    assert rig.sched.finished(a, ids) is True
-    assert rig.step(scheduler_output()).finished_sending == {req_id}
+    assert rig.sched.finished(a, ids) is saved
+    if saved:
+        assert rig.step(scheduler_output()).finished_sending == {req_id}
     return a
+
+
+def test_a_tail_is_resumed_only_by_the_same_salt_and_by_requests_whose_tokens_name_it():
+    """Before its first block a conversation is resumed from its tail alone,
+    named by its tokens: vLLM folds ``cache_salt`` into the first block's
+    hash, so a tail from boundary 0 is named under the salt too (tenants with
+    different salts never resume each other's); a LoRA, multimodal or
+    prompt-embeds request, whose hash folds in more than its token ids, is
+    offered no tail (another request's state under the same ids) and saves
+    none."""
+    rig = Rig()
+    s = rig.sched
+    t = tokens(BS // 2, seed=31)
+    a = finish_short(rig, t, "A", cache_salt="tenant a")
+
+    def offered(req_id: str, **attrs) -> int:
+        nxt = FakeRequest(req_id, a.tokens + tokens(20, 3), len(a.tokens) + 20)
+        for name, value in attrs.items():
+            setattr(nxt, name, value)
+        return s.match(nxt, 0)
+
+    assert offered("B", cache_salt="tenant a") == len(t)
+    assert offered("C", cache_salt="tenant b") == 0
+    assert offered("D") == 0 and offered("E", cache_salt="") == 0
+    finish_short(rig, t, "F")  # the same conversation with no salt
+    assert offered("G") == len(t)
+    lora = SimpleNamespace(lora_name="adapter", lora_path="/adapters/a")
+    assert offered("H", lora_request=lora) == 0
+    assert offered("I", mm_features=[SimpleNamespace(identifier="image")]) == 0
+    assert offered("J", prompt_embeds=object()) == 0
+    for i, attrs in enumerate(({"lora_request": lora}, {"prompt_embeds": object()})):
+        finish_short(rig, tokens(BS // 2, seed=40 + i), f"K{i}", saved=False, **attrs)
+    assert s.funnel()["tail_saves"] == 2
 
 
 def test_tails_filed_under_one_boundary_cost_one_arena_key_the_one_this_request_names():
@@ -1025,14 +1109,25 @@ class _Stream:
     KV_SAVE, KV_LOAD, STATE_LOAD = 1, 37, 50  # block ids: all groups alias one allocation
 
     def __init__(
-        self, seed: int, tp: int = 1, shared: dict | None = None, engines: int = 1, asynchronous: bool = False
+        self,
+        seed: int,
+        tp: int = 1,
+        shared: dict | None = None,
+        engines: int = 1,
+        asynchronous: bool = False,
+        colliding: str | None = None,
     ):
         self.rng = random.Random(seed)
         self.tp = tp
         self.asynchronous = asynchronous
+        # ``colliding``: vLLM's hasher is declared to be this, and every prompt's
+        # block hashes collide with every other's (colliding_block_hashes)
+        self.hashes = colliding_block_hashes if colliding else block_hashes
         # a small host tier: evictions happen too; engines share the tier ``shared`` configures
         extra = {"host_memory": 240 * 4096, **(shared or {})}
-        self.rigs = [Rig(tp=tp, extra=extra, seed=seed * 10 + e) for e in range(engines)]
+        self.rigs = [
+            Rig(tp=tp, extra=extra, seed=seed * 10 + e, hash_algo=colliding or "sha256") for e in range(engines)
+        ]
         self.rig = self.rigs[0]
         self.s = self.rig.sched
         self.redis = None
@@ -1125,6 +1220,7 @@ class _Stream:
         self.n += 1
         rid = f"S{self.n}"
         a = FakeRequest(rid, t, len(t))
+        a.block_hashes = self.hashes(t)
         s.match(a, 0)
         blocks = len(full) // BS + 1
         kv = [self.KV_SAVE + i for i in range(blocks)]
@@ -1133,7 +1229,7 @@ class _Stream:
 
         def show(tokens: list[int]) -> None:  # what vLLM has appended and hashed
             a.tokens = list(tokens)
-            a.block_hashes = block_hashes(a.tokens)
+            a.block_hashes = self.hashes(a.tokens)
 
         def compute(start: int, end: int, resumed: bool = False) -> None:  # one step computing [start, end)
             for i in range(start // BS, end // BS):  # KV blocks this step fills
@@ -1190,6 +1286,7 @@ class _Stream:
         t = self._prompt(next_turn=rng.random() < 0.5)
         self.n += 1
         b = FakeRequest(f"L{self.n}", t, len(t))
+        b.block_hashes = self.hashes(t)
         local = BS * rng.randrange((len(t) - 1) // BS + 1)
         got = s.match(b, local)
         if got is None:  # the tail it wants is being saved: vLLM asks again next step
@@ -1235,6 +1332,17 @@ def test_random_streams_resume_exactly_what_computing_the_prompt_leaves_or_fail_
     state, a tail's partial block) or is reported failed; nothing stays
     pinned and the host index stays consistent."""
     run_stream(_Stream(seed, tp, asynchronous=asynchronous))
+
+
+@pytest.mark.parametrize("seed, asynchronous", [(6, False), (7, True)])
+def test_random_streams_resume_exactly_where_vllms_block_hashes_collide(seed, asynchronous):
+    """The same streams where every prompt's block hashes collide with every
+    other's, as an attacker who broke vLLM's hasher would make them, under
+    ``prefix_caching_hash_algo="xxhash"`` (fast, not collision resistant):
+    the names chain each block's tokens too, so every load still lands what
+    its own prompt computes. (Declared "sha256", which the names trust
+    alone, the same streams load other prompts' values.)"""
+    run_stream(_Stream(seed, asynchronous=asynchronous, colliding="xxhash"))
 
 
 def run_stream(st: _Stream, ops: int = 250) -> list[dict]:
