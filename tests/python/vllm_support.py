@@ -127,11 +127,15 @@ class Engine:
         max_tokens: int | list[int],
         logprobs: int = 5,
         arrivals: list[float] | None = None,
+        salts: list[str | None] | None = None,
     ) -> list[dict[str, Any]]:
         """Runs the prompts (all at once, or at ``arrivals`` seconds from
-        now); returns per prompt ``tokens``, ``logprobs`` (top-k dicts),
-        ``cached`` (num_cached_tokens), ``ttft_s``, ``latency_s``."""
-        return self.call("generate", prompts=prompts, max_tokens=max_tokens, logprobs=logprobs, arrivals=arrivals)
+        now; ``salts``: each one's ``cache_salt``, a tenant's); returns per
+        prompt ``tokens``, ``logprobs`` (top-k dicts), ``cached``
+        (num_cached_tokens), ``ttft_s``, ``latency_s``."""
+        return self.call(
+            "generate", prompts=prompts, max_tokens=max_tokens, logprobs=logprobs, arrivals=arrivals, salts=salts
+        )
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -529,7 +533,7 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
 
         return get_kv_transfer_group()
 
-    def generate(prompts, max_tokens, logprobs, arrivals):
+    def generate(prompts, max_tokens, logprobs, arrivals, salts=None):
         """``max_tokens``: one for all, or one per prompt."""
         lens = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
         params = [SamplingParams(temperature=0, max_tokens=m, detokenize=False, logprobs=logprobs) for m in lens]
@@ -544,7 +548,10 @@ def _serve(llm_kwargs: dict[str, Any]) -> None:
                 counter[0] += 1
                 rid = f"r{counter[0]}"
                 ids[rid] = i
-                engine.add_request(rid, TokensPrompt(prompt_token_ids=prompts[i]), params[i])
+                prompt = TokensPrompt(prompt_token_ids=prompts[i])
+                if salts and salts[i]:
+                    prompt["cache_salt"] = salts[i]
+                engine.add_request(rid, prompt, params[i])
                 added += 1
             if not engine.has_unfinished_requests():
                 time.sleep(min(0.01, max(0.0, arrivals[order[added]] - now)) if added < len(order) else 0)

@@ -400,6 +400,35 @@ def test_under_xxhash_block_hashes_names_chain_the_tokens_and_answers_match(mode
     assert not bad, f"tolerance {tol:.4f} (vLLM's own caching):\n" + "\n".join(bad)
 
 
+def test_a_conversation_shorter_than_a_block_resumes_only_under_its_own_cache_salt(model, logs, ref, tol):
+    """Tenants apart: a chat turn under a block long is resumed from the tail
+    its last turn left only by a request with the same ``cache_salt``; with
+    another salt (or none) nothing is resumed, by vLLM or the connector, and
+    the next token is the reference's either way (its top-5 logprobs within
+    the noise of vLLM's own caching: a resume mid-block deviates more than
+    one at a boundary, docs/vllm.md)."""
+    kw = vs.base_llm_kwargs(
+        model, num_gpu_blocks_override=BLOCKS, kv_transfer_config=vs.connector_config({"host_memory": "256MB"})
+    )
+    e = vs.Engine("sc-salted", kw, logs)
+    try:
+        first = vs.first_prompts(1, 21)[0][: vs.BLOCK // 2]
+        (a,) = e.generate([first], 8, salts=["tenant a"])
+        nxt = first + a["tokens"] + [5, 6, 7]
+        got = {salt: e.generate([nxt], 1, salts=[salt])[0] for salt in ("tenant b", None, "tenant a")}
+        f = e.call("funnel")
+    finally:
+        e.close()
+    (want,) = ref.generate([nxt], 1)
+    assert got["tenant a"]["cached"] == len(first) + len(a["tokens"]) - 1  # where the turn ended
+    assert got["tenant b"]["cached"] == 0 and got[None]["cached"] == 0
+    for salt, g in got.items():
+        assert g["tokens"] == want["tokens"][:1], salt
+        lp, ref_lp = g["logprobs"][0], want["logprobs"][0]
+        assert lp.keys() == ref_lp.keys() and max(abs(lp[k] - ref_lp[k]) for k in lp) <= tol, (salt, lp, ref_lp, tol)
+    assert f["tokens_resumed_tail"] == got["tenant a"]["cached"] and f["loads_failed"] == 0
+
+
 ASYNC_SCHEDULING = {"STATECACHE_TEST_ASYNC_SCHEDULING": "1"}  # vllm_support keeps it on the CPU platform
 
 
