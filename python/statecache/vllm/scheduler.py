@@ -441,7 +441,10 @@ class ConnectorScheduler:
         salt = getattr(r.request, "cache_salt", None)
         if not salt:
             return self._root
-        return hashlib.blake2b(self._root + b"cache_salt\0" + str(salt).encode(), digest_size=16).digest()
+        # a tenant's string: lone surrogates (valid JSON escapes) encode too, one to one
+        return hashlib.blake2b(
+            self._root + b"cache_salt\0" + str(salt).encode("utf-8", "surrogatepass"), digest_size=16
+        ).digest()
 
     @staticmethod
     def _tail_named(request: Any) -> bool:

@@ -997,6 +997,7 @@ def test_a_tail_is_resumed_only_by_the_same_salt_and_by_requests_whose_tokens_na
 
     assert offered("B", cache_salt="tenant a") == len(t)
     assert offered("C", cache_salt="tenant b") == 0
+    assert offered("C2", cache_salt="tenant \ud800") == 0  # a lone surrogate (a valid JSON escape) names a salt too
     assert offered("D") == 0 and offered("E", cache_salt="") == 0
     finish_short(rig, t, "F")  # the same conversation with no salt
     assert offered("G") == len(t)
