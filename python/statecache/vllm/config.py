@@ -47,6 +47,14 @@ def parse_bytes(value: Any, name: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _positive_number(d: Mapping[str, Any], key: str, default: float) -> float:
     v = d.get(key, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
@@ -138,6 +146,8 @@ class ConnectorConfig:
             raise ValueError(
                 "kv_connector_extra_config['secret'] (or STATECACHE_SECRET) must be a str of at least 16 characters"
             )
+        if raw is not None and not _utf8(raw):  # e.g. an environment value of bytes that are not UTF-8
+            raise ValueError("kv_connector_extra_config['secret'] (or STATECACHE_SECRET) must be valid UTF-8 text")
         if shared is not None and raw is None:
             raise ValueError(
                 f"a shared tier ({shared.kind}) needs a deployment secret shared by every engine that uses it: "

@@ -238,6 +238,8 @@ def test_config_is_checked_before_anything_starts():
         ConnectorConfig.from_extra({"mooncake": {"master_addr": "127.0.0.1:1", "metadata_server": "P2PHANDSHAKE"}})
     with pytest.raises(ValueError, match="at least 16"):
         ConnectorConfig.from_extra({"secret": "short"})
+    with pytest.raises(ValueError, match="UTF-8"):  # os.environ gives undecodable bytes as lone surrogates
+        ConnectorConfig.from_extra({"secret": "a secret, then \udcff"})
     with pytest.raises(ValueError, match="one shared tier"):
         ConnectorConfig.from_extra(
             {"secret": "x" * 16, "redis": {}, "mooncake": {"master_addr": "a", "metadata_server": "b"}}
