@@ -348,21 +348,19 @@ def test_requests_vllm_preempts_resume_from_the_host_and_still_match(model, logs
     assert not bad, f"tolerance {tol:.4f} (vLLM's own caching under the same pressure):\n" + "\n".join(bad)
 
 
-def test_prompts_prefilled_a_block_a_step_save_each_chunk_end_and_answers_match(model, logs, ref, tol):
-    """A step budget of one block (max_num_batched_tokens=256): every prompt
-    is prefilled over several steps, each ending at a block boundary whose
-    state vLLM keeps only until the next chunk. Each next turn resumes at
-    least to the last boundary of the prompt before it, no load fails, and
-    every answer matches the reference within the noise of vLLM's own
-    caching."""
+def two_turns_resume_past_each_prompt_and_match(model, logs, ref, tol, name, check=None, **llm):
+    """Two turns of the conversations on an engine with the connector and
+    vLLM settings ``llm`` (``check(engine)`` first, if given): each next turn
+    resumes at least to the last boundary of the prompt before it, no load
+    fails or is untrusted, and every answer matches the reference within the
+    noise of vLLM's own caching."""
     kw = vs.base_llm_kwargs(
-        model,
-        num_gpu_blocks_override=BLOCKS,
-        max_num_batched_tokens=vs.BLOCK,
-        kv_transfer_config=vs.connector_config({"host_memory": "256MB"}),
+        model, num_gpu_blocks_override=BLOCKS, kv_transfer_config=vs.connector_config({"host_memory": "256MB"}), **llm
     )
-    e = vs.Engine("sc-chunked", kw, logs)
+    e = vs.Engine(name, kw, logs)
     try:
+        if check is not None:
+            check(e)
         runs = vs.run_turns(e, vs.first_prompts(CONVERSATIONS, 0), 2, ANSWER)
         f = e.call("funnel")
     finally:
@@ -372,6 +370,16 @@ def test_prompts_prefilled_a_block_a_step_save_each_chunk_end_and_answers_match(
         assert second["cached"] >= len(first["prompt"]) // vs.BLOCK * vs.BLOCK, (second["cached"], len(first["prompt"]))
     bad = vs.violations(vs.reference(ref, runs, ANSWER), runs, tol)
     assert not bad, f"tolerance {tol:.4f} (vLLM's own caching):\n" + "\n".join(bad)
+
+
+def test_prompts_prefilled_a_block_a_step_save_each_chunk_end_and_answers_match(model, logs, ref, tol):
+    """A step budget of one block (max_num_batched_tokens=256): every prompt
+    is prefilled over several steps, each ending at a block boundary whose
+    state vLLM keeps only until the next chunk. Each next turn resumes at
+    least to the last boundary of the prompt before it, no load fails, and
+    every answer matches the reference within the noise of vLLM's own
+    caching."""
+    two_turns_resume_past_each_prompt_and_match(model, logs, ref, tol, "sc-chunked", max_num_batched_tokens=vs.BLOCK)
 
 
 def test_under_xxhash_block_hashes_names_chain_the_tokens_and_answers_match(model, logs, ref, tol):
@@ -380,24 +388,13 @@ def test_under_xxhash_block_hashes_names_chain_the_tokens_and_answers_match(mode
     next turn still resumes at least to the last boundary of the prompt
     before it, and every answer matches the reference within the noise of
     vLLM's own caching."""
-    kw = vs.base_llm_kwargs(
-        model,
-        num_gpu_blocks_override=BLOCKS,
-        prefix_caching_hash_algo="xxhash",
-        kv_transfer_config=vs.connector_config({"host_memory": "256MB"}),
-    )
-    e = vs.Engine("sc-xxhash", kw, logs)
-    try:
+
+    def folds(e):
         assert e.call("naming") == {"hash_algo": "xxhash", "fold_tokens": True}
-        runs = vs.run_turns(e, vs.first_prompts(CONVERSATIONS, 0), 2, ANSWER)
-        f = e.call("funnel")
-    finally:
-        e.close()
-    assert f["tokens_resumed_host"] > 0 and f["loads_failed"] == 0 and f["loads_untrusted"] == 0
-    for first, second in zip(runs[0], runs[1]):
-        assert second["cached"] >= len(first["prompt"]) // vs.BLOCK * vs.BLOCK, (second["cached"], len(first["prompt"]))
-    bad = vs.violations(vs.reference(ref, runs, ANSWER), runs, tol)
-    assert not bad, f"tolerance {tol:.4f} (vLLM's own caching):\n" + "\n".join(bad)
+
+    two_turns_resume_past_each_prompt_and_match(
+        model, logs, ref, tol, "sc-xxhash", check=folds, prefix_caching_hash_algo="xxhash"
+    )
 
 
 def test_a_conversation_shorter_than_a_block_resumes_only_under_its_own_cache_salt(model, logs, ref, tol):
